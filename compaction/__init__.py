@@ -1,0 +1,1 @@
+"""Compaction controller (see SPEC and issue)."""

@@ -1,0 +1,1 @@
+"""Egress controller (see SPEC and issue)."""

@@ -1,0 +1,188 @@
+"""The ``SegmentFormat`` seam (SPEC 3.2): schema, footer metadata, writer and reader.
+
+A format writes Arrow record batches of ``SEGMENT_SCHEMA`` onto any binary stream and reads
+them back in batches. The footer metadata is written at ``finish`` (its end offset and
+count are only known then) and checked against the key a reader was opened by.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import BinaryIO
+
+import pyarrow as pa
+
+from replicator.core.errors import SegmentCorrupt
+from replicator.core.keys import SegmentKey
+
+FORMAT_VERSION = 1
+
+HEADER_TYPE = pa.struct([
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("value", pa.binary(), nullable=True),
+])
+
+SEGMENT_SCHEMA = pa.schema([
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp", pa.timestamp("ms", tz="UTC"), nullable=False),
+    pa.field("timestamp_type", pa.int8(), nullable=False),
+    pa.field("key", pa.binary(), nullable=True),
+    pa.field("value", pa.binary(), nullable=True),
+    pa.field("headers", pa.list_(pa.field("item", HEADER_TYPE, nullable=False)), nullable=False),
+])
+"""The one explicit Arrow schema of a segment; never inferred per batch."""
+
+# Kafka timestamp types (as librdkafka reports them).
+TIMESTAMP_NOT_AVAILABLE = 0
+TIMESTAMP_CREATE_TIME = 1
+TIMESTAMP_LOG_APPEND_TIME = 2
+
+_FOOTER_KEYS = ("region", "topic", "partition", "level", "start_offset", "end_offset",
+                "message_count", "created_at", "format_version")
+
+
+@dataclass(frozen=True)
+class SegmentMetadata:
+    """The footer of a segment (SPEC 3.2)."""
+
+    region: str
+    topic: str
+    partition: int
+    level: int
+    start_offset: int
+    end_offset: int
+    message_count: int
+    created_at: datetime
+    format_version: int = FORMAT_VERSION
+    created_by: str = ""
+
+    @classmethod
+    def for_key(cls, key: SegmentKey, message_count: int, *, created_by: str = "",
+                created_at: datetime | None = None) -> SegmentMetadata:
+        """The footer a segment stored under ``key`` must carry."""
+        return cls(key.region, key.topic, key.partition, key.level, key.start, key.end,
+                   message_count, created_at or datetime.now(UTC), FORMAT_VERSION, created_by)
+
+    def to_footer(self) -> dict[str, str]:
+        """Footer key/value pairs (all strings)."""
+        return {
+            "region": self.region,
+            "topic": self.topic,
+            "partition": str(self.partition),
+            "level": str(self.level),
+            "start_offset": str(self.start_offset),
+            "end_offset": str(self.end_offset),
+            "message_count": str(self.message_count),
+            "created_at": self.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "format_version": str(self.format_version),
+            "created_by": self.created_by,
+        }
+
+    @classmethod
+    def from_footer(cls, footer: Mapping[str, str], *, where: str) -> SegmentMetadata:
+        """Parse footer pairs.
+
+        Raises:
+            SegmentCorrupt: naming ``where`` and the missing or bad field.
+        """
+        missing = [k for k in _FOOTER_KEYS if k not in footer]
+        if missing:
+            raise SegmentCorrupt(f"{where}: footer lacks {', '.join(missing)}")
+        try:
+            created = datetime.fromisoformat(footer["created_at"].replace("Z", "+00:00"))
+            return cls(footer["region"], footer["topic"], int(footer["partition"]),
+                       int(footer["level"]), int(footer["start_offset"]),
+                       int(footer["end_offset"]), int(footer["message_count"]), created,
+                       int(footer["format_version"]), footer.get("created_by", ""))
+        except ValueError as e:
+            raise SegmentCorrupt(f"{where}: bad footer value: {e}") from e
+
+    def check_key(self, key: SegmentKey) -> None:
+        """Refuse a footer that disagrees with the key the segment was opened by.
+
+        Raises:
+            SegmentCorrupt: naming the key and each field that differs.
+        """
+        expected = SegmentMetadata.for_key(key, self.message_count, created_at=self.created_at)
+        diffs = [f"{f}={getattr(self, f)!r} (key says {getattr(expected, f)!r})"
+                 for f in ("region", "topic", "partition", "level", "start_offset",
+                           "end_offset")
+                 if getattr(self, f) != getattr(expected, f)]
+        if self.format_version > FORMAT_VERSION:
+            diffs.append(f"format_version={self.format_version} (newest known "
+                         f"{FORMAT_VERSION})")
+        if self.message_count > key.span:
+            diffs.append(f"message_count={self.message_count} exceeds the key's range "
+                         f"({key.span} positions)")
+        if diffs:
+            raise SegmentCorrupt(f"{key}: footer disagrees with key: {'; '.join(diffs)}")
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """How a writer encodes (from ``[format]``)."""
+
+    compression: str = "zstd"
+    compression_level: int | None = None
+    created_by: str = "kafka-s3-replicator"
+    row_group_size: int = 32 * 1024**2
+    """Raw bytes buffered before a row group / IPC batch is written to the stream."""
+
+
+class SegmentWriter(ABC):
+    """Writes one segment onto a binary stream."""
+
+    @abstractmethod
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Append records (schema ``SEGMENT_SCHEMA``, offsets ascending)."""
+
+    @abstractmethod
+    def finish(self, metadata: SegmentMetadata) -> None:
+        """Flush what is buffered and write the footer. The stream is not closed."""
+
+    @property
+    @abstractmethod
+    def buffered_bytes(self) -> int:
+        """Bytes held by the writer and not yet written to the stream."""
+
+
+class SegmentReader(ABC):
+    """Reads one segment from a seekable binary stream, batch by batch."""
+
+    @property
+    @abstractmethod
+    def metadata(self) -> SegmentMetadata:
+        """The footer (already checked against the expected key, if one was given)."""
+
+    @abstractmethod
+    def iter_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        """Record batches of at most ``batch_size`` rows, in offset order.
+
+        Raises:
+            SegmentCorrupt: the data cannot be decoded.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (the stream is owned by the caller)."""
+
+
+class SegmentFormat(ABC):
+    """A named segment encoding."""
+
+    name: str
+
+    @abstractmethod
+    def open_writer(self, stream: BinaryIO, options: WriterOptions) -> SegmentWriter:
+        """Start writing a segment onto ``stream``."""
+
+    @abstractmethod
+    def open_reader(self, stream: BinaryIO, expected: SegmentKey | None = None,
+                    *, where: str = "") -> SegmentReader:
+        """Open a segment; check its footer against ``expected`` when given.
+
+        Raises:
+            SegmentCorrupt: unreadable bytes, or a footer that disagrees with ``expected``.
+        """

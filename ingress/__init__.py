@@ -1,0 +1,1 @@
+"""Ingress controller (see SPEC and issue)."""

@@ -1,0 +1,99 @@
+"""One error tree for the whole suite.
+
+``ReplicatorError`` splits into ``RetriableError`` (try the same thing again later: a
+network blip, a throttled request, a broker that is not ready) and ``FatalError`` (trying
+again cannot help: bad configuration, a corrupt segment, a missing object). SDK errors are
+translated at their seam with ``raise ... from e`` and name the bucket/key or
+``topic[partition]@offset`` they concern.
+"""
+
+from __future__ import annotations
+
+
+class ReplicatorError(Exception):
+    """Base of every error raised by kafka-s3-replicator."""
+
+
+class RetriableError(ReplicatorError):
+    """The operation may succeed if tried again (see ``replicator.core.retry``)."""
+
+
+class FatalError(ReplicatorError):
+    """Trying again cannot help; the caller must handle it or stop."""
+
+
+# --- configuration -----------------------------------------------------------------
+
+
+class ConfigError(FatalError):
+    """A setting is unknown, has the wrong type or contradicts another one.
+
+    ``key`` is the dotted setting name (``egress.topics.sensor.events.max_segment_age``).
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.message = message
+        super().__init__(f"{key}: {message}" if key else message)
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration problems at once (each one names its key)."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+        lines = "\n".join(f"  - {e}" for e in errors)
+        super().__init__("", f"invalid configuration ({len(errors)} problem(s)):\n{lines}")
+
+
+# --- keys and segments ---------------------------------------------------------------
+
+
+class KeyFormatError(FatalError, ValueError):
+    """A string is not a key of the expected layout (SPEC 3.1)."""
+
+
+class SegmentCorrupt(FatalError):
+    """A segment cannot be read, or its footer disagrees with the key it was opened by."""
+
+
+# --- storage -------------------------------------------------------------------------
+
+
+class StorageError(RetriableError):
+    """An object store request failed in a way that may pass (5xx, timeout, throttling)."""
+
+
+class ObjectNotFound(FatalError):
+    """The object (or bucket) does not exist."""
+
+
+class SegmentNotFound(ObjectNotFound):
+    """A segment key listed or announced earlier is gone (compacted or deleted)."""
+
+
+class PreconditionFailed(FatalError):
+    """A conditional request lost: the object already exists (or changed)."""
+
+
+class StorageFatalError(FatalError):
+    """An object store request failed for good (access denied, invalid request)."""
+
+
+# --- kafka ---------------------------------------------------------------------------
+
+
+class KafkaRetriableError(RetriableError):
+    """A Kafka request failed in a way the client marks retriable."""
+
+
+class KafkaFatalError(FatalError):
+    """A Kafka error that cannot pass by itself (fenced producer, authorization, ...)."""
+
+
+class ProducerFenced(KafkaFatalError):
+    """Another producer with the same ``transactional.id`` took over this partition."""
+
+
+class TopicError(FatalError):
+    """A topic is missing, too small, or cannot be created as required."""

@@ -1,0 +1,221 @@
+"""The Kafka seam: the only module that imports ``confluent_kafka``.
+
+Thin wrappers that apply our defaults and translate client errors into the error tree.
+Messages are passed on as the client's own objects, typed by the ``Message`` protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import confluent_kafka as ck
+import confluent_kafka.admin as cka
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.cimpl import NewPartitions, NewTopic
+
+from replicator.core.errors import (
+    KafkaFatalError,
+    KafkaRetriableError,
+    ProducerFenced,
+    ReplicatorError,
+    TopicError,
+)
+from replicator.core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+TopicPartition = ck.TopicPartition
+OFFSET_BEGINNING = ck.OFFSET_BEGINNING
+OFFSET_END = ck.OFFSET_END
+OFFSET_INVALID = ck.OFFSET_INVALID
+OFFSET_STORED = ck.OFFSET_STORED
+TIMESTAMP_NOT_AVAILABLE = ck.TIMESTAMP_NOT_AVAILABLE
+TIMESTAMP_CREATE_TIME = ck.TIMESTAMP_CREATE_TIME
+TIMESTAMP_LOG_APPEND_TIME = ck.TIMESTAMP_LOG_APPEND_TIME
+
+Headers = list[tuple[str, bytes | None]]
+
+
+class Message(Protocol):
+    """What we read from a consumed record (``confluent_kafka.Message``)."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | None: ...
+    def value(self) -> bytes | None: ...
+    def headers(self) -> Headers | None: ...
+    def timestamp(self) -> tuple[int, int]: ...
+    def error(self) -> Any: ...
+    def __len__(self) -> int: ...
+
+
+# Defaults that correctness depends on; ``kafka.config`` can add to them but the CLI warns
+# when a user overrides one of the marked keys.
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "enable.auto.commit": False,           # offsets are committed only after durability
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",       # a new group starts from the oldest record
+    "isolation.level": "read_committed",   # never replicate open/aborted transactions
+    "partition.assignment.strategy": "range",
+}
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "linger.ms": 20,
+    "batch.size": 1_000_000,
+    # Records of up to the source's max.message.bytes must pass the client's own check.
+    "message.max.bytes": 64 * 1024**2,
+}
+
+# Keys of ``kafka.config`` that apply to every client; the rest of librdkafka warns on
+# consumer-only or producer-only keys given to the other kind, which is harmless.
+
+
+def client_config(kafka: KafkaSettings, defaults: Mapping[str, Any],
+                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Merge defaults, the user's ``kafka.config`` and call-site overrides."""
+    conf: dict[str, Any] = {"bootstrap.servers": kafka.brokers}
+    conf.update(defaults)
+    conf.update(kafka.config)
+    conf.update(overrides or {})
+    return conf
+
+
+def translate(e: BaseException, what: str) -> ReplicatorError:
+    """Turn a ``KafkaException`` into our error tree, naming ``what`` failed."""
+    err = e.args[0] if e.args and isinstance(e.args[0], ck.KafkaError) else None
+    if err is None:
+        return KafkaFatalError(f"{what}: {e}")
+    code = err.code()
+    if code in (ck.KafkaError._FENCED, getattr(ck.KafkaError, "PRODUCER_FENCED", -999),
+                ck.KafkaError.INVALID_PRODUCER_EPOCH):
+        return ProducerFenced(f"{what}: producer fenced by a newer instance: {err.str()}")
+    if err.retriable() or err.txn_requires_abort():
+        return KafkaRetriableError(f"{what}: {err.str()}")
+    return KafkaFatalError(f"{what}: {err.str()}")
+
+
+def is_transaction_abortable(e: BaseException) -> bool:
+    """True if a transactional call failed in a way that requires ``abort_transaction``."""
+    err = e.args[0] if e.args and isinstance(e.args[0], ck.KafkaError) else None
+    return bool(err is not None and err.txn_requires_abort())
+
+
+KafkaException = ck.KafkaException
+
+
+def message_error(msg: Message) -> ReplicatorError | None:
+    """The error carried by a consumed message, or ``None`` (EOF is not an error)."""
+    err = msg.error()
+    if err is None or err.code() == ck.KafkaError._PARTITION_EOF:
+        return None
+    where = f"{msg.topic()}[{msg.partition()}]"
+    if err.retriable() or not err.fatal():
+        return KafkaRetriableError(f"{where}: {err.str()}")
+    return KafkaFatalError(f"{where}: {err.str()}")
+
+
+def is_partition_eof(msg: Message) -> bool:
+    """True for the EOF event of ``enable.partition.eof``."""
+    err = msg.error()
+    return err is not None and err.code() == ck.KafkaError._PARTITION_EOF
+
+
+def make_consumer(kafka: KafkaSettings, group_id: str,
+                  overrides: Mapping[str, Any] | None = None) -> ck.Consumer:
+    """A consumer with our defaults (manual commits, read_committed, earliest)."""
+    return ck.Consumer(client_config(kafka, {**CONSUMER_DEFAULTS, "group.id": group_id},
+                                     overrides))
+
+
+def make_producer(kafka: KafkaSettings, *, transactional_id: str | None = None,
+                  overrides: Mapping[str, Any] | None = None) -> ck.Producer:
+    """An idempotent producer; transactional when ``transactional_id`` is given."""
+    extra = dict(overrides or {})
+    if transactional_id is not None:
+        extra["transactional.id"] = transactional_id
+    return ck.Producer(client_config(kafka, PRODUCER_DEFAULTS, extra))
+
+
+def make_admin(kafka: KafkaSettings, overrides: Mapping[str, Any] | None = None) -> cka.AdminClient:
+    """An admin client for this cluster."""
+    conf = client_config(kafka, {}, overrides)
+    return cka.AdminClient(conf)
+
+
+class Admin:
+    """The admin operations the suite needs, with errors translated."""
+
+    def __init__(self, kafka: KafkaSettings, *, timeout: float = 30.0) -> None:
+        self._admin = make_admin(kafka)
+        self.timeout = timeout
+
+    def partition_count(self, topic: str) -> int | None:
+        """Number of partitions of ``topic``, or ``None`` if it does not exist."""
+        md = self._admin.list_topics(topic=topic, timeout=self.timeout)
+        t = md.topics.get(topic)
+        if t is None or (t.error is not None and t.error.code() == \
+                ck.KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        if t.error is not None:
+            raise KafkaRetriableError(f"metadata of {topic}: {t.error.str()}")
+        return len(t.partitions)
+
+    def list_topics(self) -> list[str]:
+        """All topic names."""
+        return sorted(self._admin.list_topics(timeout=self.timeout).topics)
+
+    def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
+                     *, replication_factor: int = -1) -> bool:
+        """Create a topic; returns ``False`` if it already existed."""
+        fut = self._admin.create_topics(
+            [NewTopic(topic, partitions, replication_factor, config=dict(config or {}))],
+            operation_timeout=self.timeout)[topic]
+        try:
+            fut.result()
+            return True
+        except ck.KafkaException as e:
+            if e.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            raise translate(e, f"create topic {topic} ({partitions} partitions)") from e
+
+    def grow_topic(self, topic: str, partitions: int) -> None:
+        """Raise the partition count of ``topic`` to ``partitions``.
+
+        Raises:
+            TopicError: the broker refuses (e.g. it does not support CreatePartitions).
+        """
+        fut = self._admin.create_partitions([NewPartitions(topic, partitions)],
+                                            operation_timeout=self.timeout)[topic]
+        try:
+            fut.result()
+        except ck.KafkaException as e:
+            raise TopicError(f"cannot grow {topic} to {partitions} partitions: "
+                             f"{e.args[0].str()}") from e
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        """Topic-level configs the broker reports (non-default ones at least)."""
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"describe configs of {topic}") from e
+        return {k: v.value for k, v in entries.items() if v.value is not None}
+
+    def delete_topics(self, topics: Sequence[str]) -> None:
+        """Delete topics (missing ones are ignored)."""
+        if not topics:
+            return
+        for t, fut in self._admin.delete_topics(list(topics),
+                                                operation_timeout=self.timeout).items():
+            try:
+                fut.result()
+            except ck.KafkaException as e:
+                if e.args[0].code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise translate(e, f"delete topic {t}") from e
+
+
+OnAssign = Callable[[Any, list[Any]], None]

@@ -1,0 +1,175 @@
+"""The one module that owns the S3 key layout (SPEC 3.1).
+
+* final segment: ``{prefix}/{region}/{topic}/{partition}/{level}/{start:020d}-{end:020d}``
+* temporary object: ``{temp_prefix}/{uuid}``
+* topic metadata: ``{prefix}/{region}/{topic}/_topic.json``
+
+Nothing else formats or splits key strings.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from replicator.core.errors import KeyFormatError
+
+MAX_OFFSET = 2**63 - 1
+OFFSET_DIGITS = 20
+TOPIC_META_NAME = "_topic.json"
+
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+_REGION = re.compile(r"[a-zA-Z0-9._-]+")
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+_RANGE = re.compile(r"([0-9]{20})-([0-9]{20})")
+
+
+def check_topic(topic: str) -> str:
+    """Return ``topic`` if it is a legal Kafka topic name, else raise ``KeyFormatError``."""
+    if not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise KeyFormatError(f"invalid topic name {topic!r} (Kafka allows [a-zA-Z0-9._-], 1-249)")
+    return topic
+
+
+def check_region(region: str) -> str:
+    """Return ``region`` if it can be a key component, else raise ``KeyFormatError``."""
+    if not _REGION.fullmatch(region):
+        raise KeyFormatError(f"invalid region {region!r} (allowed: [a-zA-Z0-9._-]+)")
+    return region
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is a usable key prefix (no leading/trailing or double slash)."""
+    if not prefix or prefix.startswith("/") or prefix.endswith("/") or "//" in prefix:
+        raise KeyFormatError(f"invalid key prefix {prefix!r} (non-empty, no leading, "
+                             "trailing or double '/')")
+    return prefix
+
+
+@dataclass(frozen=True, order=True)
+class PartitionRef:
+    """One source partition: where its segments live."""
+
+    prefix: str
+    region: str
+    topic: str
+    partition: int
+
+    def segments_prefix(self, level: int | None = None) -> str:
+        """Key prefix (ending in ``/``) of this partition's segments, optionally one level."""
+        base = f"{self.prefix}/{self.region}/{self.topic}/{self.partition}/"
+        return base if level is None else f"{base}{level}/"
+
+    def __str__(self) -> str:
+        return f"{self.region}/{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, order=True)
+class SegmentKey:
+    """The identity of a final segment object. ``start`` and ``end`` are inclusive."""
+
+    prefix: str
+    region: str
+    topic: str
+    partition: int
+    level: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+        check_region(self.region)
+        check_topic(self.topic)
+        for name in ("partition", "level"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise KeyFormatError(f"segment {name} must be a non-negative int, got {v!r}")
+        for name in ("start", "end"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_OFFSET:
+                raise KeyFormatError(f"segment {name} offset must be in [0, 2^63-1], got {v!r}")
+        if self.start > self.end:
+            raise KeyFormatError(f"segment start {self.start} is after its end {self.end}")
+
+    @property
+    def partition_ref(self) -> PartitionRef:
+        """The partition this segment belongs to."""
+        return PartitionRef(self.prefix, self.region, self.topic, self.partition)
+
+    @property
+    def span(self) -> int:
+        """Number of offset positions covered (``end - start + 1``)."""
+        return self.end - self.start + 1
+
+    def covers(self, other: SegmentKey) -> bool:
+        """True if this segment's range contains ``other``'s range."""
+        return self.start <= other.start and other.end <= self.end
+
+    def to_key(self) -> str:
+        """The S3 key of this segment."""
+        return (f"{self.prefix}/{self.region}/{self.topic}/{self.partition}/{self.level}/"
+                f"{self.start:020d}-{self.end:020d}")
+
+    def __str__(self) -> str:
+        return self.to_key()
+
+    @classmethod
+    def parse(cls, key: str) -> SegmentKey:
+        """Parse a final segment key.
+
+        Raises:
+            KeyFormatError: naming the key, if it is not a segment key (a temp key,
+                ``_topic.json``, wrong part count, non-numeric or non-canonical parts).
+        """
+        parts = key.split("/")
+        if len(parts) < 6:
+            raise KeyFormatError(f"not a segment key (expected prefix/region/topic/partition/"
+                                 f"level/start-end): {key!r}")
+        *prefix_parts, region, topic, partition, level, rng = parts
+        m = _RANGE.fullmatch(rng)
+        if not m:
+            raise KeyFormatError(f"not a segment key (last part must be two 20-digit offsets "
+                                 f"'start-end'): {key!r}")
+        for name, v in (("partition", partition), ("level", level)):
+            if not _DECIMAL.fullmatch(v):
+                raise KeyFormatError(f"not a segment key ({name} {v!r} is not a plain "
+                                     f"decimal): {key!r}")
+        try:
+            return cls("/".join(prefix_parts), region, topic, int(partition), int(level),
+                       int(m.group(1)), int(m.group(2)))
+        except KeyFormatError as e:
+            raise KeyFormatError(f"not a segment key ({e}): {key!r}") from e
+
+    @classmethod
+    def try_parse(cls, key: str) -> SegmentKey | None:
+        """``parse`` that returns ``None`` instead of raising."""
+        try:
+            return cls.parse(key)
+        except KeyFormatError:
+            return None
+
+
+def topic_prefix(prefix: str, region: str, topic: str) -> str:
+    """Key prefix (ending in ``/``) under which one topic's partitions live."""
+    return f"{check_prefix(prefix)}/{check_region(region)}/{check_topic(topic)}/"
+
+
+def region_prefix(prefix: str, region: str) -> str:
+    """Key prefix (ending in ``/``) of one region's data."""
+    return f"{check_prefix(prefix)}/{check_region(region)}/"
+
+
+def topic_meta_key(prefix: str, region: str, topic: str) -> str:
+    """Key of the ``_topic.json`` metadata object egress writes for a topic."""
+    return topic_prefix(prefix, region, topic) + TOPIC_META_NAME
+
+
+def new_temp_key(temp_prefix: str) -> str:
+    """A fresh ``{temp_prefix}/{uuid}`` key for an object still being written."""
+    return f"{check_prefix(temp_prefix)}/{uuid.uuid4()}"
+
+
+def is_temp_key(key: str, temp_prefix: str) -> bool:
+    """True if ``key`` lies under the temporary prefix."""
+    return key.startswith(check_prefix(temp_prefix) + "/")

@@ -1,0 +1,355 @@
+"""The ``ObjectStore`` seam: everything the suite asks of S3, and an in-memory twin.
+
+The S3 implementation lives in ``replicator.core.s3`` (the only boto3 user for S3). Both
+implementations run through the same contract tests (``tests/*/test_object_store_contract``).
+
+Semantics every implementation keeps:
+
+* ``put`` with ``if_none_match=True`` is a conditional create: it raises
+  ``PreconditionFailed`` when the key exists and leaves the object unchanged.
+* ``open_upload`` streams an object: bytes become visible at ``complete()`` only;
+  ``abort()`` leaves nothing behind. Memory held is at most one part.
+* ``copy`` is server-side; objects above the multipart-copy threshold are copied in parts.
+* ``list`` yields objects in lexical key order, paginating transparently.
+* ``delete``/``delete_many`` succeed for missing keys.
+* Missing objects raise ``ObjectNotFound`` naming bucket and key; transient failures raise
+  ``StorageError`` (retriable); anything else ``StorageFatalError``.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from hashlib import md5
+from typing import BinaryIO
+
+from replicator.core.errors import ObjectNotFound, PreconditionFailed, StorageFatalError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a listing or ``head`` tells about an object."""
+
+    key: str
+    size: int
+    last_modified: datetime
+    etag: str = ""
+    storage_class: str | None = None
+
+
+class Upload(ABC):
+    """A streaming upload to one key. Nothing is visible until ``complete``."""
+
+    key: str
+
+    @abstractmethod
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append bytes (buffered up to one part, then sent).
+
+        Raises:
+            StorageError: a part could not be sent (the upload stays open for ``abort``).
+        """
+
+    @abstractmethod
+    def complete(self) -> ObjectInfo:
+        """Finish the object and make it visible under ``key``.
+
+        Raises:
+            StorageError: retriable failure; the upload may be completed again.
+        """
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Discard everything written; idempotent, never raises for a finished upload."""
+
+    @property
+    @abstractmethod
+    def bytes_written(self) -> int:
+        """Bytes accepted by ``write`` so far."""
+
+    @property
+    @abstractmethod
+    def buffered_bytes(self) -> int:
+        """Bytes held in memory, not yet sent."""
+
+
+class UploadStream(io.RawIOBase):
+    """A write-only binary stream over an ``Upload`` (for format writers)."""
+
+    def __init__(self, upload: Upload) -> None:
+        super().__init__()
+        self.upload = upload
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        return self.upload.write(b)
+
+    def tell(self) -> int:
+        return self.upload.bytes_written
+
+    def close(self) -> None:
+        # Closing the stream does not complete the upload: the durability method does.
+        super().close()
+
+
+class ObjectStore(ABC):
+    """Put/get/list/copy/delete against one bucket."""
+
+    bucket: str
+
+    @abstractmethod
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            storage_class: str | None = None, content_type: str | None = None) -> ObjectInfo:
+        """Write a whole small object.
+
+        Raises:
+            PreconditionFailed: ``if_none_match`` and the key exists.
+        """
+
+    @abstractmethod
+    def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
+        """Start a streaming (multipart) upload to ``key``."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """Read a whole object (small objects only: metadata, locks).
+
+        Raises:
+            ObjectNotFound: the key does not exist.
+        """
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Read ``length`` bytes from ``start`` (fewer at the end of the object).
+
+        Raises:
+            ObjectNotFound: the key does not exist.
+        """
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Size and date of one object.
+
+        Raises:
+            ObjectNotFound: the key does not exist.
+        """
+
+    @abstractmethod
+    def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        """All objects under ``prefix`` in key order, after ``start_after`` if given."""
+
+    @abstractmethod
+    def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
+        """Server-side copy (multipart above the copy threshold).
+
+        Raises:
+            ObjectNotFound: ``src`` does not exist.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete one object; a missing key is not an error."""
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete objects in batches of up to 1000; missing keys are not errors.
+
+        Raises:
+            StorageFatalError: naming the keys S3 refused to delete.
+        """
+
+    def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
+        """A seekable, buffered reader over ranged GETs (memory: one buffer).
+
+        Raises:
+            ObjectNotFound: the key does not exist.
+        """
+        info = self.head(key)
+        raw = RangeReader(self, key, info.size)
+        return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+
+
+class RangeReader(io.RawIOBase):
+    """A seekable raw stream reading an object through ``get_range`` calls."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int) -> None:
+        super().__init__()
+        self.store = store
+        self.key = key
+        self.size = size
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(b), self.size - self.pos)
+        if n <= 0:
+            return 0
+        data = self.store.get_range(self.key, self.pos, n)
+        b[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+# --- in-memory implementation ----------------------------------------------------------
+
+
+@dataclass
+class _Stored:
+    data: bytes
+    last_modified: datetime
+    storage_class: str | None
+    etag: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.etag = md5(self.data, usedforsecurity=False).hexdigest()
+
+    def info(self, key: str) -> ObjectInfo:
+        return ObjectInfo(key, len(self.data), self.last_modified, self.etag, self.storage_class)
+
+
+class MemoryObjectStore(ObjectStore):
+    """An in-memory bucket with S3's semantics, thread-safe. For unit tests and fakes.
+
+    ``part_size`` mirrors the S3 store: an upload holds at most one part in memory before
+    it "sends" it to the (in-memory) parts list.
+    """
+
+    def __init__(self, bucket: str = "memory", *, part_size: int = 8 * 1024**2,
+                 now: type[datetime] = datetime) -> None:
+        self.bucket = bucket
+        self.part_size = part_size
+        self._objects: dict[str, _Stored] = {}
+        self._lock = threading.Lock()
+        self._now = now
+        self.uploads_open: set[int] = set()
+
+    def _stamp(self) -> datetime:
+        return self._now.now(UTC)
+
+    def _missing(self, key: str) -> ObjectNotFound:
+        return ObjectNotFound(f"s3://{self.bucket}/{key} does not exist")
+
+    def put(self, key: str, data: bytes, *, if_none_match: bool = False,
+            storage_class: str | None = None, content_type: str | None = None) -> ObjectInfo:
+        with self._lock:
+            if if_none_match and key in self._objects:
+                raise PreconditionFailed(f"s3://{self.bucket}/{key} already exists")
+            obj = _Stored(bytes(data), self._stamp(), storage_class)
+            self._objects[key] = obj
+            return obj.info(key)
+
+    def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
+        return _MemoryUpload(self, key, storage_class)
+
+    def _lookup(self, key: str) -> _Stored:
+        with self._lock:
+            obj = self._objects.get(key)
+        if obj is None:
+            raise self._missing(key)
+        return obj
+
+    def get(self, key: str) -> bytes:
+        return self._lookup(key).data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise StorageFatalError(f"invalid range {start}+{length} for s3://{self.bucket}/{key}")
+        return self._lookup(key).data[start:start + length]
+
+    def head(self, key: str) -> ObjectInfo:
+        return self._lookup(key).info(key)
+
+    def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        with self._lock:
+            items = sorted((k, v) for k, v in self._objects.items() if k.startswith(prefix))
+        for k, v in items:
+            if start_after is None or k > start_after:
+                yield v.info(k)
+
+    def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
+        obj = self._lookup(src)
+        with self._lock:
+            new = _Stored(obj.data, self._stamp(), storage_class)
+            self._objects[dst] = new
+            return new.info(dst)
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            for k in keys:
+                self._objects.pop(k, None)
+
+    # test helpers --------------------------------------------------------------------
+
+    def keys(self) -> list[str]:
+        """All keys, sorted."""
+        with self._lock:
+            return sorted(self._objects)
+
+
+class _MemoryUpload(Upload):
+    def __init__(self, store: MemoryObjectStore, key: str, storage_class: str | None) -> None:
+        self.store = store
+        self.key = key
+        self.storage_class = storage_class
+        self._parts: list[bytes] = []
+        self._buf = bytearray()
+        self._written = 0
+        self._state = "open"
+        store.uploads_open.add(id(self))
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._state != "open":
+            raise StorageFatalError(f"upload to s3://{self.store.bucket}/{self.key} is "
+                                    f"{self._state}")
+        self._buf += data
+        self._written += len(data)
+        while len(self._buf) >= self.store.part_size:
+            self._parts.append(bytes(self._buf[: self.store.part_size]))
+            del self._buf[: self.store.part_size]
+        return len(data)
+
+    def complete(self) -> ObjectInfo:
+        if self._state == "aborted":
+            raise StorageFatalError(f"upload to s3://{self.store.bucket}/{self.key} was aborted")
+        data = b"".join(self._parts) + bytes(self._buf)
+        self._state = "complete"
+        self.store.uploads_open.discard(id(self))
+        return self.store.put(self.key, data, storage_class=self.storage_class)
+
+    def abort(self) -> None:
+        if self._state == "open":
+            self._state = "aborted"
+            self._parts.clear()
+            self._buf.clear()
+            self.store.uploads_open.discard(id(self))
+
+    @property
+    def bytes_written(self) -> int:
+        return self._written
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,28 @@
+"""The embedded servers start, answer and keep their data per session."""
+
+from __future__ import annotations
+
+import boto3
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient
+
+from tests.conftest import unique_name
+
+
+def test_moto_answers_s3(moto_endpoint: str) -> None:
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    bucket = unique_name("b")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="k", Body=b"v")
+    assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"v"
+
+
+def test_both_brokers_accept_records(source_brokers: str, dest_brokers: str) -> None:
+    assert source_brokers != dest_brokers
+    for brokers in (source_brokers, dest_brokers):
+        topic = unique_name("topic")
+        p = ck.Producer({"bootstrap.servers": brokers})
+        p.produce(topic, b"hello")
+        assert p.flush(10) == 0
+        md = AdminClient({"bootstrap.servers": brokers}).list_topics(topic, timeout=10)
+        assert topic in md.topics
