@@ -18,6 +18,7 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
+import builtins
 import io
 import threading
 from abc import ABC, abstractmethod
@@ -172,7 +173,7 @@ class ObjectStore(ABC):
         """
         info = self.head(key)
         raw = RangeReader(self, key, info.size)
-        return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+        return io.BufferedReader(raw, buffer_size=buffer_size)
 
 
 class RangeReader(io.RawIOBase):
@@ -303,7 +304,7 @@ class MemoryObjectStore(ObjectStore):
 
     # test helpers --------------------------------------------------------------------
 
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         """All keys, sorted."""
         with self._lock:
             return sorted(self._objects)
