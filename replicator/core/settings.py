@@ -11,6 +11,7 @@ environment.
 
 from __future__ import annotations
 
+import copy
 import os
 import tomllib
 from collections.abc import Mapping
@@ -493,7 +494,9 @@ def load_settings(path: str | Path | None = None, *, data: Mapping[str, Any] | N
         except tomllib.TOMLDecodeError as e:
             raise ConfigError("--config", f"{p} is not valid TOML: {e}") from e
     if data:
-        raw = _deep_merge(raw, dict(data))
+        # Deep copy: the environment overrides below edit the tree in place, and must not
+        # edit the caller's mapping.
+        raw = _deep_merge(raw, copy.deepcopy(dict(data)))
     origin = apply_env_overrides(raw, os.environ if environ is None else environ)
     return validate_settings(raw, origin)
 
@@ -577,10 +580,14 @@ def apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str]) -> dict
 
 
 def _env_value(text: str) -> Any:
+    # Tables, arrays and quoted strings are read as TOML; a bare scalar stays the text, so
+    # a string setting may be "123" or "true" (a bucket named 123) and pydantic still turns
+    # "10" or "true" into an int or bool where the field wants one.
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    return value if isinstance(value, dict | list | str) else text
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
