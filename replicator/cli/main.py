@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 from replicator.cli.local import local
+from replicator.cli.segments import segments
+from replicator.cli.sync import sync
+from replicator.cli.verify import verify
 
 
 @click.group()
@@ -14,3 +17,6 @@ def main() -> None:
 
 
 main.add_command(local)
+main.add_command(sync)
+main.add_command(segments)
+main.add_command(verify)

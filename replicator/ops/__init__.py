@@ -1,0 +1,1 @@
+"""Operator tools behind the ``replicator`` command: bucket sync, segment reports, verify."""
