@@ -1,7 +1,7 @@
 """The ``ObjectStore`` seam: everything the suite asks of S3, and an in-memory twin.
 
 The S3 implementation lives in ``replicator.core.s3`` (the only boto3 user for S3). Both
-implementations run through the same contract tests (``tests/*/test_object_store_contract``).
+implementations run through the same contract tests (``tests/contract/object_store.py``).
 
 Semantics every implementation keeps:
 
@@ -11,6 +11,8 @@ Semantics every implementation keeps:
   ``abort()`` leaves nothing behind. Memory held is at most one part.
 * ``copy`` is server-side; objects above the multipart-copy threshold are copied in parts.
 * ``list`` yields objects in lexical key order, paginating transparently.
+* An object written without a storage class (put, upload, copy) has S3's default,
+  ``"STANDARD"``; ``copy`` does not carry the source's class over (as S3).
 * ``delete``/``delete_many`` succeed for missing keys.
 * Missing objects raise ``ObjectNotFound`` naming bucket and key; transient failures raise
   ``StorageError`` (retriable); anything else ``StorageFatalError``.
@@ -29,6 +31,9 @@ from hashlib import md5
 from typing import BinaryIO
 
 from replicator.core.errors import ObjectNotFound, PreconditionFailed, StorageFatalError
+
+#: The storage class S3 gives an object written without one.
+STANDARD = "STANDARD"
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,7 @@ class MemoryObjectStore(ObjectStore):
         with self._lock:
             if if_none_match and key in self._objects:
                 raise PreconditionFailed(f"s3://{self.bucket}/{key} already exists")
-            obj = _Stored(bytes(data), self._stamp(), storage_class)
+            obj = _Stored(bytes(data), self._stamp(), storage_class or STANDARD)
             self._objects[key] = obj
             return obj.info(key)
 
@@ -289,7 +294,7 @@ class MemoryObjectStore(ObjectStore):
     def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
         obj = self._lookup(src)
         with self._lock:
-            new = _Stored(obj.data, self._stamp(), storage_class)
+            new = _Stored(obj.data, self._stamp(), storage_class or STANDARD)
             self._objects[dst] = new
             return new.info(dst)
 
@@ -319,6 +324,7 @@ class _MemoryUpload(Upload):
         self._buf = bytearray()
         self._written = 0
         self._state = "open"
+        self._result: ObjectInfo | None = None
         store.uploads_open.add(id(self))
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
@@ -333,12 +339,18 @@ class _MemoryUpload(Upload):
         return len(data)
 
     def complete(self) -> ObjectInfo:
+        if self._result is not None:
+            # As S3's store: completing again returns the first result, it writes nothing.
+            return self._result
         if self._state == "aborted":
             raise StorageFatalError(f"upload to s3://{self.store.bucket}/{self.key} was aborted")
         data = b"".join(self._parts) + bytes(self._buf)
+        self._result = self.store.put(self.key, data, storage_class=self.storage_class)
         self._state = "complete"
+        self._parts.clear()
+        self._buf.clear()
         self.store.uploads_open.discard(id(self))
-        return self.store.put(self.key, data, storage_class=self.storage_class)
+        return self._result
 
     def abort(self) -> None:
         if self._state == "open":

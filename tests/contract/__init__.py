@@ -1,0 +1,1 @@
+"""Contract tests shared by several implementations of one seam (run from unit/integration)."""
