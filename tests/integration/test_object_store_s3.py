@@ -213,3 +213,120 @@ def test_translate_transport_errors() -> None:
     assert isinstance(translate(ReadTimeoutError(endpoint_url="http://x"), "w"), StorageError)
     assert isinstance(translate(ValueError("x"), "w"), StorageFatalError)
 
+
+
+# --- faults: a real client that fails chosen calls --------------------------------------
+
+
+class FlakyClient:
+    """Wraps a real S3 client; ``fail[method]`` calls of ``method`` raise before (or, for
+    ``lost``, after) reaching S3 with a retriable 500."""
+
+    def __init__(self, real: Any, fail: dict[str, int] | None = None,
+                 lost: dict[str, int] | None = None) -> None:
+        self.real = real
+        self.fail = dict(fail or {})
+        self.lost = dict(lost or {})
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.real, name)
+        if not callable(attr) or name.startswith(("get_paginator", "meta")):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if self.fail.get(name, 0) > 0:
+                self.fail[name] -= 1
+                raise _client_error("InternalError", 500)
+            result = attr(*args, **kwargs)
+            if self.lost.get(name, 0) > 0:
+                self.lost[name] -= 1
+                raise _client_error("InternalError", 500)  # done, but the answer was lost
+            return result
+
+        return call
+
+
+def test_complete_retried_after_failure(s3_client: Any, bucket: str) -> None:
+    flaky = FlakyClient(s3_client, fail={"complete_multipart_upload": 2})
+    store = S3ObjectStore(flaky, bucket, part_size=5 * MiB)
+    data = bytes(range(256)) * (12 * MiB // 256)
+    up = store.open_upload("temp/seg")
+    up.write(data)
+    for _ in range(2):
+        with pytest.raises(StorageError):
+            up.complete()
+    info = up.complete()
+    assert info.size == len(data)
+    assert store.get("temp/seg") == data
+    assert store.open_multipart_uploads() == []
+    assert flaky.calls["upload_part"] == 3  # the last part was sent once only
+
+
+def test_complete_whose_answer_was_lost(s3_client: Any, bucket: str) -> None:
+    flaky = FlakyClient(s3_client, lost={"complete_multipart_upload": 1})
+    store = S3ObjectStore(flaky, bucket, part_size=5 * MiB)
+    data = b"q" * (6 * MiB)
+    up = store.open_upload("temp/seg")
+    up.write(data)
+    with pytest.raises(StorageError):
+        up.complete()
+    # The retry finds the upload gone (NoSuchUpload) and the object complete.
+    assert up.complete().size == len(data)
+    assert store.get("temp/seg") == data
+
+
+def test_failed_part_leaves_upload_for_abort(s3_client: Any, bucket: str) -> None:
+    flaky = FlakyClient(s3_client, fail={"upload_part": 1})
+    store = S3ObjectStore(flaky, bucket, part_size=5 * MiB)
+    up = store.open_upload("temp/seg")
+    with pytest.raises(StorageError) as exc:
+        up.write(b"a" * (6 * MiB))
+    assert f"s3://{bucket}/temp/seg" in str(exc.value)
+    with pytest.raises(StorageFatalError):
+        up.write(b"more")  # bytes may be missing: the upload cannot continue
+    assert len(store.open_multipart_uploads()) == 1
+    up.abort()
+    assert store.open_multipart_uploads() == []
+    assert list(store.list("temp/")) == []
+
+
+def test_failed_multipart_copy_aborts(s3_client: Any, bucket: str) -> None:
+    flaky = FlakyClient(s3_client, fail={"upload_part_copy": 1})
+    store = S3ObjectStore(flaky, bucket, part_size=5 * MiB, multipart_copy_threshold=5 * MiB,
+                          copy_concurrency=1)
+    s3_client.put_object(Bucket=bucket, Key="src", Body=b"c" * (11 * MiB))
+    with pytest.raises(StorageError) as exc:
+        store.copy("src", "dst")
+    assert "dst" in str(exc.value)
+    assert store.open_multipart_uploads() == []
+    with pytest.raises(ObjectNotFound):
+        store.head("dst")
+    store.copy("src", "dst")  # the retry works
+    assert store.head("dst").size == 11 * MiB
+
+
+class RefusingDeletes(FlakyClient):
+    def __init__(self, real: Any, code: str) -> None:
+        super().__init__(real)
+        self.code = code
+
+    def delete_objects(self, **kwargs: Any) -> Any:
+        keys = [o["Key"] for o in kwargs["Delete"]["Objects"]]
+        return {"Errors": [{"Key": k, "Code": self.code, "Message": "no"}
+                           for k in keys if k.endswith("7")]}
+
+
+@pytest.mark.parametrize(("code", "kind"), [("AccessDenied", StorageFatalError),
+                                            ("InternalError", StorageError)])
+def test_delete_many_names_refused_keys(s3_client: Any, bucket: str, code: str,
+                                        kind: type[Exception]) -> None:
+    store = S3ObjectStore(RefusingDeletes(s3_client, code), bucket)
+    with pytest.raises(kind) as exc:
+        store.delete_many([f"k/{n}" for n in range(1200)])
+    assert type(exc.value) is kind
+    msg = str(exc.value)
+    assert "120 key(s)" in msg
+    assert "k/7 (" + code + ")" in msg
+    assert bucket in msg
