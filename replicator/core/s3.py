@@ -33,7 +33,7 @@ from replicator.core.errors import (
     StorageError,
     StorageFatalError,
 )
-from replicator.core.storage import ObjectInfo, ObjectStore, Upload
+from replicator.core.storage import STANDARD, ObjectInfo, ObjectStore, Upload
 
 if TYPE_CHECKING:
     from replicator.core.settings import Settings
@@ -49,8 +49,6 @@ MAX_PART_SIZE = 5 * GiB
 MAX_PARTS = 10_000
 #: DeleteObjects takes at most 1000 keys per request.
 DELETE_BATCH = 1000
-#: Storage class S3 reports for objects written without one (``head_object`` omits it).
-STANDARD = "STANDARD"
 
 #: Error codes that name a missing object, bucket or queue.
 NOT_FOUND_CODES = frozenset({
@@ -272,18 +270,17 @@ class S3ObjectStore(ObjectStore):
             return b""
         what = f"get {self.url(key)} bytes {start}..{start + length - 1}"
         try:
-            with aws_errors(what):
-                resp = self.client.get_object(Bucket=self.bucket, Key=key,
-                                              Range=f"bytes={start}-{start + length - 1}")
-                return bytes(resp["Body"].read())
-        except StorageFatalError as e:
-            # 416 InvalidRange: the object exists but ``start`` is at or past its end;
-            # the interface returns fewer bytes (none) at the end of the object.
-            cause = e.__cause__
-            if isinstance(cause, ClientError) and (error_code(cause) == "InvalidRange"
-                                                   or http_status(cause) == 416):
+            resp = self.client.get_object(Bucket=self.bucket, Key=key,
+                                          Range=f"bytes={start}-{start + length - 1}")
+            return bytes(resp["Body"].read())
+        except ClientError as e:
+            if error_code(e) == "InvalidRange" or http_status(e) == 416:
+                # The object exists but ``start`` is at or past its end: the interface
+                # returns fewer bytes (none) at the end of the object.
                 return b""
-            raise
+            raise translate(e, what) from e
+        except BotoCoreError as e:
+            raise translate(e, what) from e
 
     def head(self, key: str) -> ObjectInfo:
         with aws_errors(f"head {self.url(key)}"):
@@ -433,7 +430,8 @@ class S3Upload(Upload):
     part; an object that stays below one part is sent with one PutObject at ``complete``.
     A failed part send leaves the upload open but unusable: the caller must ``abort``.
     ``complete`` may be called again after a retriable failure; once it succeeded it
-    returns the same ``ObjectInfo``.
+    returns the same ``ObjectInfo``. ``abort`` may raise ``StorageError`` when S3 cannot be
+    reached (call it again, or leave it to the bucket's abort-incomplete-uploads rule).
     """
 
     def __init__(self, store: S3ObjectStore, key: str, storage_class: str | None) -> None:

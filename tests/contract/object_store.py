@@ -46,6 +46,7 @@ class ObjectStoreContract:
         assert head.storage_class == "STANDARD"
         assert head.last_modified.tzinfo is not None
         assert head.etag
+        assert head.etag == info.etag
 
     def test_put_overwrites_and_empty_object(self) -> None:
         self.store.put("k", b"one")
@@ -139,6 +140,7 @@ class ObjectStoreContract:
         assert self.store.get("temp/big") == data
         head = self.store.head("temp/big")
         assert head.size == size
+        assert head.etag == info.etag
         assert head.storage_class == "STANDARD_IA"
         assert self.open_uploads() == 0
         # Completing again (a retry after a lost answer) changes nothing.
