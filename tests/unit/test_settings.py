@@ -446,3 +446,14 @@ def test_validated_settings_round_trip_through_dump(spec_file: Path) -> None:
     again = Settings.model_validate(s.model_dump(mode="json"))
     assert again.egress == s.egress
     assert again.compaction == s.compaction
+
+
+# --- shipped examples ----------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("role", ["egress", "ingress", "compaction"])
+def test_examples_validate(role: str) -> None:
+    s = load_settings(EXAMPLES / f"{role}.toml", environ=NO_ENV)
+    assert s.require(role) is not None  # type: ignore[arg-type]
