@@ -32,22 +32,39 @@ class Record:
         """Raw bytes of key, value and headers (what size thresholds count)."""
         n = len(self.key or b"") + len(self.value or b"")
         for hk, hv in self.headers:
-            n += len(hk) + len(hv or b"")
+            n += len(hk.encode("utf-8")) + len(hv or b"")
         return n
 
 
 def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
-    """Build one ``SEGMENT_SCHEMA`` batch from records."""
+    """Build one ``SEGMENT_SCHEMA`` batch from records.
+
+    ``None`` keys and values stay null (distinct from ``b""``); header names are non-null
+    strings, header values may be null; a record without headers has an empty list.
+    """
+    header_keys: list[str] = []
+    header_values: list[bytes | None] = []
+    list_offsets = [0]
+    for r in records:
+        for hk, hv in r.headers:
+            header_keys.append(hk)
+            header_values.append(hv)
+        list_offsets.append(len(header_keys))
+    header_type = SEGMENT_SCHEMA.field("headers").type
+    header_struct = pa.StructArray.from_arrays(
+        [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())],
+        fields=list(header_type.value_type),
+    )
+    headers = pa.ListArray.from_arrays(pa.array(list_offsets, pa.int32()), header_struct,
+                                       type=header_type)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.offset for r in records], pa.int64()),
-            pa.array([r.timestamp_ms for r in records], pa.int64()).cast(
-                pa.timestamp("ms", tz="UTC")),
+            pa.array([r.timestamp_ms for r in records], pa.timestamp("ms", tz="UTC")),
             pa.array([r.timestamp_type for r in records], pa.int8()),
             pa.array([r.key for r in records], pa.binary()),
             pa.array([r.value for r in records], pa.binary()),
-            pa.array([[{"key": k, "value": v} for k, v in r.headers] for r in records],
-                     SEGMENT_SCHEMA.field("headers").type),
+            headers,
         ],
         schema=SEGMENT_SCHEMA,
     )
@@ -55,16 +72,20 @@ def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
 
 def batch_to_records(batch: pa.RecordBatch | pa.Table) -> Iterator[Record]:
     """Yield the records of a batch."""
-    cols = batch.to_pydict()
+    offsets = batch.column("offset").to_pylist()
     ts = batch.column("timestamp").cast(pa.int64()).to_pylist()
+    types = batch.column("timestamp_type").to_pylist()
+    keys = batch.column("key").to_pylist()
+    values = batch.column("value").to_pylist()
+    headers = batch.column("headers").to_pylist()
     for i in range(batch.num_rows):
         yield Record(
-            offset=cols["offset"][i],
+            offset=offsets[i],
             timestamp_ms=ts[i],
-            key=cols["key"][i],
-            value=cols["value"][i],
-            headers=tuple((h["key"], h["value"]) for h in cols["headers"][i]),
-            timestamp_type=cols["timestamp_type"][i],
+            key=keys[i],
+            value=values[i],
+            headers=tuple((h["key"], h["value"]) for h in headers[i]),
+            timestamp_type=types[i],
         )
 
 

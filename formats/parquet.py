@@ -1,0 +1,149 @@
+"""The default segment format: Parquet with ``SEGMENT_SCHEMA`` and footer key/value metadata.
+
+Writing streams row groups onto any binary stream: incoming batches are held until they make
+``row_group_size`` bytes, then written as one row group, so memory is bounded by one group.
+Reading streams record batches row group by row group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from formats._common import (
+    NO_COMPRESSION,
+    GroupBuffer,
+    check_batch_schema,
+    check_read_schema,
+    corrupt_on_arrow_error,
+    describe,
+    guarded_iter,
+)
+from formats.base import (
+    SEGMENT_SCHEMA,
+    SegmentFormat,
+    SegmentMetadata,
+    SegmentReader,
+    SegmentWriter,
+    WriterOptions,
+)
+from replicator.core.errors import SegmentCorrupt
+from replicator.core.keys import SegmentKey
+
+PARQUET_CODECS = frozenset({"snappy", "gzip", "brotli", "lz4", "zstd"})
+
+# Min/max statistics only where they help a reader skip data (offset and time ranges);
+# statistics of binary keys/values would copy up to 5 MiB values into the footer.
+_STATISTICS_COLUMNS = ["offset", "timestamp", "timestamp_type"]
+
+# Dictionary encoding pays off for keys and header names (few distinct values); values are
+# mostly distinct, and trying a dictionary first costs hashing every value.
+_DICTIONARY_COLUMNS = ["timestamp_type", "key", "headers.list.element.key"]
+
+
+def parquet_codec(options: WriterOptions) -> tuple[str, int | None]:
+    """The Parquet codec and level for ``options`` (``none``/``uncompressed`` → none).
+
+    Raises:
+        ValueError: an unknown codec name.
+    """
+    name = options.compression.lower()
+    if name in NO_COMPRESSION:
+        return "none", None
+    if name not in PARQUET_CODECS:
+        raise ValueError(f"unknown Parquet compression {options.compression!r} (known: none, "
+                         f"{', '.join(sorted(PARQUET_CODECS))})")
+    return name, options.compression_level
+
+
+class ParquetSegmentWriter(SegmentWriter):
+    """Writes bounded row groups onto a binary stream; the footer at ``finish``."""
+
+    def __init__(self, stream: BinaryIO, options: WriterOptions) -> None:
+        codec, level = parquet_codec(options)
+        self._buffer = GroupBuffer(options.row_group_size)
+        # The stream is wrapped, not owned: closing the Parquet writer leaves it open.
+        self._writer = pq.ParquetWriter(
+            pa.PythonFile(stream, mode="w"), SEGMENT_SCHEMA,
+            compression=codec, compression_level=level,
+            use_dictionary=_DICTIONARY_COLUMNS,
+            write_statistics=_STATISTICS_COLUMNS,
+        )
+        self._finished = False
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        if self._finished:
+            raise ValueError("segment writer is finished")
+        check_batch_schema(batch)
+        if batch.num_rows == 0:
+            return
+        for group in self._buffer.add(batch):
+            self._write_group(group)
+
+    def _write_group(self, batches: list[pa.RecordBatch]) -> None:
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches, schema=SEGMENT_SCHEMA)
+        # One row group for the whole table: the group bound was decided by GroupBuffer.
+        self._writer.write_table(table, row_group_size=table.num_rows)
+
+    def finish(self, metadata: SegmentMetadata) -> None:
+        if self._finished:
+            return
+        self._write_group(self._buffer.take())
+        self._writer.add_key_value_metadata(metadata.to_footer())
+        self._writer.close()
+        self._finished = True
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffer.nbytes
+
+
+class ParquetSegmentReader(SegmentReader):
+    """Reads a Parquet segment row group by row group."""
+
+    def __init__(self, stream: BinaryIO, expected: SegmentKey | None, where: str) -> None:
+        self._where = where
+        with corrupt_on_arrow_error(where, "read the Parquet footer"):
+            self._file = pq.ParquetFile(pa.PythonFile(stream, mode="r"))
+            footer = self._file.metadata.metadata or {}
+            schema = self._file.schema_arrow
+        check_read_schema(schema, where)
+        pairs = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+                 for k, v in footer.items() if k != b"ARROW:schema"}
+        self._metadata = SegmentMetadata.from_footer(pairs, where=describe(where))
+        if expected is not None:
+            self._metadata.check_key(expected)
+        rows = self._file.metadata.num_rows
+        if rows != self._metadata.message_count:
+            raise SegmentCorrupt(f"{describe(where)}: footer says message_count="
+                                 f"{self._metadata.message_count}, file holds {rows} rows")
+
+    @property
+    def metadata(self) -> SegmentMetadata:
+        return self._metadata
+
+    def iter_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        with corrupt_on_arrow_error(self._where, "read Parquet row groups"):
+            it = self._file.iter_batches(batch_size=batch_size)
+        return guarded_iter(it, self._where, "read Parquet row groups")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ParquetFormat(SegmentFormat):
+    """``parquet``: SPEC 3.2's columns, zstd by default, footer key/value metadata."""
+
+    name = "parquet"
+
+    def open_writer(self, stream: BinaryIO, options: WriterOptions) -> SegmentWriter:
+        return ParquetSegmentWriter(stream, options)
+
+    def open_reader(self, stream: BinaryIO, expected: SegmentKey | None = None,
+                    *, where: str = "") -> SegmentReader:
+        return ParquetSegmentReader(stream, expected, where)

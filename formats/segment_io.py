@@ -1,0 +1,268 @@
+"""Segments on an ``ObjectStore``: write one to a temp key, publish it, open it for reading.
+
+These are the building blocks of the durability methods (egress rotation, compaction), which
+call them as separate numbered steps::
+
+    upload = SegmentUpload(store, fmt, temp_prefix, options)   # streams to a temp key
+    upload.write_batch(batch) ...
+    temp = upload.finish(metadata)                             # temp object complete
+    publish_segment(store, temp.key, key, storage_class)       # copy to final key, drop temp
+
+A temp object is invisible to readers (nothing lists the temp prefix for segments); only a
+published key is a segment.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from types import TracebackType
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from formats.base import SegmentFormat, SegmentMetadata, SegmentReader, WriterOptions
+from replicator.core.errors import ObjectNotFound, SegmentNotFound
+from replicator.core.keys import SegmentKey, new_temp_key
+from replicator.core.storage import ObjectInfo, ObjectStore, Upload, UploadStream
+
+log = logging.getLogger(__name__)
+
+DEFAULT_READ_BUFFER = 8 * 1024**2
+"""Bytes per ranged GET when reading a segment: few requests, bounded memory."""
+
+
+def _binary_bytes(arr: pa.Array) -> int:
+    # binary_length is null for null slots; min_count=0 makes an all-null sum 0, not null.
+    return int(pc.sum(pc.binary_length(arr), min_count=0).as_py())
+
+
+def raw_size_of_batch(batch: pa.RecordBatch) -> int:
+    """Raw bytes of a ``SEGMENT_SCHEMA`` batch: key + value + header names and values.
+
+    The same measure as ``Record.raw_size``, computed column-wise (no per-record Python).
+    """
+    headers = batch.column("headers").flatten()  # respects slicing of the list array
+    return (_binary_bytes(batch.column("key")) + _binary_bytes(batch.column("value"))
+            + _binary_bytes(headers.field("key")) + _binary_bytes(headers.field("value")))
+
+
+class _DiscardableStream(io.RawIOBase):
+    """Forwards writes to an ``UploadStream`` until ``discard()``, then drops them.
+
+    A format writer left unfinished may still flush when it is garbage-collected (Parquet's
+    writer closes itself in ``__del__``); after an abort those bytes must go nowhere.
+    """
+
+    def __init__(self, inner: UploadStream) -> None:
+        super().__init__()
+        self._inner = inner
+        self._discarding = False
+
+    def discard(self) -> None:
+        self._discarding = True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._discarding:
+            return len(b)
+        return self._inner.write(b)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+
+class SegmentUpload:
+    """One segment being streamed to a fresh temp key.
+
+    Memory held is the format writer's group buffer plus one upload part
+    (``buffered_bytes``). Nothing is visible until ``finish``; ``abort`` discards it all.
+    """
+
+    def __init__(self, store: ObjectStore, fmt: SegmentFormat, temp_prefix: str,
+                 options: WriterOptions) -> None:
+        self.store = store
+        self.format = fmt
+        self._upload: Upload = store.open_upload(new_temp_key(temp_prefix))
+        self._stream = _DiscardableStream(UploadStream(self._upload))
+        try:
+            self._writer = fmt.open_writer(self._stream, options)  # type: ignore[arg-type]
+        except BaseException:
+            self._upload.abort()
+            raise
+        self._count = 0
+        self._raw = 0
+        self._first: int | None = None
+        self._last: int | None = None
+        self._state = "open"  # open → finished (writer done) → complete | aborted
+
+    @property
+    def temp_key(self) -> str:
+        """The temp object's key."""
+        return self._upload.key
+
+    @property
+    def message_count(self) -> int:
+        """Records written so far."""
+        return self._count
+
+    @property
+    def raw_bytes(self) -> int:
+        """Raw bytes (key + value + headers) written so far; what size limits count."""
+        return self._raw
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held in memory: the writer's group buffer plus the upload's part buffer."""
+        return self._writer.buffered_bytes + self._upload.buffered_bytes
+
+    @property
+    def bytes_uploaded(self) -> int:
+        """Encoded bytes handed to the upload so far."""
+        return self._upload.bytes_written
+
+    @property
+    def first_offset(self) -> int | None:
+        """Offset of the first record, or None before any."""
+        return self._first
+
+    @property
+    def last_offset(self) -> int | None:
+        """Offset of the last record, or None before any."""
+        return self._last
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        """Append a ``SEGMENT_SCHEMA`` batch (offsets ascending, after the last one).
+
+        Raises:
+            ValueError: the upload is not open, or offsets go backwards.
+            StorageError: a part could not be sent (call ``abort``).
+        """
+        if self._state != "open":
+            raise ValueError(f"segment upload {self.temp_key} is {self._state}")
+        n = batch.num_rows
+        if n == 0:
+            return
+        offsets = batch.column("offset")
+        first = offsets[0].as_py()
+        if self._last is not None and first <= self._last:
+            raise ValueError(f"segment upload {self.temp_key}: offset {first} after "
+                             f"{self._last}")
+        self._writer.write_batch(batch)
+        self._count += n
+        self._raw += raw_size_of_batch(batch)
+        if self._first is None:
+            self._first = first
+        self._last = offsets[n - 1].as_py()
+
+    def finish(self, metadata: SegmentMetadata) -> ObjectInfo:
+        """Write the footer and complete the upload; returns the temp object's info.
+
+        May be called again after a ``StorageError`` from ``complete`` (the footer is
+        written once).
+
+        Raises:
+            ValueError: ``metadata.message_count`` differs from the records written.
+            StorageError: completing failed (retry ``finish`` or ``abort``).
+        """
+        if self._state == "aborted":
+            raise ValueError(f"segment upload {self.temp_key} was aborted")
+        if metadata.message_count != self._count:
+            raise ValueError(f"segment upload {self.temp_key}: footer message_count="
+                             f"{metadata.message_count} but {self._count} records written")
+        if self._state == "open":
+            self._writer.finish(metadata)
+            self._state = "finished"
+        info = self._upload.complete()
+        self._state = "complete"
+        return info
+
+    def abort(self) -> None:
+        """Discard the upload; idempotent. A completed temp object is deleted."""
+        if self._state == "aborted":
+            return
+        completed = self._state == "complete"
+        self._stream.discard()
+        self._state = "aborted"
+        self._upload.abort()
+        if completed:
+            self.store.delete(self.temp_key)
+
+
+def publish_segment(store: ObjectStore, temp: str, key: SegmentKey,
+                    storage_class: str | None = None) -> ObjectInfo:
+    """Copy the temp object to its final key, then delete the temp; returns the final info.
+
+    Safe to repeat: if the temp object is gone but the final key exists (an earlier attempt
+    copied it and died before or after deleting), the final object's info is returned.
+
+    Raises:
+        ObjectNotFound: neither the temp object nor the final key exists.
+        StorageError: retriable failure.
+    """
+    final = key.to_key()
+    try:
+        info = store.copy(temp, final, storage_class=storage_class)
+    except ObjectNotFound:
+        info = store.head(final)  # raises ObjectNotFound if the copy never happened
+        log.info("segment %s already published (temp %s gone)", final, temp)
+    store.delete(temp)
+    return info
+
+
+class SegmentStreamReader(SegmentReader):
+    """A ``SegmentReader`` that owns the object stream it reads (closed with the reader)."""
+
+    def __init__(self, inner: SegmentReader, stream: BinaryIO) -> None:
+        self._inner = inner
+        self._stream = stream
+
+    @property
+    def metadata(self) -> SegmentMetadata:
+        return self._inner.metadata
+
+    def iter_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
+        return self._inner.iter_batches(batch_size)
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            self._stream.close()
+
+    def __enter__(self) -> SegmentStreamReader:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def open_segment(store: ObjectStore, fmt: SegmentFormat, key: SegmentKey, *,
+                 buffer_size: int = DEFAULT_READ_BUFFER) -> SegmentStreamReader:
+    """Open a published segment, its footer checked against ``key``.
+
+    Use as a context manager (or call ``close``) to release the object stream.
+
+    Raises:
+        SegmentNotFound: no object under the key.
+        SegmentCorrupt: unreadable, or the footer disagrees with the key.
+        StorageError: retriable failure.
+    """
+    where = f"s3://{store.bucket}/{key.to_key()}"
+    try:
+        stream = store.open_read(key.to_key(), buffer_size=buffer_size)
+    except SegmentNotFound:
+        raise
+    except ObjectNotFound as e:
+        raise SegmentNotFound(f"{where} does not exist") from e
+    try:
+        reader = fmt.open_reader(stream, expected=key, where=where)
+    except BaseException:
+        stream.close()
+        raise
+    return SegmentStreamReader(reader, stream)
