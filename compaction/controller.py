@@ -1,0 +1,451 @@
+"""The compaction controller: plan on the driver, merge on an executor, then delete inputs.
+
+``Compaction(settings).start(); .run()`` runs on ``compaction.schedule`` until ``stop()``;
+``run_once()`` is one pass now (``replicator-compaction --once``). A run:
+
+1. takes the region lock (``{prefix}/{region}/_compaction.lock``), or is skipped;
+2. lists the configured topics of this region only and plans each partition
+   (``compaction.planner``);
+3. runs the merge tasks on the executor (Spark, or in-process with ``spark_master =
+   "inline"``); each publishes its output before it reports success;
+4. deletes the inputs of each successful task, then leftovers covered by higher levels;
+5. releases the lock and records metrics.
+
+A run that dies anywhere leaves every input whose output is not published, and the next
+run recognises published outputs (the watermark) and finishes their cleanup.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from compaction.lock import RegionLock, lock_key
+from compaction.merge import Executor, LocalExecutor, TaskResult, TaskSpec
+from compaction.metrics import CompactionMetrics
+from compaction.planner import CompactionTask, Listed, PartitionPlan, plan_all
+from formats.registry import get_format
+from replicator.core.cron import CronSchedule, parse_cron
+from replicator.core.errors import ConfigError, ReplicatorError
+from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
+from replicator.core.metrics import Metrics, MetricsServer
+from replicator.core.settings import CompactionSettings, CompactionTopicSettings, Settings
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+INLINE_MASTER = "inline"
+"""``spark_master`` value that runs merge tasks in this process, without Spark."""
+
+
+def utcnow() -> datetime:
+    """The default clock."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """What a run looks at: the CLI's ``--topic/--partition/--min-level/--max-level``."""
+
+    topic: str | None = None
+    partition: int | None = None
+    min_level: int | None = None
+    max_level: int | None = None
+
+
+@dataclass
+class PlannedTask:
+    """One task of a report: segments in, segment out, bytes, and what became of it."""
+
+    topic: str
+    partition: int
+    inputs: list[str]
+    output: str
+    bytes: int
+    covered: list[str]
+    outcome: str = "planned"   # planned | merged | existing | failed | not-run
+    records: int = 0
+    bytes_out: int = 0
+    error: str | None = None
+
+
+@dataclass
+class RunReport:
+    """What one run did (printed by ``--once`` and ``--dry-run``)."""
+
+    region: str
+    started_at: str
+    outcome: str = "success"   # success | skipped | failed
+    dry_run: bool = False
+    reason: str | None = None
+    duration_seconds: float = 0.0
+    partitions: int = 0
+    tasks: list[PlannedTask] = field(default_factory=list)
+    covered_to_delete: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    holes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ExecutorFactory = Callable[[Settings, ObjectStore], Executor]
+
+
+def default_executor(settings: Settings, store: ObjectStore) -> Executor:
+    """``LocalExecutor`` for ``spark_master = "inline"``, else ``SparkExecutor``.
+
+    Raises:
+        ConfigError: Spark is asked for but pyspark is not installed.
+    """
+    cfg: CompactionSettings = settings.require("compaction")
+    if cfg.spark_master == INLINE_MASTER:
+        return LocalExecutor(store, settings, cfg.parallelism)
+    try:
+        from compaction.spark_job import SparkExecutor
+    except ImportError as e:
+        raise ConfigError("compaction.spark_master",
+                          f"pyspark is not installed ({e}); install the 'compaction' extra "
+                          f"or set spark_master = \"{INLINE_MASTER}\"") from e
+    return SparkExecutor(settings)
+
+
+class Compaction:
+    """Compaction of one region's segments, on a cron schedule or once.
+
+    Args:
+        settings: process settings with a ``[compaction]`` section.
+        store: the region's bucket (default: ``S3ObjectStore.from_settings`` at ``start``).
+        metrics: metric registry (default: a new one).
+        clock: current timezone-aware time (schedule, segment ages, lock expiry).
+        wait: blocks up to the given seconds; returns ``True`` if the controller was
+            stopped meanwhile (default: waits on the stop event).
+        executor_factory: builds the task executor for a run (default
+            ``default_executor``).
+        scope: narrows every scheduled run (CLI options).
+        serve_metrics: serve /metrics, /healthz, /readyz while running (if the port is
+            not 0).
+
+    Raises:
+        ConfigError: the settings have no ``[compaction]`` section.
+    """
+
+    def __init__(self, settings: Settings, *, store: ObjectStore | None = None,
+                 metrics: Metrics | None = None, clock: Callable[[], datetime] = utcnow,
+                 wait: Callable[[float], bool] | None = None,
+                 executor_factory: ExecutorFactory = default_executor,
+                 scope: RunScope = RunScope(), serve_metrics: bool = True) -> None:
+        self.settings = settings
+        self.cfg: CompactionSettings = settings.require("compaction")
+        self.schedule: CronSchedule = parse_cron(self.cfg.schedule)
+        self.store = store
+        self.metrics = metrics or Metrics()
+        self.m = CompactionMetrics(self.metrics, settings.region)
+        self.clock = clock
+        self._stop = threading.Event()
+        self._wait = wait or self._stop.wait
+        self.executor_factory = executor_factory
+        self.scope = scope
+        self.serve_metrics = serve_metrics
+        self._server: MetricsServer | None = None
+        self._executor: Executor | None = None
+        self._started = False
+        self._failed = False
+        self._closed = False
+        self.last_report: RunReport | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect to the bucket and check the format; serve metrics. Fails fast.
+
+        Raises:
+            ConfigError: unknown format.
+            StorageError / StorageFatalError: the bucket is unreachable.
+        """
+        get_format(self.settings.format.name)
+        if self.store is None:
+            from replicator.core.s3 import S3ObjectStore
+
+            self.store = S3ObjectStore.from_settings(self.settings)
+        next(iter(self.store.list(region_prefix(self.settings.s3.prefix,
+                                                self.settings.region))), None)
+        if self.serve_metrics and self.settings.metrics.port and self._server is None:
+            self._server = MetricsServer(self.metrics, self.settings.metrics.host,
+                                         self.settings.metrics.port,
+                                         healthy=lambda: not self._failed,
+                                         ready=lambda: self._started)
+            self._server.start()
+        self._started = True
+        log.info("compaction of region %s started: schedule %r (%s), topics %s, master %s",
+                 self.settings.region, self.schedule.expression,
+                 "seconds-first" if self.schedule.seconds_first else "standard crontab",
+                 ", ".join(sorted(self.cfg.topics)), self.cfg.spark_master)
+
+    def run(self) -> None:
+        """Run on the schedule until ``stop()``; a failed run waits for the next slot."""
+        if not self._started:
+            self.start()
+        while not self._stop.is_set():
+            nxt = self.schedule.next_after(self.clock())
+            log.info("next compaction run at %s", nxt.isoformat())
+            if self._wait_until(nxt):
+                break
+            self.run_once(self.scope.topic, self.scope.partition, self.scope.min_level,
+                          self.scope.max_level)
+
+    def _wait_until(self, t: datetime) -> bool:
+        """Wait until ``t``; ``True`` if stopped first."""
+        while True:
+            remaining = (t - self.clock()).total_seconds()
+            if remaining <= 0:
+                return self._stop.is_set()
+            if self._wait(remaining) or self._stop.is_set():
+                return True
+
+    def stop(self) -> None:
+        """Stop after the current step (signal-safe): running tasks are cancelled."""
+        self._stop.set()
+        executor = self._executor
+        if executor is not None:
+            executor.cancel()
+
+    @property
+    def stopped(self) -> bool:
+        """True once ``stop()`` was called."""
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        """Stop serving metrics and release the executor; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_executor()
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _close_executor(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.close()
+
+    # --- one run --------------------------------------------------------------------------
+
+    def topic_settings(self, scope: RunScope) -> dict[str, CompactionTopicSettings]:
+        """The topics a run covers, with ``--min-level``/``--max-level`` applied.
+
+        Raises:
+            ConfigError: an unknown ``--topic`` or an impossible level range.
+        """
+        topics = dict(self.cfg.topics)
+        if scope.topic is not None:
+            if scope.topic not in topics:
+                raise ConfigError("--topic", f"topic {scope.topic!r} is not in "
+                                             f"[compaction.topics] (known: "
+                                             f"{', '.join(sorted(topics)) or 'none'})")
+            topics = {scope.topic: topics[scope.topic]}
+        if scope.partition is not None and scope.partition < 0:
+            raise ConfigError("--partition", f"must be >= 0, got {scope.partition}")
+        out = {}
+        for name, t in topics.items():
+            lo = t.min_level if scope.min_level is None else scope.min_level
+            hi = t.max_level if scope.max_level is None else scope.max_level
+            if lo < 0 or lo > hi:
+                raise ConfigError("--min-level/--max-level",
+                                  f"topic {name}: level range {lo}..{hi} is empty")
+            out[name] = t.model_copy(update={"min_level": lo, "max_level": hi})
+        return out
+
+    def run_once(self, topic: str | None = None, partition: int | None = None,
+                 min_level: int | None = None, max_level: int | None = None,
+                 dry_run: bool = False) -> RunReport:
+        """One compaction pass now; see the module docstring for the steps.
+
+        Storage and task failures make the outcome ``failed`` (the report says why); they
+        are not raised, so a scheduler keeps running.
+
+        Raises:
+            ConfigError: bad scope (unknown topic, empty level range).
+        """
+        scope = RunScope(topic, partition, min_level, max_level)
+        topics = self.topic_settings(scope)
+        if self.store is None:
+            self.start()
+        assert self.store is not None
+        t0 = time.monotonic()
+        now = self.clock()
+        report = RunReport(self.settings.region, now.isoformat(), dry_run=dry_run)
+        lock: RegionLock | None = None
+        try:
+            # Step 1
+            if not dry_run:
+                lock = RegionLock(self.store, lock_key(self.settings.s3.prefix,
+                                                       self.settings.region),
+                                  self.cfg.lock_ttl, self.clock)
+                if not lock.acquire():
+                    holder = lock.holder
+                    report.outcome = "skipped"
+                    who = f" ({holder.owner} until {holder.expires_at})" if holder else ""
+                    report.reason = f"another compaction run holds the region lock{who}"
+                    return report
+                lock.keep_alive(max(1.0, self.cfg.lock_ttl.total_seconds() / 3))
+            # Step 2
+            plans = self._plan(topics, scope.partition, now, report)
+            if dry_run:
+                return report
+            # Step 3
+            results = self._execute(plans, topics, report)
+            # Step 4
+            self._delete(plans, topics, results, report, lock)
+            if any(t.outcome in ("failed", "not-run") for t in report.tasks):
+                report.outcome = "failed"
+                report.reason = report.reason or "some merge tasks failed; their inputs stay"
+        except ReplicatorError as e:
+            log.error("compaction run of region %s failed: %s", self.settings.region, e,
+                      exc_info=True)
+            report.outcome = "failed"
+            report.reason = str(e)
+            report.errors.append(str(e))
+        finally:
+            # Step 5
+            if lock is not None:
+                lock.release()
+            self._close_executor()
+            report.duration_seconds = round(time.monotonic() - t0, 3)
+            self._record(report)
+        return report
+
+    def _record(self, report: RunReport) -> None:
+        self.last_report = report
+        if report.dry_run:
+            log.info("dry run of region %s: %d tasks, %d leftovers to delete",
+                     report.region, len(report.tasks), len(report.covered_to_delete))
+            return
+        self.m.runs.labels(report.region, report.outcome).inc()
+        self.m.duration.labels(report.region).observe(report.duration_seconds)
+        if report.outcome == "success":
+            self.m.last_success.labels(report.region).set(time.time())
+        log.info("compaction run of region %s: %s in %.1fs (%d tasks, %d segments deleted)%s",
+                 report.region, report.outcome, report.duration_seconds, len(report.tasks),
+                 len(report.deleted), f": {report.reason}" if report.reason else "")
+
+    def _list(self, topic: str, partition: int | None) -> Iterator[Listed]:
+        """Every segment of one topic of this region (optionally one partition)."""
+        assert self.store is not None
+        s3 = self.settings.s3
+        prefix = topic_prefix(s3.prefix, self.settings.region, topic)
+        if partition is not None:
+            prefix = f"{prefix}{partition}/"
+        for info in self.store.list(prefix):
+            key = SegmentKey.try_parse(info.key)
+            if key is None or key.prefix != s3.prefix or key.region != self.settings.region \
+                    or key.topic != topic:
+                continue   # _topic.json and anything that is not a segment of this topic
+            yield Listed(key, info.size, info.last_modified)
+
+    def _plan(self, topics: dict[str, CompactionTopicSettings], partition: int | None,
+              now: datetime, report: RunReport) -> list[PartitionPlan]:
+        plans: list[PartitionPlan] = []
+        for name in sorted(topics):
+            for p in plan_all(self._list(name, partition), topics[name], now):
+                plans.append(p)
+                ref = p.partition
+                where = f"{ref.topic}[{ref.partition}]"
+                for hole in p.holes_reported:
+                    log.warning("%s: no segment holds positions %d-%d (a missing segment); "
+                                "the run before it ends there, compaction continues after it",
+                                where, hole.start, hole.end)
+                    self.m.holes.labels(self.settings.region, ref.topic,
+                                        str(ref.partition)).inc()
+                    report.holes.append(f"{where} {hole.start}-{hole.end}")
+                for k in p.stranded:
+                    log.warning("%s: segment %s lies below the compacted range and is not "
+                                "covered by it; left in place", where, k)
+                for t in p.tasks:
+                    log.info("%s: plan %s", where, t.describe())
+                    report.tasks.append(_planned(t))
+                report.covered_to_delete.extend(k.to_key() for k in p.covered_to_delete)
+                if p.skipped_reason:
+                    log.info("%s: not merged: %s", where, p.skipped_reason)
+                    report.skipped.append(f"{where}: {p.skipped_reason}")
+        report.partitions = len(plans)
+        return plans
+
+    def _execute(self, plans: list[PartitionPlan], topics: dict[str, CompactionTopicSettings],
+                 report: RunReport) -> dict[str, TaskResult]:
+        specs = [TaskSpec([k.to_key() for k in t.inputs], list(t.input_sizes),
+                          t.output.to_key(), topics[t.output.topic].batch_size,
+                          self.settings.s3.storage_class_for(t.output.level))
+                 for p in plans for t in p.tasks]
+        if not specs or self._stop.is_set():
+            for pt in report.tasks:
+                pt.outcome = "not-run" if specs else pt.outcome
+            return {}
+        assert self.store is not None
+        self._executor = self.executor_factory(self.settings, self.store)
+        if self._stop.is_set():   # stopped while the executor started
+            self._executor.cancel()
+        results = {r.output: r for r in self._executor.run(specs)}
+        region = self.settings.region
+        for pt in report.tasks:
+            r = results.get(pt.output)
+            if r is None:
+                pt.outcome, pt.error = "failed", "no result from the executor"
+            elif not r.ok:
+                pt.outcome, pt.error = "failed", r.error
+                report.errors.append(f"{pt.output}: {r.error}")
+            else:
+                pt.outcome = "existing" if r.existing else "merged"
+                pt.records, pt.bytes_out = r.records, r.bytes_out
+                if not r.existing:
+                    self.m.segments_read.labels(region, pt.topic).inc(r.segments_in)
+                    self.m.bytes_read.labels(region, pt.topic).inc(r.bytes_in)
+                    self.m.segments_written.labels(region, pt.topic).inc()
+                    self.m.bytes_written.labels(region, pt.topic).inc(r.bytes_out)
+                    self.m.records_written.labels(region, pt.topic).inc(r.records)
+            self.m.tasks.labels(region, pt.topic, pt.outcome).inc()
+        return results
+
+    def _delete(self, plans: list[PartitionPlan], topics: dict[str, CompactionTopicSettings],
+                results: dict[str, TaskResult], report: RunReport,
+                lock: RegionLock | None) -> None:
+        """Delete merged inputs and covered leftovers, only while the lock is still ours."""
+        assert self.store is not None
+        region = self.settings.region
+        for p in plans:
+            t_cfg = topics[p.partition.topic]
+            if not t_cfg.delete:
+                continue
+            batches: list[tuple[str, list[str]]] = []
+            for t in p.tasks:
+                r = results.get(t.output.to_key())
+                if r is not None and r.ok:
+                    batches.append(("merged", [k.to_key() for k in (*t.inputs, *t.covered)]))
+            if p.covered_to_delete:
+                batches.append(("covered", [k.to_key() for k in p.covered_to_delete]))
+            for reason, keys in batches:
+                if lock is not None and not lock.confirm():
+                    raise _LockLost(f"region lock {lock.key} lost before deleting "
+                                    f"{len(keys)} segments of {p.partition}; they stay")
+                self.store.delete_many(keys)
+                report.deleted.extend(keys)
+                self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
+                log.info("%s[%d]: deleted %d %s segments", p.partition.topic,
+                         p.partition.partition, len(keys), reason)
+
+
+class _LockLost(ReplicatorError):
+    """The region lock was taken over during the run."""
+
+
+def _planned(t: CompactionTask) -> PlannedTask:
+    return PlannedTask(t.output.topic, t.output.partition, [k.to_key() for k in t.inputs],
+                       t.output.to_key(), t.bytes, [k.to_key() for k in t.covered])

@@ -1,0 +1,327 @@
+"""One merge task: stream input segments into one output segment, verified, then published.
+
+This module is what runs *inside* a Spark task (and in-process with ``LocalExecutor``). It
+never imports pyspark: ``compaction.spark_job`` ships task descriptions (plain JSON dicts)
+to the executors and calls ``run_task_payload`` there, which builds its own object store
+from the settings payload.
+
+Memory per task is bounded by configuration, not by segment size: one ``batch_size`` batch
+in flight, one read buffer, the format writer's row-group buffer and one upload part.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from formats.base import SegmentFormat, SegmentMetadata, WriterOptions
+from formats.registry import get_format
+from formats.segment_io import SegmentUpload, open_segment, publish_segment
+from replicator.core.errors import ObjectNotFound, SegmentCorrupt, SegmentNotFound
+from replicator.core.keys import SegmentKey
+from replicator.core.settings import Settings
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a merge task needs, as JSON-able values (it crosses to Spark executors)."""
+
+    inputs: list[str]
+    input_sizes: list[int]
+    output: str
+    batch_size: int
+    storage_class: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TaskSpec:
+        return cls(list(d["inputs"]), list(d["input_sizes"]), d["output"], int(d["batch_size"]),
+                   d.get("storage_class"))
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a merge task reports back to the driver."""
+
+    output: str
+    ok: bool
+    records: int = 0
+    segments_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped: int = 0
+    """Records skipped because an overlapping earlier input already held their offsets."""
+    existing: bool = False
+    """The output was already published by an earlier (interrupted) run."""
+    seconds: float = 0.0
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TaskResult:
+        return cls(**d)
+
+
+class Executor(Protocol):
+    """Runs merge tasks somewhere (in-process, on Spark) and returns one result per task."""
+
+    def run(self, specs: list[TaskSpec]) -> list[TaskResult]:
+        """Run all tasks; a failed task gives a result with ``ok=False``, never raises."""
+        ...
+
+    def cancel(self) -> None:
+        """Ask running tasks to stop (signal-safe); their results come back as failures."""
+        ...
+
+    def close(self) -> None:
+        """Release resources; idempotent."""
+        ...
+
+
+def _drop_written(batch: pa.RecordBatch, last_written: int) -> pa.RecordBatch:
+    """The rows of ``batch`` whose offset is after ``last_written`` (offsets ascend)."""
+    offsets = batch.column("offset")
+    if offsets[0].as_py() > last_written:
+        return batch
+    n_old = pc.sum(pc.less_equal(offsets, last_written), min_count=0).as_py()
+    return batch.slice(int(n_old))
+
+
+def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOptions,
+                   temp_prefix: str, spec: TaskSpec,
+                   stopped: Callable[[], bool] = lambda: False) -> TaskResult:
+    """Merge ``spec.inputs`` into ``spec.output``; the durability order of one output.
+
+    1. If the output key already holds a valid segment (an earlier run published it and
+       died before deleting the inputs), report it and write nothing.
+    2. Stream every input, in order, in ``batch_size`` batches into one temp upload, keeping
+       only offsets after the last one written (overlapping inputs never duplicate).
+    3. Verify: each input yielded its footer's record count inside its own range; the output
+       starts at or after its key's start and ends exactly at its key's end.
+    4. Finish the temp object with the output key's footer; re-open it and check the
+       footer against the key.
+    5. Publish: copy to the final key with the level's storage class, delete the temp.
+    6. Return the result; the driver deletes the inputs only after this.
+
+    Any failure aborts the temp upload (nothing partial is ever visible) and leaves the
+    inputs in place.
+
+    Raises:
+        SegmentCorrupt: an input or the output fails verification.
+        SegmentNotFound: an input is gone.
+        StorageError: retriable storage failure.
+    """
+    t0 = time.monotonic()
+    output = SegmentKey.parse(spec.output)
+    inputs = [SegmentKey.parse(k) for k in spec.inputs]
+    where = f"{output.topic}[{output.partition}]"
+
+    # Step 1
+    existing = _existing_output(store, fmt, output)
+    if existing is not None:
+        log.info("%s: %s already published (%d records); only the inputs are left to delete",
+                 where, output, existing.message_count)
+        return TaskResult(spec.output, True, records=existing.message_count,
+                          segments_in=len(inputs), existing=True,
+                          seconds=time.monotonic() - t0)
+
+    # Step 2
+    upload = SegmentUpload(store, fmt, temp_prefix, options)
+    try:
+        last = -1
+        dropped = 0
+        for k in inputs:
+            if stopped():
+                raise InterruptedError(f"{where}: merge into {output} cancelled")
+            read, first_in, last_in = 0, None, None
+            with open_segment(store, fmt, k) as reader:
+                expected_count = reader.metadata.message_count
+                for batch in reader.iter_batches(spec.batch_size):
+                    if batch.num_rows == 0:
+                        continue
+                    read += batch.num_rows
+                    if first_in is None:
+                        first_in = batch.column("offset")[0].as_py()
+                    last_in = batch.column("offset")[-1].as_py()
+                    fresh = _drop_written(batch, last)
+                    dropped += batch.num_rows - fresh.num_rows
+                    if fresh.num_rows:
+                        upload.write_batch(fresh)
+                        last = fresh.column("offset")[-1].as_py()
+            # Step 3 (per input)
+            if read != expected_count:
+                raise SegmentCorrupt(f"{k}: footer says {expected_count} records, read {read}")
+            if first_in is not None and (first_in < k.start or (last_in or 0) > k.end):
+                raise SegmentCorrupt(f"{k}: holds offsets {first_in}-{last_in} outside its "
+                                     f"key range")
+
+        # Step 3 (output)
+        count = upload.message_count
+        first_out = upload.first_offset
+        if count == 0 or first_out is None or first_out < output.start or last != output.end:
+            raise SegmentCorrupt(
+                f"{where}: merged offsets {first_out}-{last} ({count} records) do not fit "
+                f"{output} (must start at or after {output.start} and end at {output.end})")
+
+        # Step 4
+        temp = upload.finish(SegmentMetadata.for_key(output, count,
+                                                     created_by=options.created_by))
+        _check_written(store, fmt, temp.key, output, count)
+
+        # Step 5
+        final = publish_segment(store, temp.key, output, spec.storage_class)
+    except BaseException:
+        upload.abort()
+        raise
+
+    # Step 6
+    result = TaskResult(spec.output, True, records=count, segments_in=len(inputs),
+                        bytes_in=sum(spec.input_sizes), bytes_out=final.size, dropped=dropped,
+                        seconds=time.monotonic() - t0)
+    log.info("%s: merged %d segments into %s: %d records (%d overlapping dropped), "
+             "%d -> %d bytes in %.2fs", where, len(inputs), output, count, dropped,
+             result.bytes_in, result.bytes_out, result.seconds)
+    return result
+
+
+def _existing_output(store: ObjectStore, fmt: SegmentFormat, output: SegmentKey,
+                     ) -> SegmentMetadata | None:
+    """The footer of an already published output, ``None`` if there is none.
+
+    Raises:
+        SegmentCorrupt: something unreadable sits under the output key; it is not
+            overwritten blindly (a human should look).
+    """
+    try:
+        with open_segment(store, fmt, output) as reader:
+            return reader.metadata
+    except SegmentNotFound:
+        return None
+
+
+def _check_written(store: ObjectStore, fmt: SegmentFormat, temp_key: str, output: SegmentKey,
+                   count: int) -> None:
+    where = f"s3://{store.bucket}/{temp_key} (for {output})"
+    try:
+        stream = store.open_read(temp_key)
+    except ObjectNotFound as e:
+        raise SegmentCorrupt(f"{where}: the finished temp object is missing") from e
+    try:
+        reader = fmt.open_reader(stream, expected=output, where=where)
+        n = reader.metadata.message_count
+        reader.close()
+    finally:
+        stream.close()
+    if n != count:
+        raise SegmentCorrupt(f"{where}: footer says {n} records, {count} were written")
+
+
+def run_task(store: ObjectStore, settings: Settings, spec: TaskSpec,
+             stopped: Callable[[], bool] = lambda: False) -> TaskResult:
+    """``merge_segments`` with the settings' format, reporting any failure as a result."""
+    t0 = time.monotonic()
+    try:
+        fmt = get_format(settings.format.name)
+        return merge_segments(store, fmt, writer_options(settings), settings.s3.temp_prefix,
+                              spec, stopped)
+    except Exception as e:
+        # The task boundary: whatever went wrong is logged with its traceback and reported
+        # to the driver, which then keeps this task's inputs and counts the failure.
+        log.exception("merge into %s failed", spec.output)
+        return TaskResult(spec.output, False, segments_in=len(spec.inputs),
+                          seconds=time.monotonic() - t0, error=f"{type(e).__name__}: {e}")
+
+
+def writer_options(settings: Settings) -> WriterOptions:
+    """The writer options of ``[format]``."""
+    f = settings.format
+    return WriterOptions(compression=f.compression, compression_level=f.compression_level,
+                         created_by=f.created_by, row_group_size=f.row_group_size)
+
+
+# --- settings across the process boundary -------------------------------------------------
+
+
+def settings_payload(settings: Settings) -> dict[str, Any]:
+    """What a remote task needs of the settings, as JSON (secrets included, unmasked)."""
+    data = settings.model_dump(mode="json", include={"region", "s3", "kafka", "format"})
+    for name in ("access_key_id", "secret_access_key"):
+        secret = getattr(settings.s3, name)
+        data["s3"][name] = secret.get_secret_value() if secret is not None else None
+    return data
+
+
+def settings_from_payload(payload: dict[str, Any]) -> Settings:
+    """Rebuild ``Settings`` from ``settings_payload``."""
+    return Settings.model_validate(payload)
+
+
+_STORES: dict[str, tuple[Settings, ObjectStore]] = {}
+
+
+def run_task_payload(payload: dict[str, Any], spec_json: dict[str, Any]) -> dict[str, Any]:
+    """Entry point inside a remote (Spark) task: JSON in, JSON out.
+
+    The store is built once per worker process and settings (a boto3 client is thread-safe
+    and costs tens of milliseconds to build).
+    """
+    import json
+
+    from replicator.core.s3 import S3ObjectStore
+
+    cache_key = json.dumps(payload, sort_keys=True)
+    if cache_key not in _STORES:
+        s = settings_from_payload(payload)
+        _STORES[cache_key] = (s, S3ObjectStore.from_settings(s))
+    settings, store = _STORES[cache_key]
+    return run_task(store, settings, TaskSpec.from_json(spec_json)).to_json()
+
+
+# --- in-process executor --------------------------------------------------------------------
+
+
+class LocalExecutor:
+    """Runs merge tasks in this process on a thread pool (``spark_master = "inline"``, tests).
+
+    Args:
+        store: the region's bucket.
+        settings: the process settings (format, temp prefix).
+        parallelism: tasks at once.
+    """
+
+    def __init__(self, store: ObjectStore, settings: Settings, parallelism: int = 1) -> None:
+        self.store = store
+        self.settings = settings
+        self.parallelism = max(1, parallelism)
+        self._cancelled = False
+
+    def run(self, specs: list[TaskSpec]) -> list[TaskResult]:
+        self._cancelled = False
+
+        def one(spec: TaskSpec) -> TaskResult:
+            return run_task(self.store, self.settings, spec, lambda: self._cancelled)
+
+        if self.parallelism == 1 or len(specs) <= 1:
+            return [one(s) for s in specs]
+        with ThreadPoolExecutor(self.parallelism, thread_name_prefix="merge") as pool:
+            return list(pool.map(one, specs))
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,107 @@
+"""The Spark executor: the only module that imports pyspark.
+
+The driver (the ``replicator-compaction`` process) plans; this module ships the task
+descriptions as an RDD of JSON dicts cut into ``parallelism`` partitions, and each Spark
+task runs ``compaction.merge.run_task_payload`` inside the executor. That function builds
+its own ``S3ObjectStore`` from the settings payload carried in the closure, streams the
+inputs in ``batch_size`` batches into one output segment and returns a JSON result.
+
+``spark_master`` is any Spark master URL: ``local[*]`` (default), ``spark://host:7077``,
+``k8s://https://kubernetes.default.svc`` (client mode: the CronJob pod is the driver, see
+``deploy/compaction/``). An empty ``spark_master`` leaves the master to ``spark-submit``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import uuid
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from compaction.merge import TaskResult, TaskSpec, run_task_payload, settings_payload
+from replicator.core.settings import CompactionSettings, Settings
+
+log = logging.getLogger(__name__)
+
+# Settings that keep a local Spark quiet and on loopback-friendly defaults; any of them can
+# be overridden through ``compaction.spark_conf``.
+_LOCAL_DEFAULTS = {
+    "spark.ui.showConsoleProgress": "false",
+    # Python tasks do I/O-bound merges: let one failure fail fast, the driver keeps inputs.
+    "spark.task.maxFailures": "1",
+}
+
+
+def build_session(settings: Settings) -> tuple[SparkSession, bool]:
+    """Get or create the Spark session for ``settings``; returns it and whether we created it.
+
+    An already running session (a test fixture, ``spark-submit``'s) is reused and left
+    running on ``close``.
+    """
+    cfg: CompactionSettings = settings.require("compaction")
+    existing = SparkSession.getActiveSession()
+    builder = SparkSession.builder.appName(f"replicator-compaction-{settings.region}")
+    if cfg.spark_master:
+        builder = builder.master(cfg.spark_master)
+    conf: dict[str, str] = {}
+    if cfg.spark_master.startswith("local"):
+        conf.update(_LOCAL_DEFAULTS)
+        # Local Python workers must run the driver's interpreter (the venv with our code).
+        conf["spark.pyspark.python"] = sys.executable
+    conf.update(cfg.spark_conf)
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    return session, existing is None
+
+
+class SparkExecutor:
+    """Runs merge tasks as Spark tasks (one RDD element per task).
+
+    Args:
+        settings: process settings with ``[compaction]``.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.cfg: CompactionSettings = settings.require("compaction")
+        self.spark, self._owned = build_session(settings)
+        self._group = f"replicator-compaction-{uuid.uuid4().hex[:8]}"
+        self._closed = False
+
+    def run(self, specs: list[TaskSpec]) -> list[TaskResult]:
+        """Run every task; a Spark-level failure becomes a failed result for each task."""
+        if not specs:
+            return []
+        sc = self.spark.sparkContext
+        slices = max(1, min(self.cfg.parallelism, len(specs)))
+        task = functools.partial(run_task_payload, settings_payload(self.settings))
+        sc.setJobGroup(self._group, f"compaction of {self.settings.region}: {len(specs)} "
+                                    "merge tasks", interruptOnCancel=True)
+        try:
+            rows: list[dict[str, Any]] = (
+                sc.parallelize([s.to_json() for s in specs], slices).map(task).collect())
+        except Exception as e:
+            # Spark reports task crashes, lost executors and cancellation as one job
+            # failure: every task of the job counts as failed and keeps its inputs.
+            log.exception("Spark job %s failed", self._group)
+            msg = f"Spark job failed: {type(e).__name__}: {str(e).splitlines()[0][:500]}"
+            return [TaskResult(s.output, False, segments_in=len(s.inputs), error=msg)
+                    for s in specs]
+        return [TaskResult.from_json(r) for r in rows]
+
+    def cancel(self) -> None:
+        """Cancel the running job (its tasks are interrupted)."""
+        if not self._closed:
+            self.spark.sparkContext.cancelJobGroup(self._group)
+
+    def close(self) -> None:
+        """Stop the session if this executor created it; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owned:
+            self.spark.stop()
