@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Render deploy/aws/ templates for one region and (optionally) apply them with the AWS CLI.
+#
+#   deploy/aws/setup-region.sh render       # write rendered JSON to $OUT (default: ./rendered/$REGION)
+#   deploy/aws/setup-region.sh bucket       # bucket (versioned, encrypted, TLS-only, lifecycle) + SQS queue + notification
+#   deploy/aws/setup-region.sh iam          # IRSA roles for egress/ingress/compaction + the S3 replication role
+#   deploy/aws/setup-region.sh replication  # S3 replication to the peer bucket (run after both regions' `bucket`)
+#
+# Settings (environment):
+#   REGION            this region, e.g. us-east-1                                  (required)
+#   PEER_REGION       the other region; also the ingress source region             (required)
+#   ACCOUNT_ID        AWS account id                                               (required)
+#   KMS_KEY_ARN       this region's KMS key ARN (SSE-KMS)                          (required)
+#   PEER_KMS_KEY_ARN  the peer region's KMS key ARN (replicas are encrypted with it) (required)
+#   OIDC_PROVIDER     the EKS cluster's OIDC issuer without https:// (for `iam`)
+#   BUCKET            default replicator-$REGION        PEER_BUCKET  default replicator-$PEER_REGION
+#   QUEUE_NAME        default replicator-$REGION-events NAMESPACE    default replicator
+#   PREFIX / TEMP_PREFIX  default data / temp (must match [s3] prefix / temp_prefix)
+#   ENDPOINT_URL      optional: passed as --endpoint-url to every call (S3-compatible or local
+#                     endpoints; e.g. the embedded stack's moto server)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+: "${REGION:?set REGION}" "${PEER_REGION:?set PEER_REGION}" "${ACCOUNT_ID:?set ACCOUNT_ID}"
+: "${KMS_KEY_ARN:?set KMS_KEY_ARN}" "${PEER_KMS_KEY_ARN:?set PEER_KMS_KEY_ARN}"
+export REGION PEER_REGION ACCOUNT_ID KMS_KEY_ARN PEER_KMS_KEY_ARN
+export BUCKET="${BUCKET:-replicator-$REGION}"
+export PEER_BUCKET="${PEER_BUCKET:-replicator-$PEER_REGION}"
+export QUEUE_NAME="${QUEUE_NAME:-replicator-$REGION-events}"
+export NAMESPACE="${NAMESPACE:-replicator}"
+export PREFIX="${PREFIX:-data}" TEMP_PREFIX="${TEMP_PREFIX:-temp}"
+export SOURCE_REGION="${SOURCE_REGION:-$PEER_REGION}"
+export OIDC_PROVIDER="${OIDC_PROVIDER:-}"
+OUT="${OUT:-$PWD/rendered/$REGION}"
+
+# Only these variables are substituted; any other `$` in a template stays as it is.
+VARS='${REGION} ${PEER_REGION} ${ACCOUNT_ID} ${KMS_KEY_ARN} ${PEER_KMS_KEY_ARN} ${BUCKET}
+${PEER_BUCKET} ${QUEUE_NAME} ${NAMESPACE} ${PREFIX} ${TEMP_PREFIX} ${SOURCE_REGION}
+${OIDC_PROVIDER} ${CONTROLLER}'
+
+aws() { command aws ${ENDPOINT_URL:+--endpoint-url "$ENDPOINT_URL"} "$@"; }
+
+render() {
+  mkdir -p "$OUT/s3" "$OUT/sqs" "$OUT/iam"
+  OUT="$(cd "$OUT" && pwd)"
+  (
+    cd "$HERE"
+    for f in s3/*.json sqs/*.json iam/egress.json iam/ingress.json iam/compaction.json \
+             iam/s3-replication.json iam/s3-replication-trust.json; do
+      CONTROLLER="" envsubst "$VARS" < "$f" > "$OUT/$f"
+    done
+    for c in egress ingress compaction; do
+      CONTROLLER="$c" envsubst "$VARS" < iam/irsa-trust.json > "$OUT/iam/irsa-trust-$c.json"
+    done
+  )
+  echo "rendered to $OUT" >&2
+}
+
+bucket() {
+  render
+  if [ "$REGION" = us-east-1 ]; then
+    aws s3api create-bucket --region "$REGION" --bucket "$BUCKET"
+  else
+    aws s3api create-bucket --region "$REGION" --bucket "$BUCKET" \
+      --create-bucket-configuration "LocationConstraint=$REGION"
+  fi
+  # Versioning is required by S3 replication (and keeps deleted segments for a week, see
+  # the lifecycle rule expire-replaced-segment-versions).
+  aws s3api put-bucket-versioning --region "$REGION" --bucket "$BUCKET" \
+    --versioning-configuration Status=Enabled
+  aws s3api put-public-access-block --region "$REGION" --bucket "$BUCKET" \
+    --public-access-block-configuration \
+    BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true
+  aws s3api put-bucket-encryption --region "$REGION" --bucket "$BUCKET" \
+    --server-side-encryption-configuration "file://$OUT/s3/encryption.json"
+  # TLS only. Skipped for a plain-http endpoint (a local test server), which it would lock out.
+  case "${ENDPOINT_URL:-https://}" in
+    http://*) echo "skipping the TLS-only bucket policy for $ENDPOINT_URL" >&2 ;;
+    *) aws s3api put-bucket-policy --region "$REGION" --bucket "$BUCKET" \
+         --policy "file://$OUT/s3/bucket-policy.json" ;;
+  esac
+  aws s3api put-bucket-lifecycle-configuration --region "$REGION" --bucket "$BUCKET" \
+    --lifecycle-configuration "file://$OUT/s3/lifecycle.json"
+  # SSE-SQS (SQS-managed keys): S3 can send to it without a KMS key policy.
+  aws sqs create-queue --region "$REGION" --queue-name "$QUEUE_NAME" \
+    --attributes SqsManagedSseEnabled=true,MessageRetentionPeriod=1209600,VisibilityTimeout=60
+  local url
+  url="$(aws sqs get-queue-url --region "$REGION" --queue-name "$QUEUE_NAME" \
+         --query QueueUrl --output text)"
+  # set-queue-attributes wants the policy as a JSON string inside a JSON object.
+  printf '{"Policy": "%s"}' "$(sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' "$OUT/sqs/queue-policy.json" | tr -d '\n')" \
+    > "$OUT/sqs/queue-attributes.json"
+  aws sqs set-queue-attributes --region "$REGION" --queue-url "$url" \
+    --attributes "file://$OUT/sqs/queue-attributes.json"
+  aws s3api put-bucket-notification-configuration --region "$REGION" --bucket "$BUCKET" \
+    --notification-configuration "file://$OUT/s3/notification.json"
+}
+
+iam() {
+  : "${OIDC_PROVIDER:?set OIDC_PROVIDER (aws eks describe-cluster --query cluster.identity.oidc.issuer)}"
+  render
+  for c in egress ingress compaction; do
+    aws iam create-role --region "$REGION" --role-name "replicator-$REGION-$c" \
+      --assume-role-policy-document "file://$OUT/iam/irsa-trust-$c.json"
+    aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
+      --policy-name "replicator-$c" --policy-document "file://$OUT/iam/$c.json"
+  done
+  aws iam create-role --region "$REGION" --role-name "replicator-$REGION-s3-replication" \
+    --assume-role-policy-document "file://$OUT/iam/s3-replication-trust.json"
+  aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-s3-replication" \
+    --policy-name replicator-s3-replication --policy-document "file://$OUT/iam/s3-replication.json"
+}
+
+replication() {
+  render
+  aws s3api put-bucket-replication --region "$REGION" --bucket "$BUCKET" \
+    --replication-configuration "file://$OUT/s3/replication.json"
+}
+
+case "${1:-}" in
+  render|bucket|iam|replication) "$1" ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+esac
