@@ -27,7 +27,7 @@ def _load(directory: Path) -> LocalStack | None:
     try:
         return LocalStack.load(directory)
     except StackError as e:
-        fail(str(e), EXIT_FAILURE)
+        fail(f"{e}\n(if no stack of this directory is running, delete that file)", EXIT_FAILURE)
 
 
 def _state(stack: LocalStack) -> dict[str, object]:

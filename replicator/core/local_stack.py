@@ -193,18 +193,20 @@ class LocalStack:
                              "(run `replicator local down` first)")
         d.mkdir(parents=True, exist_ok=True)
         logs = d / "logs"
-        started: dict[str, ServerRecord] = {}
+        stack = cls(d, {}, {"topic": topic, "partitions": partitions})
         try:
             for name in ("tansu-source", "tansu-destination"):
-                started[name] = ServerRecord.of(start_tansu(name, logs))
-            started["moto"] = ServerRecord.of(start_moto(logs))
-            stack = cls(d, started, {"topic": topic, "partitions": partitions})
+                stack.servers[name] = ServerRecord.of(start_tansu(name, logs))
+                stack._write_state()  # from now on `down` can stop what runs, whatever happens
+            stack.servers["moto"] = ServerRecord.of(start_moto(logs))
+            stack._write_state()
             stack._provision()
             stack._write_configs()
             stack._write_state()
         except BaseException:
             # Includes KeyboardInterrupt: never leave half a stack running.
-            stop_servers(started.values())
+            stop_servers(stack.servers.values())
+            stack.remove_state()
             raise
         log.info("local stack up in %s", d)
         return stack
@@ -270,14 +272,18 @@ class LocalStack:
 
     @property
     def endpoints(self) -> dict[str, str]:
-        """``source_kafka``/``destination_kafka`` (bootstrap.servers), ``s3``/``sqs`` (URLs)."""
-        moto = f"http://{self.servers['moto'].address}"
-        return {
-            "source_kafka": self.servers["tansu-source"].address,
-            "destination_kafka": self.servers["tansu-destination"].address,
-            "s3": moto,
-            "sqs": moto,
-        }
+        """``source_kafka``/``destination_kafka`` (bootstrap.servers), ``s3``/``sqs`` (URLs).
+
+        Only the servers started so far appear (all four once ``start`` returned).
+        """
+        out: dict[str, str] = {}
+        if "tansu-source" in self.servers:
+            out["source_kafka"] = self.servers["tansu-source"].address
+        if "tansu-destination" in self.servers:
+            out["destination_kafka"] = self.servers["tansu-destination"].address
+        if "moto" in self.servers:
+            out["s3"] = out["sqs"] = f"http://{self.servers['moto'].address}"
+        return out
 
     @property
     def topic(self) -> str:

@@ -225,3 +225,21 @@ def test_python_api(tmp_path: Path) -> None:
     assert sorted(stopped) == ["moto", "tansu-destination", "tansu-source"]
     assert all(gone(pid) for pid in pids)
     assert LocalStack.load(tmp_path / "api") is None
+
+
+def test_failed_start_stops_what_it_started(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, list[int]] = {}
+
+    def broken(self: LocalStack) -> None:
+        seen["pids"] = [r.pid for r in self.servers.values()]
+        assert json.loads((tmp_path / "state.json").read_text())["servers"].keys() == {
+            "tansu-source", "tansu-destination", "moto"}  # recorded before provisioning
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStack, "_provision", broken)
+    with pytest.raises(KeyboardInterrupt):
+        LocalStack.start(tmp_path)
+    assert len(seen["pids"]) == 3
+    assert all(gone(pid) for pid in seen["pids"])
+    assert not (tmp_path / "state.json").exists()
