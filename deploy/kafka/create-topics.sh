@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Create the two topics ingress uses in a destination region's Kafka cluster (SPEC 3.3).
+# Ingress creates them itself when its principal may (CreateTopics); run this where topic
+# creation is reserved to operators, before the first ingress start.
+#
+#   BOOTSTRAP=b-1.kafka.us-east-1.example.internal:9096 \
+#   COMMAND_CONFIG=client.properties \
+#   deploy/kafka/create-topics.sh
+#
+# Settings (environment):
+#   BOOTSTRAP             bootstrap servers of this region's cluster                   (required)
+#   COMMAND_CONFIG        kafka-topics.sh --command-config file (TLS/SASL); optional
+#   KAFKA_TOPICS          kafka-topics.sh to run (default: kafka-topics.sh on PATH)
+#   REPLICATION_FACTOR    default 3
+#   MIN_INSYNC_REPLICAS   default 2 (with acks=all: a write survives one broker loss)
+#   SEGMENT_EVENTS_TOPIC  default replicator.segmentevents  (= ingress.segment_events_topic)
+#   SEGMENT_EVENTS_RETENTION_MS  default 3600000 (1h)      (= ingress.segment_events_retention)
+#   CHECKPOINT_TOPIC      default replicator.checkpoint     (= ingress.checkpoint_topic)
+#   SEGMENT_EVENTS_PARTITIONS / CHECKPOINT_PARTITIONS  default 1 / 1 (see below)
+set -euo pipefail
+
+: "${BOOTSTRAP:?set BOOTSTRAP (host:port list of this region)}"
+KAFKA_TOPICS="${KAFKA_TOPICS:-kafka-topics.sh}"
+REPLICATION_FACTOR="${REPLICATION_FACTOR:-3}"
+MIN_INSYNC_REPLICAS="${MIN_INSYNC_REPLICAS:-2}"
+SEGMENT_EVENTS_TOPIC="${SEGMENT_EVENTS_TOPIC:-replicator.segmentevents}"
+SEGMENT_EVENTS_RETENTION_MS="${SEGMENT_EVENTS_RETENTION_MS:-3600000}"
+CHECKPOINT_TOPIC="${CHECKPOINT_TOPIC:-replicator.checkpoint}"
+# Every ingress instance reads the whole segment-events topic and the whole checkpoint
+# topic (no shared consumer group), so more partitions buy no parallelism; one keeps the
+# events in arrival order.
+SEGMENT_EVENTS_PARTITIONS="${SEGMENT_EVENTS_PARTITIONS:-1}"
+CHECKPOINT_PARTITIONS="${CHECKPOINT_PARTITIONS:-1}"
+
+common=(--bootstrap-server "$BOOTSTRAP")
+if [ -n "${COMMAND_CONFIG:-}" ]; then
+  common+=(--command-config "$COMMAND_CONFIG")
+fi
+
+# Segment events: S3 object events fanned out to every ingress instance. Events are only
+# needed until ingress has replayed or listed the segments, so an hour of retention is
+# plenty; older events are found again by listing the bucket.
+"$KAFKA_TOPICS" "${common[@]}" --create --if-not-exists \
+  --topic "$SEGMENT_EVENTS_TOPIC" \
+  --partitions "$SEGMENT_EVENTS_PARTITIONS" \
+  --replication-factor "$REPLICATION_FACTOR" \
+  --config cleanup.policy=delete \
+  --config retention.ms="$SEGMENT_EVENTS_RETENTION_MS" \
+  --config min.insync.replicas="$MIN_INSYNC_REPLICAS"
+
+# Checkpoints: one record per source partition (key region:topic:partition), only the
+# latest matters, so the topic is compacted. Writes are transactional with the replayed
+# records (exactly-once), hence acks=all and min.insync.replicas for durability. Compact
+# soon after a write so start-up reads stay short.
+"$KAFKA_TOPICS" "${common[@]}" --create --if-not-exists \
+  --topic "$CHECKPOINT_TOPIC" \
+  --partitions "$CHECKPOINT_PARTITIONS" \
+  --replication-factor "$REPLICATION_FACTOR" \
+  --config cleanup.policy=compact \
+  --config min.insync.replicas="$MIN_INSYNC_REPLICAS" \
+  --config min.compaction.lag.ms=0 \
+  --config segment.ms=3600000 \
+  --config min.cleanable.dirty.ratio=0.1
+
+"$KAFKA_TOPICS" "${common[@]}" --describe --topic "$SEGMENT_EVENTS_TOPIC"
+"$KAFKA_TOPICS" "${common[@]}" --describe --topic "$CHECKPOINT_TOPIC"
