@@ -1,0 +1,289 @@
+"""SegmentUpload → publish_segment → open_segment on the in-memory object store."""
+
+from __future__ import annotations
+
+import gc
+import io
+from typing import BinaryIO
+
+import pyarrow as pa
+import pytest
+
+from formats import SegmentMetadata, WriterOptions, get_format
+from formats.records import Record, read_all_records, records_to_batch
+from formats.segment_io import (
+    SegmentUpload,
+    open_segment,
+    publish_segment,
+    raw_size_of_batch,
+)
+from replicator.core.errors import (
+    ObjectNotFound,
+    SegmentCorrupt,
+    SegmentNotFound,
+    StorageError,
+)
+from replicator.core.keys import SegmentKey, is_temp_key
+from replicator.core.storage import MemoryObjectStore, ObjectInfo, Upload
+
+FORMATS = ["parquet", "arrow"]
+TEMP = "data/_tmp"
+
+
+def key_for(start: int, end: int) -> SegmentKey:
+    return SegmentKey("data", "us-east-1", "orders", 2, 0, start, end)
+
+
+def make_records(start: int, n: int) -> list[Record]:
+    return [Record(start + i, 1_700_000_000_000 + i, b"key-%d" % i if i % 3 else None,
+                   b"value-" * (i % 7) if i % 5 else None,
+                   (("trace", b"t%d" % i), ("é", None)) if i % 2 else ())
+            for i in range(n)]
+
+
+def upload_records(store: MemoryObjectStore, name: str, records: list[Record],
+                   options: WriterOptions | None = None,
+                   batch_rows: int = 100) -> tuple[SegmentUpload, ObjectInfo]:
+    upload = SegmentUpload(store, get_format(name), TEMP, options or WriterOptions())
+    for i in range(0, len(records), batch_rows):
+        upload.write_batch(records_to_batch(records[i:i + batch_rows]))
+    key = key_for(records[0].offset, records[-1].offset)
+    return upload, upload.finish(SegmentMetadata.for_key(key, len(records)))
+
+
+def test_raw_size_of_batch_matches_records_including_slices() -> None:
+    records = make_records(0, 50)
+    batch = records_to_batch(records)
+    assert raw_size_of_batch(batch) == sum(r.raw_size for r in records)
+    assert raw_size_of_batch(batch.slice(7, 20)) == sum(r.raw_size for r in records[7:27])
+    assert raw_size_of_batch(batch.slice(50)) == 0
+    nulls = records_to_batch([Record(0, 0, None, None)])
+    assert raw_size_of_batch(nulls) == 0
+    # Header names count in UTF-8 bytes: "é" is two.
+    assert raw_size_of_batch(records_to_batch([Record(0, 0, b"k", b"vv", (("é", b"x"),))])) \
+        == 1 + 2 + 2 + 1
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_upload_publish_open_round_trip(name: str) -> None:
+    store = MemoryObjectStore("bucket")
+    records = make_records(1000, 950)
+    upload, temp = upload_records(store, name, records)
+    key = key_for(1000, 1949)
+
+    assert is_temp_key(upload.temp_key, TEMP)
+    assert temp.key == upload.temp_key and temp.size == upload.bytes_uploaded
+    assert store.keys() == [upload.temp_key]  # only the temp object is visible
+    assert upload.message_count == 950
+    assert (upload.first_offset, upload.last_offset) == (1000, 1949)
+    assert upload.raw_bytes == sum(r.raw_size for r in records)
+
+    final = publish_segment(store, temp.key, key, "STANDARD_IA")
+    assert final.key == key.to_key() and final.storage_class == "STANDARD_IA"
+    assert store.keys() == [key.to_key()]
+    assert final.size == temp.size
+
+    with open_segment(store, get_format(name), key, buffer_size=64 * 1024) as reader:
+        assert reader.metadata.message_count == 950
+        assert reader.metadata.start_offset == 1000
+        assert read_all_records(reader.iter_batches(128)) == records
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_buffered_bytes_counts_writer_and_upload(name: str) -> None:
+    store = MemoryObjectStore("bucket", part_size=64 * 1024)
+    upload = SegmentUpload(store, get_format(name), TEMP,
+                           WriterOptions(row_group_size=64 * 1024))
+    assert upload.first_offset is None and upload.last_offset is None
+    big = [Record(i, 0, b"k", bytes(1000)) for i in range(100)]
+    upload.write_batch(records_to_batch(big[:10]))
+    assert upload.buffered_bytes > 10_000  # the writer holds the first batch
+    seen = []
+    for i in range(10, 100, 10):
+        upload.write_batch(records_to_batch(big[i:i + 10]))
+        seen.append(upload.buffered_bytes)
+        # At most one group plus one batch in the writer, one part in the upload.
+        assert upload.buffered_bytes < 64 * 1024 + 20_000 + 64 * 1024
+    assert upload.bytes_uploaded > 0
+    assert len(set(seen)) > 1
+    upload.finish(SegmentMetadata.for_key(key_for(0, 99), 100))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_abort_leaves_nothing_visible(name: str) -> None:
+    store = MemoryObjectStore("bucket", part_size=8 * 1024)
+    upload = SegmentUpload(store, get_format(name), TEMP,
+                           WriterOptions(row_group_size=4096, compression="none"))
+    for start in range(0, 500, 50):
+        upload.write_batch(records_to_batch(make_records(start, 50)))
+    assert upload.bytes_uploaded > 8 * 1024  # parts were "sent"
+    upload.abort()
+    upload.abort()  # idempotent
+    assert store.keys() == []
+    assert store.uploads_open == set()
+    with pytest.raises(ValueError, match="aborted"):
+        upload.write_batch(records_to_batch(make_records(500, 1)))
+    with pytest.raises(ValueError, match="aborted"):
+        upload.finish(SegmentMetadata.for_key(key_for(0, 499), 500))
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("name", FORMATS)
+def test_aborted_writer_collected_later_writes_nowhere(name: str) -> None:
+    store = MemoryObjectStore("bucket")
+    upload = SegmentUpload(store, get_format(name), TEMP, WriterOptions())
+    upload.write_batch(records_to_batch(make_records(0, 10)))
+    upload.abort()
+    del upload
+    gc.collect()  # Parquet's writer closes itself in __del__: it must not hit the upload
+    assert store.keys() == []
+
+
+def test_abort_after_finish_deletes_the_temp_object() -> None:
+    store = MemoryObjectStore("bucket")
+    upload, _ = upload_records(store, "parquet", make_records(0, 10))
+    assert store.keys() == [upload.temp_key]
+    upload.abort()
+    assert store.keys() == []
+
+
+def test_offsets_must_ascend_and_count_must_match() -> None:
+    store = MemoryObjectStore("bucket")
+    upload = SegmentUpload(store, get_format("parquet"), TEMP, WriterOptions())
+    upload.write_batch(records_to_batch(make_records(10, 5)))
+    with pytest.raises(ValueError, match="offset 14 after 14"):
+        upload.write_batch(records_to_batch(make_records(14, 2)))
+    upload.write_batch(records_to_batch([]))  # empty batches are ignored
+    with pytest.raises(ValueError, match="message_count=6"):
+        upload.finish(SegmentMetadata.for_key(key_for(10, 15), 6))
+    assert upload.finish(SegmentMetadata.for_key(key_for(10, 14), 5)).size > 0
+
+
+class _FlakyUpload(Upload):
+    """Delegates to a real upload; ``complete`` fails the first ``failures`` times."""
+
+    def __init__(self, inner: Upload, failures: int) -> None:
+        self.inner = inner
+        self.key = inner.key
+        self.failures = failures
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        return self.inner.write(data)
+
+    def complete(self) -> ObjectInfo:
+        if self.failures > 0:
+            self.failures -= 1
+            raise StorageError(f"s3://bucket/{self.key}: 503 SlowDown")
+        return self.inner.complete()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    @property
+    def bytes_written(self) -> int:
+        return self.inner.bytes_written
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self.inner.buffered_bytes
+
+
+class _FlakyStore(MemoryObjectStore):
+    def __init__(self, failures: int) -> None:
+        super().__init__("bucket")
+        self.failures = failures
+        self.streams: list[BinaryIO] = []
+
+    def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
+        return _FlakyUpload(super().open_upload(key, storage_class=storage_class),
+                            self.failures)
+
+    def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
+        stream = super().open_read(key, buffer_size=buffer_size)
+        self.streams.append(stream)
+        return stream
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_finish_can_be_retried_after_a_failed_complete(name: str) -> None:
+    store = _FlakyStore(failures=2)
+    records = make_records(0, 100)
+    upload = SegmentUpload(store, get_format(name), TEMP, WriterOptions())
+    upload.write_batch(records_to_batch(records))
+    meta = SegmentMetadata.for_key(key_for(0, 99), 100)
+    for _ in range(2):
+        with pytest.raises(StorageError):
+            upload.finish(meta)
+    temp = upload.finish(meta)  # the footer was written once; the object is whole
+    publish_segment(store, temp.key, key_for(0, 99))
+    with open_segment(store, get_format(name), key_for(0, 99)) as reader:
+        assert read_all_records(reader.iter_batches(1000)) == records
+
+
+def test_publish_is_safe_to_repeat() -> None:
+    store = MemoryObjectStore("bucket")
+    _, temp = upload_records(store, "arrow", make_records(0, 20))
+    key = key_for(0, 19)
+    first = publish_segment(store, temp.key, key)
+    again = publish_segment(store, temp.key, key)  # temp gone, final there
+    assert again.key == first.key == key.to_key()
+    assert store.keys() == [key.to_key()]
+    with pytest.raises(ObjectNotFound):
+        publish_segment(store, "data/_tmp/never-written", key_for(100, 119))
+
+
+def test_open_segment_refuses_missing_and_mismatched_objects() -> None:
+    store = _FlakyStore(failures=0)
+    fmt = get_format("parquet")
+    with pytest.raises(SegmentNotFound, match="s3://bucket/data/us-east-1/orders/2/0/"):
+        open_segment(store, fmt, key_for(0, 19))
+    _, temp = upload_records(store, "parquet", make_records(0, 20))
+    wrong = key_for(0, 29)
+    store.copy(temp.key, wrong.to_key())  # right bytes, wrong key
+    with pytest.raises(SegmentCorrupt, match=r"end_offset") as err:
+        open_segment(store, fmt, wrong)
+    assert wrong.to_key() in str(err.value)
+    assert store.streams[-1].closed  # a refused segment does not leak its stream
+    store.put(key_for(50, 59).to_key(), b"garbage bytes, not parquet")
+    with pytest.raises(SegmentCorrupt, match=r"s3://bucket/.*00000000000000000050"):
+        open_segment(store, fmt, key_for(50, 59))
+    # The arrow format refuses a Parquet object too.
+    publish_segment(store, temp.key, key_for(0, 19))
+    with pytest.raises(SegmentCorrupt):
+        open_segment(store, get_format("arrow"), key_for(0, 19))
+
+
+def test_reader_closes_its_stream() -> None:
+    store = _FlakyStore(failures=0)
+    _, temp = upload_records(store, "parquet", make_records(0, 20))
+    publish_segment(store, temp.key, key_for(0, 19))
+    reader = open_segment(store, get_format("parquet"), key_for(0, 19))
+    assert not store.streams[-1].closed
+    assert sum(b.num_rows for b in reader.iter_batches(7)) == 20
+    reader.close()
+    assert store.streams[-1].closed
+
+
+def test_upload_accepts_columnar_batches_without_records() -> None:
+    """The egress hot path builds columns directly; SegmentUpload must take them as-is."""
+    from formats import SEGMENT_SCHEMA
+
+    n = 1000
+    headers_type = SEGMENT_SCHEMA.field("headers").type
+    batch = pa.RecordBatch.from_arrays([
+        pa.array(range(n), pa.int64()),
+        pa.array([0] * n, pa.timestamp("ms", tz="UTC")),
+        pa.array([1] * n, pa.int8()),
+        pa.array([b"k"] * n, pa.binary()),
+        pa.array([b"v" * 10] * n, pa.binary()),
+        pa.array([[]] * n, headers_type),
+    ], schema=SEGMENT_SCHEMA)
+    store = MemoryObjectStore("bucket")
+    upload = SegmentUpload(store, get_format("parquet"), TEMP, WriterOptions())
+    upload.write_batch(batch.slice(0, 600))
+    upload.write_batch(batch.slice(600))
+    assert upload.raw_bytes == 11 * n
+    temp = upload.finish(SegmentMetadata.for_key(key_for(0, n - 1), n))
+    data = store.get(temp.key)
+    reader = get_format("parquet").open_reader(io.BytesIO(data), key_for(0, n - 1))
+    assert sum(b.num_rows for b in reader.iter_batches(256)) == n
