@@ -6,12 +6,18 @@ from pathlib import Path
 
 import click
 
-from replicator.cli.common import EXIT_FAILURE, config_option, fail, load_or_exit
+from replicator.cli.common import Controller, config_option, run_controller
+from replicator.core.settings import Settings
+
+
+def _build(settings: Settings) -> Controller:
+    from ingress.controller import Ingress
+
+    return Ingress(settings)
 
 
 @click.command(name="replicator-ingress")
 @config_option
 def main(config: Path) -> None:
-    """Run the ingress controller until SIGTERM."""
-    load_or_exit(config, "ingress")
-    fail("ingress is not implemented yet", EXIT_FAILURE)
+    """Run the ingress controller until SIGTERM (drains and exits 0)."""
+    run_controller(config, "ingress", _build)

@@ -1,0 +1,186 @@
+"""Checkpoints (SPEC 3.3): the last source position replayed per source partition.
+
+Key ``{source_region}:{source_topic}:{partition}``, JSON value
+``{"offset": <last source offset produced>, "segment": "<key>", "updated_at": "<RFC 3339>"}``
+on a log-compacted topic. A declared-lost range also moves the checkpoint (to its last
+position) so that a restart does not wait for it again; such a record carries
+``"lost": [first, last]`` and the segment that follows the range.
+
+Only the replay worker's durability method writes checkpoints (through its producer, in
+the same transaction as the records in exactly-once mode). ``CheckpointStore`` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from replicator.core import kafka
+from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.metrics import Metrics
+from replicator.core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Progress of one source partition."""
+
+    offset: int
+    segment: str
+    updated_at: datetime
+    lost: tuple[int, int] | None = None
+
+    def encode(self) -> bytes:
+        """The JSON value written to the checkpoint topic."""
+        doc: dict[str, Any] = {
+            "offset": self.offset,
+            "segment": self.segment,
+            "updated_at": self.updated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        }
+        if self.lost is not None:
+            doc["lost"] = list(self.lost)
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> Checkpoint:
+        """Parse a checkpoint value.
+
+        Raises:
+            ValueError: naming what is wrong.
+        """
+        if value is None:
+            raise ValueError("checkpoint value is null (tombstone)")
+        try:
+            doc = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"checkpoint is not JSON: {value[:200]!r}") from e
+        if not isinstance(doc, dict):
+            raise ValueError(f"checkpoint is not a JSON object: {value[:200]!r}")
+        offset = doc.get("offset")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"checkpoint offset must be a non-negative int, got {offset!r}")
+        segment = doc.get("segment", "")
+        if not isinstance(segment, str):
+            raise ValueError(f"checkpoint segment must be a string, got {segment!r}")
+        try:
+            updated = datetime.fromisoformat(str(doc.get("updated_at")).replace("Z", "+00:00"))
+        except ValueError as e:
+            raise ValueError(f"checkpoint updated_at is not RFC 3339: "
+                             f"{doc.get('updated_at')!r}") from e
+        lost = doc.get("lost")
+        lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
+            else None
+        return cls(offset, segment, updated, lost_t)
+
+
+class CheckpointStore(ABC):
+    """Reads the latest committed checkpoint of a source partition."""
+
+    @abstractmethod
+    def load(self, key: str) -> Checkpoint | None:
+        """The latest valid checkpoint under ``key`` (``{region}:{topic}:{partition}``).
+
+        Invalid records are logged at ERROR and counted, and never win over a valid one.
+
+        Raises:
+            KafkaRetriableError: the topic could not be read to its end in time.
+        """
+
+
+class MemoryCheckpointStore(CheckpointStore):
+    """A dict of checkpoints (unit tests)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[bytes | None]] = {}
+        self._lock = threading.Lock()
+
+    def append(self, key: str, value: bytes | None) -> None:
+        """Record a written value (what a sink's commit does)."""
+        with self._lock:
+            self.values.setdefault(key, []).append(value)
+
+    def load(self, key: str) -> Checkpoint | None:
+        with self._lock:
+            values = list(self.values.get(key, []))
+        return latest_valid(key, values, None)
+
+
+def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> Checkpoint | None:
+    """The last decodable value of ``values`` (in log order); bad ones are logged."""
+    best: Checkpoint | None = None
+    for v in values:
+        try:
+            cp = Checkpoint.decode(v)
+        except ValueError as e:
+            log.error("invalid checkpoint record for %s ignored: %s", key, e)
+            if metrics is not None:
+                metrics.labels(key=key).inc()
+            continue
+        best = cp
+    return best
+
+
+class KafkaCheckpointStore(CheckpointStore):
+    """Reads the checkpoint topic with ``read_committed``, from the beginning to its end.
+
+    Each ``load`` uses a fresh, group-less consumer assigned to every partition of the
+    topic and stops at partition EOF (for ``read_committed`` that is the last stable
+    offset, so an open transaction of a fenced producer is waited for, not read past).
+    The topic is log-compacted, so it holds about one record per source partition.
+    """
+
+    def __init__(self, kafka_settings: KafkaSettings, topic: str, metrics: Metrics, *,
+                 timeout: float = 60.0) -> None:
+        self.kafka_settings = kafka_settings
+        self.topic = topic
+        self.timeout = timeout
+        self._invalid = metrics.counter(
+            "ingress_checkpoints_invalid_total",
+            "Checkpoint records that could not be parsed (ignored).", ["key"])
+
+    def load(self, key: str) -> Checkpoint | None:
+        values = self._read(key.encode())
+        return latest_valid(key, values, self._invalid)
+
+    def _read(self, want: bytes) -> list[bytes | None]:
+        consumer = kafka.make_consumer(
+            self.kafka_settings, f"replicator.checkpoint-reader.{uuid.uuid4().hex}",
+            {"enable.partition.eof": True, "isolation.level": "read_committed"})
+        try:
+            md = consumer.list_topics(self.topic, timeout=self.timeout)
+            t = md.topics.get(self.topic)
+            if t is None or t.error is not None or not t.partitions:
+                raise TopicError(f"checkpoint topic {self.topic} is missing")
+            parts = sorted(t.partitions)
+            consumer.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING)
+                             for p in parts])
+            pending = set(parts)
+            values: list[bytes | None] = []
+            deadline = time.monotonic() + self.timeout
+            while pending:
+                if time.monotonic() > deadline:
+                    raise KafkaRetriableError(
+                        f"checkpoint topic {self.topic}: partitions {sorted(pending)} not read "
+                        f"to their end within {self.timeout:.0f}s")
+                for msg in consumer.consume(1000, 0.5):
+                    if kafka.is_partition_eof(msg):
+                        pending.discard(msg.partition())
+                        continue
+                    err = kafka.message_error(msg)
+                    if err is not None:
+                        log.warning("reading checkpoint topic: %s", err)
+                        continue
+                    if msg.key() == want:
+                        values.append(msg.value())
+            return values
+        finally:
+            consumer.close()

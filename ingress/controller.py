@@ -1,0 +1,363 @@
+"""The ingress controller: placement by group membership, one replay worker per partition.
+
+* A consumer in group ``ingress.group_id`` subscribes to the destination topics and pauses
+  every partition at once: it never reads them, membership only decides placement. Owning
+  destination partition ``p`` means replaying source partition ``p`` of every source
+  mapped to that topic.
+* Before a destination topic is subscribed, it is created (or grown) from the source's
+  ``_topic.json``; a source whose topic cannot get enough partitions is stopped with an
+  error and a metric.
+* An ``SqsRelay`` thread moves S3 events from SQS to the segment-events topic; the main
+  loop reads that whole topic and hands each event to the worker of its partition.
+
+``start()`` connects and fails fast, ``run()`` blocks until ``stop()``, ``close()`` is
+idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from formats.base import SegmentFormat
+from formats.registry import get_format
+from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
+from ingress.events import SegmentEvent
+from ingress.metrics import IngressMetrics
+from ingress.relay import EventQueue, SqsRelay
+from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
+from ingress.sink import KafkaSink, ReplaySink
+from ingress.topics import (
+    TopicAdmin,
+    TopicMeta,
+    ensure_destination,
+    ensure_internal_topics,
+    read_topic_meta,
+)
+from ingress.worker import Clock, ReplayWorker, WorkerConfig, utc_now
+from replicator.core import kafka
+from replicator.core.errors import ReplicatorError, TopicError
+from replicator.core.keys import PartitionRef
+from replicator.core.metrics import Metrics, MetricsServer
+from replicator.core.settings import IngressSettings, IngressSourceSettings, Settings
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+WorkerId = tuple[str, str, int]
+"""(source region, source topic, partition)."""
+
+
+@dataclass
+class _SourceState:
+    source: IngressSourceSettings
+    partitions: int | None = None
+    stopped: str | None = None
+    warned_missing: float = 0.0
+
+
+class Ingress:
+    """Replays segments of the configured sources into this region's Kafka cluster.
+
+    Args:
+        settings: the process settings (``[ingress]`` required).
+        store: the destination bucket (default: ``S3ObjectStore.from_settings``).
+        queue: the SQS queue of the bucket's events (default: ``SqsQueue.from_settings``).
+        metrics: the registry (default: a new one).
+        events: the segment-events seam (default: the Kafka topic).
+        checkpoints: the checkpoint reader (default: the Kafka topic).
+        admin: topic administration (default: ``replicator.core.kafka.Admin``).
+        make_sink: builds a worker's sink from (source, destination topic, partition).
+        clock: wall clock for planning and lag.
+    """
+
+    def __init__(self, settings: Settings, *, store: ObjectStore | None = None,
+                 queue: EventQueue | None = None, metrics: Metrics | None = None,
+                 events: SegmentEvents | None = None,
+                 checkpoints: CheckpointStore | None = None, admin: TopicAdmin | None = None,
+                 make_sink: Callable[[IngressSourceSettings, str, int], ReplaySink] | None
+                 = None, clock: Clock = utc_now) -> None:
+        self.settings = settings
+        self.cfg: IngressSettings = settings.require("ingress")
+        self.store = store
+        self.queue = queue
+        self.metrics = metrics or Metrics()
+        self.m = IngressMetrics.create(self.metrics)
+        self.events = events
+        self.checkpoints = checkpoints
+        self.admin = admin
+        self._make_sink = make_sink
+        self.clock = clock
+        self.format: SegmentFormat = get_format(settings.format.name)
+        self.sources = {(s.region, s.topic): _SourceState(s) for s in self.cfg.sources}
+        self.workers: dict[WorkerId, ReplayWorker] = {}
+        self.assigned: set[tuple[str, int]] = set()
+        self.fenced: set[WorkerId] = set()
+        self.subscribed: frozenset[str] = frozenset()
+        self.consumer: Any = None
+        self.relay: SqsRelay | None = None
+        self._relay_thread: threading.Thread | None = None
+        self._server: MetricsServer | None = None
+        self._stopping = threading.Event()
+        self._started = False
+        self._closed = False
+        self._failed = False
+        self._next_topic_check = 0.0
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect to S3, SQS and Kafka; create the internal topics; start the relay.
+
+        Raises:
+            ReplicatorError: anything that makes running impossible (fail fast).
+        """
+        s = self.settings
+        if s.metrics.port:
+            self._server = MetricsServer(self.metrics, s.metrics.host, s.metrics.port,
+                                         healthy=lambda: not self._failed,
+                                         ready=lambda: self._started and not self._failed)
+            self._server.start()
+        if self.store is None:
+            from replicator.core.s3 import S3ObjectStore
+
+            self.store = S3ObjectStore.from_settings(s)
+        if self.queue is None:
+            from replicator.core.sqs import SqsQueue
+
+            self.queue = SqsQueue.from_settings(s)
+        queue: EventQueue = self.queue
+        if self.admin is None:
+            self.admin = kafka.Admin(s.kafka)
+        ensure_internal_topics(self.admin, events_topic=self.cfg.segment_events_topic,
+                               events_retention=self.cfg.segment_events_retention,
+                               checkpoint_topic=self.cfg.checkpoint_topic)
+        if self.events is None:
+            ev = KafkaSegmentEvents(s.kafka, self.cfg.segment_events_topic, self.m)
+            ev.start_reader()
+            self.events = ev
+        if self.checkpoints is None:
+            self.checkpoints = KafkaCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
+                                                    self.metrics)
+        self.consumer = kafka.make_consumer(s.kafka, self.cfg.group_id,
+                                            {"enable.partition.eof": False})
+        self.relay = SqsRelay(
+            queue, self.events, self.m, bucket=s.s3.bucket, prefix=s.s3.prefix,
+            sources=list(self.sources), max_messages=self.cfg.sqs_max_messages,
+            wait_seconds=int(self.cfg.sqs_wait_time.total_seconds()))
+        relay = self.relay
+        self._relay_thread = threading.Thread(target=relay.run, args=(self._stopping,),
+                                              name="sqs-relay", daemon=True)
+        self._relay_thread.start()
+        self._started = True
+        log.info("ingress started: %d source(s), delivery %s, group %s", len(self.sources),
+                 self.cfg.delivery, self.cfg.group_id)
+
+    def run(self) -> None:
+        """Place workers and dispatch events until ``stop()``."""
+        if not self._started:
+            self.start()
+        try:
+            while not self._stopping.is_set():
+                if time.monotonic() >= self._next_topic_check:
+                    self._check_topics()
+                    self._next_topic_check = time.monotonic() + \
+                        self.cfg.topic_check_interval.total_seconds()
+                if self.subscribed:
+                    msg = self.consumer.poll(0.05)
+                    if msg is not None and kafka.message_error(msg) is not None:
+                        log.warning("placement consumer: %s", kafka.message_error(msg))
+                assert self.events is not None
+                for ev in self.events.poll(0.05 if self.subscribed else 0.2):
+                    self._dispatch(ev)
+                self._reconcile()
+        except BaseException:
+            self._failed = True
+            raise
+        finally:
+            self._stop_workers(list(self.workers))
+
+    def stop(self) -> None:
+        """Ask ``run`` to return (signal-safe)."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Stop workers and the relay, close clients; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        self._stop_workers(list(self.workers))
+        if self.consumer is not None:
+            try:
+                self.consumer.close()
+            except kafka.KafkaException as e:
+                log.warning("closing the placement consumer: %s", kafka.translate(e, "close"))
+            self.consumer = None
+        if self._relay_thread is not None:
+            # The relay may sit in a long poll of up to sqs_wait_time.
+            self._relay_thread.join(self.cfg.sqs_wait_time.total_seconds() + 5)
+        if self.events is not None:
+            self.events.close()
+        if self._server is not None:
+            self._server.close()
+        log.info("ingress closed")
+
+    # --- topics and placement ---------------------------------------------------------
+
+    def _check_topics(self) -> None:
+        """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
+        assert self.store is not None and self.admin is not None
+        prefix = self.settings.s3.prefix
+        by_dest: dict[str, list[_SourceState]] = {}
+        for st in self.sources.values():
+            if st.stopped:
+                continue
+            src = st.source
+            try:
+                meta = read_topic_meta(self.store, prefix, src.region, src.topic)
+            except ReplicatorError as e:
+                log.error("source %s/%s: cannot read its _topic.json: %s", src.region,
+                          src.topic, e)
+                continue
+            if meta is None:
+                if time.monotonic() - st.warned_missing > 60 or not st.warned_missing:
+                    log.warning("source %s/%s: no %s/%s/%s/_topic.json yet (egress writes it); "
+                                "waiting before replay", src.region, src.topic, prefix,
+                                src.region, src.topic)
+                    st.warned_missing = time.monotonic()
+                continue
+            by_dest.setdefault(src.destination, []).append(st)
+            self._ensure(st, meta)
+        ready = frozenset(st.source.destination for st in self.sources.values()
+                          if st.partitions is not None and not st.stopped)
+        if ready != self.subscribed:
+            log.info("subscribing to destination topics %s", sorted(ready))
+            self.subscribed = ready
+            if ready:
+                self.consumer.subscribe(sorted(ready), on_assign=self._on_assign,
+                                        on_revoke=self._on_revoke, on_lost=self._on_revoke)
+            else:
+                self.consumer.unsubscribe()
+
+    def _ensure(self, st: _SourceState, meta: TopicMeta) -> None:
+        src = st.source
+        assert self.admin is not None
+        try:
+            ensure_destination(self.admin, src.destination, meta.partitions, meta.configs)
+        except TopicError as e:
+            st.stopped = str(e)
+            log.error("source %s/%s STOPPED: %s", src.region, src.topic, e)
+            self.m.source_errors.labels(region=src.region, topic=src.topic,
+                                        reason="partitions").inc()
+            self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
+            return
+        except ReplicatorError as e:
+            log.error("source %s/%s: cannot prepare destination topic %s, retrying: %s",
+                      src.region, src.topic, src.destination, e)
+            return
+        if st.partitions != meta.partitions:
+            log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
+                     meta.partitions, src.destination)
+        st.partitions = meta.partitions
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        consumer.assign(partitions)
+        consumer.pause(partitions)  # membership only: the destination is never read
+        for tp in partitions:
+            self.assigned.add((tp.topic, tp.partition))
+        self.fenced.clear()
+        log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in sorted(gone)))
+        self.assigned -= gone
+        self._stop_workers([w for w in self.workers
+                            if (self._dest_of(w), w[2]) in gone])
+
+    def _dest_of(self, wid: WorkerId) -> str:
+        return self.sources[(wid[0], wid[1])].source.destination
+
+    def _desired(self) -> set[WorkerId]:
+        out: set[WorkerId] = set()
+        for st in self.sources.values():
+            if st.stopped or st.partitions is None:
+                continue
+            src = st.source
+            for topic, p in self.assigned:
+                if topic == src.destination and p < st.partitions:
+                    out.add((src.region, src.topic, p))
+        return out - self.fenced
+
+    def _reconcile(self) -> None:
+        for wid, w in list(self.workers.items()):
+            if not w.alive:
+                del self.workers[wid]
+                if w.fenced:
+                    self.fenced.add(wid)
+        desired = self._desired()
+        extra = [w for w in self.workers if w not in desired]
+        if extra:
+            self._stop_workers(extra)
+        for wid in sorted(desired - set(self.workers)):
+            self._start_worker(wid)
+
+    def _start_worker(self, wid: WorkerId) -> None:
+        assert self.store is not None and self.checkpoints is not None
+        src = self.sources[(wid[0], wid[1])].source
+        ref = PartitionRef(self.settings.s3.prefix, src.region, src.topic, wid[2])
+        cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
+                           exactly_once=self.cfg.delivery == "exactly-once",
+                           batch_size=self.cfg.batch_size,
+                           rescan_interval=self.cfg.rescan_interval)
+        worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
+                              checkpoints=self.checkpoints,
+                              make_sink=lambda: self._sink(src, wid[2]), metrics=self.m,
+                              clock=self.clock)
+        self.workers[wid] = worker
+        worker.start()
+
+    def _sink(self, src: IngressSourceSettings, partition: int) -> ReplaySink:
+        if self._make_sink is not None:
+            return self._make_sink(src, src.destination, partition)
+        tid = None
+        if self.cfg.delivery == "exactly-once":
+            # One transactional.id per (destination partition, source): the next owner of the
+            # partition uses the same id and so fences this one.
+            tid = f"{self.cfg.group_id}.{src.destination}.{partition}.{src.region}.{src.topic}"
+        return KafkaSink(self.settings.kafka, topic=src.destination, partition=partition,
+                         checkpoint_topic=self.cfg.checkpoint_topic, transactional_id=tid)
+
+    def _stop_workers(self, ids: list[WorkerId]) -> None:
+        workers = [(wid, self.workers.pop(wid)) for wid in ids if wid in self.workers]
+        for _, w in workers:
+            w.stop()
+        deadline = time.monotonic() + self.cfg.revoke_timeout.total_seconds()
+        for wid, w in workers:
+            if not w.join(max(0.0, deadline - time.monotonic())):
+                log.error("worker %s/%s[%d] did not stop within %s; its transaction is "
+                          "fenced by the next owner", wid[0], wid[1], wid[2],
+                          self.cfg.revoke_timeout)
+
+    def _dispatch(self, ev: SegmentEvent) -> None:
+        k = ev.key
+        w = self.workers.get((k.region, k.topic, k.partition))
+        if w is not None:
+            w.offer(ev)
+
+    # --- introspection (tests, CLI) -----------------------------------------------------
+
+    def positions(self) -> dict[WorkerId, int | None]:
+        """Current checkpoint position of each running worker."""
+        return {wid: w.position for wid, w in self.workers.items()}
+
+    @property
+    def failed(self) -> bool:
+        """True once ``run`` ended with an error."""
+        return self._failed
+

@@ -1,0 +1,98 @@
+"""Ingress metrics (SPEC 3.6), created once per ``Metrics`` registry.
+
+Per source partition (labels ``region``, ``topic``, ``partition`` of the *source*):
+messages produced, replication lag, checkpoint offset, segments waiting/late/lost,
+messages lost, missing and corrupt segments. Per process: SQS events received, ignored
+and invalid, segment events read, source errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from replicator.core.metrics import Metrics
+
+PART = ("region", "topic", "partition")
+SOURCE = ("region", "topic")
+
+
+@dataclass
+class IngressMetrics:
+    """The metric objects of one ingress controller."""
+
+    messages_produced: Any
+    replication_lag: Any
+    checkpoint_offset: Any
+    segments_waiting: Any
+    segments_late: Any
+    late_gaps: Any
+    segments_lost: Any
+    messages_lost: Any
+    segments_replayed: Any
+    segments_missing: Any
+    segments_corrupt: Any
+    transactions_aborted: Any
+    worker_errors: Any
+    sqs_received: Any
+    sqs_events: Any
+    sqs_ignored: Any
+    sqs_invalid: Any
+    events_read: Any
+    events_invalid: Any
+    source_errors: Any
+    source_stopped: Any
+
+    @classmethod
+    def create(cls, m: Metrics) -> IngressMetrics:
+        """Register every ingress metric in ``m``."""
+        return cls(
+            messages_produced=m.counter("ingress_messages_produced_total",
+                                        "Records produced to the destination.", PART),
+            replication_lag=m.gauge("ingress_replication_lag_seconds",
+                                    "Now minus the source timestamp of the last record "
+                                    "produced.", PART),
+            checkpoint_offset=m.gauge("ingress_checkpoint_offset",
+                                      "Last source offset checkpointed.", PART),
+            segments_waiting=m.gauge("ingress_segments_waiting",
+                                     "Known segments not yet replayed.", PART),
+            segments_late=m.gauge("ingress_segments_late",
+                                  "Positions of the gap currently waited for (0: none).", PART),
+            late_gaps=m.counter("ingress_late_gaps_total",
+                                "Gaps (late segments) detected.", PART),
+            segments_lost=m.counter("ingress_segments_lost_total",
+                                    "Ranges declared lost after lost_segment_timeout.", PART),
+            messages_lost=m.counter("ingress_messages_lost_total",
+                                    "Offset positions declared lost (an upper bound of the "
+                                    "messages lost).", PART),
+            segments_replayed=m.counter("ingress_segments_replayed_total",
+                                        "Segments replayed to their end.", PART),
+            segments_missing=m.counter("ingress_segments_missing_total",
+                                       "Segments gone when read (compacted or deleted).", PART),
+            segments_corrupt=m.counter("ingress_segments_corrupt_total",
+                                       "Segments that could not be read (skipped).", PART),
+            transactions_aborted=m.counter("ingress_transactions_aborted_total",
+                                           "Transactions aborted (redone from the checkpoint).",
+                                           PART),
+            worker_errors=m.counter("ingress_worker_errors_total",
+                                    "Replay sessions ended by an error, by kind.",
+                                    (*PART, "kind")),
+            sqs_received=m.counter("ingress_sqs_messages_received_total",
+                                   "SQS messages received."),
+            sqs_events=m.counter("ingress_sqs_events_received_total",
+                                 "Segment events received from SQS, by kind.", ("kind",)),
+            sqs_ignored=m.counter("ingress_sqs_events_ignored_total",
+                                  "S3 event records that are not ours, by reason.", ("reason",)),
+            sqs_invalid=m.counter("ingress_sqs_events_invalid_total",
+                                  "SQS messages or records that could not be parsed, by reason.",
+                                  ("reason",)),
+            events_read=m.counter("ingress_segment_events_read_total",
+                                  "Events read from the segment-events topic."),
+            events_invalid=m.counter("ingress_segment_events_invalid_total",
+                                     "Segment-events topic records that could not be parsed."),
+            source_errors=m.counter("ingress_source_errors_total",
+                                    "Sources that cannot be replayed, by reason.",
+                                    (*SOURCE, "reason")),
+            source_stopped=m.gauge("ingress_source_stopped",
+                                   "1 while a source is stopped by an error.", SOURCE),
+        )

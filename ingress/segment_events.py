@@ -1,0 +1,168 @@
+"""The ``SegmentEvents`` seam: the segment-events topic, written by the SQS relay and read
+by every ingress instance in full (no shared group), so an event received by one instance
+reaches the worker wherever it runs, and events survive rebalances and restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from ingress.events import SegmentEvent, decode_event, encode_event
+from ingress.metrics import IngressMetrics
+from replicator.core import kafka
+from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+class SegmentEvents(ABC):
+    """Publish segment events durably; read all of them back."""
+
+    @abstractmethod
+    def publish(self, events: Sequence[SegmentEvent]) -> None:
+        """Write events and wait until every one is acknowledged.
+
+        Raises:
+            KafkaRetriableError: some event was not acknowledged (publish again).
+        """
+
+    @abstractmethod
+    def poll(self, timeout: float) -> list[SegmentEvent]:
+        """Events read since the last call (from the beginning of the topic at first)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release clients; idempotent."""
+
+
+class MemorySegmentEvents(SegmentEvents):
+    """A list with a read cursor (unit tests)."""
+
+    def __init__(self) -> None:
+        self.log: list[SegmentEvent] = []
+        self._read = 0
+        self.fail_publish = 0
+        self._lock = threading.Lock()
+
+    def publish(self, events: Sequence[SegmentEvent]) -> None:
+        if self.fail_publish > 0:
+            self.fail_publish -= 1
+            raise KafkaRetriableError("injected publish failure")
+        with self._lock:
+            self.log.extend(events)
+
+    def poll(self, timeout: float) -> list[SegmentEvent]:
+        with self._lock:
+            out = self.log[self._read:]
+            self._read = len(self.log)
+        return out
+
+    def close(self) -> None:
+        return
+
+
+class KafkaSegmentEvents(SegmentEvents):
+    """The segment-events topic on the destination cluster.
+
+    The producer is idempotent (``acks=all``); ``publish`` flushes and checks delivery
+    reports. The reader is a per-process consumer assigned to every partition from the
+    beginning (the topic's retention bounds what it replays); it never commits.
+    """
+
+    def __init__(self, kafka_settings: KafkaSettings, topic: str, metrics: IngressMetrics, *,
+                 timeout: float = 30.0) -> None:
+        self.kafka_settings = kafka_settings
+        self.topic = topic
+        self.metrics = metrics
+        self.timeout = timeout
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._errors: list[Any] = []
+        self._lock = threading.Lock()
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            with self._lock:
+                self._errors.append(err)
+
+    def publish(self, events: Sequence[SegmentEvent]) -> None:
+        if not events:
+            return
+        if self._producer is None:
+            self._producer = kafka.make_producer(
+                self.kafka_settings, overrides={"on_delivery": self._on_delivery,
+                                                "delivery.report.only.error": True,
+                                                "linger.ms": 5})
+        p = self._producer
+        for ev in events:
+            key, value = encode_event(ev)
+            while True:
+                try:
+                    p.produce(self.topic, value, key)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+                except kafka.KafkaException as e:
+                    raise kafka.translate(e, f"publish segment event to {self.topic}") from e
+        left = p.flush(self.timeout)
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if left or errors:
+            detail = errors[0].str() if errors else f"{left} not acknowledged in time"
+            raise KafkaRetriableError(f"publish {len(events)} segment event(s) to "
+                                      f"{self.topic}: {detail}")
+
+    def start_reader(self) -> None:
+        """Assign every partition of the topic from the beginning.
+
+        Raises:
+            TopicError: the topic does not exist.
+        """
+        c = kafka.make_consumer(self.kafka_settings,
+                                f"replicator.segment-events-reader.{uuid.uuid4().hex}",
+                                {"enable.partition.eof": False})
+        md = c.list_topics(self.topic, timeout=self.timeout)
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            c.close()
+            raise TopicError(f"segment events topic {self.topic} is missing")
+        c.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING)
+                  for p in sorted(t.partitions)])
+        self._consumer = c
+        log.info("reading segment events from %s (%d partition(s)) from the beginning",
+                 self.topic, len(t.partitions))
+
+    def poll(self, timeout: float) -> list[SegmentEvent]:
+        if self._consumer is None:
+            self.start_reader()
+        out: list[SegmentEvent] = []
+        for msg in self._consumer.consume(1000, timeout):
+            err = kafka.message_error(msg)
+            if err is not None:
+                log.warning("reading segment events: %s", err)
+                continue
+            if kafka.is_partition_eof(msg):
+                continue
+            try:
+                out.append(decode_event(msg.value()))
+            except ValueError as e:
+                log.error("invalid segment event at %s[%s]@%s ignored: %s", msg.topic(),
+                          msg.partition(), msg.offset(), e)
+                self.metrics.events_invalid.inc()
+                continue
+        self.metrics.events_read.inc(len(out))
+        return out
+
+    def close(self) -> None:
+        c, self._consumer = self._consumer, None
+        if c is not None:
+            c.close()
+        p, self._producer = self._producer, None
+        if p is not None:
+            p.flush(5.0)

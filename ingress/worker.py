@@ -1,0 +1,436 @@
+"""The replay worker of one source partition: segments in position order → destination p.
+
+A worker runs in its own thread while its controller owns destination partition ``p``.
+It loads the checkpoint, lists the partition's segments (all levels), and loops:
+``planner.next_action`` decides, the worker acts (replay a segment, wait for a late one,
+declare a range lost, idle until an event). Segment events from the controller wake it.
+
+The durability order lives in ``_deliver`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from formats.base import TIMESTAMP_NOT_AVAILABLE, SegmentFormat
+from formats.segment_io import open_segment
+from ingress.checkpoints import Checkpoint, CheckpointStore
+from ingress.events import SegmentEvent, partition_key
+from ingress.metrics import IngressMetrics
+from ingress.planner import (
+    DeclareLost,
+    Idle,
+    LateGap,
+    Produce,
+    WaitFirst,
+    WaitLate,
+    next_action,
+)
+from ingress.sink import Header, ReplaySink, Rows
+from replicator.core.errors import (
+    FatalError,
+    ProducerFenced,
+    RetriableError,
+    SegmentCorrupt,
+    SegmentNotFound,
+)
+from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.retry import RetryPolicy
+from replicator.core.settings import IngressSourceSettings
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+
+# Restart delays after a failed replay session: short first (a broker blip), capped so a
+# persistent failure (a missing topic) is retried about once a minute, never in a hot loop.
+SESSION_RETRY = RetryPolicy(attempts=1_000_000, initial=timedelta(milliseconds=500),
+                            multiplier=2.0, maximum=timedelta(seconds=60), jitter=0.2)
+
+
+def utc_now() -> datetime:
+    """The wall clock (injected elsewhere in tests)."""
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs besides its seams."""
+
+    source: IngressSourceSettings
+    ref: PartitionRef
+    destination_topic: str
+    exactly_once: bool
+    batch_size: int
+    rescan_interval: timedelta
+
+
+def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
+    """The records of ``batch`` with offsets above ``after``, column by column."""
+    n = batch.num_rows
+    if n == 0:
+        return None
+    offsets = batch.column("offset")
+    if after is not None:
+        if offsets[n - 1].as_py() <= after:
+            return None
+        if offsets[0].as_py() <= after:
+            batch = batch.filter(pc.greater(offsets, pa.scalar(after, pa.int64())))
+            offsets = batch.column("offset")
+    ts = batch.column("timestamp").cast(pa.int64()).to_pylist()
+    types = batch.column("timestamp_type")
+    if pc.any(pc.equal(types, TIMESTAMP_NOT_AVAILABLE)).as_py():
+        ts = [0 if t == TIMESTAMP_NOT_AVAILABLE else x
+              for x, t in zip(ts, types.to_pylist(), strict=True)]
+    hcol = batch.column("headers")
+    headers: list[list[Header] | None]
+    if len(hcol.values) == 0:
+        headers = [None] * batch.num_rows
+    else:
+        headers = [[(h["key"], h["value"]) for h in hs] or None for hs in hcol.to_pylist()]
+    return Rows(offsets.to_pylist(), ts, batch.column("key").to_pylist(),
+                batch.column("value").to_pylist(), headers)
+
+
+class ReplayWorker:
+    """Replays one source partition into destination partition ``p``; one thread."""
+
+    def __init__(self, cfg: WorkerConfig, *, store: ObjectStore, fmt: SegmentFormat,
+                 checkpoints: CheckpointStore, make_sink: Callable[[], ReplaySink],
+                 metrics: IngressMetrics, clock: Clock = utc_now,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.fmt = fmt
+        self.checkpoints = checkpoints
+        self.make_sink = make_sink
+        self.metrics = metrics
+        self.clock = clock
+        self._sleep = sleep
+        ref = cfg.ref
+        self.key = partition_key(ref.region, ref.topic, ref.partition)
+        self.where = f"{ref.region}/{ref.topic}[{ref.partition}] -> " \
+                     f"{cfg.destination_topic}[{ref.partition}]"
+        labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
+        self._m_produced = metrics.messages_produced.labels(**labels)
+        self._m_lag = metrics.replication_lag.labels(**labels)
+        self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
+        self._m_waiting = metrics.segments_waiting.labels(**labels)
+        self._m_late = metrics.segments_late.labels(**labels)
+        self._labels = labels
+        # State (owned by the worker thread, except the inbox).
+        self.position: int | None = None
+        self.segments: set[SegmentKey] = set()
+        self.bad: set[SegmentKey] = set()
+        self.gone: set[SegmentKey] = set()
+        self.late: LateGap | None = None
+        self.first_seen: datetime | None = None
+        self.sink: ReplaySink | None = None
+        self.fenced = False
+        self.failed: BaseException | None = None
+        self._inbox: list[SegmentEvent] = []
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- controller side --------------------------------------------------------------
+
+    def offer(self, event: SegmentEvent) -> None:
+        """Hand over a segment event of this partition (any thread); wakes the worker."""
+        with self._cond:
+            self._inbox.append(event)
+            self._cond.notify()
+
+    def start(self) -> None:
+        """Run in a new thread."""
+        self._thread = threading.Thread(target=self.run, name=f"replay-{self.key}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the worker to stop after the current batch (signal-safe)."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; True if it ended."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        """True while the thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def stopping(self) -> bool:
+        """True once ``stop`` was called."""
+        return self._stopping.is_set()
+
+    # --- worker thread ----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Replay sessions until stopped or fenced; errors restart a session after a delay."""
+        delays = SESSION_RETRY.delays()
+        while not self.stopping:
+            try:
+                self._session()
+                return
+            except ProducerFenced as e:
+                log.warning("%s: fenced by a newer owner, giving the partition up: %s",
+                            self.where, e)
+                self.fenced = True
+                self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
+                return
+            except (RetriableError, FatalError) as e:
+                kind = "retriable" if isinstance(e, RetriableError) else "fatal"
+                delay = next(delays)
+                log.error("%s: replay session failed (%s), restarting from the checkpoint in "
+                          "%.1fs: %s", self.where, kind, delay, e)
+                self.metrics.worker_errors.labels(**self._labels, kind=kind).inc()
+                self.failed = e
+                self._wait_for(delay)
+
+    def _wait_for(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; returns early (True) on an event or stop."""
+        if self._sleep is not None:
+            self._sleep(seconds)
+            return False
+        with self._cond:
+            if self._inbox or self.stopping:
+                return True
+            return self._cond.wait(max(0.0, seconds))
+
+    def _session(self) -> None:
+        sink = self.make_sink()
+        self.sink = sink
+        try:
+            # Fence first: once init_transactions returns, an older owner's open
+            # transaction is aborted, so the checkpoint read below is the committed truth.
+            sink.start()
+            cp = self.checkpoints.load(self.key)
+            self.position = None if cp is None else cp.offset
+            if cp is not None:
+                self._m_checkpoint.set(cp.offset)
+            log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
+                     "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
+            self.late = None
+            self._drain_inbox()
+            self._reload()
+            self._loop(sink)
+        finally:
+            try:
+                sink.abort()
+            finally:
+                sink.close()
+                self.sink = None
+
+    def _drain_inbox(self) -> bool:
+        with self._cond:
+            events, self._inbox = self._inbox, []
+        for ev in events:
+            if ev.kind == "created":
+                self.segments.add(ev.key)
+                self.bad.discard(ev.key)
+                self.gone.discard(ev.key)
+            else:
+                self.segments.discard(ev.key)
+        return bool(events)
+
+    def _reload(self) -> None:
+        ref = self.cfg.ref
+        found: set[SegmentKey] = set()
+        for info in self.store.list(ref.segments_prefix()):
+            seg = SegmentKey.try_parse(info.key)
+            if seg is not None and seg.partition_ref == ref:
+                found.add(seg)
+            else:
+                log.debug("%s: ignoring non-segment object %s", self.where, info.key)
+        self.segments = found
+        log.debug("%s: %d segment(s) listed", self.where, len(found))
+
+    def _loop(self, sink: ReplaySink) -> None:
+        src = self.cfg.source
+        while not self.stopping:
+            self._drain_inbox()
+            usable = self.segments - self.bad - self.gone
+            now = self.clock()
+            action = next_action(self.position, usable, now, src, late=self.late,
+                                 first_seen=self.first_seen)
+            pos = -1 if self.position is None else self.position
+            self._m_waiting.set(sum(1 for s in usable if s.end > pos))
+            if isinstance(action, Produce):
+                if self.late is not None:
+                    log.info("%s: late range %d-%d arrived after %.1fs", self.where,
+                             self.late.first, self.late.last,
+                             (now - self.late.since).total_seconds())
+                    self.late = None
+                    self._m_late.set(0)
+                self.first_seen = None
+                self._replay(sink, action.segment, action.skip_through)
+            elif isinstance(action, WaitFirst):
+                if self.first_seen is None:
+                    log.info("%s: no checkpoint; waiting %s (first_segment_delay) for earlier "
+                             "segments", self.where, src.first_segment_delay)
+                self.first_seen = action.since
+                self._wait_until(action.until)
+            elif isinstance(action, WaitLate):
+                self._wait_late(action)
+            elif isinstance(action, DeclareLost):
+                self._declare_lost(sink, action)
+            else:
+                assert isinstance(action, Idle)
+                if not self._wait_until(now + self.cfg.rescan_interval):
+                    self._reload()
+
+    def _wait_until(self, until: datetime) -> bool:
+        """Wait until ``until``; True if woken early by an event or stop."""
+        return self._wait_for((until - self.clock()).total_seconds())
+
+    def _wait_late(self, action: WaitLate) -> None:
+        late = action.late
+        if self.late is None or self.late.first != late.first:
+            log.warning("%s: positions %d-%d are late (next segment starts at %d); reloading "
+                        "the segment list with backoff for up to %s", self.where, late.first,
+                        late.last, late.last + 1, self.cfg.source.lost_segment_timeout)
+            self.metrics.late_gaps.labels(**self._labels).inc()
+        self.late = late
+        self._m_late.set(late.size)
+        if not self._wait_until(action.until):
+            self._reload()
+            self.late = replace(late, reloads=late.reloads + 1)
+
+    def _declare_lost(self, sink: ReplaySink, action: DeclareLost) -> None:
+        log.error("%s: positions %d-%d (%d) declared LOST after %s: no segment covering them "
+                  "arrived", self.where, action.first, action.last, action.size,
+                  self.cfg.source.lost_segment_timeout)
+        self.metrics.segments_lost.labels(**self._labels).inc()
+        self.metrics.messages_lost.labels(**self._labels).inc(action.size)
+        usable = self.segments - self.bad - self.gone
+        following = min((s for s in usable if s.start == action.last + 1),
+                        key=lambda s: -s.end, default=None)
+        cp = Checkpoint(action.last, "" if following is None else following.to_key(),
+                        self.clock(), lost=(action.first, action.last))
+        self._deliver(sink, None, cp)
+        self.late = None
+        self._m_late.set(0)
+
+    def _replay(self, sink: ReplaySink, seg: SegmentKey, skip_through: int | None) -> None:
+        name = seg.to_key()
+        try:
+            reader = open_segment(self.store, self.fmt, seg)
+        except SegmentNotFound:
+            self._missing(seg)
+            return
+        except SegmentCorrupt as e:
+            self._corrupt(seg, e)
+            return
+        log.info("%s: replaying segment %s%s", self.where, name,
+                 "" if skip_through is None else f" (skipping offsets <= {skip_through})")
+        try:
+            for batch in reader.iter_batches(self.cfg.batch_size):
+                if self.stopping:
+                    return
+                rows = batch_rows(batch, self.position)
+                if rows is None:
+                    continue
+                self._deliver(sink, rows, Checkpoint(rows.last_offset, name, self.clock()))
+        except SegmentNotFound:
+            self._missing(seg)
+            return
+        except SegmentCorrupt as e:
+            self._corrupt(seg, e)
+            return
+        finally:
+            reader.close()
+        if self.position is None or self.position < seg.end:
+            # The footer vouches for the range: positions after the last record are holes.
+            log.warning("%s: segment %s ends at %d but its last record is %s; checkpointing "
+                        "its end", self.where, name, seg.end, self.position)
+            self._deliver(sink, None, Checkpoint(seg.end, name, self.clock()))
+        self.metrics.segments_replayed.labels(**self._labels).inc()
+        log.info("%s: segment %s done, checkpoint %d", self.where, name, self.position)
+
+    def _missing(self, seg: SegmentKey) -> None:
+        log.warning("%s: segment %s is gone (compacted or deleted); reloading the segment "
+                    "list", self.where, seg.to_key())
+        self.metrics.segments_missing.labels(**self._labels).inc()
+        self._reload()
+        # Even if a stale listing still shows it, never try it again until a new
+        # "created" event for the key arrives: a missing object is not retried forever.
+        self.gone = {s for s in self.gone if s in self.segments}
+        self.gone.add(seg)
+
+    def _corrupt(self, seg: SegmentKey, e: SegmentCorrupt) -> None:
+        log.error("%s: segment %s cannot be read and is skipped (its range waits for another "
+                  "segment, then counts as lost): %s", self.where, seg.to_key(), e)
+        self.metrics.segments_corrupt.labels(**self._labels).inc()
+        self.bad.add(seg)
+
+    def _deliver(self, sink: ReplaySink, rows: Rows | None, cp: Checkpoint) -> None:
+        """Make ``rows`` durable in the destination, then the checkpoint ``cp``.
+
+        Exactly-once (one Kafka transaction per batch):
+          1. begin a transaction;
+          2. produce the records to the destination partition;
+          3. produce the checkpoint record to the checkpoint topic, same transaction;
+          4. commit: records and checkpoint become visible together or not at all.
+        At-least-once (idempotent producer):
+          1. no transaction;
+          2. produce the records;
+          3. flush: every record is acknowledged (acks=all) before any checkpoint;
+          4. produce the checkpoint and flush it.
+        5. Only then advance the in-memory position and metrics.
+
+        A failure before step 4 completes aborts the transaction (exactly-once) and raises;
+        the session restarts from the last committed checkpoint. Checkpoints only move
+        forward: ``cp.offset`` is always above the position.
+        """
+        if self.position is not None and cp.offset <= self.position:
+            raise FatalError(f"{self.where}: checkpoint {cp.offset} would not move forward "
+                             f"from {self.position}")
+        exactly_once = self.cfg.exactly_once
+        try:
+            # Step 1
+            if exactly_once:
+                sink.begin()
+            # Step 2
+            if rows is not None:
+                sink.produce(rows)
+            # Step 3
+            if exactly_once:
+                sink.produce_checkpoint(self.key, cp)
+            else:
+                sink.flush()
+            # Step 4
+            if exactly_once:
+                sink.commit()
+            else:
+                sink.produce_checkpoint(self.key, cp)
+                sink.flush()
+        except ProducerFenced:
+            raise
+        except (RetriableError, FatalError):
+            if exactly_once:
+                self.metrics.transactions_aborted.labels(**self._labels).inc()
+                sink.abort()
+            raise
+        # Step 5
+        self.position = cp.offset
+        self._m_checkpoint.set(cp.offset)
+        if rows is not None:
+            self._m_produced.inc(len(rows))
+            last_ts = rows.timestamps[-1]
+            if last_ts > 0:
+                self._m_lag.set(max(0.0, self.clock().timestamp() - last_ts / 1000.0))

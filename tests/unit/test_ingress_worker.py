@@ -1,0 +1,250 @@
+"""The replay worker against in-memory seams: order, overlap, redo, missing, corrupt, late."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from formats.base import TIMESTAMP_LOG_APPEND_TIME, SegmentMetadata, WriterOptions
+from formats.records import Record, records_to_batch
+from formats.registry import get_format
+from formats.segment_io import SegmentUpload, publish_segment
+from ingress.checkpoints import Checkpoint, MemoryCheckpointStore
+from ingress.events import SegmentEvent
+from ingress.metrics import IngressMetrics
+from ingress.sink import MemorySink
+from ingress.worker import ReplayWorker, WorkerConfig
+from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.metrics import Metrics
+from replicator.core.settings import IngressSourceSettings
+from replicator.core.storage import MemoryObjectStore
+
+FMT = get_format("parquet")
+REF = PartitionRef("data", "us-east-1", "t", 3)
+LABELS = {"region": "us-east-1", "topic": "t", "partition": "3"}
+
+
+def rec(o: int) -> Record:
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    if o % 3 == 0:
+        headers = (("h", b"1"), ("h", None), ("", b""))
+    return Record(o, 1_700_000_000_000 + o, None if o % 5 == 0 else b"k%d" % o,
+                  None if o % 7 == 0 else (b"" if o % 11 == 0 else b"v%d" % o), headers,
+                  TIMESTAMP_LOG_APPEND_TIME if o % 2 else 1)
+
+
+def key(start: int, end: int, level: int = 0) -> SegmentKey:
+    return SegmentKey("data", "us-east-1", "t", 3, level, start, end)
+
+
+def write(store: MemoryObjectStore, k: SegmentKey, offsets: Sequence[int] | None = None) -> None:
+    offs = list(offsets) if offsets is not None else list(range(k.start, k.end + 1))
+    up = SegmentUpload(store, FMT, "temp", WriterOptions())
+    up.write_batch(records_to_batch([rec(o) for o in offs]))
+    temp = up.finish(SegmentMetadata.for_key(k, len(offs)))
+    publish_segment(store, temp.key, k)
+
+
+class Harness:
+    def __init__(self, *, exactly_once: bool = True, timeout: str = "60s", retries: int = 2,
+                 first_delay: str = "0s", batch_size: int = 7) -> None:
+        self.store = MemoryObjectStore("dest")
+        self.checkpoints = MemoryCheckpointStore()
+        self.sink = MemorySink(self.checkpoints, transactional=exactly_once)
+        self.metrics = Metrics()
+        self.m = IngressMetrics.create(self.metrics)
+        src = IngressSourceSettings(region="us-east-1", topic="t",
+                                    lost_segment_timeout=timeout,  # type: ignore[arg-type]
+                                    late_segment_retries=retries,
+                                    first_segment_delay=first_delay)  # type: ignore[arg-type]
+        self.cfg = WorkerConfig(source=src, ref=REF, destination_topic="copy",
+                                exactly_once=exactly_once, batch_size=batch_size,
+                                rescan_interval=timedelta(milliseconds=100))
+        self.worker: ReplayWorker | None = None
+
+    def start(self) -> ReplayWorker:
+        self.worker = ReplayWorker(self.cfg, store=self.store, fmt=FMT,
+                                   checkpoints=self.checkpoints, make_sink=lambda: self.sink,
+                                   metrics=self.m)
+        self.worker.start()
+        return self.worker
+
+    def offsets(self) -> list[int]:
+        return [r[0] for r in self.sink.committed]
+
+    def wait(self, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out; produced {self.offsets()}"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            assert self.worker.join(5)
+
+    def metric(self, name: str) -> float:
+        return self.metrics.value(name, LABELS) or 0.0
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.stop()
+
+
+def test_replays_overlapping_levels_once_in_order(h: Harness) -> None:
+    write(h.store, key(0, 99))
+    write(h.store, key(100, 199))
+    write(h.store, key(100, 250))       # overlaps [100-199]
+    write(h.store, key(0, 149, level=1))  # compacted, covers the first one
+    write(h.store, key(251, 260))
+    h.start()
+    h.wait(lambda: h.offsets()[-1:] == [260])
+    assert h.offsets() == list(range(261))
+    got = {r[0]: r for r in h.sink.committed}
+    for o in (0, 3, 7, 11, 15, 21):
+        r = rec(o)
+        assert got[o][1:] == (r.timestamp_ms, r.key, r.value, list(r.headers) or None)
+    cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+    assert cp.offset == 260 and cp.segment == key(251, 260).to_key()
+    assert h.metric("replicator_ingress_messages_produced_total") == 261
+    assert h.metric("replicator_ingress_checkpoint_offset") == 260
+
+
+def test_starts_after_a_checkpoint_inside_a_segment(h: Harness) -> None:
+    write(h.store, key(0, 99))
+    h.checkpoints.append("us-east-1:t:3", b"garbage")  # logged and ignored, never fatal
+    h.checkpoints.append("us-east-1:t:3", Checkpoint(41, key(0, 99).to_key(),
+                                                     datetime.now(UTC)).encode())
+    h.checkpoints.append("us-east-1:t:3", b"{}")
+    h.start()
+    h.wait(lambda: h.offsets()[-1:] == [99])
+    assert h.offsets() == list(range(42, 100))
+
+
+def test_commit_failure_redoes_from_checkpoint_without_duplicates(h: Harness) -> None:
+    write(h.store, key(0, 49))
+    h.sink.fail_on_commit = 2
+    w = h.start()
+    h.wait(lambda: h.offsets()[-1:] == [49], timeout=15)
+    assert h.offsets() == list(range(50))
+    assert h.sink.aborted >= 2 and h.sink.started == 3
+    assert w.failed is not None
+
+
+def test_at_least_once_redo_may_duplicate_but_never_loses() -> None:
+    h = Harness(exactly_once=False)
+    try:
+        write(h.store, key(0, 49))
+        h.sink.fail_on_commit = 1
+        h.start()
+        h.wait(lambda: h.offsets()[-1:] == [49], timeout=15)
+        offs = h.offsets()
+        assert sorted(set(offs)) == list(range(50))
+        assert len(offs) - 50 <= 7  # at most the one batch whose checkpoint failed
+    finally:
+        h.stop()
+
+
+def test_segment_deleted_before_read_falls_back_to_covering_one(h: Harness) -> None:
+    write(h.store, key(0, 99, level=1))
+    w = h.start()
+    h.wait(lambda: h.offsets()[-1:] == [99])
+    # An event announces a level-0 segment that compaction already removed, while a
+    # compacted one covers its range.
+    write(h.store, key(100, 299, level=1))
+    w.offer(SegmentEvent("created", key(100, 149)))
+    h.wait(lambda: h.offsets()[-1:] == [299])
+    assert h.offsets() == list(range(300))
+    assert h.metric("replicator_ingress_segments_missing_total") == 1
+
+
+def test_corrupt_segment_is_reported_and_a_covering_one_used(h: Harness) -> None:
+    h.store.put(key(0, 99).to_key(), b"not parquet at all")
+    write(h.store, key(0, 99, level=1))
+    write(h.store, key(100, 109))
+    h.store.put(key(100, 199, level=1).to_key(), b"PAR1 broken")  # preferred, but corrupt
+    h.start()
+    h.wait(lambda: h.offsets()[-1:] == [109])
+    assert h.offsets() == list(range(110))
+    assert h.metric("replicator_ingress_segments_corrupt_total") == 1
+
+
+def test_footer_not_matching_key_is_corrupt(h: Harness) -> None:
+    write(h.store, key(0, 9))
+    h.store.copy(key(0, 9).to_key(), key(10, 19).to_key())  # footer says 0-9
+    write(h.store, key(20, 29))
+    h.start()
+    h.wait(lambda: h.metric("replicator_ingress_segments_corrupt_total") == 1)
+    h.wait(lambda: h.metric("replicator_ingress_segments_late") == 10)
+    assert h.offsets() == list(range(10))
+
+
+def test_late_segment_is_waited_for_and_an_event_fills_the_gap(h: Harness) -> None:
+    write(h.store, key(0, 9))
+    write(h.store, key(20, 29))
+    w = h.start()
+    h.wait(lambda: h.metric("replicator_ingress_segments_late") == 10)
+    assert h.offsets() == list(range(10))
+    write(h.store, key(10, 19))
+    w.offer(SegmentEvent("created", key(10, 19)))
+    h.wait(lambda: h.offsets()[-1:] == [29], timeout=2)
+    assert h.offsets() == list(range(30))
+    assert h.metric("replicator_ingress_late_gaps_total") == 1
+    assert h.metric("replicator_ingress_segments_lost_total") == 0
+
+
+def test_never_arriving_segment_is_declared_lost_with_exact_range(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(timeout="600ms", retries=2)
+    try:
+        write(h.store, key(0, 9))
+        write(h.store, key(20, 29))
+        with caplog.at_level(logging.WARNING, logger="ingress.worker"):
+            t0 = time.monotonic()
+            h.start()
+            h.wait(lambda: h.offsets()[-1:] == [29])
+            assert time.monotonic() - t0 >= 0.55
+        assert h.offsets() == list(range(10)) + list(range(20, 30))
+        assert h.metric("replicator_ingress_segments_lost_total") == 1
+        assert h.metric("replicator_ingress_messages_lost_total") == 10
+        lost = [r for r in caplog.records if r.levelno == logging.ERROR and "LOST" in r.message]
+        assert len(lost) == 1 and "positions 10-19 (10)" in lost[0].message
+        values = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3"]]
+        assert any(c.lost == (10, 19) and c.offset == 19 for c in values)
+        assert [c.offset for c in values] == sorted(c.offset for c in values)  # forward only
+    finally:
+        h.stop()
+
+
+def test_first_segment_delay_waits_for_earlier_segments() -> None:
+    h = Harness(first_delay="400ms")
+    try:
+        write(h.store, key(10, 19))
+        w = h.start()
+        time.sleep(0.15)
+        assert h.offsets() == []
+        write(h.store, key(0, 9))
+        w.offer(SegmentEvent("created", key(0, 9)))
+        h.wait(lambda: h.offsets()[-1:] == [19])
+        assert h.offsets() == list(range(20))
+    finally:
+        h.stop()
+
+
+def test_removed_event_drops_a_segment(h: Harness) -> None:
+    write(h.store, key(0, 9))
+    w = h.start()
+    h.wait(lambda: h.offsets()[-1:] == [9])
+    w.offer(SegmentEvent("removed", key(0, 9)))
+    write(h.store, key(10, 19))
+    w.offer(SegmentEvent("created", key(10, 19)))
+    h.wait(lambda: h.offsets()[-1:] == [19])
+    assert h.offsets() == list(range(20))
+
