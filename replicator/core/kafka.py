@@ -219,3 +219,11 @@ class Admin:
 
 
 OnAssign = Callable[[Any, list[Any]], None]
+
+
+# --- ingress additions -----------------------------------------------------------------
+
+ERR_FENCED = ck.KafkaError._FENCED
+"""librdkafka's local "producer fenced" code (a delivery error of a fenced producer)."""
+ERR_PRODUCER_FENCED = getattr(ck.KafkaError, "PRODUCER_FENCED", -999)
+"""The broker's PRODUCER_FENCED code (absent in old clients)."""

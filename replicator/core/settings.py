@@ -333,6 +333,18 @@ class IngressSettings(_Model):
         "exactly-once", description="Transactional or idempotent replay.")
     batch_size: int = Field(10_000, ge=1, description="Records per produced batch/transaction.")
     sources: list[IngressSourceSettings] = Field(description="Sources to replay.")
+    sqs_wait_time: Duration = Field(
+        timedelta(seconds=20), description="SQS long-poll wait per receive (at most 20s).")
+    sqs_max_messages: int = Field(10, ge=1, le=10, description="SQS messages per receive.")
+    topic_check_interval: Duration = Field(
+        timedelta(seconds=30), description="How often _topic.json of each source is read to "
+                                           "create or grow its destination topic.")
+    rescan_interval: Duration = Field(
+        timedelta(minutes=5), description="An idle worker re-lists its segments this often "
+                                          "(a safety net for lost S3 events).")
+    revoke_timeout: Duration = Field(
+        timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
+                                           "finish their current batch.")
 
     @model_validator(mode="after")
     def _unique_sources(self) -> IngressSettings:
