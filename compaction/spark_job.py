@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import uuid
 from typing import Any
@@ -49,8 +50,9 @@ def build_session(settings: Settings) -> tuple[SparkSession, bool]:
     conf: dict[str, str] = {}
     if cfg.spark_master.startswith("local"):
         conf.update(_LOCAL_DEFAULTS)
-        # Local Python workers must run the driver's interpreter (the venv with our code).
-        conf["spark.pyspark.python"] = sys.executable
+        # Local Python workers must run the driver's interpreter (the venv with our code);
+        # PySpark reads only PYSPARK_PYTHON for that (default "python3" on PATH).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf.update(cfg.spark_conf)
     for k, v in conf.items():
         builder = builder.config(k, v)
