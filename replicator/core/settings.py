@@ -550,8 +550,9 @@ def apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str]) -> dict
     """Apply ``REPLICATOR_<SECTION>__<KEY>`` variables to ``raw`` in place.
 
     Section and field names match case-insensitively; a path into an existing table
-    (a topic name) matches its existing key case-insensitively. Values are read as TOML
-    values (``10``, ``true``, ``"x"``, ``{a = 1}``) and fall back to plain strings.
+    (a topic name) matches its existing key case-insensitively, and a new key keeps its
+    case unless it is all capitals. Tables, arrays and quoted strings are read as TOML
+    (``{a = 1}``, ``"x"``); anything else stays text for pydantic to convert.
 
     Returns:
         dotted key -> environment variable name, for error messages.
@@ -578,7 +579,10 @@ def apply_env_overrides(raw: dict[str, Any], environ: Mapping[str, str]) -> dict
                 else:
                     node = node[idx]
                 continue
-            key = next((k for k in node if k.lower() == part.lower()), part.lower())
+            # A new key written in capitals is a field name (``MAX_SEGMENT_AGE``); one with
+            # lower-case letters is a name the user chose (a topic ``MyTopic``): keep it.
+            new_key = part.lower() if part == part.upper() else part
+            key = next((k for k in node if k.lower() == part.lower()), new_key)
             path.append(key)
             if last:
                 node[key] = _env_value(environ[name])

@@ -457,3 +457,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_examples_validate(role: str) -> None:
     s = load_settings(EXAMPLES / f"{role}.toml", environ=NO_ENV)
     assert s.require(role) is not None  # type: ignore[arg-type]
+
+
+def test_env_new_topic_keeps_its_case() -> None:
+    s = load_settings(data=with_(egress={"topics": {"a": {}}}), environ={
+        "REPLICATOR_EGRESS__TOPICS__MyTopic__MAX_SEGMENT_MESSAGES": "7",
+        "REPLICATOR_EGRESS__TOPICS__A__MAX_SEGMENT_MESSAGES": "8"})
+    assert s.egress is not None
+    assert s.egress.topics["MyTopic"].max_segment_messages == 7
+    assert s.egress.topics["a"].max_segment_messages == 8
