@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from formats.records import records_to_batch
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload
 from replicator.core.keys import SegmentKey
+from replicator.core.processes import free_port
 from replicator.core.s3 import S3ObjectStore, create_bucket, make_s3_client
 from replicator.core.settings import Settings
 from tests.conftest import unique_name
@@ -241,3 +243,43 @@ def test_cli_killed_half_way_then_rerun_loses_and_duplicates_nothing(
     for p in range(partitions):
         assert [r.offset for r in read_segment(store, k(1, 0, 239, p))] == expected[p]
     assert [i.key for i in store.list("data/r1/_compaction.lock")] == []
+
+
+def test_scheduled_mode_runs_on_a_6_field_cron_serves_metrics_and_exits_0_on_sigterm(
+        tmp_path: Path, moto_endpoint: str, bucket: str) -> None:
+    settings = s3_settings(moto_endpoint, bucket)
+    store = S3ObjectStore.from_settings(settings)
+    seed(store, 0, [(0, 9), (10, 19)])
+    time.sleep(1.1)
+    port = free_port()
+    config = write_config(tmp_path, moto_endpoint, bucket, spark_master="inline",
+                          schedule="*/1 * * * * *")   # seconds-first: every second
+    config.write_text(config.read_text().replace("port = 0", f"port = {port}"))
+    proc = subprocess.Popen([str(BIN), "--config", str(config)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        body = ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                            timeout=1) as r:
+                    body = r.read().decode()
+            except OSError:
+                body = ""
+            if 'replicator_compaction_runs_total{outcome="success",region="r1"} 2.0' in body:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"no two successful runs in 30 s:\n{body}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+            assert r.status == 200
+        assert "replicator_compaction_last_success_timestamp_seconds" in body
+        assert segment_keys(store) == [k(1, 0, 19).to_key()]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
