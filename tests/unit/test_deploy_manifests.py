@@ -201,6 +201,12 @@ def test_shell_scripts_are_valid_bash() -> None:
 # --- region configs ----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", _files("*.toml"), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_toml_under_deploy_is_a_valid_config(path: Path) -> None:
+    # Settings forbid unknown keys, so this proves every key in the shipped files is real.
+    load_settings(path, environ={})
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_overlay_config_loads_with_every_section(overlay: Path) -> None:
     s = _overlay_settings(overlay)
