@@ -6,12 +6,18 @@ from pathlib import Path
 
 import click
 
-from replicator.cli.common import EXIT_FAILURE, config_option, fail, load_or_exit
+from replicator.cli.common import config_option, run_controller
+from replicator.core.settings import Settings
+
+
+def _build(settings: Settings) -> object:
+    from egress.controller import Egress  # imported here: the CLI loads settings first
+
+    return Egress(settings)
 
 
 @click.command(name="replicator-egress")
 @config_option
 def main(config: Path) -> None:
-    """Run the egress controller until SIGTERM."""
-    load_or_exit(config, "egress")
-    fail("egress is not implemented yet", EXIT_FAILURE)
+    """Run the egress controller until SIGTERM (which drains and exits 0)."""
+    run_controller(config, "egress", _build)  # type: ignore[arg-type]

@@ -1,0 +1,117 @@
+"""The egress metrics (SPEC 3.6), labelled by region/topic/partition, never by offset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from replicator.core.metrics import Metrics
+
+_PART = ("region", "topic", "partition")
+
+# Segment sizes from a few KiB (age-closed, idle topics) to several GiB.
+_SIZE_BUCKETS = [2.0**p for p in range(12, 34, 2)]
+
+
+class EgressMetrics:
+    """Every metric the egress exports, created once per controller."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.registry = metrics
+        self.messages = metrics.counter(
+            "egress_messages_total", "Messages consumed from the source.", _PART)
+        self.bytes = metrics.counter(
+            "egress_bytes_total", "Raw record bytes (key + value + headers) consumed.", _PART)
+        self.segments = metrics.counter(
+            "egress_segments_total", "Segments made durable and committed, by close reason.",
+            (*_PART, "reason"))
+        self.segment_bytes = metrics.counter(
+            "egress_segment_bytes_total", "Stored bytes of committed segments.", _PART)
+        self.segment_size = metrics.histogram(
+            "egress_segment_size_bytes", "Stored size of committed segments.",
+            ("region", "topic"), buckets=_SIZE_BUCKETS)
+        self.lag = metrics.gauge(
+            "egress_consumer_lag", "High watermark minus the next offset to consume.", _PART)
+        self.lost = metrics.counter(
+            "egress_source_lost_messages_total",
+            "Offset positions deleted at the source (retention) before egress read them.",
+            _PART)
+        self.failures = metrics.counter(
+            "egress_segment_failures_total",
+            "Segments that could not be made durable (aborted; the partition rewinds).",
+            (*_PART, "step"))
+        self.aborted = metrics.counter(
+            "egress_segments_aborted_total",
+            "Segments aborted (revoke/shutdown timeout, lost partitions, after a failure).",
+            _PART)
+        self.temp_leftovers = metrics.counter(
+            "egress_temp_delete_failures_total",
+            "Temporary objects that could not be deleted (left for the lifecycle rule).",
+            ("region",))
+        self.commit_failures = metrics.counter(
+            "egress_commit_failures_total", "Offset commits that failed after a durable segment.",
+            _PART)
+        self.dropped = metrics.counter(
+            "egress_messages_dropped_total",
+            "Messages dropped because their partition is rewinding or no longer assigned "
+            "(they are consumed again).", _PART)
+        self.consume_errors = metrics.counter(
+            "egress_consume_errors_total", "Errors reported by the consumer.", ("region",))
+        self.buffered = metrics.gauge(
+            "egress_buffered_bytes", "Bytes held by open and closing segments.", ("region",))
+        self.open_segments = metrics.gauge(
+            "egress_open_segments", "Segments open or closing.", ("region",))
+        self.assigned = metrics.gauge(
+            "egress_assigned_partitions", "Partitions assigned to this process.", ("region",))
+        self.paused = metrics.gauge(
+            "egress_paused_partitions", "Partitions paused (back-pressure or rewinding).",
+            ("region",))
+        self.topic_meta_writes = metrics.counter(
+            "egress_topic_metadata_writes_total", "_topic.json objects written.",
+            ("region", "topic"))
+
+    def for_partition(self, region: str, topic: str, partition: int) -> PartitionMetrics:
+        """Label-bound children for one partition (binding once keeps the hot path cheap)."""
+        lab = (region, topic, str(partition))
+        return PartitionMetrics(
+            messages=self.messages.labels(*lab),
+            bytes=self.bytes.labels(*lab),
+            segment_bytes=self.segment_bytes.labels(*lab),
+            segment_size=self.segment_size.labels(region, topic),
+            lag=self.lag.labels(*lab),
+            lost=self.lost.labels(*lab),
+            aborted=self.aborted.labels(*lab),
+            commit_failures=self.commit_failures.labels(*lab),
+            dropped=self.dropped.labels(*lab),
+            temp_leftovers=self.temp_leftovers.labels(region),
+            _segments=self.segments,
+            _failures=self.failures,
+            _labels=lab,
+        )
+
+
+@dataclass
+class PartitionMetrics:
+    """One partition's metric children."""
+
+    messages: Any
+    bytes: Any
+    segment_bytes: Any
+    segment_size: Any
+    lag: Any
+    lost: Any
+    aborted: Any
+    commit_failures: Any
+    dropped: Any
+    temp_leftovers: Any
+    _segments: Any
+    _failures: Any
+    _labels: tuple[str, str, str]
+
+    def segment_committed(self, reason: str, size: int) -> None:
+        self._segments.labels(*self._labels, reason).inc()
+        self.segment_bytes.inc(size)
+        self.segment_size.observe(size)
+
+    def segment_failed(self, step: str) -> None:
+        self._failures.labels(*self._labels, step).inc()

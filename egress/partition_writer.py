@@ -1,0 +1,507 @@
+"""One assigned partition: its open segment, its closing segments, and the durability method.
+
+Threads: the poll thread appends messages, decides rotation and owns every state change
+(``append``, ``close``, ``rewind``). Slow work (multipart parts, row-group encoding,
+completing, copying, deleting, committing) runs as tasks on the shared upload pool through
+this partition's ``SerialQueue``, so one partition's tasks run in order while a stuck
+partition never blocks the poll loop or the others. Workers report outcomes through
+``report`` (drained by the poll thread).
+
+A failed segment aborts its upload (nothing visible) and *breaks* the partition: every later
+queued task of the partition aborts too, and once the queue is idle the controller rewinds
+the consumer to the failed segment's start (``rewind``). Nothing was committed past it, so
+re-reading from there is always correct.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import TypeVar
+
+import pyarrow as pa
+
+from egress.columns import ColumnBuffer
+from egress.metrics import PartitionMetrics
+from egress.rotation import (
+    CloseReason,
+    SegmentLimits,
+    SegmentStats,
+    StartDecision,
+    decide_start,
+    should_rotate,
+)
+from formats.base import SegmentFormat, SegmentMetadata, WriterOptions
+from formats.segment_io import SegmentUpload
+from replicator.core.errors import ReplicatorError, RetriableError
+from replicator.core.kafka import Message
+from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.retry import RetryPolicy, retry
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Column lists become one Arrow batch at about this size: big enough that per-batch costs
+# (array construction, a GroupBuffer entry) vanish, small enough that a poll thread does not
+# hold much more than one batch per partition before the worker encodes it.
+FLUSH_ROWS = 8192
+FLUSH_BYTES = 4 * 1024**2
+
+
+class Cancelled(ReplicatorError):
+    """A segment task was cancelled (revoke or shutdown timeout, lost partition)."""
+
+
+class SegmentState(StrEnum):
+    OPEN = "open"
+    CLOSING = "closing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+class Segment:
+    """One segment of a partition, from its first message until it is committed or aborted.
+
+    The poll thread owns ``count``/``raw_bytes``/``end``/``columns``/``submitted``; the worker
+    owns ``upload`` and ``written``. ``held_bytes`` reads both (plain int reads).
+    """
+
+    def __init__(self, start: int, first_at: float) -> None:
+        self.start = start
+        self.end = start - 1
+        self.count = 0
+        self.raw_bytes = 0
+        self.first_at = first_at
+        self.columns = ColumnBuffer()
+        self.submitted = 0
+        self.written = 0
+        self.upload: SegmentUpload | None = None
+        self.state = SegmentState.OPEN
+        self.reason: CloseReason | None = None
+        self.stored_bytes = 0
+
+    def stats(self) -> SegmentStats:
+        return SegmentStats(self.count, self.raw_bytes, self.first_at)
+
+    def held_bytes(self) -> int:
+        """Memory held: column lists, batches not yet encoded, writer and upload buffers."""
+        held = self.columns.raw_bytes + (self.submitted - self.written)
+        u = self.upload
+        if u is not None:
+            held += u.buffered_bytes
+        return held
+
+    @property
+    def temp_key(self) -> str | None:
+        return self.upload.temp_key if self.upload is not None else None
+
+    def backlog_bytes(self) -> int:
+        """Batches handed to the worker and not yet encoded."""
+        return self.submitted - self.written
+
+
+@dataclass(frozen=True)
+class SegmentOutcome:
+    """What a worker reports about a segment (drained by the poll thread)."""
+
+    writer: PartitionWriter
+    segment: Segment
+    state: SegmentState
+    key: SegmentKey | None = None
+    error: BaseException | None = None
+    step: str = ""
+
+
+class SerialQueue:
+    """Runs one partition's tasks in submission order on a shared pool, one at a time."""
+
+    def __init__(self, pool: Executor, name: str) -> None:
+        self._pool = pool
+        self._name = name
+        self._lock = threading.Lock()
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._running = False
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            self._tasks.append(task)
+            self._idle.clear()
+            if self._running:
+                return
+            self._running = True
+        self._pool.submit(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._tasks:
+                    self._running = False
+                    self._idle.set()
+                    return
+                task = self._tasks.popleft()
+            try:
+                task()
+            except Exception:
+                # Tasks handle their own errors; reaching here is a bug. Keep the queue
+                # alive for the partition's later tasks and make the failure loud.
+                log.exception("%s: unexpected error in a segment task", self._name)
+
+    @property
+    def idle(self) -> bool:
+        return self._idle.is_set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._idle.wait(max(0.0, timeout))
+
+
+@dataclass(frozen=True)
+class WriterContext:
+    """What every partition writer of one controller shares."""
+
+    store: ObjectStore
+    fmt: SegmentFormat
+    options: WriterOptions
+    temp_prefix: str
+    storage_class: str | None
+    pool: Executor
+    report: Callable[[SegmentOutcome], None]
+    clock: Callable[[], float]
+    wall: Callable[[], datetime]
+    retry_policy: RetryPolicy
+
+
+class PartitionWriter:
+    """Streams one partition's messages into segments and makes them durable in order.
+
+    Args:
+        ref: the partition (prefix/region/topic/partition of its keys).
+        limits: rotation thresholds of the topic.
+        expected: the position the partition resumed from (committed offset), or ``None``
+            when the group has no commit for it.
+        ctx: shared store, format, pool, clocks.
+        metrics: this partition's metric children.
+        commit: commits ``offset`` (the next offset to read) for this partition,
+            synchronously; raises ``ReplicatorError``.
+        low_watermark: the source's log start offset (for retention loss), or ``None``
+            if it cannot be read now.
+    """
+
+    def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
+                 ctx: WriterContext, metrics: PartitionMetrics,
+                 commit: Callable[[int], None],
+                 low_watermark: Callable[[], int | None]) -> None:
+        self.ref = ref
+        self.limits = limits
+        self.expected = expected
+        self.ctx = ctx
+        self.metrics = metrics
+        self._commit = commit
+        self._low_watermark = low_watermark
+        self.name = f"{ref.topic}[{ref.partition}]"
+        self.segment: Segment | None = None
+        self.closing: list[Segment] = []
+        self.queue = SerialQueue(ctx.pool, self.name)
+        self.broken = threading.Event()
+        self.cancel = threading.Event()
+        self.failed: Segment | None = None
+        self.failures = 0
+        self.retry_at = 0.0
+        self.next_offset: int | None = expected
+        self.committed_offset: int | None = expected
+
+    # --- poll thread ------------------------------------------------------------------
+
+    def append(self, msgs: Sequence[Message], now: float) -> None:
+        """Append one run of this partition's messages (offset order)."""
+        if self.broken.is_set() or self.failed is not None:
+            # Rewinding: these are re-read after the seek to the failed segment's start.
+            self.metrics.dropped.inc(len(msgs))
+            return
+        i, n = 0, len(msgs)
+        limits = self.limits
+        while i < n:
+            seg = self.segment
+            if seg is None:
+                seg = self._open(msgs[i], now)
+            # Limits are exact to the message: the run is split where the segment reaches
+            # max_segment_messages or max_segment_size.
+            chunk = msgs[i:i + limits.max_messages - seg.count]
+            taken, raw = seg.columns.add(chunk, limits.max_bytes - seg.raw_bytes)
+            seg.count += taken
+            seg.raw_bytes += raw
+            seg.end = seg.columns.offsets[-1]
+            i += taken
+            self.metrics.messages.inc(taken)
+            self.metrics.bytes.inc(raw)
+            if len(seg.columns) >= FLUSH_ROWS or seg.columns.raw_bytes >= FLUSH_BYTES:
+                self._flush(seg)
+            reason = should_rotate(seg.stats(), limits, now)
+            if reason is CloseReason.COUNT or reason is CloseReason.SIZE:
+                self.close(reason)
+        self.next_offset = self.expected if self.segment is None else self.segment.end + 1
+
+    def _open(self, first: Message, now: float) -> Segment:
+        first_offset = first.offset()
+        assert first_offset is not None
+        low = self._low_watermark() if (self.expected is not None
+                                        and first_offset > self.expected) else None
+        decision = decide_start(self.expected, first_offset, low)
+        self._report_start(decision, first_offset)
+        seg = Segment(decision.start, now)
+        self.segment = seg
+        return seg
+
+    def _report_start(self, d: StartDecision, first_offset: int) -> None:
+        if d.lost is not None:
+            lo, hi = d.lost
+            log.error("%s: offsets %d..%d (%d positions) were deleted at the source before "
+                      "egress read them (retention); the next segment starts at %d and "
+                      "its first record is at %d", self.name, lo, hi, hi - lo + 1, d.start,
+                      first_offset)
+            self.metrics.lost.inc(hi - lo + 1)
+        if d.reset:
+            log.error("%s: first record at offset %d is before the resume position %d: the "
+                      "source partition was truncated or recreated; segments restart at %d",
+                      self.name, first_offset, self.expected, d.start)
+
+    def _flush(self, seg: Segment) -> None:
+        if not len(seg.columns):
+            return
+        batch = seg.columns.take()
+        size = batch.nbytes
+        seg.submitted += size
+        self.queue.submit(lambda: self._write(seg, batch, size))
+
+    def close(self, reason: CloseReason) -> Segment | None:
+        """Close the open segment (if any) and queue its durability task."""
+        seg = self.segment
+        if seg is None:
+            return None
+        self.segment = None
+        self._flush(seg)
+        seg.reason = reason
+        seg.state = SegmentState.CLOSING
+        self.expected = seg.end + 1
+        self.closing.append(seg)
+        self.queue.submit(lambda: self.make_durable(seg))
+        return seg
+
+    def discard_open(self) -> None:
+        """Drop the open segment without writing it (its queued writes abort)."""
+        seg = self.segment
+        if seg is None:
+            return
+        self.segment = None
+        seg.columns.take()
+        seg.state = SegmentState.ABORTED
+        self.queue.submit(lambda: self._abort(seg))
+
+    def held_bytes(self) -> tuple[int, int]:
+        """(bytes held by the open segment, bytes held by closing segments)."""
+        open_ = self.segment.held_bytes() if self.segment is not None else 0
+        return open_, sum(s.held_bytes() for s in self.closing)
+
+    def backlog_bytes(self) -> int:
+        """Bytes handed to the worker and not yet encoded, over all segments."""
+        n = self.segment.backlog_bytes() if self.segment is not None else 0
+        return n + sum(s.backlog_bytes() for s in self.closing)
+
+    def outcome(self, o: SegmentOutcome, now: float) -> None:
+        """Apply a worker's report (poll thread)."""
+        if o.segment in self.closing:
+            self.closing.remove(o.segment)
+        if o.state is SegmentState.COMMITTED:
+            self.failures = 0
+            self.committed_offset = o.segment.end + 1
+        elif o.state is SegmentState.FAILED and self.failed is None:
+            self.failures += 1
+            self.failed = o.segment
+            delay = self.ctx.retry_policy.nominal_delay(self.failures - 1)
+            self.retry_at = now + delay
+            self.discard_open()
+            for s in self.closing:
+                s.state = SegmentState.ABORTED
+            log.warning("%s: segment from %d could not be made durable (%s: %s); rewinding "
+                        "to %d in %.1fs", self.name, o.segment.start, o.step, o.error,
+                        o.segment.start, delay)
+
+    def ready_to_rewind(self, now: float) -> bool:
+        """A failed segment waits out its backoff and every queued task before the seek."""
+        return self.failed is not None and now >= self.retry_at and self.queue.idle
+
+    def rewind(self) -> int:
+        """Forget everything after the failed segment; returns the offset to seek to."""
+        assert self.failed is not None
+        start = self.failed.start
+        self.failed = None
+        self.closing.clear()
+        self.expected = start
+        self.next_offset = start
+        self.broken.clear()
+        return start
+
+    # --- workers ----------------------------------------------------------------------
+
+    def _write(self, seg: Segment, batch: pa.RecordBatch, size: int) -> None:
+        try:
+            if self.broken.is_set() or seg.state is SegmentState.ABORTED \
+                    or self.cancel.is_set():
+                return
+            if seg.upload is None:
+                self._open_upload(seg)
+            assert seg.upload is not None
+            seg.upload.write_batch(batch)
+        except ReplicatorError as e:
+            self._fail(seg, "write", e)
+        except Exception as e:
+            # Not an error of ours (Arrow, a caller bug): fail the segment, never the worker.
+            log.exception("%s: writing to the segment from %d failed", self.name, seg.start)
+            self._fail(seg, "write", e)
+        finally:
+            seg.written += size
+
+    def _open_upload(self, seg: Segment) -> None:
+        ctx = self.ctx
+        seg.upload = self._retry(
+            lambda: SegmentUpload(ctx.store, ctx.fmt, ctx.temp_prefix, ctx.options),
+            f"{self.name}: open upload of the segment from {seg.start}")
+
+    def make_durable(self, seg: Segment) -> None:
+        """Make a closed segment durable, then commit past it (the durability method).
+
+        1. Finish the segment: the writer flushes its last row group and the footer into
+           the upload, and the upload is completed (the object exists, at its temp key).
+        2. Copy the temp object to the final key
+           ``SegmentKey(prefix, region, topic, partition, 0, start, end)`` with the level-0
+           storage class (server-side; multipart above the copy threshold). From here on
+           the segment is visible and complete.
+        3. Delete the temp object. A failure only leaves garbage that the bucket's
+           lifecycle rule for ``temp/`` expires; it does not stop the commit.
+        4. Commit offset ``end + 1`` for this partition, synchronously.
+
+        Nothing is committed earlier. Steps 1-3 retry ``RetriableError`` with the retry
+        policy; when steps 1-2 fail for good, or the partition is cancelled before step 2,
+        the upload is aborted (nothing becomes visible), and the failure breaks the
+        partition so it rewinds to ``start``.
+        """
+        if self.broken.is_set() or seg.state is SegmentState.ABORTED:
+            self._abort(seg)
+            return
+        key = SegmentKey(self.ref.prefix, self.ref.region, self.ref.topic, self.ref.partition,
+                         0, seg.start, seg.end)
+        step = "finish"
+        try:
+            self._check_cancel()
+            # Step 1: footer, last parts, complete the multipart upload (temp key).
+            if seg.upload is None:
+                self._open_upload(seg)
+            upload = seg.upload
+            assert upload is not None
+            meta = SegmentMetadata.for_key(key, seg.count, created_by=self.ctx.options.created_by,
+                                           created_at=self.ctx.wall())
+            info = self._retry(lambda: upload.finish(meta),
+                               f"{self.name}: finish {upload.temp_key}")
+            seg.stored_bytes = info.size
+            self._check_cancel()
+            # Step 2: copy to the final key with the level-0 storage class.
+            step = "copy"
+            temp_key, final = upload.temp_key, key.to_key()
+            self._retry(lambda: self.ctx.store.copy(temp_key, final,
+                                                    storage_class=self.ctx.storage_class),
+                        f"{self.name}: copy {temp_key} to {final}")
+        except Cancelled:
+            self._abort(seg)
+            return
+        except ReplicatorError as e:
+            self._fail(seg, step, e)
+            return
+        except Exception as e:
+            log.exception("%s: step %s of the segment from %d failed", self.name, step,
+                          seg.start)
+            self._fail(seg, step, e)
+            return
+        # Step 3: delete the temp object.
+        try:
+            self._retry(lambda: self.ctx.store.delete(temp_key),
+                        f"{self.name}: delete {temp_key}")
+        except ReplicatorError as e:
+            log.warning("%s: temp object %s of segment %s stays behind (the lifecycle rule "
+                        "expires it): %s", self.name, temp_key, final, e)
+            self.metrics.temp_leftovers.inc()
+        # Step 4: commit end + 1, synchronously.
+        try:
+            self._commit(seg.end + 1)
+        except ReplicatorError as e:
+            # The segment is durable; the next segment's commit covers this one. If the
+            # partition moved to another member, it re-reads from the older commit and
+            # writes an overlapping segment, which ingress tolerates.
+            log.error("%s: segment %s is durable but committing offset %d failed: %s",
+                      self.name, final, seg.end + 1, e)
+            self.metrics.commit_failures.inc()
+        seg.state = SegmentState.COMMITTED
+        self.metrics.segment_committed(str(seg.reason), seg.stored_bytes)
+        log.info("%s: segment %s committed (%d messages, %d raw bytes, %d stored bytes, "
+                 "reason %s), offset %d", self.name, final, seg.count, seg.raw_bytes,
+                 seg.stored_bytes, seg.reason, seg.end + 1)
+        self._release(seg)
+        self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
+
+    def _check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise Cancelled(f"{self.name}: cancelled")
+
+    def _sleep(self, seconds: float) -> None:
+        if self.cancel.wait(seconds):
+            raise Cancelled(f"{self.name}: cancelled while waiting to retry")
+
+    def _retry(self, fn: Callable[[], T], what: str) -> T:
+        return retry(fn, self.ctx.retry_policy, what=what, sleep=self._sleep)
+
+    def _fail(self, seg: Segment, step: str, error: BaseException) -> None:
+        self.broken.set()
+        already = seg.state is SegmentState.FAILED
+        seg.state = SegmentState.FAILED
+        self._abort_upload(seg)
+        if already:
+            return
+        level = logging.WARNING if isinstance(error, RetriableError) else logging.ERROR
+        log.log(level, "%s: segment from %d failed at step %s: %s", self.name, seg.start, step,
+                error)
+        self.metrics.segment_failed(step)
+        self.ctx.report(SegmentOutcome(self, seg, SegmentState.FAILED, error=error, step=step))
+
+    def _abort(self, seg: Segment) -> None:
+        if seg.state is not SegmentState.FAILED:
+            seg.state = SegmentState.ABORTED
+        self._abort_upload(seg)
+        log.info("%s: segment from %d (%d messages) aborted, nothing committed past %d",
+                 self.name, seg.start, seg.count, seg.start)
+        self.metrics.aborted.inc()
+        self.ctx.report(SegmentOutcome(self, seg, SegmentState.ABORTED))
+
+    def _abort_upload(self, seg: Segment) -> None:
+        upload = seg.upload
+        self._release(seg)
+        if upload is None:
+            return
+        try:
+            upload.abort()
+        except ReplicatorError as e:
+            log.warning("%s: aborting upload %s failed (the lifecycle rule removes it): %s",
+                        self.name, seg.temp_key, e)
+
+    @staticmethod
+    def _release(seg: Segment) -> None:
+        # Drop buffers so a finished segment holds no memory while its outcome is queued.
+        seg.upload = None

@@ -1,0 +1,163 @@
+"""Pure decisions of the egress: when a segment closes, which segments the memory budget
+closes early, and where a segment starts.
+
+Nothing here touches Kafka, S3 or a clock: callers pass ``now`` and the numbers, so every
+rule has a fast unit test (``tests/unit/egress/test_rotation.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
+
+from replicator.core.settings import EgressTopicSettings
+
+K = TypeVar("K", bound=Hashable)
+
+
+class CloseReason(StrEnum):
+    """Why a segment was closed (the ``reason`` label of the segment metrics)."""
+
+    SIZE = "size"
+    COUNT = "count"
+    AGE = "age"
+    MEMORY = "memory"
+    REVOKE = "revoke"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True)
+class SegmentLimits:
+    """Thresholds of one topic's segments (from ``[egress.topics."name"]``)."""
+
+    max_messages: int
+    max_bytes: int
+    max_age: float
+    """Seconds since the segment's first message."""
+
+    @classmethod
+    def from_settings(cls, topic: EgressTopicSettings) -> SegmentLimits:
+        return cls(topic.max_segment_messages, topic.max_segment_size,
+                   topic.max_segment_age.total_seconds())
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """What rotation looks at in an open segment."""
+
+    count: int
+    raw_bytes: int
+    first_message_at: float | None
+    """Clock reading (``time.monotonic``-like) when the first message was appended."""
+
+
+def should_rotate(stats: SegmentStats, limits: SegmentLimits, now: float) -> CloseReason | None:
+    """The reason to close a segment now, or ``None`` to keep it open.
+
+    An empty segment never closes. Count wins over size, size over age, so a segment that
+    reaches several limits in one batch reports the one that is exact (count).
+    """
+    if stats.count <= 0:
+        return None
+    if stats.count >= limits.max_messages:
+        return CloseReason.COUNT
+    if stats.raw_bytes >= limits.max_bytes:
+        return CloseReason.SIZE
+    if stats.first_message_at is not None and now - stats.first_message_at >= limits.max_age:
+        return CloseReason.AGE
+    return None
+
+
+def room_for(stats: SegmentStats, limits: SegmentLimits) -> int:
+    """How many more messages the segment takes before the count limit closes it."""
+    return max(0, limits.max_messages - stats.count)
+
+
+def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
+                        in_flight: int = 0, min_victim_bytes: int = 0) -> list[K]:
+    """Open segments to close so that what stays held fits the budget, largest first.
+
+    Args:
+        open_segments: bytes held per open segment (writer buffers, upload buffer, batches
+            not yet written).
+        budget: ``egress.max_buffered_bytes``.
+        in_flight: bytes held by segments already closing; they are freed once their close
+            completes, so they count against the budget but cannot be picked.
+        min_victim_bytes: never close a segment holding less than this (closing tiny
+            segments frees nothing and makes many small objects).
+    """
+    total = sum(open_segments.values()) + in_flight
+    if total <= budget:
+        return []
+    victims: list[K] = []
+    for key, held in sorted(open_segments.items(), key=lambda kv: kv[1], reverse=True):
+        if total <= budget or held < min_victim_bytes or held <= 0:
+            break
+        victims.append(key)
+        total -= held
+    return victims
+
+
+def memory_pressure(held: int, budget: int, paused: bool, *, resume_ratio: float = 0.8) -> bool:
+    """Whether consumption should be paused for memory, with hysteresis.
+
+    Pauses once ``held`` exceeds the budget and resumes only below ``resume_ratio`` of it,
+    so a process at its limit does not flap between pause and resume every poll.
+    """
+    if paused:
+        return held > budget * resume_ratio
+    return held > budget
+
+
+# --- where segments start -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """Where the next segment starts, and what the source lost before it.
+
+    Attributes:
+        start: the segment's start position (its key's ``start``).
+        lost: inclusive offset range deleted at the source (retention) before it was read,
+            or ``None``.
+        reset: the first message lies *before* the expected position: the source
+            partition was truncated or recreated; the segment starts at the message.
+    """
+
+    start: int
+    lost: tuple[int, int] | None = None
+    reset: bool = False
+
+
+def decide_start(expected: int | None, first_offset: int,
+                 low_watermark: int | None = None) -> StartDecision:
+    """Name the start of a segment whose first message has offset ``first_offset``.
+
+    ``expected`` is the position the partition resumed from (the committed offset at
+    assignment, the previous segment's end + 1, or the rewind point after a failure), or
+    ``None`` when the group has no commit for the partition.
+
+    * No expected position: the segment starts at the first message (SPEC 3.1).
+    * The message is at or after the expected position: the segment starts at the expected
+      position, so consecutive segments touch even across offset holes (transaction
+      markers, aborted or compacted-away records).
+    * Records between the expected position and the source's log start (``low_watermark``)
+      were deleted by retention before egress read them: real loss, reported as
+      ``lost``. The segment *still* starts at the expected position. Starting it after the
+      hole would leave a gap between segments, and ingress would wait
+      ``lost_segment_timeout`` for a segment that can never come and then declare the same
+      range lost a second time; the loss is known here, exactly, so it is logged and
+      counted once, here.
+    * The message is before the expected position (the topic was recreated or truncated):
+      start at the message and flag ``reset``.
+    """
+    if expected is None:
+        return StartDecision(first_offset)
+    if first_offset < expected:
+        return StartDecision(first_offset, reset=True)
+    lost = None
+    if first_offset > expected and low_watermark is not None and low_watermark > expected:
+        lost = (expected, min(low_watermark, first_offset) - 1)
+    return StartDecision(expected, lost)

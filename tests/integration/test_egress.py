@@ -1,0 +1,212 @@
+"""Egress against the embedded broker (Tansu) and moto S3: segments, reasons, contents."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from egress.controller import Egress
+from formats.records import Record, read_all_records
+from formats.registry import get_format
+from formats.segment_io import open_segment
+from replicator.core.kafka import Admin, TopicPartition, make_consumer, make_producer
+from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
+from replicator.core.s3 import S3ObjectStore, create_bucket
+from replicator.core.settings import Settings, load_settings
+from replicator.core.storage import ObjectStore
+from tests.conftest import FAST_GROUP_CONFIG, unique_name
+
+REGION = "us-east-1"
+
+
+def egress_settings(brokers: str, endpoint: str, bucket: str, topics: dict[str, dict[str, Any]],
+                    *, group: str | None = None, **egress: Any) -> Settings:
+    return load_settings(data={
+        "region": REGION,
+        "s3": {"bucket": bucket, "endpoint_url": endpoint, "prefix": "data",
+               "storage_class": {"0": "STANDARD"}},
+        "kafka": {"brokers": brokers, "config": dict(FAST_GROUP_CONFIG)},
+        "metrics": {"port": 0},
+        "egress": {"group_id": group or unique_name("g"), "topics": topics,
+                   "shutdown_timeout": "10s", **egress},
+    }, environ={})
+
+
+def new_bucket(endpoint: str) -> tuple[str, S3ObjectStore]:
+    bucket = unique_name("b")
+    settings = egress_settings("127.0.0.1:1", endpoint, bucket, {"x": {}})
+    store = S3ObjectStore.from_settings(settings)
+    create_bucket(store.client, bucket, REGION)
+    return bucket, store
+
+
+def create_topic(brokers: str, partitions: int, config: dict[str, str] | None = None) -> str:
+    topic = unique_name("t")
+    assert Admin(load_settings(data={"region": REGION, "s3": {"bucket": "x"},
+                                     "kafka": {"brokers": brokers}}, environ={}).kafka
+                 ).create_topic(topic, partitions, config)
+    return topic
+
+
+def kafka_settings(brokers: str) -> Any:
+    return load_settings(data={"region": REGION, "s3": {"bucket": "x"},
+                               "kafka": {"brokers": brokers}}, environ={}).kafka
+
+
+def sample_records(partition: int, n: int) -> list[Record]:
+    """Records exercising null/empty keys and values, headers and timestamps."""
+    out = []
+    for i in range(n):
+        key: bytes | None = None if i % 7 == 0 else (b"" if i % 11 == 0 else f"k{i}".encode())
+        value: bytes | None = None if i % 13 == 0 else (b"" if i % 17 == 0 else
+                                                         f"p{partition}-v{i}".encode() * 3)
+        headers: tuple[tuple[str, bytes | None], ...] = ()
+        if i % 5 == 0:
+            headers = (("h", f"{i}".encode()), ("h", None), ("empty", b""))
+        out.append(Record(i, 1_700_000_000_000 + i, key, value, headers))
+    return out
+
+
+def produce(brokers: str, topic: str, partition: int, records: list[Record],
+            producer: Any = None) -> None:
+    p = producer or make_producer(kafka_settings(brokers))
+    for r in records:
+        p.produce(topic, value=r.value, key=r.key, partition=partition,
+                  timestamp=r.timestamp_ms, headers=list(r.headers) or None)
+    assert p.flush(30) == 0
+
+
+def segment_keys(store: ObjectStore, topic: str, partition: int) -> list[SegmentKey]:
+    ref = PartitionRef("data", REGION, topic, partition)
+    return [SegmentKey.parse(o.key) for o in store.list(ref.segments_prefix(0))]
+
+
+def read_partition(store: ObjectStore, topic: str, partition: int) -> list[Record]:
+    fmt = get_format("parquet")
+    out: list[Record] = []
+    for key in segment_keys(store, topic, partition):
+        with open_segment(store, fmt, key) as reader:
+            assert reader.metadata.start_offset == key.start
+            assert reader.metadata.end_offset == key.end
+            out.extend(read_all_records(reader.iter_batches(10_000)))
+    return out
+
+
+def committed(brokers: str, group: str, topic: str, partitions: int) -> list[int]:
+    c = make_consumer(kafka_settings(brokers), group)
+    try:
+        tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return [tp.offset for tp in tps]
+    finally:
+        c.close()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextmanager
+def running(egress: Egress) -> Iterator[Egress]:
+    egress.start()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            egress.run()
+        except BaseException as e:
+            errors.append(e)
+            raise
+
+    t = threading.Thread(target=run, name="egress-run", daemon=True)
+    t.start()
+    try:
+        yield egress
+    finally:
+        egress.stop()
+        t.join(60)
+        egress.close()
+    assert not t.is_alive()
+    assert not errors, errors
+
+
+def reasons(egress: Egress) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for r in ("size", "count", "age", "memory", "revoke", "shutdown"):
+        v = egress.metrics.total("egress_segments_total", reason=r)
+        if v:
+            out[r] = v
+    return out
+
+
+def assert_touching(keys: list[SegmentKey], first: int = 0) -> None:
+    assert keys, "no segments"
+    assert keys[0].start == first
+    for a, b in itertools.pairwise(keys):
+        assert b.start == a.end + 1, (a, b)
+
+
+# --- tests -------------------------------------------------------------------------------
+
+
+def test_count_rotation_and_exact_contents(source_brokers: str, moto_endpoint: str) -> None:
+    bucket, store = new_bucket(moto_endpoint)
+    topic = create_topic(source_brokers, 2, {"retention.ms": "86400000",
+                                             "cleanup.policy": "delete"})
+    records = {p: sample_records(p, 250) for p in range(2)}
+    for p in range(2):
+        produce(source_brokers, topic, p, records[p])
+    settings = egress_settings(source_brokers, moto_endpoint, bucket,
+                               {topic: {"max_segment_messages": 100}})
+    eg = Egress(settings, store=store)
+    with running(eg):
+        wait_for(lambda: all(len(segment_keys(store, topic, p)) == 2 for p in range(2)),
+                 what="two count segments per partition")
+        assert eg.ready()
+    for p in range(2):
+        keys = segment_keys(store, topic, p)
+        assert [(k.start, k.end) for k in keys] == [(0, 99), (100, 199), (200, 249)]
+        assert read_partition(store, topic, p) == records[p]
+    assert reasons(eg) == {"count": 4, "shutdown": 2}
+    assert committed(source_brokers, settings.egress.group_id, topic, 2) == [250, 250]  # type: ignore[union-attr]
+    # Only final segments and _topic.json remain: temp objects were deleted.
+    assert not list(store.list("temp/"))
+    meta = json.loads(store.get(topic_meta_key("data", REGION, topic)))
+    assert meta["partitions"] == 2 and meta["topic"] == topic and meta["region"] == REGION
+    assert meta["configs"] == {"retention.ms": "86400000", "cleanup.policy": "delete"}
+    assert eg.metrics.total("egress_messages_total", topic=topic) == 500
+
+
+@pytest.mark.parametrize("reason", ["size", "age"])
+def test_size_and_age_rotation(source_brokers: str, moto_endpoint: str, reason: str) -> None:
+    bucket, store = new_bucket(moto_endpoint)
+    topic = create_topic(source_brokers, 1)
+    limits = ({"max_segment_size": 4000} if reason == "size"
+              else {"max_segment_age": "500ms"})
+    settings = egress_settings(source_brokers, moto_endpoint, bucket, {topic: limits})
+    eg = Egress(settings, store=store)
+    recs = [Record(i, 1_700_000_000_000, None, b"x" * 1000) for i in range(10)]
+    with running(eg):
+        wait_for(eg.ready, what="assignment")
+        produce(source_brokers, topic, 0, recs)
+        wait_for(lambda: sum(k.span for k in segment_keys(store, topic, 0)) >= 10
+                 if reason == "age" else len(segment_keys(store, topic, 0)) >= 2,
+                 what=f"{reason} segments")
+    keys = segment_keys(store, topic, 0)
+    assert_touching(keys)
+    assert read_partition(store, topic, 0) == recs
+    assert reasons(eg).get(reason, 0) >= 1
+    if reason == "size":
+        # 1000-byte values, 4000-byte limit: each segment closes with its fourth record.
+        assert [(k.start, k.end) for k in keys] == [(0, 3), (4, 7), (8, 9)]
