@@ -215,8 +215,6 @@ class Ingress:
         prefix = self.settings.s3.prefix
         by_dest: dict[str, list[_SourceState]] = {}
         for st in self.sources.values():
-            if st.stopped:
-                continue
             src = st.source
             try:
                 meta = read_topic_meta(self.store, prefix, src.region, src.topic)
@@ -250,16 +248,24 @@ class Ingress:
         try:
             ensure_destination(self.admin, src.destination, meta.partitions, meta.configs)
         except TopicError as e:
+            if st.stopped is None:
+                # Checked again every topic_check_interval: it resumes once an operator
+                # gave the topic enough partitions.
+                log.error("source %s/%s STOPPED: %s", src.region, src.topic, e)
+                self.m.source_errors.labels(region=src.region, topic=src.topic,
+                                            reason="partitions").inc()
+                self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
             st.stopped = str(e)
-            log.error("source %s/%s STOPPED: %s", src.region, src.topic, e)
-            self.m.source_errors.labels(region=src.region, topic=src.topic,
-                                        reason="partitions").inc()
-            self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
             return
         except ReplicatorError as e:
             log.error("source %s/%s: cannot prepare destination topic %s, retrying: %s",
                       src.region, src.topic, src.destination, e)
             return
+        if st.stopped is not None:
+            log.info("source %s/%s resumed: %s has enough partitions now", src.region,
+                     src.topic, src.destination)
+            st.stopped = None
+            self.m.source_stopped.labels(region=src.region, topic=src.topic).set(0)
         if st.partitions != meta.partitions:
             log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
                      meta.partitions, src.destination)

@@ -160,11 +160,12 @@ def _parse_time(v: Any) -> datetime | None:
 
 
 class EventDeduper:
-    """Drops repeats: an event whose kind equals the last kind seen for the same key.
+    """Drops repeats: an event identical (kind, size, time) to the last one for its key.
 
     moto sends ``ObjectCreated:Put`` and ``ObjectCreated:CompleteMultipartUpload`` for one
     multipart upload, and SQS redelivers messages. A key that is created, removed and
-    created again passes every time. Memory: ``capacity`` keys (oldest forgotten first).
+    created again passes every time, and so does an overwrite (new size or time), so a
+    re-uploaded segment is announced again. Memory: ``capacity`` keys (oldest forgotten).
 
     ``fresh`` only looks; ``remember`` records, so events whose publication failed are
     not mistaken for repeats when SQS delivers them again.
@@ -172,23 +173,24 @@ class EventDeduper:
 
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
-        self._last: OrderedDict[SegmentKey, EventKind] = OrderedDict()
+        self._last: OrderedDict[SegmentKey, _Signature] = OrderedDict()
 
     def fresh(self, events: list[SegmentEvent]) -> list[SegmentEvent]:
         """The events that are not repeats (of remembered ones or of each other)."""
-        local: dict[SegmentKey, EventKind] = {}
+        local: dict[SegmentKey, _Signature] = {}
         out = []
         for ev in events:
             prev = local.get(ev.key, self._last.get(ev.key))
-            local[ev.key] = ev.kind
-            if prev != ev.kind:
+            sig = _signature(ev)
+            local[ev.key] = sig
+            if prev != sig:
                 out.append(ev)
         return out
 
     def remember(self, events: list[SegmentEvent]) -> None:
         """Record events as seen (after they were published)."""
         for ev in events:
-            self._last[ev.key] = ev.kind
+            self._last[ev.key] = _signature(ev)
             self._last.move_to_end(ev.key)
         while len(self._last) > self.capacity:
             self._last.popitem(last=False)
@@ -198,6 +200,13 @@ class EventDeduper:
         ok = bool(self.fresh([event]))
         self.remember([event])
         return ok
+
+
+_Signature = tuple[str, int | None, datetime | None]
+
+
+def _signature(ev: SegmentEvent) -> _Signature:
+    return (ev.kind, ev.size, ev.event_time)
 
 
 # --- events topic codec --------------------------------------------------------------

@@ -95,7 +95,7 @@ def order_segments(segments: Iterable[SegmentKey]) -> list[SegmentKey]:
 
 def next_action(checkpoint: int | None, segments: Iterable[SegmentKey], now: datetime,
                 source: IngressSourceSettings, *, late: LateGap | None = None,
-                first_seen: datetime | None = None) -> Action:
+                first_seen: datetime | None = None, floor: int | None = None) -> Action:
     """Decide the next step of one partition's replay.
 
     Args:
@@ -109,6 +109,9 @@ def next_action(checkpoint: int | None, segments: Iterable[SegmentKey], now: dat
             ``reloads`` count raised by the caller after each reload).
         first_seen: when the caller first saw a segment without a checkpoint (from the
             last ``WaitFirst``).
+        floor: without a checkpoint, the lowest start of segments known to exist but left
+            out (unreadable or gone): replay may not begin after it silently, so its range
+            is treated as late like any gap.
     """
     next_pos = None if checkpoint is None else checkpoint + 1
     candidates = order_segments(s for s in segments if next_pos is None or s.end >= next_pos)
@@ -119,7 +122,9 @@ def next_action(checkpoint: int | None, segments: Iterable[SegmentKey], now: dat
         until = since + source.first_segment_delay
         if now < until:
             return WaitFirst(until, since)
-        return Produce(candidates[0])
+        if floor is None or floor >= candidates[0].start:
+            return Produce(candidates[0])
+        checkpoint, next_pos = floor - 1, floor
     covering = [s for s in candidates if s.start <= next_pos]
     if covering:
         # The one reaching furthest: a compacted segment beats the level-0 ones it covers.

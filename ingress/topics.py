@@ -95,10 +95,20 @@ def destination_step(existing: int | None, wanted: int) -> TopicStep:
 class TopicAdmin(Protocol):
     """The admin operations used here (``replicator.core.kafka.Admin``)."""
 
+    def list_topics(self) -> list[str]: ...
     def partition_count(self, topic: str) -> int | None: ...
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool: ...
     def grow_topic(self, topic: str, partitions: int) -> None: ...
+
+
+def _partitions(admin: TopicAdmin, topic: str) -> int | None:
+    # A metadata request naming an unknown topic makes some brokers (Tansu; Kafka with
+    # auto.create.topics.enable) create it with their default partition count, so look at
+    # the full topic list first.
+    if topic not in admin.list_topics():
+        return None
+    return admin.partition_count(topic)
 
 
 def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,
@@ -108,7 +118,7 @@ def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,
     Raises:
         TopicError: it has fewer partitions and cannot be grown (message names both).
     """
-    existing = admin.partition_count(topic)
+    existing = _partitions(admin, topic)
     step = destination_step(existing, partitions)
     if step == "create":
         conf = copied_configs(configs)
@@ -116,7 +126,7 @@ def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,
             log.info("created destination topic %s with %d partition(s), configs %s", topic,
                      partitions, conf)
             return partitions
-        existing = admin.partition_count(topic)  # created concurrently by another instance
+        existing = _partitions(admin, topic)  # created concurrently by another instance
         step = destination_step(existing, partitions)
     if step == "grow":
         try:

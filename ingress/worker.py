@@ -248,7 +248,14 @@ class ReplayWorker:
                 self.segments.discard(ev.key)
         return bool(events)
 
-    def _reload(self) -> None:
+    def _reload(self, *, retry_gone: bool = True) -> None:
+        """List the partition's segments (all levels).
+
+        With ``retry_gone`` (the periodic and late reloads, which are paced), segments
+        that were missing when read get one more chance if the listing still shows them.
+        """
+        if retry_gone:
+            self.gone.clear()
         ref = self.cfg.ref
         found: set[SegmentKey] = set()
         for info in self.store.list(ref.segments_prefix()):
@@ -266,8 +273,10 @@ class ReplayWorker:
             self._drain_inbox()
             usable = self.segments - self.bad - self.gone
             now = self.clock()
+            excluded = (self.bad | self.gone) & self.segments
+            floor = min((s.start for s in excluded), default=None)
             action = next_action(self.position, usable, now, src, late=self.late,
-                                 first_seen=self.first_seen)
+                                 first_seen=self.first_seen, floor=floor)
             pos = -1 if self.position is None else self.position
             self._m_waiting.set(sum(1 for s in usable if s.end > pos))
             if isinstance(action, Produce):
@@ -366,9 +375,9 @@ class ReplayWorker:
         log.warning("%s: segment %s is gone (compacted or deleted); reloading the segment "
                     "list", self.where, seg.to_key())
         self.metrics.segments_missing.labels(**self._labels).inc()
-        self._reload()
-        # Even if a stale listing still shows it, never try it again until a new
-        # "created" event for the key arrives: a missing object is not retried forever.
+        self._reload(retry_gone=False)
+        # Even if a stale listing still shows it, do not try it again before a new
+        # "created" event or a paced reload: a missing object is not retried in a loop.
         self.gone = {s for s in self.gone if s in self.segments}
         self.gone.add(seg)
 

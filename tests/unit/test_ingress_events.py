@@ -128,3 +128,11 @@ def test_codec_refuses_garbage() -> None:
                 b'{"kind":"created","key":"data/x"}'):
         with pytest.raises(ValueError):
             decode_event(bad)
+
+
+def test_deduper_passes_overwrites() -> None:
+    d = EventDeduper()
+    t1, t2 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    assert d.admit(SegmentEvent("created", KEY, 10, t1))
+    assert not d.admit(SegmentEvent("created", KEY, 10, t1))   # redelivered
+    assert d.admit(SegmentEvent("created", KEY, 12, t2))       # re-uploaded

@@ -136,3 +136,15 @@ def test_produce_never_goes_back(checkpoint: int | None) -> None:
     if checkpoint is not None:
         assert a.segment.end > checkpoint
         assert a.skip_through is None or a.skip_through == checkpoint
+
+
+def test_unreadable_first_segment_without_checkpoint_is_a_gap_not_a_silent_start() -> None:
+    segs = [seg(50, 99)]
+    a = next_action(None, segs, T0, SRC, first_seen=T0 - timedelta(minutes=1), floor=0)
+    assert isinstance(a, WaitLate) and (a.late.first, a.late.last) == (0, 49)
+    late = LateGap(0, 49, T0, 3)
+    assert next_action(None, segs, T0 + timedelta(seconds=60), SRC, late=late,
+                       first_seen=T0 - timedelta(minutes=1), floor=0) == DeclareLost(0, 49)
+    # A floor after the first usable segment changes nothing.
+    assert next_action(None, segs, T0, SRC, first_seen=T0 - timedelta(minutes=1),
+                       floor=60) == Produce(seg(50, 99))

@@ -248,3 +248,17 @@ def test_removed_event_drops_a_segment(h: Harness) -> None:
     h.wait(lambda: h.offsets()[-1:] == [19])
     assert h.offsets() == list(range(20))
 
+
+
+def test_corrupt_first_segment_without_checkpoint_is_lost_not_skipped_silently() -> None:
+    h = Harness(timeout="300ms", retries=1)
+    try:
+        h.store.put(key(0, 9).to_key(), b"garbage")
+        write(h.store, key(10, 19))
+        h.start()
+        h.wait(lambda: h.offsets()[-1:] == [19])
+        assert h.offsets() == list(range(10, 20))
+        assert h.metric("replicator_ingress_messages_lost_total") == 10
+        assert h.metric("replicator_ingress_segments_corrupt_total") == 1
+    finally:
+        h.stop()

@@ -1,0 +1,372 @@
+"""Ingress against the embedded destination broker (Tansu) and moto (S3 + SQS).
+
+Segments are written straight into the destination bucket with ``formats.segment_io``
+(egress is not needed here); S3 notifications reach ingress through a real SQS queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+
+from formats.base import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    SegmentMetadata,
+    WriterOptions,
+)
+from formats.records import Record, records_to_batch
+from formats.registry import get_format
+from formats.segment_io import SegmentUpload, publish_segment
+from ingress.checkpoints import Checkpoint
+from ingress.controller import Ingress
+from replicator.core.kafka import Admin
+from replicator.core.keys import SegmentKey, topic_meta_key
+from replicator.core.s3 import (
+    S3ObjectStore,
+    create_bucket,
+    make_s3_client,
+    set_bucket_notifications,
+)
+from replicator.core.settings import Settings, load_settings
+from replicator.core.sqs import SqsQueue, create_queue, make_sqs_client
+from tests.conftest import FAST_GROUP_CONFIG, unique_name
+
+REGION = "us-west-1"
+SOURCE_REGION = "us-east-1"
+FMT = get_format("parquet")
+
+
+def rich_record(partition: int, offset: int) -> Record:
+    """Null keys, tombstones, empty values, duplicate and null headers, both ts types."""
+    key = None if offset % 5 == 0 else f"k{offset % 17}".encode()
+    value: bytes | None = f"p{partition}-o{offset}-".encode() * 3
+    if offset % 7 == 0:
+        value = None
+    elif offset % 11 == 0:
+        value = b""
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+    if offset % 3 == 0:
+        headers = (("h", b"1"), ("h", None), ("dup", b"x"), ("dup", b"x"), ("", b""))
+    ts_type = TIMESTAMP_LOG_APPEND_TIME if offset % 4 == 0 else TIMESTAMP_CREATE_TIME
+    return Record(offset, 1_700_000_000_000 + offset * 10, key, value, headers, ts_type)
+
+
+@dataclass
+class Env:
+    """One test's bucket, queue, topics and settings on the shared servers."""
+
+    moto: str
+    brokers: str
+    bucket: str
+    queue: str
+    source: str
+    dest: str
+    data: dict[str, Any]
+    store: S3ObjectStore
+    s3: Any
+    sqs: Any
+
+    def settings(self, **ingress: Any) -> Settings:
+        data = json.loads(json.dumps(self.data))
+        data["ingress"].update(ingress)
+        return load_settings(data=data, environ={})
+
+    def segment_key(self, partition: int, start: int, end: int, level: int = 0,
+                    topic: str | None = None) -> SegmentKey:
+        return SegmentKey("data", SOURCE_REGION, topic or self.source, partition, level,
+                          start, end)
+
+    def write(self, key: SegmentKey, offsets: list[int] | None = None) -> list[Record]:
+        offs = offsets if offsets is not None else list(range(key.start, key.end + 1))
+        records = [rich_record(key.partition, o) for o in offs]
+        up = SegmentUpload(self.store, FMT, "temp", WriterOptions())
+        for i in range(0, len(records), 5000):
+            up.write_batch(records_to_batch(records[i:i + 5000]))
+        temp = up.finish(SegmentMetadata.for_key(key, len(records)))
+        publish_segment(self.store, temp.key, key)
+        return records
+
+    def write_meta(self, partitions: int, configs: dict[str, str] | None = None,
+                   topic: str | None = None) -> None:
+        self.store.put(topic_meta_key("data", SOURCE_REGION, topic or self.source),
+                       json.dumps({"partitions": partitions,
+                                   "configs": configs or {}}).encode())
+
+
+@pytest.fixture
+def env(moto_endpoint: str, dest_brokers: str) -> Env:
+    bucket, queue = unique_name("dest"), unique_name("events")
+    s3 = make_s3_client(endpoint_url=moto_endpoint, region=REGION, access_key_id="test",
+                        secret_access_key="test")
+    sqs = make_sqs_client(endpoint_url=moto_endpoint, region=REGION, access_key_id="test",
+                          secret_access_key="test")
+    create_bucket(s3, bucket, REGION)
+    create_queue(sqs, queue)
+    set_bucket_notifications(s3, bucket, SqsQueue(sqs, queue).arn, prefix="data/")
+    source = unique_name("src")
+    data = {
+        "region": REGION,
+        "s3": {"bucket": bucket, "endpoint_url": moto_endpoint, "access_key_id": "test",
+               "secret_access_key": "test"},
+        "kafka": {"brokers": dest_brokers, "config": dict(FAST_GROUP_CONFIG)},
+        "metrics": {"port": 0},
+        "ingress": {
+            "group_id": unique_name("ingress"),
+            "sqs_queue": queue,
+            "segment_events_topic": unique_name("events"),
+            "checkpoint_topic": unique_name("checkpoints"),
+            "batch_size": 500,
+            "sqs_wait_time": "1s",
+            "topic_check_interval": "500ms",
+            "rescan_interval": "30s",
+            "revoke_timeout": "10s",
+            "sources": [{"region": SOURCE_REGION, "topic": source,
+                         "destination_topic": source + ".copy",
+                         "lost_segment_timeout": "30s", "late_segment_retries": 3,
+                         "first_segment_delay": "0s"}],
+        },
+    }
+    store = S3ObjectStore(s3, bucket)
+    return Env(moto_endpoint, dest_brokers, bucket, queue, source, source + ".copy", data,
+               store, s3, sqs)
+
+
+@contextmanager
+def running(settings: Settings, **kw: Any) -> Iterator[Ingress]:
+    """An ``Ingress`` running ``run()`` in a thread; stopped and closed on exit."""
+    ing = Ingress(settings, **kw)
+    ing.start()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            ing.run()
+        except BaseException as e:
+            errors.append(e)
+            raise
+
+    t = threading.Thread(target=target, name="ingress-run", daemon=True)
+    t.start()
+    try:
+        yield ing
+    finally:
+        ing.stop()
+        t.join(30)
+        ing.close()
+    assert not errors, errors
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int, int]
+
+
+def read_topic(brokers: str, topic: str, *, timeout: float = 20) -> dict[int, list[Row]]:
+    """Every record of ``topic`` (read_committed) by partition: (partition, key, value,
+    headers, timestamp, timestamp type)."""
+    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("verify"),
+                     "enable.partition.eof": True, "isolation.level": "read_committed",
+                     "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=10).topics[topic]
+        parts = sorted(md.partitions)
+        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
+        out: dict[int, list[Row]] = {p: [] for p in parts}
+        pending = set(parts)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                if m.error():
+                    if m.error().code() == ck.KafkaError._PARTITION_EOF:
+                        pending.discard(m.partition())
+                    continue
+                ts_type, ts = m.timestamp()
+                out[m.partition()].append((m.partition(), m.key(), m.value(),
+                                           list(m.headers() or []), ts, ts_type))
+        assert not pending, f"partitions {pending} of {topic} not read to the end"
+        return out
+    finally:
+        c.close()
+
+
+def expected_rows(partition: int, records: list[Record]) -> list[Row]:
+    # LogAppendTime sources keep their broker time, as CreateTime, in the copy.
+    return [(partition, r.key, r.value, list(r.headers), r.timestamp_ms, TIMESTAMP_CREATE_TIME)
+            for r in records]
+
+
+def count(brokers: str, topic: str) -> int:
+    try:
+        return sum(len(v) for v in read_topic(brokers, topic, timeout=5).values())
+    except (AssertionError, KeyError, ck.KafkaException):
+        return -1
+
+
+def checkpoints(brokers: str, topic: str) -> dict[str, list[Checkpoint]]:
+    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("verify"),
+                     "enable.partition.eof": True, "isolation.level": "read_committed"})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
+        out: dict[str, list[Checkpoint]] = {}
+        pending = set(parts)
+        deadline = time.monotonic() + 15
+        while pending and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                if m.error():
+                    if m.error().code() == ck.KafkaError._PARTITION_EOF:
+                        pending.discard(m.partition())
+                    continue
+                out.setdefault(m.key().decode(), []).append(Checkpoint.decode(m.value()))
+        return out
+    finally:
+        c.close()
+
+
+def send_fake_event(env: Env, key: SegmentKey) -> None:
+    """An S3 'created' event for a key that does not exist (yet)."""
+    body = {"Records": [{"eventName": "ObjectCreated:Put", "eventTime": "2026-01-01T00:00:00Z",
+                         "s3": {"bucket": {"name": env.bucket},
+                                "object": {"key": key.to_key(), "size": 1}}}]}
+    env.sqs.send_message(QueueUrl=SqsQueue(env.sqs, env.queue).url, MessageBody=json.dumps(body))
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
+        env: Env) -> None:
+    """Two partitions with rich records; the destination is created from _topic.json.
+
+    Partition 0: segments written newest first, a multipart-sized one (moto sends two events),
+    an event that arrives before its object exists, and a level-0 segment deleted while its
+    event is queued but covered by a compacted one. Partition 1: offsets with holes (segments
+    touch by position), and a segment overlapping its neighbour.
+    """
+    env.write_meta(2, {"retention.ms": "86400000", "cleanup.policy": "delete",
+                       "message.timestamp.type": "LogAppendTime"})
+    # Partition 0, newest first.
+    env.write(env.segment_key(0, 600, 899))
+    env.write(env.segment_key(0, 300, 599))
+    early = env.segment_key(0, 900, 999)
+    level0 = env.segment_key(0, 0, 149)
+    env.write(level0)
+    env.write(env.segment_key(0, 150, 299))
+    env.write(env.segment_key(0, 0, 299, level=1))
+    env.store.delete(level0.to_key())  # compaction removed it; its events are queued
+    expected = {0: [rich_record(0, o) for o in range(1000)]}
+    # Partition 1: even offsets only; a segment ends on its last record.
+    evens = list(range(0, 400, 2))
+    env.write(env.segment_key(1, 0, 198), evens[:100])
+    env.write(env.segment_key(1, 100, 398), [o for o in evens if o >= 100])  # overlaps
+    expected[1] = [rich_record(1, o) for o in evens]
+
+    settings = env.settings()
+    with running(settings) as ing:
+        wait_for(lambda: count(env.brokers, env.dest) >= 1000 - 100 + 200, 40,
+                 "first replay")
+        send_fake_event(env, early)  # an event that comes before its object
+        wait_for(lambda: ing.metrics.total("replicator_ingress_segments_missing_total") >= 1,
+                 20, "the announced object to be found missing")
+        env.write(early)  # now the object exists
+        wait_for(lambda: count(env.brokers, env.dest) >= 1200, 20, "late object")
+        assert ing.metrics.total("replicator_ingress_sqs_events_received_total") >= 8
+        assert ing.metrics.total("replicator_ingress_sqs_events_ignored_total") >= 1  # meta
+        assert ing.metrics.total("replicator_ingress_segments_lost_total") == 0
+
+    got = read_topic(env.brokers, env.dest)
+    assert got[0] == expected_rows(0, expected[0])
+    assert got[1] == expected_rows(1, expected[1])
+    admin = Admin(settings.kafka)
+    assert admin.partition_count(env.dest) == 2
+    conf = admin.topic_config(env.dest)
+    assert conf.get("retention.ms") == "86400000"
+    assert "message.timestamp.type" not in conf
+    cps = checkpoints(env.brokers, settings.ingress.checkpoint_topic)  # type: ignore[union-attr]
+    key0 = f"{SOURCE_REGION}:{env.source}:0"
+    assert cps[key0][-1].offset == 999
+    offsets = [c.offset for c in cps[key0]]
+    assert offsets == sorted(set(offsets))  # checkpoints only move forward
+    assert cps[f"{SOURCE_REGION}:{env.source}:1"][-1].offset == 398
+
+
+def test_late_lost_corrupt_and_too_few_partitions(env: Env,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Partition 0: a held-back segment arrives within the timeout and replay continues.
+    Partition 1: a segment that never arrives is declared lost with its exact range.
+    Partition 2: a corrupt object at a valid key is reported, no crash loop, others fine.
+    A second source whose destination exists with too few partitions is stopped loudly.
+    """
+    env.write_meta(3)
+    other = unique_name("src2")
+    env.data["ingress"]["sources"].append(
+        {"region": SOURCE_REGION, "topic": other, "destination_topic": other + ".copy",
+         "first_segment_delay": "0s"})
+    env.write_meta(4, topic=other)
+    settings = env.settings()
+    Admin(settings.kafka).create_topic(other + ".copy", 2)
+    env.data["ingress"]["sources"][0]["lost_segment_timeout"] = "4s"
+    settings = env.settings()
+
+    exp0 = env.write(env.segment_key(0, 0, 99))
+    held = env.segment_key(0, 100, 199)
+    env.write(env.segment_key(0, 200, 299))
+    exp1 = env.write(env.segment_key(1, 0, 49))
+    exp1_after = env.write(env.segment_key(1, 100, 149))   # 50-99 never arrives
+    env.store.put(env.segment_key(2, 0, 49).to_key(), b"PAR1 this is not a segment")
+    exp2 = env.write(env.segment_key(2, 50, 99))
+    with caplog.at_level(logging.INFO), running(settings) as ing:
+        lbl = {"region": SOURCE_REGION, "topic": env.source}
+        wait_for(lambda: (ing.metrics.value("replicator_ingress_segments_late",
+                                            {**lbl, "partition": "0"}) or 0) == 100, 30,
+                 "partition 0 late")
+        exp0 += env.write(held)
+        exp0 += [rich_record(0, o) for o in range(200, 300)]
+        wait_for(lambda: (ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                            {**lbl, "partition": "0"}) or 0) == 299, 20,
+                 "partition 0 after the held-back segment")
+        wait_for(lambda: ing.metrics.value("replicator_ingress_segments_lost_total",
+                                           {**lbl, "partition": "1"}) == 1, 20, "lost range")
+        wait_for(lambda: (ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                            {**lbl, "partition": "1"}) or 0) == 149, 20,
+                 "partition 1 after the lost range")
+        assert ing.metrics.value("replicator_ingress_messages_lost_total",
+                                 {**lbl, "partition": "1"}) == 50
+        wait_for(lambda: (ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                            {**lbl, "partition": "2"}) or 0) == 99, 20,
+                 "partition 2 after the corrupt segment")
+        assert ing.metrics.value("replicator_ingress_segments_corrupt_total",
+                                 {**lbl, "partition": "2"}) == 1
+        assert ing.metrics.value("replicator_ingress_source_errors_total",
+                                 {"region": SOURCE_REGION, "topic": other,
+                                  "reason": "partitions"}) == 1
+        assert not any(w[1] == other for w in ing.workers)
+        assert ing.metrics.total("replicator_ingress_worker_errors_total") == 0  # no loops
+    got = read_topic(env.brokers, env.dest)
+    assert got[0] == expected_rows(0, exp0)
+    assert got[1] == expected_rows(1, exp1 + exp1_after)
+    assert got[2] == expected_rows(2, exp2)
+    lost = [r.getMessage() for r in caplog.records if "LOST" in r.getMessage()]
+    assert len(lost) == 2, lost
+    assert any(f"{env.source}[1]" in m and "positions 50-99 (50)" in m for m in lost), lost
+    assert any(f"{env.source}[2]" in m and "positions 0-49 (50)" in m for m in lost), lost
+    assert any(r.levelno == logging.ERROR and "cannot be read" in r.getMessage()
+               and "/2/0/" in r.getMessage() for r in caplog.records)
+    stopped = [r.getMessage() for r in caplog.records if "STOPPED" in r.getMessage()]
+    assert stopped and "has 2 partition(s) but the source has 4" in stopped[0]
