@@ -392,7 +392,10 @@ class CompactionSettings(_Model):
 
     schedule: str = Field("0 1 * * *", description="Cron: 5 fields, or 6 fields seconds-first.")
     parallelism: int = Field(8, ge=1, description="Merge tasks run at once.")
-    spark_master: str = Field("local[*]", description="Spark master URL.")
+    spark_master: str = Field(
+        "local[*]", description="Spark master URL (local[*], spark://..., k8s://...); "
+                                "\"inline\" merges in this process without Spark; \"\" "
+                                "takes the master from spark-submit.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
     lock_ttl: Duration = Field(timedelta(hours=2), description="Expiry of the region lock.")
     topics: dict[str, CompactionTopicSettings] = Field(description="Topics to compact.")
