@@ -1,0 +1,185 @@
+"""The partition writer: naming, exact limits, the durability order, failures, cancels."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from egress.columns import ColumnBuffer
+from egress.rotation import CloseReason, SegmentLimits
+from formats.records import Record, batch_to_records
+from formats.registry import get_format
+from formats.segment_io import open_segment
+from replicator.core.errors import KafkaRetriableError
+from replicator.core.keys import SegmentKey
+from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def make(**kw: object) -> Harness:
+    return Harness(**kw)  # type: ignore[arg-type]
+
+
+def read(h: Harness, key: str) -> list[Record]:
+    with open_segment(h.store, get_format("parquet"), SegmentKey.parse(key)) as r:
+        return [rec for b in r.iter_batches(1000) for rec in batch_to_records(b)]
+
+
+def test_column_buffer_keeps_nulls_headers_and_timestamps() -> None:
+    recs = [Record(0, 5, None, b"a"), Record(1, 6, b"", None, (("x", None), ("y", b"z"))),
+            Record(2, -1, b"k", b"", (), 0)]
+    buf = ColumnBuffer()
+    taken, raw = buf.add(messages(recs))
+    assert (taken, raw) == (3, 1 + 1 + 1 + 1 + 1)
+    assert list(batch_to_records(buf.take())) == recs
+    assert len(buf) == 0 and buf.raw_bytes == 0
+
+
+def test_column_buffer_stops_at_the_byte_budget() -> None:
+    buf = ColumnBuffer()
+    taken, raw = buf.add(messages(records(range(10), size=98)), byte_budget=350)
+    # Each record: 2-3 key bytes + 98 value bytes; the fourth reaches 350.
+    assert taken == 4 and raw >= 350 and buf.offsets == [0, 1, 2, 3]
+
+
+def test_durability_order(h: Harness) -> None:
+    h.writer.append(messages(records(range(5))), now=0.0)
+    seg = h.writer.close(CloseReason.AGE)
+    assert seg is not None
+    h.settle()
+    final = "data/r1/t/0/0/00000000000000000000-00000000000000000004"
+    ops = [op for op, _ in h.store.ops]
+    # 1. complete (a small object is one put at the temp key), 2. copy, 3. delete, 4. commit
+    assert ops == ["open_upload", "put", "copy", "delete", "commit"]
+    assert h.store.ops[2] == ("copy", final)
+    assert h.store.ops[1][1] == h.store.ops[3][1]  # the temp key put, then deleted
+    assert h.commits == [5]
+    assert h.final_keys() == [final] and h.temp_keys() == []
+    assert read(h, final) == records(range(5))
+    assert h.metrics.value("egress_segments_total", {"region": "r1", "topic": "t",
+                                                     "partition": "0", "reason": "age"}) == 1
+    assert h.writer.committed_offset == 5 and h.writer.closing == []
+
+
+def test_segments_touch_across_offset_holes() -> None:
+    h = make(expected=10, low=0)
+    try:
+        # Offsets 10 (a transaction marker) and 14-15 are holes.
+        h.writer.append(messages(records([11, 12, 13])), now=0.0)
+        h.writer.close(CloseReason.AGE)
+        h.writer.append(messages(records([16, 17])), now=1.0)
+        h.writer.close(CloseReason.AGE)
+        h.settle()
+        assert h.final_keys() == ["data/r1/t/0/0/00000000000000000010-00000000000000000013",
+                                  "data/r1/t/0/0/00000000000000000014-00000000000000000017"]
+        assert h.commits == [14, 18]
+        assert h.metrics.total("egress_source_lost_messages_total") == 0
+    finally:
+        h.close()
+
+
+def test_retention_loss_is_counted_and_segment_starts_at_commit() -> None:
+    h = make(expected=10, low=40)
+    try:
+        h.writer.append(messages(records([45, 46])), now=0.0)
+        h.writer.close(CloseReason.AGE)
+        h.settle()
+        assert h.final_keys() == ["data/r1/t/0/0/00000000000000000010-00000000000000000046"]
+        assert h.metrics.total("egress_source_lost_messages_total") == 30  # 10..39
+    finally:
+        h.close()
+
+
+def test_count_and_size_limits_are_exact() -> None:
+    h = make(limits=SegmentLimits(max_messages=5, max_bytes=250, max_age=60.0))
+    try:
+        h.writer.append(messages(records(range(10), size=10)), now=0.0)   # 12-13 B each
+        h.writer.append(messages(records(range(10, 13), size=200)), now=0.0)
+        h.writer.close(CloseReason.SHUTDOWN)
+        h.settle()
+        spans = [(k.start, k.end) for k in map(SegmentKey.parse, h.final_keys())]
+        # count closes 0-4, 5-9; 10 + 11 (~203 B each) reach 250 B; 12 on shutdown
+        assert spans == [(0, 4), (5, 9), (10, 11), (12, 12)]
+        reasons = {r: h.metrics.total("egress_segments_total", reason=r)
+                   for r in ("count", "size", "shutdown")}
+        assert reasons == {"count": 2, "size": 1, "shutdown": 1}
+    finally:
+        h.close()
+
+
+def test_copy_fails_twice_then_succeeds(h: Harness) -> None:
+    h.store.fail["copy"] = 2
+    h.writer.append(messages(records(range(3))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.commits == [3]
+    assert [op for op, _ in h.store.ops].count("copy") == 3
+
+
+def test_copy_fails_for_good_nothing_visible_nothing_committed_then_rewind(h: Harness) -> None:
+    h.store.fail["copy"] = 100
+    h.writer.append(messages(records(range(3))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.writer.append(messages(records(range(3, 6))), now=0.0)   # the next segment, queued
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.commits == [] and h.final_keys() == [] and h.temp_keys() == []
+    assert h.writer.failed is not None and h.writer.broken.is_set()
+    # Messages arriving before the rewind are dropped (they are read again).
+    h.writer.append(messages(records(range(6, 8))), now=0.0)
+    assert h.writer.segment is None
+    assert h.metrics.total("egress_segment_failures_total", step="copy") == 1
+    h.store.fail["copy"] = 0
+    assert not h.writer.ready_to_rewind(now=0.0)                 # backoff first
+    assert h.writer.ready_to_rewind(now=100.0)
+    assert h.writer.rewind() == 0
+    h.writer.append(messages(records(range(6))), now=100.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.commits == [6]
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000005"]
+
+
+def test_cancelled_before_copy_aborts(h: Harness) -> None:
+    h.writer.append(messages(records(range(3))), now=0.0)
+    h.writer.cancel.set()
+    h.writer.close(CloseReason.REVOKE)
+    h.settle()
+    assert h.commits == [] and h.final_keys() == [] and h.temp_keys() == []
+    assert h.metrics.total("egress_segments_aborted_total") == 1
+
+
+def test_commit_failure_after_durable_segment_is_counted(h: Harness) -> None:
+    h.commit_error = KafkaRetriableError("rebalance in progress")
+    h.writer.append(messages(records(range(3))), now=0.0)
+    h.writer.close(CloseReason.REVOKE)
+    h.settle()
+    assert len(h.final_keys()) == 1
+    assert h.metrics.total("egress_commit_failures_total") == 1
+    assert h.writer.failed is None
+
+
+def test_held_bytes_track_open_and_closing(h: Harness) -> None:
+    h.writer.append(messages(records(range(100), size=1000)), now=0.0)
+    open_, closing = h.writer.held_bytes()
+    assert open_ >= 100_000 and closing == 0
+    h.writer.close(CloseReason.MEMORY)
+    h.settle()
+    assert h.writer.held_bytes() == (0, 0)
+
+
+def test_headers_reach_the_segment(h: Harness) -> None:
+    recs = [Record(0, 1, b"k", b"v", (("a", b"1"), ("a", None)))]
+    h.writer.append([FakeMessage(r) for r in recs], now=0.0)
+    h.writer.close(CloseReason.AGE)
+    h.settle()
+    assert read(h, h.final_keys()[0]) == recs
+    assert h.writer.segment is None and not h.writer.closing
+    assert h.writer.committed_offset == 1
