@@ -378,6 +378,34 @@ def test_every_deployment_has_a_pdb(rendered: tuple[Path, list[Any]]) -> None:
         assert d["spec"]["replicas"] > 1, f"{name}: a PDB with one replica blocks drains"
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions In/NotIn/Exists)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        ok = {"In": labels.get(key) in values, "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def test_network_policy_admits_only_the_metrics_port_of_our_pods(
+        rendered: tuple[Path, list[Any]]) -> None:
+    _, docs = rendered
+    port = _rendered_config(docs).metrics.port
+    (policy,) = _by_kind(docs, "NetworkPolicy").values()
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert [p["port"] for rule in spec["ingress"] for p in rule["ports"]] == [port]
+    for w in _workloads(docs):
+        assert _selects(spec["podSelector"], _pod_meta(w)["labels"]), w["metadata"]["name"]
+    # Pods of deploy/compaction/ (the Spark driver takes executor connections) are left alone.
+    assert not _selects(spec["podSelector"],
+                        {"app.kubernetes.io/component": "compaction-driver"})
+
+
 def test_each_controller_has_its_own_irsa_service_account(
         rendered: tuple[Path, list[Any]]) -> None:
     overlay, docs = rendered
