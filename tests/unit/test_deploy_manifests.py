@@ -33,6 +33,7 @@ OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
 AWS = DEPLOY / "aws"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "replicator-dashboard.json"
+ALERTS = DEPLOY / "prometheus" / "replicator-alerts.yaml"
 
 WORKLOAD_KINDS = ("Deployment", "CronJob")
 IMAGE_PREFIX = "kafka-s3-replicator-"
@@ -867,3 +868,20 @@ def test_dashboard_covers_every_controller_and_is_well_formed() -> None:
     variables = {v["name"] for v in dash["templating"]["list"]}
     for used in re.findall(r"\$(\w+)", exprs):
         assert used in variables, f"undefined dashboard variable ${used}"
+
+
+def test_alert_rules_use_metrics_that_exist_and_are_complete() -> None:
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    assert len(rules) >= 5
+    exported = _exported_metric_names()
+    names = [r["alert"] for r in rules]
+    assert len(names) == len(set(names))
+    for r in rules:
+        assert r["labels"]["severity"] in ("warning", "critical"), r["alert"]
+        assert r["annotations"]["summary"], r["alert"]
+        used = set(re.findall(r"\breplicator_[a-z0-9_]+", r["expr"]))
+        if exported:
+            assert used <= exported, f"{r['alert']}: unknown metrics {sorted(used - exported)}"
+    # Data loss pages someone.
+    lost = [r for r in rules if "messages_lost" in r["expr"]]
+    assert lost and all(r["labels"]["severity"] == "critical" for r in lost)
