@@ -86,9 +86,10 @@ class Env:
         return SegmentKey("data", SOURCE_REGION, topic or self.source, partition, level,
                           start, end)
 
-    def write(self, key: SegmentKey, offsets: list[int] | None = None) -> list[Record]:
+    def write(self, key: SegmentKey, offsets: list[int] | None = None, *,
+              make: Callable[[int, int], Record] = rich_record) -> list[Record]:
         offs = offsets if offsets is not None else list(range(key.start, key.end + 1))
-        records = [rich_record(key.partition, o) for o in offs]
+        records = [make(key.partition, o) for o in offs]
         up = SegmentUpload(self.store, FMT, "temp", WriterOptions())
         for i in range(0, len(records), 5000):
             up.write_batch(records_to_batch(records[i:i + 5000]))
