@@ -371,3 +371,37 @@ def test_late_lost_corrupt_and_too_few_partitions(env: Env,
                and "/2/0/" in r.getMessage() for r in caplog.records)
     stopped = [r.getMessage() for r in caplog.records if "STOPPED" in r.getMessage()]
     assert stopped and "has 2 partition(s) but the source has 4" in stopped[0]
+
+
+def test_two_instances_split_partitions_and_rebalance(env: Env) -> None:
+    """A second instance joins mid-replay and a member leaves: every record once, in order."""
+    parts = 4
+    env.write_meta(parts)
+    per = 2000
+    for p in range(parts):
+        env.write(env.segment_key(p, 0, per - 1), make=_plain)
+    settings = env.settings(batch_size=200)
+    total_first = parts * per
+    with running(settings) as a:
+        wait_for(lambda: len(a.workers) == parts, 30, "first instance to own everything")
+        with running(settings) as b:
+            wait_for(lambda: len(a.workers) + len(b.workers) == parts
+                     and len(a.workers) > 0 and len(b.workers) > 0, 30, "a split")
+            wait_for(lambda: count(env.brokers, env.dest) >= total_first, 40, "first round")
+            for p in range(parts):  # new segments arrive while both run (events → owners)
+                env.write(env.segment_key(p, per, 2 * per - 1), make=_plain)
+            wait_for(lambda: count(env.brokers, env.dest) >= 2 * total_first, 40,
+                     "second round")
+        # b left: a takes every partition back and replays what comes next.
+        wait_for(lambda: len(a.workers) == parts, 30, "a to own everything again")
+        for p in range(parts):
+            env.write(env.segment_key(p, 2 * per, 3 * per - 1), make=_plain)
+        wait_for(lambda: count(env.brokers, env.dest) >= 3 * total_first, 40, "third round")
+    got = read_topic(env.brokers, env.dest)
+    for p in range(parts):
+        assert [r[1] for r in got[p]] == [b"k%d" % o for o in range(3 * per)], f"partition {p}"
+
+
+def _plain(partition: int, offset: int) -> Record:
+    return Record(offset, 1_700_000_000_000 + offset, b"k%d" % offset, b"v" * 100, (),
+                  TIMESTAMP_CREATE_TIME)
