@@ -307,7 +307,9 @@ class Compaction:
             self._delete(plans, topics, results, report, lock)
             if any(t.outcome in ("failed", "not-run") for t in report.tasks):
                 report.outcome = "failed"
-                report.reason = report.reason or "some merge tasks failed; their inputs stay"
+                report.reason = ("stopped: unfinished merges keep their inputs"
+                                 if self._stop.is_set()
+                                 else "some merge tasks failed; their inputs stay")
         except ReplicatorError as e:
             log.error("compaction run of region %s failed: %s", self.settings.region, e,
                       exc_info=True)

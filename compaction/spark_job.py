@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 import uuid
 from typing import Any
 
@@ -73,32 +74,63 @@ class SparkExecutor:
         self.spark, self._owned = build_session(settings)
         self._group = f"replicator-compaction-{uuid.uuid4().hex[:8]}"
         self._closed = False
+        self._cancel_requested = threading.Event()
 
     def run(self, specs: list[TaskSpec]) -> list[TaskResult]:
-        """Run every task; a Spark-level failure becomes a failed result for each task."""
+        """Run every task; a Spark-level failure becomes a failed result for each task.
+
+        The job runs in a helper thread while this thread watches for ``cancel()``: a
+        signal handler must not call into the JVM itself (py4j's connection of the thread
+        blocked in ``collect`` is not reentrant), so it only sets a flag and the job group
+        is cancelled from here.
+        """
         if not specs:
             return []
         sc = self.spark.sparkContext
         slices = max(1, min(self.cfg.parallelism, len(specs)))
         task = functools.partial(run_task_payload, settings_payload(self.settings))
-        sc.setJobGroup(self._group, f"compaction of {self.settings.region}: {len(specs)} "
-                                    "merge tasks", interruptOnCancel=True)
-        try:
-            rows: list[dict[str, Any]] = (
-                sc.parallelize([s.to_json() for s in specs], slices).map(task).collect())
-        except Exception as e:
-            # Spark reports task crashes, lost executors and cancellation as one job
-            # failure: every task of the job counts as failed and keeps its inputs.
-            log.exception("Spark job %s failed", self._group)
+        data = [s.to_json() for s in specs]
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def job() -> None:
+            try:
+                # Job groups are per thread: set it in the thread that submits the job.
+                sc.setJobGroup(self._group, f"compaction of {self.settings.region}: "
+                                            f"{len(specs)} merge tasks", interruptOnCancel=True)
+                box["rows"] = sc.parallelize(data, slices).map(task).collect()
+            except Exception as e:
+                # Spark reports task crashes, lost executors and cancellation as one job
+                # failure: every task of the job counts as failed and keeps its inputs.
+                if self._cancel_requested.is_set():
+                    log.info("Spark job %s cancelled: %s", self._group,
+                             str(e).splitlines()[0][:300])
+                else:
+                    log.exception("Spark job %s failed", self._group)
+                box["error"] = e
+            finally:
+                done.set()
+
+        self._cancel_requested.clear()
+        worker = threading.Thread(target=job, name="spark-compaction-job", daemon=True)
+        worker.start()
+        cancelled = False
+        while not done.wait(0.2):
+            if self._cancel_requested.is_set() and not cancelled:
+                log.info("cancelling Spark job %s", self._group)
+                sc.cancelJobGroup(self._group)
+                cancelled = True
+        worker.join()
+        if "error" in box:
+            e = box["error"]
             msg = f"Spark job failed: {type(e).__name__}: {str(e).splitlines()[0][:500]}"
             return [TaskResult(s.output, False, segments_in=len(s.inputs), error=msg)
                     for s in specs]
-        return [TaskResult.from_json(r) for r in rows]
+        return [TaskResult.from_json(r) for r in box["rows"]]
 
     def cancel(self) -> None:
-        """Cancel the running job (its tasks are interrupted)."""
-        if not self._closed:
-            self.spark.sparkContext.cancelJobGroup(self._group)
+        """Ask ``run`` to cancel the running job (signal-safe: only sets a flag)."""
+        self._cancel_requested.set()
 
     def close(self) -> None:
         """Stop the session if this executor created it; idempotent."""

@@ -146,6 +146,26 @@ def test_spark_rerun_after_interrupted_run_finishes_cleanup(spark: Any, moto_end
     dangling.abort()
 
 
+def test_spark_failed_task_keeps_its_inputs_others_succeed(spark: Any, moto_endpoint: str,
+                                                           bucket: str) -> None:
+    settings = s3_settings(moto_endpoint, bucket, spark_master="local[2]")
+    store = S3ObjectStore.from_settings(settings)
+    seed(store, 0, [(0, 9), (10, 19)])
+    bad = seed(store, 1, [(0, 9)])
+    store.put(k(0, 10, 19, 1).to_key(), b"PAR1 but not parquet")
+    c = Compaction(settings, store=store, clock=later, serve_metrics=False)
+    report = c.run_once()
+    c.close()
+    assert report.outcome == "failed"
+    outcomes = {t.output: (t.outcome, t.error) for t in report.tasks}
+    assert outcomes[k(1, 0, 19).to_key()][0] == "merged"
+    outcome, error = outcomes[k(1, 0, 19, 1).to_key()]
+    assert outcome == "failed" and "SegmentCorrupt" in (error or "")
+    assert sorted(segment_keys(store)) == sorted(
+        [k(1, 0, 19).to_key(), bad[0].to_key(), k(0, 10, 19, 1).to_key()])
+    assert [i.key for i in store.list("temp/")] == []
+
+
 # --- the CLI as a process ---------------------------------------------------------------------
 
 

@@ -342,3 +342,25 @@ def test_settings_payload_round_trips_secrets() -> None:
     assert back.s3.access_key_id is not None
     assert back.s3.access_key_id.get_secret_value() == "AK"
     assert back.s3 == s.s3 and back.format == s.format and back.region == s.region
+
+
+def test_stop_during_a_run_cancels_unfinished_merges_and_keeps_their_inputs() -> None:
+    store = MemoryObjectStore()
+    seed(store, [(0, 9), (10, 19)], partition=0)
+    seed(store, [(0, 9), (10, 19)], partition=1)
+    before = listing(store)
+    c = controller(store, settings=compaction_settings(parallelism=1))
+    reads = {"n": 0}
+    original = store.get_range
+
+    def get_range(key: str, start: int, length: int) -> bytes:
+        reads["n"] += 1
+        if reads["n"] == 1:
+            c.stop()   # SIGTERM arrives while the first merge reads its first input
+        return original(key, start, length)
+
+    store.get_range = get_range  # type: ignore[method-assign]
+    report = c.run_once()
+    assert report.outcome == "failed" and "stopped" in (report.reason or "")
+    assert {t.outcome for t in report.tasks} == {"failed"}
+    assert listing(store) == before
