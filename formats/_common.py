@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -56,8 +56,10 @@ def check_read_schema(schema: pa.Schema, where: str) -> None:
 class GroupBuffer:
     """Holds incoming batches until they make one bounded group.
 
-    ``add`` returns the batches to write as one group (possibly none); the caller encodes
-    them. Sizes are Arrow buffer bytes (``RecordBatch.nbytes``): what is really held.
+    ``add`` yields the batches to write as one group (possibly none); the caller encodes
+    them. Sizes are Arrow buffer bytes (``RecordBatch.nbytes``, slice-aware): what is really
+    held. A batch larger than a group is cut into zero-copy slices of about a group each, so
+    groups stay bounded whatever batch sizes the caller uses.
     """
 
     def __init__(self, group_bytes: int) -> None:
@@ -68,10 +70,26 @@ class GroupBuffer:
 
     def add(self, batch: pa.RecordBatch) -> Iterator[list[pa.RecordBatch]]:
         """Buffer ``batch``; yield each group that is ready to be written."""
+        for piece in self._pieces(batch):
+            yield from self._add_piece(piece)
+
+    def _pieces(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        size, rows = batch.nbytes, batch.num_rows
+        if size <= self.group_bytes and rows <= MAX_GROUP_ROWS:
+            yield batch
+            return
+        # Rows per slice from the average row size: vectorised, no per-row sizes. A slice
+        # of uneven rows may exceed a group somewhat.
+        step = max(1, min(MAX_GROUP_ROWS, rows * self.group_bytes // max(1, size)))
+        for start in range(0, rows, step):
+            yield batch.slice(start, step)
+
+    def _add_piece(self, batch: pa.RecordBatch) -> Iterator[list[pa.RecordBatch]]:
         size = batch.nbytes
-        if self._batches and (self.nbytes + size > MAX_GROUP_BYTES
+        if self._batches and (self.nbytes + size > self.group_bytes
                               or self.rows + batch.num_rows > MAX_GROUP_ROWS):
-            # Adding the batch would break a hard cap: write what is held first.
+            # The batch would push the group past its bound: write what is held first, so
+            # no group (and nothing held) exceeds the bound unless one batch alone does.
             yield self.take()
         self._batches.append(batch)
         self.nbytes += size
@@ -99,8 +117,7 @@ def corrupt_on_arrow_error(where: str, doing: str) -> Iterator[None]:
         raise SegmentCorrupt(f"{describe(where)}: cannot {doing}: {e}") from e
 
 
-def guarded_iter(it: Iterator[T], where: str, doing: str,
-                 wrap: Callable[[T], T] | None = None) -> Iterator[T]:
+def guarded_iter(it: Iterator[T], where: str, doing: str) -> Iterator[T]:
     """Iterate ``it``, translating Arrow errors raised while advancing it."""
     while True:
         with corrupt_on_arrow_error(where, doing):
@@ -108,4 +125,6 @@ def guarded_iter(it: Iterator[T], where: str, doing: str,
                 item = next(it)
             except StopIteration:
                 return
-        yield wrap(item) if wrap is not None else item
+        yield item
+        # Drop our reference before decoding the next item, so two never live at once.
+        del item

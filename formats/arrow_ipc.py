@@ -172,6 +172,7 @@ class ArrowIpcSegmentReader(SegmentReader):
             # Zero-copy slices: a stored batch is one group, usually larger than batch_size.
             for start in range(0, batch.num_rows, batch_size):
                 yield batch.slice(start, batch_size)
+            del batch  # before the next batch is decoded
         if rows != self._metadata.message_count:
             raise SegmentCorrupt(f"{describe(self._where)}: footer says message_count="
                                  f"{self._metadata.message_count}, stream held {rows} rows")

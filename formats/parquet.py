@@ -128,9 +128,14 @@ class ParquetSegmentReader(SegmentReader):
         return self._metadata
 
     def iter_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
-        with corrupt_on_arrow_error(self._where, "read Parquet row groups"):
-            it = self._file.iter_batches(batch_size=batch_size)
-        return guarded_iter(it, self._where, "read Parquet row groups")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        # One row group at a time: asked for all groups at once, Arrow pre-buffers every
+        # column chunk of the file up front, and memory grows with the segment.
+        for group in range(self._file.metadata.num_row_groups):
+            with corrupt_on_arrow_error(self._where, "read Parquet row groups"):
+                it = self._file.iter_batches(batch_size=batch_size, row_groups=[group])
+            yield from guarded_iter(it, self._where, f"read Parquet row group {group}")
 
     def close(self) -> None:
         self._file.close()
