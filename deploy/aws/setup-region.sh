@@ -58,7 +58,10 @@ render() {
 
 bucket() {
   render
-  if [ "$REGION" = us-east-1 ]; then
+  # Every step below may be repeated: existing resources are updated, not recreated.
+  if aws s3api head-bucket --region "$REGION" --bucket "$BUCKET" >/dev/null 2>&1; then
+    echo "bucket $BUCKET exists" >&2
+  elif [ "$REGION" = us-east-1 ]; then
     aws s3api create-bucket --region "$REGION" --bucket "$BUCKET"
   else
     aws s3api create-bucket --region "$REGION" --bucket "$BUCKET" \
@@ -96,17 +99,25 @@ bucket() {
     --notification-configuration "file://$OUT/s3/notification.json"
 }
 
+ensure_role() {  # name trust-policy-file
+  if aws iam get-role --region "$REGION" --role-name "$1" >/dev/null 2>&1; then
+    aws iam update-assume-role-policy --region "$REGION" --role-name "$1" \
+      --policy-document "file://$2"
+  else
+    aws iam create-role --region "$REGION" --role-name "$1" \
+      --assume-role-policy-document "file://$2"
+  fi
+}
+
 iam() {
   : "${OIDC_PROVIDER:?set OIDC_PROVIDER (aws eks describe-cluster --query cluster.identity.oidc.issuer)}"
   render
   for c in egress ingress compaction; do
-    aws iam create-role --region "$REGION" --role-name "replicator-$REGION-$c" \
-      --assume-role-policy-document "file://$OUT/iam/irsa-trust-$c.json"
+    ensure_role "replicator-$REGION-$c" "$OUT/iam/irsa-trust-$c.json"
     aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
       --policy-name "replicator-$c" --policy-document "file://$OUT/iam/$c.json"
   done
-  aws iam create-role --region "$REGION" --role-name "replicator-$REGION-s3-replication" \
-    --assume-role-policy-document "file://$OUT/iam/s3-replication-trust.json"
+  ensure_role "replicator-$REGION-s3-replication" "$OUT/iam/s3-replication-trust.json"
   aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-s3-replication" \
     --policy-name replicator-s3-replication --policy-document "file://$OUT/iam/s3-replication.json"
 }
