@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compaction.planner import CompactionTask, Hole, Listed, plan, plan_all
 from replicator.core.keys import SegmentKey
@@ -228,3 +231,45 @@ def test_plan_all_groups_by_partition_and_refuses_mixed_input() -> None:
 def test_describe_names_partition_levels_and_range() -> None:
     t = plan(chain(2), cfg(), NOW).tasks[0]
     assert t.describe() == "t[0] L0..L0 -> L1 0-199 (2 inputs, 0 covered, 200 bytes)"
+
+
+@settings(max_examples=200, deadline=None)
+@given(widths=st.lists(st.integers(1, 50), min_size=1, max_size=40),
+       gaps=st.lists(st.integers(0, 3), min_size=40, max_size=40),
+       overlaps=st.lists(st.integers(0, 2), min_size=40, max_size=40),
+       sizes=st.lists(st.integers(1, 300), min_size=40, max_size=40),
+       max_count=st.integers(1, 8), min_count=st.integers(1, 8),
+       max_size=st.integers(100, 1000))
+def test_plan_invariants(widths: list[int], gaps: list[int], overlaps: list[int],
+                         sizes: list[int], max_count: int, min_count: int,
+                         max_size: int) -> None:
+    segs, start = [], 0
+    for i, w in enumerate(widths):
+        # a gap of 3 is a real hole; an overlap re-covers part of the previous segment
+        s = start + (1 if gaps[i] == 3 else 0)
+        s = max(0, s - overlaps[i] * (w // 2)) if i else s
+        segs.append(seg(0, s, s + w - 1, size=sizes[i]))
+        start = max(start, s + w)
+    c = cfg(max_segment_count=max_count, min_segment_count=min(min_count, max_count),
+            max_segment_size=max_size, min_segment_size=1)
+    p = plan(segs, c, NOW)
+    used: set[SegmentKey] = set()
+    for t in p.tasks:
+        assert t.output.level == 1
+        assert t.output.start == t.inputs[0].start
+        assert t.output.end == max(k.end for k in t.inputs)
+        assert len(t.inputs) <= max_count
+        assert len(t.inputs) == 1 or t.bytes <= max_size
+        reach = t.inputs[0].end
+        for k in t.inputs[1:]:
+            assert k.start <= reach + 1, "a task never spans a hole"
+            assert k.end > reach, "a read input always adds positions"
+            reach = k.end
+        for k in t.covered:
+            assert t.output.covers(k)
+        both = set(t.inputs) | set(t.covered)
+        assert not (both & used), "a segment belongs to one task"
+        used |= both
+    outputs = sorted((t.output for t in p.tasks), key=lambda k: k.start)
+    for a, b in itertools.pairwise(outputs):
+        assert a.end < b.end
