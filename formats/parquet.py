@@ -135,7 +135,12 @@ class ParquetSegmentReader(SegmentReader):
         for group in range(self._file.metadata.num_row_groups):
             with corrupt_on_arrow_error(self._where, "read Parquet row groups"):
                 it = self._file.iter_batches(batch_size=batch_size, row_groups=[group])
-            yield from guarded_iter(it, self._where, f"read Parquet row group {group}")
+            for batch in guarded_iter(it, self._where, f"read Parquet row group {group}"):
+                # Exactly SEGMENT_SCHEMA: without the file's footer pairs in the schema
+                # metadata and with the list item named as ours ("element" in Parquet), so
+                # batches of different segments and formats mix freely. Buffers are shared.
+                yield batch.cast(SEGMENT_SCHEMA)
+                del batch
 
     def close(self) -> None:
         self._file.close()

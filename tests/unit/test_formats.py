@@ -559,3 +559,22 @@ def test_batch_to_records_matches_records_to_batch() -> None:
     assert list(batch_to_records(batch)) == EDGE_RECORDS
     assert list(batch_to_records(batch.slice(4, 2))) == EDGE_RECORDS[4:6]
     assert records_to_batch([]).num_rows == 0
+
+
+@pytest.mark.parametrize("source,target", [("parquet", "arrow"), ("arrow", "parquet"),
+                                           ("parquet", "parquet")])
+def test_batches_read_from_one_format_write_to_another(source: str, target: str) -> None:
+    """Compaction's path: batches of several segments merged into one, across formats."""
+    records = EDGE_RECORDS[:-1]
+    first = write_segment(get_format(source), records[:4], key_for(100, 103))
+    second = write_segment(get_format(source), records[4:], key_for(104, 108))
+    stream = io.BytesIO()
+    writer = get_format(target).open_writer(stream, WriterOptions())
+    for data, key in ((first, key_for(100, 103)), (second, key_for(104, 108))):
+        for batch in get_format(source).open_reader(io.BytesIO(data), key).iter_batches(3):
+            assert str(batch.schema) == str(SEGMENT_SCHEMA)  # same names, no metadata
+            assert batch.schema.metadata is None
+            writer.write_batch(batch)
+    writer.finish(SegmentMetadata.for_key(key_for(100, 108, level=1), len(records)))
+    assert read_segment(get_format(target), stream.getvalue(),
+                        key_for(100, 108, level=1))[1] == records
