@@ -26,6 +26,26 @@ MAX_GROUP_ROWS = 1024 * 1024
 NO_COMPRESSION = frozenset({"none", "uncompressed", ""})
 
 
+def check_level(codec: str, level: int | None) -> int | None:
+    """``level`` if ``codec`` accepts it (``None`` means the codec's default).
+
+    Checked when a writer opens: Arrow would otherwise fail only when the first group is
+    encoded, or at ``finish``, long after the setting was read.
+
+    Raises:
+        ValueError: the codec has no levels, or the level is out of its range.
+    """
+    if level is None:
+        return None
+    if not pa.Codec.supports_compression_level(codec):
+        raise ValueError(f"compression {codec!r} does not take a compression_level")
+    low = pa.Codec.minimum_compression_level(codec)
+    high = pa.Codec.maximum_compression_level(codec)
+    if not low <= level <= high:
+        raise ValueError(f"compression_level {level} is outside {low}..{high} for {codec!r}")
+    return level
+
+
 def describe(where: str) -> str:
     """The name to put in an error message."""
     return where or "segment"

@@ -26,6 +26,7 @@ from formats._common import (
     NO_COMPRESSION,
     GroupBuffer,
     check_batch_schema,
+    check_level,
     check_read_schema,
     corrupt_on_arrow_error,
     describe,
@@ -52,7 +53,11 @@ IPC_CODECS = frozenset({"zstd", "lz4"})
 
 
 def ipc_codec(options: WriterOptions) -> str | None:
-    """The IPC buffer compression for ``options``: zstd or lz4, else none."""
+    """The IPC buffer compression for ``options``: zstd or lz4, else none.
+
+    Arrow IPC compresses buffers with those two codecs only; a segment written with
+    ``format.compression = "snappy"`` is therefore uncompressed (and its level ignored).
+    """
     name = options.compression.lower()
     if name in NO_COMPRESSION or name not in IPC_CODECS:
         return None
@@ -66,9 +71,9 @@ class ArrowIpcSegmentWriter(SegmentWriter):
         self._stream = stream
         self._buffer = GroupBuffer(options.row_group_size)
         codec = ipc_codec(options)
-        compression = (pa.Codec(codec, options.compression_level)
-                       if codec is not None and options.compression_level is not None
-                       else codec)
+        level = check_level(codec, options.compression_level) if codec is not None else None
+        compression = pa.Codec(codec, level) if codec is not None and level is not None \
+            else codec
         self._writer = pa.ipc.new_stream(
             pa.PythonFile(stream, mode="w"), SEGMENT_SCHEMA,
             options=pa.ipc.IpcWriteOptions(compression=compression),

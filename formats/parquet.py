@@ -17,6 +17,7 @@ from formats._common import (
     NO_COMPRESSION,
     GroupBuffer,
     check_batch_schema,
+    check_level,
     check_read_schema,
     corrupt_on_arrow_error,
     describe,
@@ -48,7 +49,7 @@ def parquet_codec(options: WriterOptions) -> tuple[str, int | None]:
     """The Parquet codec and level for ``options`` (``none``/``uncompressed`` → none).
 
     Raises:
-        ValueError: an unknown codec name.
+        ValueError: an unknown codec name, or a level the codec does not take.
     """
     name = options.compression.lower()
     if name in NO_COMPRESSION:
@@ -56,7 +57,7 @@ def parquet_codec(options: WriterOptions) -> tuple[str, int | None]:
     if name not in PARQUET_CODECS:
         raise ValueError(f"unknown Parquet compression {options.compression!r} (known: none, "
                          f"{', '.join(sorted(PARQUET_CODECS))})")
-    return name, options.compression_level
+    return name, check_level(name, options.compression_level)
 
 
 class ParquetSegmentWriter(SegmentWriter):

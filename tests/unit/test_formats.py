@@ -578,3 +578,16 @@ def test_batches_read_from_one_format_write_to_another(source: str, target: str)
     writer.finish(SegmentMetadata.for_key(key_for(100, 108, level=1), len(records)))
     assert read_segment(get_format(target), stream.getvalue(),
                         key_for(100, 108, level=1))[1] == records
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("compression,level", [("zstd", 23), ("gzip", 12), ("snappy", 3),
+                                               ("lz4", 0)])
+def test_bad_compression_level_is_refused_when_the_writer_opens(
+        name: str, compression: str, level: int) -> None:
+    ipc_ignores = name == "arrow" and compression in {"gzip", "snappy"}
+    if ipc_ignores:  # Arrow IPC writes these uncompressed, so the level means nothing
+        get_format(name).open_writer(io.BytesIO(), WriterOptions(compression, level))
+        return
+    with pytest.raises(ValueError, match="compression"):
+        get_format(name).open_writer(io.BytesIO(), WriterOptions(compression, level))
