@@ -287,3 +287,67 @@ def test_upload_accepts_columnar_batches_without_records() -> None:
     data = store.get(temp.key)
     reader = get_format("parquet").open_reader(io.BytesIO(data), key_for(0, n - 1))
     assert sum(b.num_rows for b in reader.iter_batches(256)) == n
+
+
+class _FailingReads(MemoryObjectStore):
+    """``get_range`` raises a retriable error on its ``fail_at``-th call."""
+
+    def __init__(self) -> None:
+        super().__init__("bucket")
+        self.fail_at = 0
+        self.calls = 0
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise StorageError(f"s3://{self.bucket}/{key}: 503 SlowDown")
+        return super().get_range(key, start, length)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_storage_errors_while_reading_stay_retriable(name: str) -> None:
+    """A 503 in the middle of a segment is a StorageError to retry, never SegmentCorrupt."""
+    import os
+
+    store = _FailingReads()
+    records = [Record(i, 0, None, os.urandom(1024)) for i in range(1000)]
+    _, temp = upload_records(store, name, records,
+                             WriterOptions(row_group_size=64 * 1024, compression="none"))
+    key = key_for(0, 999)
+    publish_segment(store, temp.key, key)
+    fmt = get_format(name)
+    with open_segment(store, fmt, key, buffer_size=64 * 1024) as reader:
+        assert sum(b.num_rows for b in reader.iter_batches(100)) == 1000
+    total = store.calls
+    assert total > 10
+    for fail_at in (1, 2, total // 2, total):
+        store.calls, store.fail_at = 0, fail_at
+        with pytest.raises(StorageError, match="503"), \
+                open_segment(store, fmt, key, buffer_size=64 * 1024) as reader:
+            for _ in reader.iter_batches(100):
+                pass
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_storage_errors_while_writing_stay_retriable(name: str) -> None:
+    class _FailingUpload(_FlakyUpload):
+        """Takes the format's header bytes, then fails like a part upload would."""
+
+        def write(self, data: bytes | bytearray | memoryview) -> int:
+            if self.inner.bytes_written >= 4:
+                raise StorageError(f"s3://bucket/{self.key}: part upload failed")
+            return self.inner.write(data)
+
+    class _Store(MemoryObjectStore):
+        def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
+            return _FailingUpload(super().open_upload(key), 0)
+
+    store = _Store("bucket")
+    upload = SegmentUpload(store, get_format(name), TEMP, WriterOptions(row_group_size=65536))
+    with pytest.raises(StorageError, match="part upload failed"):
+        for start in range(0, 1000, 100):
+            upload.write_batch(records_to_batch(
+                [Record(start + i, 0, None, bytes(1000)) for i in range(100)]))
+        upload.finish(SegmentMetadata.for_key(key_for(0, 999), 1000))
+    upload.abort()
+    assert store.keys() == []
