@@ -11,10 +11,12 @@ The durability order lives in ``_deliver`` and nowhere else.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +51,7 @@ from replicator.core.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+T = TypeVar("T")
 
 # Restart delays after a failed replay session: short first (a broker blip), capped so a
 # persistent failure (a missing topic) is retried about once a minute, never in a hot loop.
@@ -98,6 +101,55 @@ def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
         headers = [[(h["key"], h["value"]) for h in hs] or None for hs in hcol.to_pylist()]
     return Rows(offsets.to_pylist(), ts, batch.column("key").to_pylist(),
                 batch.column("value").to_pylist(), headers)
+
+
+class Prefetcher(Iterator[T]):
+    """Runs an iterator one item ahead in a thread (memory: ``depth`` items).
+
+    Errors of the source iterator are raised by ``__next__`` in the consumer's thread.
+    ``close`` stops the thread and waits for it, so the source may be released after.
+    """
+
+    _DONE = object()
+
+    def __init__(self, source: Iterator[T], *, name: str, depth: int = 1) -> None:
+        self._source = source
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _put(self, item: Any) -> bool:
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                if not self._put((item, None)):
+                    return
+            self._put((self._DONE, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer thread
+            self._put((None, e))
+
+    def __next__(self) -> T:
+        item, error = self._queue.get()
+        if error is not None:
+            raise error
+        if item is self._DONE:
+            self._queue.put((self._DONE, None))  # stay exhausted
+            raise StopIteration
+        return cast(T, item)
+
+    def close(self) -> None:
+        """Stop reading ahead and wait for the thread."""
+        self._closed.set()
+        self._thread.join()
 
 
 class ReplayWorker:
@@ -347,11 +399,15 @@ class ReplayWorker:
             return
         log.info("%s: replaying segment %s%s", self.where, name,
                  "" if skip_through is None else f" (skipping offsets <= {skip_through})")
+        after = self.position
+        # The next batch is read and decoded while the current one is committed.
+        batches = Prefetcher((batch_rows(b, after)
+                              for b in reader.iter_batches(self.cfg.batch_size)),
+                             name=f"prefetch-{self.key}")
         try:
-            for batch in reader.iter_batches(self.cfg.batch_size):
+            for rows in batches:
                 if self.stopping:
                     return
-                rows = batch_rows(batch, self.position)
                 if rows is None:
                     continue
                 self._deliver(sink, rows, Checkpoint(rows.last_offset, name, self.clock()))
@@ -362,6 +418,7 @@ class ReplayWorker:
             self._corrupt(seg, e)
             return
         finally:
+            batches.close()
             reader.close()
         if self.position is None or self.position < seg.end:
             # The footer vouches for the range: positions after the last record are holes.
