@@ -73,6 +73,7 @@ class Ingress:
         admin: topic administration (default: ``replicator.core.kafka.Admin``).
         make_sink: builds a worker's sink from (source, destination topic, partition).
         clock: wall clock for planning and lag.
+        sleep: replaces the workers' interruptible waits (tests).
     """
 
     def __init__(self, settings: Settings, *, store: ObjectStore | None = None,
@@ -80,7 +81,8 @@ class Ingress:
                  events: SegmentEvents | None = None,
                  checkpoints: CheckpointStore | None = None, admin: TopicAdmin | None = None,
                  make_sink: Callable[[IngressSourceSettings, str, int], ReplaySink] | None
-                 = None, clock: Clock = utc_now) -> None:
+                 = None, clock: Clock = utc_now,
+                 sleep: Callable[[float], None] | None = None) -> None:
         self.settings = settings
         self.cfg: IngressSettings = settings.require("ingress")
         self.store = store
@@ -92,6 +94,7 @@ class Ingress:
         self.admin = admin
         self._make_sink = make_sink
         self.clock = clock
+        self.sleep = sleep
         self.format: SegmentFormat = get_format(settings.format.name)
         self.sources = {(s.region, s.topic): _SourceState(s) for s in self.cfg.sources}
         self.workers: dict[WorkerId, ReplayWorker] = {}
@@ -119,8 +122,7 @@ class Ingress:
         s = self.settings
         if s.metrics.port:
             self._server = MetricsServer(self.metrics, s.metrics.host, s.metrics.port,
-                                         healthy=lambda: not self._failed,
-                                         ready=lambda: self._started and not self._failed)
+                                         healthy=self.healthy, ready=self.ready)
             self._server.start()
         if self.store is None:
             from replicator.core.s3 import S3ObjectStore
@@ -324,7 +326,7 @@ class Ingress:
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2]), metrics=self.m,
-                              clock=self.clock)
+                              clock=self.clock, sleep=self.sleep)
         self.workers[wid] = worker
         worker.start()
 
@@ -361,6 +363,16 @@ class Ingress:
     def positions(self) -> dict[WorkerId, int | None]:
         """Current checkpoint position of each running worker."""
         return {wid: w.position for wid, w in self.workers.items()}
+
+    def healthy(self) -> bool:
+        """/healthz: ``run`` has not failed and the SQS relay thread is alive."""
+        relay_ok = self._relay_thread is None or self._relay_thread.is_alive() or \
+            self._stopping.is_set()
+        return not self._failed and relay_ok
+
+    def ready(self) -> bool:
+        """/readyz: started, healthy, and placed in the group (subscribed)."""
+        return self._started and self.healthy() and bool(self.subscribed)
 
     @property
     def failed(self) -> bool:

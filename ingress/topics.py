@@ -60,7 +60,9 @@ class TopicMeta:
         parts = doc.get("partitions") if isinstance(doc, dict) else None
         if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
             raise TopicError(f"{where}: 'partitions' must be a positive int, got {parts!r}")
-        configs = doc.get("configs") or {}
+        configs = doc.get("configs", {})
+        if configs is None:
+            configs = {}
         if not isinstance(configs, dict):
             raise TopicError(f"{where}: 'configs' must be an object")
         return cls(parts, {str(k): str(v) for k, v in configs.items()})

@@ -1,0 +1,99 @@
+"""Destination topic creation from _topic.json: create, grow, refuse loudly."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import pytest
+
+from ingress.topics import (
+    TopicMeta,
+    destination_step,
+    ensure_destination,
+    ensure_internal_topics,
+    read_topic_meta,
+)
+from replicator.core.errors import TopicError
+from replicator.core.storage import MemoryObjectStore
+
+
+@dataclass
+class FakeAdmin:
+    topics: dict[str, int] = field(default_factory=dict)
+    configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    can_grow: bool = False
+    partition_count_calls: list[str] = field(default_factory=list)
+
+    def list_topics(self) -> list[str]:
+        return sorted(self.topics)
+
+    def partition_count(self, topic: str) -> int | None:
+        self.partition_count_calls.append(topic)
+        return self.topics.get(topic)
+
+    def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
+                     *, replication_factor: int = -1) -> bool:
+        if topic in self.topics:
+            return False
+        self.topics[topic] = partitions
+        self.configs[topic] = dict(config or {})
+        return True
+
+    def grow_topic(self, topic: str, partitions: int) -> None:
+        if not self.can_grow:
+            raise TopicError(f"cannot grow {topic} to {partitions} partitions: unsupported")
+        self.topics[topic] = partitions
+
+
+def test_steps() -> None:
+    assert destination_step(None, 3) == "create"
+    assert destination_step(2, 3) == "grow"
+    assert destination_step(3, 3) == "ok"
+    assert destination_step(5, 3) == "ok"
+
+
+def test_creates_with_copied_configs_only() -> None:
+    a = FakeAdmin()
+    assert ensure_destination(a, "copy", 6, {"retention.ms": "1000", "cleanup.policy": "compact",
+                                             "message.timestamp.type": "LogAppendTime",
+                                             "min.insync.replicas": "2"}) == 6
+    assert a.topics == {"copy": 6}
+    assert a.configs["copy"] == {"cleanup.policy": "compact", "retention.ms": "1000"}
+    # An unknown topic is never named in a metadata request (brokers may auto-create it).
+    assert a.partition_count_calls == []
+
+
+def test_existing_topic_with_enough_partitions_is_kept() -> None:
+    a = FakeAdmin({"copy": 8})
+    assert ensure_destination(a, "copy", 6, {}) == 8
+
+
+def test_grows_or_refuses_naming_both_counts() -> None:
+    a = FakeAdmin({"copy": 2}, can_grow=True)
+    assert ensure_destination(a, "copy", 6, {}) == 6 and a.topics["copy"] == 6
+    a = FakeAdmin({"copy": 2})
+    with pytest.raises(TopicError, match=r"has 2 partition.*source has 6"):
+        ensure_destination(a, "copy", 6, {})
+
+
+def test_internal_topics() -> None:
+    a = FakeAdmin()
+    ensure_internal_topics(a, events_topic="ev", events_retention=timedelta(hours=1),
+                           checkpoint_topic="cp")
+    assert a.configs == {"ev": {"cleanup.policy": "delete", "retention.ms": "3600000"},
+                         "cp": {"cleanup.policy": "compact"}}
+    ensure_internal_topics(a, events_topic="ev", events_retention=timedelta(hours=1),
+                           checkpoint_topic="cp")  # idempotent
+
+
+def test_topic_meta() -> None:
+    store = MemoryObjectStore("b")
+    assert read_topic_meta(store, "data", "r", "t") is None
+    store.put("data/r/t/_topic.json", json.dumps({"partitions": 3, "configs": {"a": 1}}).encode())
+    assert read_topic_meta(store, "data", "r", "t") == TopicMeta(3, {"a": "1"})
+    for bad in (b"x", b"{}", b'{"partitions": 0}', b'{"partitions": 2, "configs": []}'):
+        with pytest.raises(TopicError):
+            TopicMeta.parse(bad, where="here")
