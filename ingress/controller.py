@@ -166,7 +166,13 @@ class Ingress:
         try:
             while not self._stopping.is_set():
                 if time.monotonic() >= self._next_topic_check:
-                    self._check_topics()
+                    try:
+                        self._check_topics()
+                    except (ReplicatorError, kafka.KafkaException) as e:
+                        # Broker or store unavailable: placement stays as it is; retried
+                        # at the next check.
+                        log.error("checking destination topics failed, retrying in %s: %s",
+                                  self.cfg.topic_check_interval, e)
                     self._next_topic_check = time.monotonic() + \
                         self.cfg.topic_check_interval.total_seconds()
                 if self.subscribed:

@@ -183,7 +183,9 @@ class KafkaSink(ReplaySink):
             self._in_txn = False
         except kafka.KafkaException as e:
             err = kafka.translate(e, f"commit transaction on {self.where}")
-            if kafka.is_transaction_abortable(e) and not isinstance(err, ProducerFenced):
+            if isinstance(err, ProducerFenced):
+                self._in_txn = False  # a fenced producer cannot abort; the new owner did
+            elif kafka.is_transaction_abortable(e):
                 self.abort()
                 raise KafkaRetriableError(str(err)) from e
             raise err from e
