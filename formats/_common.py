@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import pyarrow as pa
 
@@ -125,6 +126,57 @@ class GroupBuffer:
         return out
 
 
+class ClampedReader(io.RawIOBase):
+    """A seekable reader that never reads past ``end`` of the stream it wraps.
+
+    Arrow asks for as many bytes as a (possibly corrupt) length field says. A buffered
+    reader allocates the whole request up front, so a garbage length of 2**40 would be a
+    ``MemoryError``; clamped, it is a short read that Arrow reports as invalid data.
+    """
+
+    def __init__(self, stream: BinaryIO, end: int | None = None) -> None:
+        super().__init__()
+        self._stream = stream
+        self._end = stream.seek(0, io.SEEK_END) if end is None else end
+        stream.seek(0)
+
+    @property
+    def end(self) -> int:
+        """The position reads stop at."""
+        return self._end
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_END:
+            return self._stream.seek(self._end + offset)
+        return self._stream.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._stream.tell()
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._end - self._stream.tell())
+        n = left if size is None or size < 0 else min(size, left)
+        return self._stream.read(n) if n else b""
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        # The wrapped stream belongs to the caller; only this view closes.
+        super().close()
+
+
 @contextmanager
 def corrupt_on_arrow_error(where: str, doing: str) -> Iterator[None]:
     """Translate Arrow decoding errors into ``SegmentCorrupt`` naming ``where``.
@@ -133,7 +185,8 @@ def corrupt_on_arrow_error(where: str, doing: str) -> Iterator[None]:
     """
     try:
         yield
-    except (pa.ArrowException, OSError, EOFError) as e:
+    except (pa.ArrowException, OSError, EOFError, UnicodeDecodeError) as e:
+        # UnicodeDecodeError: pyarrow decodes column names from a damaged footer.
         raise SegmentCorrupt(f"{describe(where)}: cannot {doing}: {e}") from e
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from formats._common import (
     NO_COMPRESSION,
+    ClampedReader,
     GroupBuffer,
     check_batch_schema,
     check_level,
@@ -122,8 +123,10 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_trailer(stream: BinaryIO, where: str) -> dict[str, str]:
-    """The footer pairs from the end of an Arrow segment (the stream position moves).
+def read_trailer(stream: BinaryIO, where: str) -> tuple[dict[str, str], int]:
+    """The footer pairs from the end of an Arrow segment, and where the IPC stream ends.
+
+    The stream position moves.
 
     Raises:
         SegmentCorrupt: no trailer, a bad length or unparsable JSON.
@@ -146,7 +149,7 @@ def read_trailer(stream: BinaryIO, where: str) -> dict[str, str]:
         raise SegmentCorrupt(f"{name}: footer is not JSON: {e}") from e
     if not isinstance(pairs, dict) or not all(isinstance(v, str) for v in pairs.values()):
         raise SegmentCorrupt(f"{name}: footer is not an object of strings")
-    return pairs
+    return pairs, size - _TRAILER.size - length
 
 
 class ArrowIpcSegmentReader(SegmentReader):
@@ -155,13 +158,14 @@ class ArrowIpcSegmentReader(SegmentReader):
     def __init__(self, stream: BinaryIO, expected: SegmentKey | None, where: str) -> None:
         self._where = where
         self._stream = stream
-        self._metadata = SegmentMetadata.from_footer(read_trailer(stream, where),
-                                                     where=describe(where))
+        pairs, ipc_end = read_trailer(stream, where)
+        self._metadata = SegmentMetadata.from_footer(pairs, where=describe(where))
         if expected is not None:
             self._metadata.check_key(expected)
-        stream.seek(0)
+        # The IPC reader must not read into the trailer, nor trust a corrupt length field.
         with corrupt_on_arrow_error(where, "read the Arrow IPC schema"):
-            self._reader = pa.ipc.open_stream(pa.PythonFile(stream, mode="r"))
+            self._reader = pa.ipc.open_stream(
+                pa.PythonFile(ClampedReader(stream, ipc_end), mode="r"))
         check_read_schema(self._reader.schema, where)
 
     @property

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from formats._common import (
     NO_COMPRESSION,
+    ClampedReader,
     GroupBuffer,
     check_batch_schema,
     check_level,
@@ -72,6 +73,9 @@ class ParquetSegmentWriter(SegmentWriter):
             compression=codec, compression_level=level,
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=_STATISTICS_COLUMNS,
+            # CRC32 per page: damaged bytes are refused as SegmentCorrupt instead of being
+            # replicated as data. Costs well under 1 % of the write time.
+            write_page_checksum=True,
         )
         self._finished = False
 
@@ -110,7 +114,8 @@ class ParquetSegmentReader(SegmentReader):
     def __init__(self, stream: BinaryIO, expected: SegmentKey | None, where: str) -> None:
         self._where = where
         with corrupt_on_arrow_error(where, "read the Parquet footer"):
-            self._file = pq.ParquetFile(pa.PythonFile(stream, mode="r"))
+            self._file = pq.ParquetFile(pa.PythonFile(ClampedReader(stream), mode="r"),
+                                        page_checksum_verification=True)
             footer = self._file.metadata.metadata or {}
             schema = self._file.schema_arrow
         check_read_schema(schema, where)
