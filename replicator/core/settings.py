@@ -346,6 +346,14 @@ class IngressSettings(_Model):
         timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
                                            "finish their current batch.")
 
+    @field_validator("sqs_wait_time")
+    @classmethod
+    def _sqs_wait_ok(cls, v: timedelta) -> timedelta:
+        # SQS long polls 1-20 whole seconds; 0 would make the relay spin on short polls.
+        if not timedelta(seconds=1) <= v <= timedelta(seconds=20) or v.microseconds:
+            raise ValueError(f"must be whole seconds between 1s and 20s, got {v}")
+        return v
+
     @model_validator(mode="after")
     def _unique_sources(self) -> IngressSettings:
         seen: set[tuple[str, str]] = set()
