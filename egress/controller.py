@@ -389,23 +389,39 @@ class Egress:
                      expected if expected is not None else "the first available offset "
                                                            "(no commit)")
         self._assigned_once = True
+        self.m.rebalances.labels(self.region, "assign").inc(len(committed))
         self.m.assigned.labels(self.region).set(len(self._writers))
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         log.info("revoked: %s", ", ".join(f"{t}[{p}]" for t, p in keys))
+        self.m.rebalances.labels(self.region, "revoke").inc(len(keys))
         self._release(keys, CloseReason.REVOKE)
 
     def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         log.warning("lost (another member may own them now; open segments are aborted): %s",
                     ", ".join(f"{t}[{p}]" for t, p in keys))
+        self.m.rebalances.labels(self.region, "lost").inc(len(keys))
         for k in keys:
             w = self._writers.pop(k, None)
             if w is not None:
                 w.cancel.set()
                 w.discard_open()
-            self._paused.discard(k)
+        self._forget_pauses(keys)
+
+    def _forget_pauses(self, keys: Sequence[tuple[str, int]]) -> None:
+        # A pause survives a reassignment in librdkafka: resume while still assigned, or a
+        # partition coming back to this member would never be fetched again.
+        paused = [k for k in keys if k in self._paused]
+        if not paused:
+            return
+        self._paused.difference_update(paused)
+        try:
+            self._consumer.resume([TopicPartition(t, p) for t, p in paused])
+        except KafkaException as e:
+            log.warning("resuming %s before release failed: %s", paused,
+                        translate(e, "resume"))
 
     def _release(self, keys: Sequence[tuple[str, int]], reason: CloseReason) -> None:
         """Close the partitions' open segments durably within ``shutdown_timeout``, abort
@@ -427,9 +443,9 @@ class Egress:
             w.cancel.set()
         self._wait_idle(stuck, time.monotonic() + CANCEL_GRACE)
         self._drain_outcomes(self.clock())
+        self._forget_pauses([(w.ref.topic, w.ref.partition) for w in writers])
         for w in writers:
             self._writers.pop((w.ref.topic, w.ref.partition), None)
-            self._paused.discard((w.ref.topic, w.ref.partition))
             log.info("%s: released (%s), committed offset %s", w.name, reason,
                      w.committed_offset)
         self.m.assigned.labels(self.region).set(len(self._writers))

@@ -66,6 +66,9 @@ class EgressMetrics:
         self.paused = metrics.gauge(
             "egress_paused_partitions", "Partitions paused (back-pressure or rewinding).",
             ("region",))
+        self.rebalances = metrics.counter(
+            "egress_rebalance_events_total", "Partitions assigned, revoked or lost.",
+            ("region", "event"))
         self.topic_meta_writes = metrics.counter(
             "egress_topic_metadata_writes_total", "_topic.json objects written.",
             ("region", "topic"))
