@@ -247,12 +247,21 @@ class ReplayWorker:
                 return
             except (RetriableError, FatalError) as e:
                 kind = "retriable" if isinstance(e, RetriableError) else "fatal"
-                delay = next(delays)
-                log.error("%s: replay session failed (%s), restarting from the checkpoint in "
-                          "%.1fs: %s", self.where, kind, delay, e)
-                self.metrics.worker_errors.labels(**self._labels, kind=kind).inc()
-                self.failed = e
-                self._wait_for(delay)
+                self._session_failed(e, kind, next(delays))
+            except Exception as e:  # a bug must not become a restart hot loop
+                log.exception("%s: unexpected error in the replay session", self.where)
+                self._session_failed(e, "unexpected", next(delays))
+
+    def _session_failed(self, e: BaseException, kind: str, delay: float) -> None:
+        log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
+                  "%s", self.where, kind, delay, e)
+        self.metrics.worker_errors.labels(**self._labels, kind=kind).inc()
+        self.failed = e
+        # Not woken by events: a session failing before it drains its inbox must not spin.
+        if self._sleep is not None:
+            self._sleep(delay)
+        else:
+            self._stopping.wait(delay)
 
     def _wait_for(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; returns early (True) on an event or stop."""

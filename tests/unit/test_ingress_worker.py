@@ -262,3 +262,25 @@ def test_corrupt_first_segment_without_checkpoint_is_lost_not_skipped_silently()
         assert h.metric("replicator_ingress_segments_corrupt_total") == 1
     finally:
         h.stop()
+
+
+def test_unexpected_error_restarts_with_backoff_not_a_hot_loop() -> None:
+    h = Harness()
+    calls: list[float] = []
+
+    class Boom(MemorySink):
+        def start(self) -> None:
+            calls.append(time.monotonic())
+            raise RuntimeError("bug")
+
+    h.sink = Boom(h.checkpoints)
+    try:
+        w = h.start()
+        for i in range(5):
+            w.offer(SegmentEvent("created", key(i * 10, i * 10 + 9)))  # events must not wake it
+        time.sleep(0.8)
+        assert 1 <= len(calls) <= 2
+        assert h.metrics.value("replicator_ingress_worker_errors_total",
+                               {**LABELS, "kind": "unexpected"}) == len(calls)
+    finally:
+        h.stop()
