@@ -12,11 +12,13 @@ in flight, one read buffer, the format writer's row-group buffer and one upload 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,6 +32,8 @@ from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,90 @@ def _drop_written(batch: pa.RecordBatch, last_written: int) -> pa.RecordBatch:
     return batch.slice(int(n_old))
 
 
+READ_AHEAD_BATCHES = 2
+"""Decoded input batches queued ahead of the writer. Reading and decoding (network, and
+Parquet decompression, which releases the GIL) overlap encoding and uploading; memory stays
+bounded: at most this many batches queued plus one being read and one being written."""
+
+_DONE = object()
+
+
+def read_ahead(items: Iterator[T], depth: int) -> Generator[T, None, None]:
+    """Iterate ``items`` in a helper thread, at most ``depth`` items ahead of the consumer.
+
+    An exception in the producer is raised to the consumer at the point it happened; if the
+    consumer stops early (an exception, ``close``), the producer is told to stop, the
+    iterator is closed in its own thread (its ``with`` blocks run) and the thread joined.
+    """
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    cancel = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not cancel.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    break
+        except Exception as e:  # noqa: BLE001 - not swallowed: raised again by the consumer
+            # Handed to the consumer, which raises it in its own thread.
+            put((False, e))
+            return
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        put((True, _DONE))
+
+    t = threading.Thread(target=produce, name="merge-read-ahead", daemon=True)
+    t.start()
+    try:
+        while True:
+            ok, item = q.get()
+            if not ok:
+                raise item
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        cancel.set()
+        t.join()
+
+
+def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentKey],
+                   batch_size: int, stopped: Callable[[], bool], where: str,
+                   ) -> Iterator[pa.RecordBatch]:
+    """Every record batch of ``inputs`` in order, each input verified (step 3, per input):
+    it yields its footer's record count, all inside its own key range."""
+    for k in inputs:
+        if stopped():
+            raise InterruptedError(f"{where}: merge cancelled before reading {k}")
+        read, first_in, last_in = 0, None, None
+        with open_segment(store, fmt, k) as reader:
+            expected_count = reader.metadata.message_count
+            for batch in reader.iter_batches(batch_size):
+                if batch.num_rows == 0:
+                    continue
+                read += batch.num_rows
+                offsets = batch.column("offset")
+                if first_in is None:
+                    first_in = offsets[0].as_py()
+                last_in = offsets[-1].as_py()
+                yield batch
+        if read != expected_count:
+            raise SegmentCorrupt(f"{k}: footer says {expected_count} records, read {read}")
+        if first_in is not None and (first_in < k.start or (last_in or 0) > k.end):
+            raise SegmentCorrupt(f"{k}: holds offsets {first_in}-{last_in} outside its "
+                                 f"key range")
+
+
 def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOptions,
                    temp_prefix: str, spec: TaskSpec,
                    stopped: Callable[[], bool] = lambda: False) -> TaskResult:
@@ -110,8 +198,9 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
        died before deleting the inputs), report it and write nothing.
     2. Stream every input, in order, in ``batch_size`` batches into one temp upload, keeping
        only offsets after the last one written (overlapping inputs never duplicate).
-    3. Verify: each input yielded its footer's record count inside its own range; the output
-       starts at or after its key's start and ends exactly at its key's end.
+    3. Verify: each input yielded its footer's record count inside its own range (checked
+       as it is read, ``_input_batches``); the output starts at or after its key's start
+       and ends exactly at its key's end.
     4. Finish the temp object with the output key's footer; re-open it and check the
        footer against the key.
     5. Publish: copy to the final key with the level's storage class, delete the temp.
@@ -144,30 +233,13 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
     try:
         last = -1
         dropped = 0
-        for k in inputs:
-            if stopped():
-                raise InterruptedError(f"{where}: merge into {output} cancelled")
-            read, first_in, last_in = 0, None, None
-            with open_segment(store, fmt, k) as reader:
-                expected_count = reader.metadata.message_count
-                for batch in reader.iter_batches(spec.batch_size):
-                    if batch.num_rows == 0:
-                        continue
-                    read += batch.num_rows
-                    if first_in is None:
-                        first_in = batch.column("offset")[0].as_py()
-                    last_in = batch.column("offset")[-1].as_py()
-                    fresh = _drop_written(batch, last)
-                    dropped += batch.num_rows - fresh.num_rows
-                    if fresh.num_rows:
-                        upload.write_batch(fresh)
-                        last = fresh.column("offset")[-1].as_py()
-            # Step 3 (per input)
-            if read != expected_count:
-                raise SegmentCorrupt(f"{k}: footer says {expected_count} records, read {read}")
-            if first_in is not None and (first_in < k.start or (last_in or 0) > k.end):
-                raise SegmentCorrupt(f"{k}: holds offsets {first_in}-{last_in} outside its "
-                                     f"key range")
+        batches = _input_batches(store, fmt, inputs, spec.batch_size, stopped, where)
+        for batch in read_ahead(batches, READ_AHEAD_BATCHES):
+            fresh = _drop_written(batch, last)
+            dropped += batch.num_rows - fresh.num_rows
+            if fresh.num_rows:
+                upload.write_batch(fresh)
+                last = fresh.column("offset")[-1].as_py()
 
         # Step 3 (output)
         count = upload.message_count
