@@ -4,10 +4,12 @@ idempotence after an interrupted run, the region lock, the cron loop and metrics
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from compaction.controller import Compaction
@@ -20,6 +22,7 @@ from compaction.merge import (
     settings_payload,
 )
 from formats.base import WriterOptions
+from formats.records import Record
 from formats.registry import get_format
 from replicator.core.errors import ConfigError, SegmentCorrupt, StorageError
 from replicator.core.keys import SegmentKey
@@ -405,3 +408,25 @@ def test_read_ahead_keeps_order_forwards_errors_and_stops_its_producer() -> None
     it.close()   # the consumer gives up: the producer stops and closes its iterator
     assert closed == [True, True]
     assert len(produced) <= 3 + 2 + 1   # never more than depth (+1 in hand) ahead
+
+
+def test_merge_memory_is_bounded_by_batches_and_row_groups_not_segment_size() -> None:
+    store = MemoryObjectStore()
+    keys = []
+    rng = random.Random(1)
+    for i in range(8):   # 8 x 4 MB of incompressible values
+        recs = [Record(o, 0, b"k", rng.randbytes(2000)) for o in range(i * 2000, (i + 1) * 2000)]
+        keys.append(k(0, i * 2000, (i + 1) * 2000 - 1))
+        write_segment(store, keys[-1], recs)
+    spec = TaskSpec([x.to_key() for x in keys], [1] * 8, k(1, 0, 15999).to_key(), 200)
+    previous = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(previous)
+    pa.set_memory_pool(pool)
+    try:
+        res = merge_segments(store, get_format("parquet"),
+                             WriterOptions(row_group_size=1024 * 1024), "temp", spec)
+    finally:
+        pa.set_memory_pool(previous)
+    assert res.ok and res.records == 16000 and res.bytes_out > 32_000_000
+    # 1 MiB row groups, 200-record (400 KB) batches, 2 read ahead: a few MB, not 32
+    assert pool.max_memory() < 8_000_000, pool.max_memory()
