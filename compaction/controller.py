@@ -316,14 +316,27 @@ class Compaction:
             report.outcome = "failed"
             report.reason = str(e)
             report.errors.append(str(e))
+        except BaseException as e:
+            # Not ours to handle (a bug, KeyboardInterrupt): count the run as failed, then
+            # let it propagate.
+            report.outcome = "failed"
+            report.reason = f"{type(e).__name__}: {e}"
+            raise
         finally:
             # Step 5
             if lock is not None:
-                lock.release()
+                self._release(lock)
             self._close_executor()
             report.duration_seconds = round(time.monotonic() - t0, 3)
             self._record(report)
         return report
+
+    def _release(self, lock: RegionLock) -> None:
+        try:
+            lock.release()
+        except ReplicatorError as e:
+            log.warning("could not release compaction lock %s (%s); it expires after "
+                        "lock_ttl", lock.key, e)
 
     def _record(self, report: RunReport) -> None:
         self.last_report = report
@@ -334,7 +347,7 @@ class Compaction:
         self.m.runs.labels(report.region, report.outcome).inc()
         self.m.duration.labels(report.region).observe(report.duration_seconds)
         if report.outcome == "success":
-            self.m.last_success.labels(report.region).set(time.time())
+            self.m.last_success.labels(report.region).set(self.clock().timestamp())
         log.info("compaction run of region %s: %s in %.1fs (%d tasks, %d segments deleted)%s",
                  report.region, report.outcome, report.duration_seconds, len(report.tasks),
                  len(report.deleted), f": {report.reason}" if report.reason else "")

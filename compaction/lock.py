@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from replicator.core.errors import ObjectNotFound, PreconditionFailed
+from replicator.core.errors import ObjectNotFound, PreconditionFailed, ReplicatorError
 from replicator.core.keys import region_prefix
 from replicator.core.storage import ObjectStore
 
@@ -173,8 +173,12 @@ class RegionLock:
 
         def loop() -> None:
             while not self._keeper_stop.wait(interval):
-                if not self.refresh():
-                    return
+                try:
+                    if not self.refresh():
+                        return
+                except ReplicatorError as e:
+                    # Try again next interval; the lease lasts ttl, refreshed every ttl/3.
+                    log.warning("could not refresh compaction lock %s: %s", self.key, e)
 
         self._keeper = threading.Thread(target=loop, name="compaction-lock", daemon=True)
         self._keeper.start()
