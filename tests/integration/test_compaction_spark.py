@@ -120,6 +120,42 @@ def test_spark_merges_level0_segments(spark: Any, moto_endpoint: str, bucket: st
     assert spark.sparkContext is not None   # the shared session is still alive
 
 
+def test_spark_merges_segments_written_by_egress(spark: Any, source_brokers: str,
+                                                moto_endpoint: str) -> None:
+    from egress.controller import Egress
+    from tests.integration import test_egress as eg
+
+    bucket, store = eg.new_bucket(moto_endpoint)
+    topic = eg.create_topic(source_brokers, 2)
+    records = {p: eg.sample_records(p, 230) for p in range(2)}
+    for p in range(2):
+        eg.produce(source_brokers, topic, p, records[p])
+    egress = Egress(eg.egress_settings(source_brokers, moto_endpoint, bucket,
+                                       {topic: {"max_segment_messages": 50}}), store=store)
+    with eg.running(egress):
+        eg.wait_for(lambda: all(sum(k.span for k in eg.segment_keys(store, topic, p)) >= 200
+                                for p in range(2)), what="egress segments")
+    level0 = {p: eg.segment_keys(store, topic, p) for p in range(2)}
+    assert all(len(keys) >= 4 for keys in level0.values())
+    before = {p: eg.read_partition(store, topic, p) for p in range(2)}
+    assert before == records
+
+    settings = compaction_settings(
+        region=eg.REGION, bucket=bucket, s3={"endpoint_url": moto_endpoint},
+        spark_master="local[2]",
+        topics={topic: {"min_segment_age": "1h", "min_segment_count": 2,
+                        "min_segment_size": 1, "batch_size": 64}})
+    c = Compaction(settings, store=store, clock=later, serve_metrics=False)
+    report = c.run_once()
+    c.close()
+    assert report.outcome == "success", report
+    for p in range(2):
+        out = SegmentKey("data", eg.REGION, topic, p, 1, level0[p][0].start, level0[p][-1].end)
+        assert [i.key for i in store.list(f"data/{eg.REGION}/{topic}/{p}/")] == [out.to_key()]
+        assert read_segment(store, out) == records[p]
+    assert store.head(f"data/{eg.REGION}/{topic}/_topic.json")   # untouched
+
+
 def test_spark_rerun_after_interrupted_run_finishes_cleanup(spark: Any, moto_endpoint: str,
                                                             bucket: str) -> None:
     settings = s3_settings(moto_endpoint, bucket, spark_master="local[2]")
