@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from replicator.cli.demo import demo
 from replicator.cli.local import local
 from replicator.cli.segments import segments
 from replicator.cli.sync import sync
@@ -17,6 +18,7 @@ def main() -> None:
 
 
 main.add_command(local)
+main.add_command(demo)
 main.add_command(sync)
 main.add_command(segments)
 main.add_command(verify)

@@ -52,8 +52,7 @@ class Message(Protocol):
     def __len__(self) -> int: ...
 
 
-# Defaults that correctness depends on; ``kafka.config`` can add to them but the CLI warns
-# when a user overrides one of the marked keys.
+# Defaults that correctness depends on (``kafka.config`` and call-site overrides come after).
 CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.commit": False,           # offsets are committed only after durability
     "enable.auto.offset.store": False,
@@ -70,16 +69,38 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "message.max.bytes": 64 * 1024**2,
 }
 
-# Keys of ``kafka.config`` that apply to every client; the rest of librdkafka warns on
-# consumer-only or producer-only keys given to the other kind, which is harmless.
+# ``kafka.config`` is shared by every client of a process, but librdkafka warns (CONFWARN)
+# about consumer-only settings given to a producer or admin client and the reverse. These
+# are dropped from the clients they do not apply to; everything else passes through.
+CONSUMER_ONLY = frozenset({
+    "group.id", "group.instance.id", "session.timeout.ms", "heartbeat.interval.ms",
+    "group.protocol", "group.protocol.type", "group.remote.assignor",
+    "partition.assignment.strategy", "coordinator.query.interval.ms",
+    "max.poll.interval.ms", "enable.auto.commit", "auto.commit.interval.ms",
+    "enable.auto.offset.store", "queued.min.messages", "queued.max.messages.kbytes",
+    "fetch.wait.max.ms", "fetch.queue.backoff.ms", "fetch.message.max.bytes",
+    "max.partition.fetch.bytes", "fetch.max.bytes", "fetch.min.bytes",
+    "fetch.error.backoff.ms", "isolation.level", "enable.partition.eof", "check.crcs",
+    "auto.offset.reset", "allow.auto.create.topics",
+})
+PRODUCER_ONLY = frozenset({
+    "transactional.id", "transaction.timeout.ms", "enable.idempotence",
+    "enable.gapless.guarantee", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+    "queue.buffering.max.ms", "linger.ms", "message.send.max.retries", "retries",
+    "compression.codec", "compression.type", "compression.level", "batch.num.messages",
+    "batch.size", "delivery.report.only.error", "sticky.partitioning.linger.ms",
+    "acks", "request.required.acks", "request.timeout.ms", "message.timeout.ms",
+    "delivery.timeout.ms", "partitioner", "queuing.strategy",
+})
 
 
 def client_config(kafka: KafkaSettings, defaults: Mapping[str, Any],
-                  overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Merge defaults, the user's ``kafka.config`` and call-site overrides."""
+                  overrides: Mapping[str, Any] | None = None, *,
+                  drop: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Merge defaults, the user's ``kafka.config`` (less ``drop``) and call-site overrides."""
     conf: dict[str, Any] = {"bootstrap.servers": kafka.brokers}
     conf.update(defaults)
-    conf.update(kafka.config)
+    conf.update({k: v for k, v in kafka.config.items() if k not in drop})
     conf.update(overrides or {})
     return conf
 
@@ -128,7 +149,7 @@ def make_consumer(kafka: KafkaSettings, group_id: str,
                   overrides: Mapping[str, Any] | None = None) -> ck.Consumer:
     """A consumer with our defaults (manual commits, read_committed, earliest)."""
     return ck.Consumer(client_config(kafka, {**CONSUMER_DEFAULTS, "group.id": group_id},
-                                     overrides))
+                                     overrides, drop=PRODUCER_ONLY))
 
 
 def make_producer(kafka: KafkaSettings, *, transactional_id: str | None = None,
@@ -137,12 +158,12 @@ def make_producer(kafka: KafkaSettings, *, transactional_id: str | None = None,
     extra = dict(overrides or {})
     if transactional_id is not None:
         extra["transactional.id"] = transactional_id
-    return ck.Producer(client_config(kafka, PRODUCER_DEFAULTS, extra))
+    return ck.Producer(client_config(kafka, PRODUCER_DEFAULTS, extra, drop=CONSUMER_ONLY))
 
 
 def make_admin(kafka: KafkaSettings, overrides: Mapping[str, Any] | None = None) -> cka.AdminClient:
     """An admin client for this cluster."""
-    conf = client_config(kafka, {}, overrides)
+    conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
     return cka.AdminClient(conf)
 
 

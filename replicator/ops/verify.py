@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -64,11 +66,17 @@ def read_partition(kafka: KafkaSettings, topic: str, partition: int, *,
         "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     try:
         consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        idle_since = time.monotonic()
         while True:
-            msgs = consumer.consume(num_messages=1000, timeout=idle_timeout)
+            # A short timeout: consume() waits for the full batch or the timeout, and the
+            # end-of-partition event alone does not end that wait.
+            msgs = consumer.consume(num_messages=1000, timeout=0.2)
             if not msgs:
-                raise KafkaRetriableError(f"{topic}[{partition}]: no data and no end of "
-                                          f"partition within {idle_timeout:.0f}s")
+                if time.monotonic() - idle_since > idle_timeout:
+                    raise KafkaRetriableError(f"{topic}[{partition}]: no data and no end of "
+                                              f"partition within {idle_timeout:.0f}s")
+                continue
+            idle_since = time.monotonic()
             for m in msgs:
                 if is_partition_eof(m):
                     return
@@ -136,33 +144,46 @@ class VerifyReport:
 
 def compare_streams(partition: int, source: Iterator[Message], destination: Iterator[Message]
                     ) -> PartitionVerdict:
-    """Compare two record streams of one partition."""
+    """Compare two record streams of one partition.
+
+    While both streams agree nothing is remembered; from the first difference on, the rest
+    of each side is kept as 16-byte digests and classified into lost, duplicated and
+    reordered records. Memory is therefore flat for a correct copy.
+    """
     v = PartitionVerdict(partition)
-    src_index: dict[bytes, list[int]] = {}
-    dst_digests: list[bytes] = []
-    src_done = dst_done = False
-    while not (src_done and dst_done):
-        s = None if src_done else next(source, None)
-        d = None if dst_done else next(destination, None)
-        src_done, dst_done = src_done or s is None, dst_done or d is None
+    src_rest: list[bytes] = []
+    dst_rest: list[bytes] = []
+    for s, d in itertools.zip_longest(source, destination):
         sv = None if s is None else record_view(s)
         dv = None if d is None else record_view(d)
-        if sv is not None:
-            src_index.setdefault(digest(sv), []).append(v.source_records)
-            v.source_records += 1
-        if dv is not None:
-            dst_digests.append(digest(dv))
-            v.destination_records += 1
-        if v.first_difference is None and sv != dv and (sv is not None or dv is not None):
+        v.source_records += sv is not None
+        v.destination_records += dv is not None
+        if v.first_difference is None:
+            if sv == dv:
+                continue
             v.first_difference = {
                 "index": max(v.source_records, v.destination_records) - 1,
                 "source_offset": None if s is None else s.offset(),
                 "destination_offset": None if d is None else d.offset(),
                 "source": _describe(sv), "destination": _describe(dv)}
-    seen: Counter[bytes] = Counter(dst_digests)
-    positions = []
+        if sv is not None:
+            src_rest.append(digest(sv))
+        if dv is not None:
+            dst_rest.append(digest(dv))
+    if v.first_difference is not None:
+        v.lost, v.duplicated, v.reordered = classify(src_rest, dst_rest)
+    return v
+
+
+def classify(source: list[bytes], destination: list[bytes]) -> tuple[int, int, int]:
+    """(lost, duplicated, reordered) of a copy, given record digests of both sides."""
+    src_index: dict[bytes, list[int]] = {}
+    for i, dg in enumerate(source):
+        src_index.setdefault(dg, []).append(i)
+    seen: Counter[bytes] = Counter(destination)
     used: Counter[bytes] = Counter()
-    for dg in dst_digests:
+    positions = []
+    for dg in destination:
         idx = src_index.get(dg)
         if idx is None:
             continue
@@ -170,13 +191,13 @@ def compare_streams(partition: int, source: Iterator[Message], destination: Iter
         used[dg] += 1
         if n < len(idx):
             positions.append(idx[n])
+    lost = duplicated = 0
     for dg, idx in src_index.items():
         have = seen.get(dg, 0)
-        v.lost += max(0, len(idx) - have)
-        v.duplicated += max(0, have - len(idx))
-    v.duplicated += sum(c for dg, c in seen.items() if dg not in src_index)
-    v.reordered = count_reordered(positions)
-    return v
+        lost += max(0, len(idx) - have)
+        duplicated += max(0, have - len(idx))
+    duplicated += sum(c for dg, c in seen.items() if dg not in src_index)
+    return lost, duplicated, count_reordered(positions)
 
 
 def _describe(view: RecordView | None) -> dict[str, Any] | None:
