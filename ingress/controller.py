@@ -48,6 +48,9 @@ from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
+PENDING_TOPIC_CHECK = 1.0
+"""Seconds between _topic.json reads while a source has none yet."""
+
 WorkerId = tuple[str, str, int]
 """(source region, source topic, partition)."""
 
@@ -173,8 +176,7 @@ class Ingress:
                         # at the next check.
                         log.error("checking destination topics failed, retrying in %s: %s",
                                   self.cfg.topic_check_interval, e)
-                    self._next_topic_check = time.monotonic() + \
-                        self.cfg.topic_check_interval.total_seconds()
+                    self._next_topic_check = time.monotonic() + self._topic_check_delay()
                 if self.subscribed:
                     msg = self.consumer.poll(0.05)
                     if msg is not None and kafka.message_error(msg) is not None:
@@ -216,6 +218,14 @@ class Ingress:
         log.info("ingress closed")
 
     # --- topics and placement ---------------------------------------------------------
+
+    def _topic_check_delay(self) -> float:
+        # While a source still waits for its _topic.json, look every second (one small GET
+        # per waiting source): replay should start as soon as egress wrote it.
+        interval = self.cfg.topic_check_interval.total_seconds()
+        if any(st.partitions is None for st in self.sources.values()):
+            return min(interval, PENDING_TOPIC_CHECK)
+        return interval
 
     def _check_topics(self) -> None:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
