@@ -94,11 +94,22 @@ def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
         ts = [0 if t == TIMESTAMP_NOT_AVAILABLE else x
               for x, t in zip(ts, types.to_pylist(), strict=True)]
     hcol = batch.column("headers")
+    flat = hcol.flatten()  # respects slicing, unlike .values
     headers: list[list[Header] | None]
-    if len(hcol.values) == 0:
+    if len(flat) == 0:
         headers = [None] * batch.num_rows
     else:
-        headers = [[(h["key"], h["value"]) for h in hs] or None for hs in hcol.to_pylist()]
+        # Column-wise: no dict per header (to_pylist of a list<struct> builds one).
+        hkeys = flat.field("key").to_pylist()
+        hvals = flat.field("value").to_pylist()
+        headers = []
+        i = 0
+        for n in pc.list_value_length(hcol).to_pylist():
+            if n:
+                headers.append(list(zip(hkeys[i:i + n], hvals[i:i + n], strict=True)))
+                i += n
+            else:
+                headers.append(None)
     return Rows(offsets.to_pylist(), ts, batch.column("key").to_pylist(),
                 batch.column("value").to_pylist(), headers)
 

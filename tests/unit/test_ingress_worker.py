@@ -284,3 +284,20 @@ def test_unexpected_error_restarts_with_backoff_not_a_hot_loop() -> None:
                                {**LABELS, "kind": "unexpected"}) == len(calls)
     finally:
         h.stop()
+
+
+def test_batch_rows_keeps_every_field_and_respects_slices_and_skips() -> None:
+    from ingress.worker import batch_rows
+
+    recs = [rec(o) for o in range(30)]
+    batch = records_to_batch(recs)
+    for sliced, after in ((batch, None), (batch.slice(4, 17), None), (batch, 12),
+                          (batch.slice(10, 10), 14)):
+        rows = batch_rows(sliced, after)
+        assert rows is not None
+        first = sliced.column("offset")[0].as_py()
+        want = [r for r in recs[first:first + sliced.num_rows]
+                if after is None or r.offset > after]
+        assert rows.records() == [(r.offset, r.timestamp_ms, r.key, r.value,
+                                   list(r.headers) or None) for r in want]
+    assert batch_rows(batch, 29) is None
