@@ -154,7 +154,8 @@ class KafkaCheckpointStore(CheckpointStore):
     def _read(self, want: bytes) -> list[bytes | None]:
         consumer = kafka.make_consumer(
             self.kafka_settings, f"replicator.checkpoint-reader.{uuid.uuid4().hex}",
-            {"enable.partition.eof": True, "isolation.level": "read_committed"})
+            {"enable.partition.eof": True, "isolation.level": "read_committed",
+             "fetch.wait.max.ms": 10})
         try:
             md = consumer.list_topics(self.topic, timeout=self.timeout)
             t = md.topics.get(self.topic)
@@ -171,7 +172,7 @@ class KafkaCheckpointStore(CheckpointStore):
                     raise KafkaRetriableError(
                         f"checkpoint topic {self.topic}: partitions {sorted(pending)} not read "
                         f"to their end within {self.timeout:.0f}s")
-                for msg in consumer.consume(1000, 0.5):
+                for msg in consumer.consume(1000, 0.05):
                     if kafka.is_partition_eof(msg):
                         pending.discard(msg.partition())
                         continue

@@ -193,7 +193,7 @@ def read_topic(brokers: str, topic: str, *, timeout: float = 20) -> dict[int, li
         pending = set(parts)
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.5):
+            for m in c.consume(1000, 0.05):
                 if m.error():
                     if m.error().code() == ck.KafkaError._PARTITION_EOF:
                         pending.discard(m.partition())
@@ -230,7 +230,7 @@ def checkpoints(brokers: str, topic: str) -> dict[str, list[Checkpoint]]:
         pending = set(parts)
         deadline = time.monotonic() + 15
         while pending and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.5):
+            for m in c.consume(1000, 0.05):
                 if m.error():
                     if m.error().code() == ck.KafkaError._PARTITION_EOF:
                         pending.discard(m.partition())
