@@ -126,7 +126,8 @@ class KafkaSegmentEvents(SegmentEvents):
         """
         c = kafka.make_consumer(self.kafka_settings,
                                 f"replicator.segment-events-reader.{uuid.uuid4().hex}",
-                                {"enable.partition.eof": False})
+                                # Bounds how long a new event waits in a broker-side fetch.
+                                {"enable.partition.eof": False, "fetch.wait.max.ms": 100})
         md = c.list_topics(self.topic, timeout=self.timeout)
         t = md.topics.get(self.topic)
         if t is None or t.error is not None or not t.partitions:
