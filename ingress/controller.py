@@ -101,6 +101,8 @@ class Ingress:
         self.format: SegmentFormat = get_format(settings.format.name)
         self.sources = {(s.region, s.topic): _SourceState(s) for s in self.cfg.sources}
         self.workers: dict[WorkerId, ReplayWorker] = {}
+        # Segments replayed at once, whatever the partition count: bounds memory.
+        self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
         self.assigned: set[tuple[str, int]] = set()
         self.fenced: set[WorkerId] = set()
         self.subscribed: frozenset[str] = frozenset()
@@ -342,7 +344,7 @@ class Ingress:
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2]), metrics=self.m,
-                              clock=self.clock, sleep=self.sleep)
+                              clock=self.clock, sleep=self.sleep, permits=self._permits)
         self.workers[wid] = worker
         worker.start()
 

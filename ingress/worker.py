@@ -169,8 +169,10 @@ class ReplayWorker:
     def __init__(self, cfg: WorkerConfig, *, store: ObjectStore, fmt: SegmentFormat,
                  checkpoints: CheckpointStore, make_sink: Callable[[], ReplaySink],
                  metrics: IngressMetrics, clock: Clock = utc_now,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 sleep: Callable[[float], None] | None = None,
+                 permits: threading.Semaphore | None = None) -> None:
         self.cfg = cfg
+        self.permits = permits
         self.store = store
         self.fmt = fmt
         self.checkpoints = checkpoints
@@ -408,6 +410,21 @@ class ReplayWorker:
         self._m_late.set(0)
 
     def _replay(self, sink: ReplaySink, seg: SegmentKey, skip_through: int | None) -> None:
+        """Replay one segment while holding a permit (memory: one per active replay)."""
+        permits = self.permits
+        if permits is None:
+            self._replay_segment(sink, seg, skip_through)
+            return
+        while not permits.acquire(timeout=0.2):
+            if self.stopping:
+                return
+        try:
+            self._replay_segment(sink, seg, skip_through)
+        finally:
+            permits.release()
+
+    def _replay_segment(self, sink: ReplaySink, seg: SegmentKey, skip_through: int | None
+                        ) -> None:
         name = seg.to_key()
         try:
             reader = open_segment(self.store, self.fmt, seg)

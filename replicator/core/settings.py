@@ -345,6 +345,9 @@ class IngressSettings(_Model):
     revoke_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
                                            "finish their current batch.")
+    max_parallel_replays: int = Field(
+        8, ge=1, description="Segments replayed at once by this process (each holds about "
+                             "two batches in memory), whatever the number of partitions.")
 
     @field_validator("sqs_wait_time")
     @classmethod

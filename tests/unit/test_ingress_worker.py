@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -21,7 +23,7 @@ from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings
-from replicator.core.storage import MemoryObjectStore
+from replicator.core.storage import MemoryObjectStore, RangeReader
 
 FMT = get_format("parquet")
 REF = PartitionRef("data", "us-east-1", "t", 3)
@@ -301,3 +303,56 @@ def test_batch_rows_keeps_every_field_and_respects_slices_and_skips() -> None:
         assert rows.records() == [(r.offset, r.timestamp_ms, r.key, r.value,
                                    list(r.headers) or None) for r in want]
     assert batch_rows(batch, 29) is None
+
+
+def test_permits_bound_the_segments_replayed_at_once() -> None:
+    import io
+
+    state = {"open": 0, "max": 0}
+
+    class TrackedRange(RangeReader):
+        def __init__(self, *a: Any) -> None:
+            super().__init__(*a)
+            state["open"] += 1
+            state["max"] = max(state["max"], state["open"])
+
+        def close(self) -> None:
+            if not self.closed:
+                state["open"] -= 1
+            super().close()
+
+    class CountingStore(MemoryObjectStore):
+        def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
+            raw = TrackedRange(self, key, self.head(key).size)
+            return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+
+    store = CountingStore("dest")
+    permits = threading.Semaphore(1)
+    workers, sinks = [], []
+    for p in (0, 1, 2):
+        ref = PartitionRef("data", "us-east-1", "t", p)
+        for i in range(3):
+            k = SegmentKey("data", "us-east-1", "t", p, 0, i * 50, i * 50 + 49)
+            write(store, k)
+        h = Harness()
+        sink = MemorySink(h.checkpoints)
+        cfg = WorkerConfig(source=h.cfg.source, ref=ref, destination_topic="copy",
+                           exactly_once=True, batch_size=7,
+                           rescan_interval=timedelta(seconds=5))
+        w = ReplayWorker(cfg, store=store, fmt=FMT, checkpoints=h.checkpoints,
+                         make_sink=lambda s=sink: s, metrics=h.m, permits=permits)
+        workers.append(w)
+        sinks.append(sink)
+    for w in workers:
+        w.start()
+    try:
+        deadline = time.monotonic() + 10
+        while any(len(s.committed) < 150 for s in sinks):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert state["max"] == 1
+        assert all([r[0] for r in s.committed] == list(range(150)) for s in sinks)
+    finally:
+        for w in workers:
+            w.stop()
+            w.join(5)
