@@ -36,6 +36,7 @@ from ingress.topics import (
     TopicMeta,
     ensure_destination,
     ensure_internal_topics,
+    existing_partitions,
     read_topic_meta,
 )
 from ingress.worker import Clock, ReplayWorker, WorkerConfig, utc_now
@@ -233,7 +234,7 @@ class Ingress:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
         prefix = self.settings.s3.prefix
-        by_dest: dict[str, list[_SourceState]] = {}
+        by_dest: dict[str, list[tuple[_SourceState, TopicMeta]]] = {}
         for st in self.sources.values():
             src = st.source
             try:
@@ -249,8 +250,9 @@ class Ingress:
                                 src.region, src.topic)
                     st.warned_missing = time.monotonic()
                 continue
-            by_dest.setdefault(src.destination, []).append(st)
-            self._ensure(st, meta)
+            by_dest.setdefault(src.destination, []).append((st, meta))
+        for dest, items in by_dest.items():
+            self._ensure(dest, items)
         ready = frozenset(st.source.destination for st in self.sources.values()
                           if st.partitions is not None and not st.stopped)
         if ready != self.subscribed:
@@ -262,34 +264,43 @@ class Ingress:
             else:
                 self.consumer.unsubscribe()
 
-    def _ensure(self, st: _SourceState, meta: TopicMeta) -> None:
-        src = st.source
+    def _ensure(self, dest: str, items: list[tuple[_SourceState, TopicMeta]]) -> None:
+        """Give ``dest`` the partitions of its largest source (several sources may feed
+        one topic); a source it cannot serve is stopped, the others go on."""
         assert self.admin is not None
+        largest = max(items, key=lambda it: it[1].partitions)[1]
         try:
-            ensure_destination(self.admin, src.destination, meta.partitions, meta.configs)
+            ensure_destination(self.admin, dest, largest.partitions, largest.configs)
+            have: int | None = largest.partitions
+            refused: TopicError | None = None
         except TopicError as e:
-            if st.stopped is None:
-                # Checked again every topic_check_interval: it resumes once an operator
-                # gave the topic enough partitions.
-                log.error("source %s/%s STOPPED: %s", src.region, src.topic, e)
-                self.m.source_errors.labels(region=src.region, topic=src.topic,
-                                            reason="partitions").inc()
-                self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
-            st.stopped = str(e)
-            return
+            have, refused = existing_partitions(self.admin, dest), e
         except ReplicatorError as e:
-            log.error("source %s/%s: cannot prepare destination topic %s, retrying: %s",
-                      src.region, src.topic, src.destination, e)
+            log.error("cannot prepare destination topic %s, retrying: %s", dest, e)
             return
-        if st.stopped is not None:
-            log.info("source %s/%s resumed: %s has enough partitions now", src.region,
-                     src.topic, src.destination)
-            st.stopped = None
-            self.m.source_stopped.labels(region=src.region, topic=src.topic).set(0)
-        if st.partitions != meta.partitions:
-            log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
-                     meta.partitions, src.destination)
-        st.partitions = meta.partitions
+        for st, meta in items:
+            src = st.source
+            if refused is not None and (have is None or meta.partitions > have):
+                if st.stopped is None:
+                    # Checked again every topic_check_interval: it resumes once an operator
+                    # gave the topic enough partitions.
+                    log.error("source %s/%s STOPPED: destination topic %s has %s partition(s) "
+                              "but the source has %d: %s", src.region, src.topic, dest, have,
+                              meta.partitions, refused)
+                    self.m.source_errors.labels(region=src.region, topic=src.topic,
+                                                reason="partitions").inc()
+                    self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
+                st.stopped = f"{dest} has {have} partition(s), the source {meta.partitions}"
+                continue
+            if st.stopped is not None:
+                log.info("source %s/%s resumed: %s has enough partitions now", src.region,
+                         src.topic, dest)
+                st.stopped = None
+                self.m.source_stopped.labels(region=src.region, topic=src.topic).set(0)
+            if st.partitions != meta.partitions:
+                log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
+                         meta.partitions, dest)
+            st.partitions = meta.partitions
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         consumer.assign(partitions)

@@ -104,7 +104,8 @@ class TopicAdmin(Protocol):
     def grow_topic(self, topic: str, partitions: int) -> None: ...
 
 
-def _partitions(admin: TopicAdmin, topic: str) -> int | None:
+def existing_partitions(admin: TopicAdmin, topic: str) -> int | None:
+    """Partition count of ``topic``, or ``None`` if it does not exist."""
     # A metadata request naming an unknown topic makes some brokers (Tansu; Kafka with
     # auto.create.topics.enable) create it with their default partition count, so look at
     # the full topic list first.
@@ -120,7 +121,7 @@ def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,
     Raises:
         TopicError: it has fewer partitions and cannot be grown (message names both).
     """
-    existing = _partitions(admin, topic)
+    existing = existing_partitions(admin, topic)
     step = destination_step(existing, partitions)
     if step == "create":
         conf = copied_configs(configs)
@@ -128,7 +129,7 @@ def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,
             log.info("created destination topic %s with %d partition(s), configs %s", topic,
                      partitions, conf)
             return partitions
-        existing = _partitions(admin, topic)  # created concurrently by another instance
+        existing = existing_partitions(admin, topic)  # created concurrently by another instance
         step = destination_step(existing, partitions)
     if step == "grow":
         try:
