@@ -115,9 +115,14 @@ class MemoryCheckpointStore(CheckpointStore):
 
 
 def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> Checkpoint | None:
-    """The last decodable value of ``values`` (in log order); bad ones are logged."""
+    """The last decodable value of ``values`` (in log order); bad ones are logged and
+    skipped, a tombstone (``None``) clears what came before."""
     best: Checkpoint | None = None
     for v in values:
+        if v is None:
+            # A tombstone deletes the checkpoint (an operator resetting a partition).
+            best = None
+            continue
         try:
             cp = Checkpoint.decode(v)
         except ValueError as e:

@@ -356,3 +356,15 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
         for w in workers:
             w.stop()
             w.join(5)
+
+
+def test_checkpoint_store_latest_valid_and_tombstone() -> None:
+    from ingress.checkpoints import latest_valid
+
+    a = Checkpoint(5, "s", datetime.now(UTC)).encode()
+    b = Checkpoint(9, "s", datetime.now(UTC)).encode()
+    assert latest_valid("k", [a, b"junk", b, b'{"offset": -1}'], None).offset == 9  # type: ignore[union-attr]
+    assert latest_valid("k", [a, None], None) is None
+    assert latest_valid("k", [b"junk"], None) is None
+    cp = Checkpoint(3, "", datetime.now(UTC), lost=(1, 3))
+    assert Checkpoint.decode(cp.encode()) == cp
