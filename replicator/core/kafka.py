@@ -175,8 +175,12 @@ class Admin:
         self.timeout = timeout
 
     def partition_count(self, topic: str) -> int | None:
-        """Number of partitions of ``topic``, or ``None`` if it does not exist."""
-        md = self._admin.list_topics(topic=topic, timeout=self.timeout)
+        """Number of partitions of ``topic``, or ``None`` if it does not exist.
+
+        Asks for the metadata of every topic: a metadata request naming a missing topic
+        makes brokers with auto-creation on (Tansu always) create it as a side effect.
+        """
+        md = self._admin.list_topics(timeout=self.timeout)
         t = md.topics.get(topic)
         if t is None or (t.error is not None and t.error.code() == \
                 ck.KafkaError.UNKNOWN_TOPIC_OR_PART):

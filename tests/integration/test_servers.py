@@ -26,3 +26,15 @@ def test_both_brokers_accept_records(source_brokers: str, dest_brokers: str) -> 
         assert p.flush(10) == 0
         md = AdminClient({"bootstrap.servers": brokers}).list_topics(topic, timeout=10)
         assert topic in md.topics
+
+
+def test_partition_count_of_a_missing_topic_does_not_create_it(source_brokers: str) -> None:
+    from replicator.core.kafka import Admin
+    from replicator.core.settings import KafkaSettings
+
+    admin = Admin(KafkaSettings(brokers=source_brokers))
+    topic = unique_name("absent")
+    assert admin.partition_count(topic) is None
+    assert topic not in admin.list_topics()
+    admin.create_topic(topic, 3)
+    assert admin.partition_count(topic) == 3
