@@ -156,7 +156,22 @@ class KafkaCheckpointStore(CheckpointStore):
         values = self._read(key.encode())
         return latest_valid(key, values, self._invalid)
 
+    def load_all(self) -> dict[str, Checkpoint]:
+        """The latest valid checkpoint of every key in the topic (operator tools)."""
+        by_key: dict[str, list[bytes | None]] = {}
+        for k, v in self._read_records(None):
+            by_key.setdefault(k.decode(errors="replace"), []).append(v)
+        out = {}
+        for key, values in by_key.items():
+            cp = latest_valid(key, values, self._invalid)
+            if cp is not None:
+                out[key] = cp
+        return out
+
     def _read(self, want: bytes) -> list[bytes | None]:
+        return [v for _k, v in self._read_records(want)]
+
+    def _read_records(self, want: bytes | None) -> list[tuple[bytes, bytes | None]]:
         consumer = kafka.make_consumer(
             self.kafka_settings, f"replicator.checkpoint-reader.{uuid.uuid4().hex}",
             {"enable.partition.eof": True, "isolation.level": "read_committed",
@@ -170,7 +185,7 @@ class KafkaCheckpointStore(CheckpointStore):
             consumer.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING)
                              for p in parts])
             pending = set(parts)
-            values: list[bytes | None] = []
+            values: list[tuple[bytes, bytes | None]] = []
             deadline = time.monotonic() + self.timeout
             while pending:
                 if time.monotonic() > deadline:
@@ -185,8 +200,9 @@ class KafkaCheckpointStore(CheckpointStore):
                     if err is not None:
                         log.warning("reading checkpoint topic: %s", err)
                         continue
-                    if msg.key() == want:
-                        values.append(msg.value())
+                    key = msg.key()
+                    if key is not None and (want is None or key == want):
+                        values.append((key, msg.value()))
             return values
         finally:
             consumer.close()

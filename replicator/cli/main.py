@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from replicator.cli.checkpoints import checkpoints
 from replicator.cli.demo import demo
 from replicator.cli.local import local
 from replicator.cli.segments import segments
@@ -22,3 +23,4 @@ main.add_command(demo)
 main.add_command(sync)
 main.add_command(segments)
 main.add_command(verify)
+main.add_command(checkpoints)

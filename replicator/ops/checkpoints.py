@@ -1,0 +1,70 @@
+"""``replicator checkpoints show``: how far ingress has replayed each source partition.
+
+For every configured source and partition: the checkpoint (last source offset produced),
+the end of the newest segment in the destination bucket, and the lag between them in
+offset positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ingress.checkpoints import Checkpoint
+from ingress.events import partition_key
+from replicator.core.keys import SegmentKey, topic_prefix
+from replicator.core.settings import IngressSettings
+from replicator.core.storage import ObjectStore
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    """One source partition."""
+
+    region: str
+    topic: str
+    partition: int
+    destination_topic: str
+    checkpoint: int | None
+    updated_at: str | None
+    latest_segment_end: int | None
+    lost: tuple[int, int] | None
+
+    @property
+    def lag(self) -> int | None:
+        """Positions segmented but not yet replayed (``None`` when nothing is segmented)."""
+        if self.latest_segment_end is None:
+            return None
+        done = -1 if self.checkpoint is None else self.checkpoint
+        return max(0, self.latest_segment_end - done)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"region": self.region, "topic": self.topic, "partition": self.partition,
+                "destination_topic": self.destination_topic, "checkpoint": self.checkpoint,
+                "updated_at": self.updated_at, "latest_segment_end": self.latest_segment_end,
+                "lag": self.lag, "last_lost_range": None if self.lost is None
+                else list(self.lost)}
+
+
+def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
+                      checkpoints: Mapping[str, Checkpoint]) -> list[CheckpointRow]:
+    """Rows for every partition that has a segment or a checkpoint, per configured source."""
+    rows = []
+    for src in ingress.sources:
+        ends: dict[int, int] = {}
+        for info in store.list(topic_prefix(prefix, src.region, src.topic)):
+            k = SegmentKey.try_parse(info.key)
+            if k is not None:
+                ends[k.partition] = max(ends.get(k.partition, -1), k.end)
+        head = partition_key(src.region, src.topic, 0)[:-1]  # "{region}:{topic}:"
+        with_checkpoint = {int(k[len(head):]) for k in checkpoints
+                           if k.startswith(head) and k[len(head):].isdigit()}
+        for p in sorted(set(ends) | with_checkpoint):
+            cp = checkpoints.get(partition_key(src.region, src.topic, p))
+            rows.append(CheckpointRow(
+                src.region, src.topic, p, src.destination,
+                None if cp is None else cp.offset,
+                None if cp is None else cp.updated_at.isoformat(),
+                ends.get(p), None if cp is None else cp.lost))
+    return rows
