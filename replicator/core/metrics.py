@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -20,11 +21,27 @@ log = logging.getLogger(__name__)
 PREFIX = "replicator_"
 
 
+@dataclass(frozen=True)
+class MetricDefinition:
+    """What a metric is, for the generated reference (docs/metrics.md)."""
+
+    name: str
+    kind: str
+    doc: str
+    labels: tuple[str, ...]
+
+
 class Metrics:
     """A metric registry; one per controller (tests create as many as they like)."""
 
     def __init__(self) -> None:
         self.registry = prom.CollectorRegistry(auto_describe=True)
+        self.definitions: list[MetricDefinition] = []
+
+    def _define(self, name: str, kind: str, doc: str, labels: Sequence[str]) -> str:
+        full = self._name(name)
+        self.definitions.append(MetricDefinition(full, kind, doc, tuple(labels)))
+        return full
 
     @staticmethod
     def _name(name: str) -> str:
@@ -32,11 +49,13 @@ class Metrics:
 
     def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Any:
         """A counter (``.labels(...).inc(n)``)."""
-        return prom.Counter(self._name(name), doc, list(labels), registry=self.registry)
+        return prom.Counter(self._define(name, "counter", doc, labels), doc, list(labels),
+                            registry=self.registry)
 
     def gauge(self, name: str, doc: str, labels: Sequence[str] = ()) -> Any:
         """A gauge (``.labels(...).set(v)``)."""
-        return prom.Gauge(self._name(name), doc, list(labels), registry=self.registry)
+        return prom.Gauge(self._define(name, "gauge", doc, labels), doc, list(labels),
+                          registry=self.registry)
 
     def histogram(self, name: str, doc: str, labels: Sequence[str] = (),
                   buckets: Sequence[float] | None = None) -> Any:
@@ -44,7 +63,8 @@ class Metrics:
         kw: dict[str, Any] = {}
         if buckets is not None:
             kw["buckets"] = list(buckets)
-        return prom.Histogram(self._name(name), doc, list(labels), registry=self.registry, **kw)
+        return prom.Histogram(self._define(name, "histogram", doc, labels), doc, list(labels),
+                              registry=self.registry, **kw)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

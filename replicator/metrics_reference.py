@@ -1,0 +1,56 @@
+"""The metrics reference, generated from the controllers' metric definitions.
+
+``python -m replicator.metrics_reference > docs/metrics.md`` rewrites it; a test fails when
+the committed file and the code disagree.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from compaction.metrics import CompactionMetrics
+from egress.metrics import EgressMetrics
+from ingress.checkpoints import KafkaCheckpointStore
+from ingress.metrics import IngressMetrics
+from replicator.core.metrics import MetricDefinition, Metrics
+from replicator.core.settings import KafkaSettings
+
+
+def definitions() -> dict[str, list[MetricDefinition]]:
+    """Controller name -> the metrics it exports, in definition order."""
+    out = {}
+    for name in ("egress", "ingress", "compaction"):
+        m = Metrics()
+        if name == "egress":
+            EgressMetrics(m)
+        elif name == "ingress":
+            IngressMetrics.create(m)
+            # Constructing the store only registers its metric; it connects on load().
+            KafkaCheckpointStore(KafkaSettings(brokers="unused:9092"), "unused", m)
+        else:
+            CompactionMetrics(m, "region")
+        out[name] = list(m.definitions)
+    return out
+
+
+def render_reference() -> str:
+    """Markdown: one table per controller."""
+    lines = [
+        "# Metrics reference",
+        "",
+        "Generated from the code by `python -m replicator.metrics_reference`; do not edit by "
+        "hand. Every controller serves these on `http://<metrics.host>:<metrics.port>/metrics`"
+        " (Prometheus text format), next to `/healthz` (alive) and `/readyz` (working). "
+        "Counters end in `_total`; labels never carry offsets.",
+    ]
+    for controller, defs in definitions().items():
+        lines += ["", f"## {controller}", "", "| metric | type | labels | meaning |",
+                  "| --- | --- | --- | --- |"]
+        for d in defs:
+            labels = ", ".join(d.labels) or "-"
+            lines.append(f"| `{d.name}` | {d.kind} | {labels} | {d.doc.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_reference())
