@@ -60,31 +60,36 @@ class ColumnBuffer:
             (messages taken, their raw bytes: key + value + headers). Messages after the
             one that reaches the budget are not taken (they start the next segment).
         """
-        rows = [(m.offset(), m.timestamp(), m.key(), m.value(), m.headers()) for m in msgs]
-        offs, stamps, keys, vals, hdrs = zip(*rows, strict=True)
+        # One pass per accessor: no per-message tuple (each would be one more GC-tracked
+        # allocation), and each pass is a tight comprehension.
+        offs = [m.offset() for m in msgs]
+        stamps = [m.timestamp() for m in msgs]
+        keys = [m.key() for m in msgs]
+        vals = [m.value() for m in msgs]
+        hdrs = [m.headers() for m in msgs]
         raw = sum(map(len, filter(None, keys))) + sum(map(len, filter(None, vals)))
         with_headers = any(hdrs)
         if with_headers:
             raw += header_bytes(hdrs)
-        if byte_budget is not None and raw >= byte_budget and len(rows) > 1:
+        if byte_budget is not None and raw >= byte_budget and len(offs) > 1:
             # The size limit falls inside this run: find the message that reaches it
             # (per-message work, but once per segment).
-            total, cut = 0, len(rows)
-            for i, (_, _, k, v, h) in enumerate(rows):
+            total, cut = 0, len(offs)
+            for i, (k, v, h) in enumerate(zip(keys, vals, hdrs, strict=True)):
                 total += len(k or b"") + len(v or b"") + (header_bytes((h,)) if h else 0)
                 if total >= byte_budget:
                     cut = i + 1
                     break
-            if cut < len(rows):
+            if cut < len(offs):
                 return self.add(msgs[:cut])
         self.has_headers = self.has_headers or with_headers
-        self.offsets.extend(offs)
-        self.timestamps.extend(stamps)
-        self.keys.extend(keys)
-        self.values.extend(vals)
-        self.headers.extend(hdrs)
+        self.offsets += offs
+        self.timestamps += stamps
+        self.keys += keys
+        self.values += vals
+        self.headers += hdrs
         self.raw_bytes += raw
-        return len(rows), raw
+        return len(offs), raw
 
     def take(self) -> pa.RecordBatch:
         """Build one ``SEGMENT_SCHEMA`` batch of everything held, and empty the buffer."""

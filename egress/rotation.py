@@ -85,15 +85,18 @@ def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
         budget: ``egress.max_buffered_bytes``.
         in_flight: bytes held by segments already closing; they are freed once their close
             completes, so they count against the budget but cannot be picked.
-        min_victim_bytes: never close a segment holding less than this (closing tiny
-            segments frees nothing and makes many small objects).
+        min_victim_bytes: do not close a segment holding less than this while closes are
+            in flight (closing tiny segments frees little and makes many small objects).
+            With nothing in flight the limit is ignored: memory must be freed by someone,
+            or a process paused for memory would wait forever.
     """
     total = sum(open_segments.values()) + in_flight
     if total <= budget:
         return []
+    floor = min_victim_bytes if in_flight > 0 else 0
     victims: list[K] = []
     for key, held in sorted(open_segments.items(), key=lambda kv: kv[1], reverse=True):
-        if total <= budget or held < min_victim_bytes or held <= 0:
+        if total <= budget or held < floor or held <= 0:
             break
         victims.append(key)
         total -= held

@@ -75,8 +75,9 @@ def test_in_flight_counts_but_cannot_be_picked() -> None:
 
 
 def test_tiny_segments_are_not_victims() -> None:
-    assert pick_memory_victims({"a": 3, "b": 2}, 1, min_victim_bytes=4) == []
-    assert pick_memory_victims({"a": 30, "b": 2}, 1, min_victim_bytes=4) == ["a"]
+    assert pick_memory_victims({"a": 3, "b": 2}, 1, in_flight=1, min_victim_bytes=4) == []
+    assert pick_memory_victims({"a": 30, "b": 2}, 1, in_flight=1,
+                               min_victim_bytes=4) == ["a"]
 
 
 @given(st.dictionaries(st.integers(0, 50), st.integers(0, 10_000), max_size=30),
@@ -145,3 +146,14 @@ def test_start_never_leaves_a_gap(expected: int, first: int, low: int) -> None:
             assert expected <= d.lost[0] <= d.lost[1] < first
     else:
         assert d.reset and d.start == first
+
+
+def test_small_segments_are_closed_when_nothing_else_frees_memory() -> None:
+    # 64 partitions of 1 MiB each over a 32 MiB budget, nothing closing: without picking
+    # below min_victim_bytes a process paused for memory would wait forever.
+    held = {p: 1024**2 for p in range(64)}
+    victims = pick_memory_victims(held, 32 * 1024**2, min_victim_bytes=2 * 1024**2)
+    assert len(victims) == 32
+    # With closes in flight the small ones wait for those to finish.
+    assert pick_memory_victims(held, 32 * 1024**2, in_flight=1,
+                               min_victim_bytes=2 * 1024**2) == []

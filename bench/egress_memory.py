@@ -1,0 +1,276 @@
+"""Egress memory against ``egress.max_buffered_bytes`` (issues 3 and 7.5).
+
+    .venv/bin/python bench/egress_memory.py [--partitions 1,16,64] [--budgets 64MiB,256MiB]
+                                            [--total 384MiB] [--s3] [--json out.json]
+
+For each partition count a topic is filled with ``--total`` raw bytes of 1 KiB text-like
+records, spread evenly. For each budget a fresh egress process (segment limits 100 MiB,
+10 M messages, 1 h: only the memory budget can close segments early) consumes the whole
+topic, while a thread samples its RSS every 20 ms. The store discards segment bytes (it
+keeps only sizes and keys) so the RSS is the egress's own; ``--s3`` uses moto instead.
+
+Printed per run: RSS before consuming (the fixed overhead: interpreter, pyarrow, librdkafka
+and its prefetch queue), peak RSS, peak growth over the baseline, the peak of the bytes the
+egress accounts as held (``replicator_egress_buffered_bytes``), and segments by reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from replicator.core.units import format_size, parse_size
+
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+
+WORDS = [b"sensor", b"temperature", b"humidity", b"pressure", b"reading", b"device",
+         b"region", b"value", b"status", b"ok", b"warning", b"error", b"level", b"battery"]
+FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+MiB = 1024**2
+
+
+def text_value(rng: random.Random, size: int) -> bytes:
+    out = bytearray()
+    while len(out) < size:
+        out += rng.choice(WORDS) + b" " + str(rng.randint(0, 99999)).encode() + b" "
+    return bytes(out[:size])
+
+
+# --- child: one egress process --------------------------------------------------------
+
+
+def null_store() -> Any:
+    """An ObjectStore that keeps sizes, not bytes (so the RSS is the egress's own)."""
+    from replicator.core.errors import ObjectNotFound
+    from replicator.core.storage import ObjectInfo, ObjectStore, Upload
+
+    class NullUpload(Upload):
+        def __init__(self, store: NullStore, key: str) -> None:
+            self.store, self.key, self._n = store, key, 0
+
+        def write(self, data: bytes | bytearray | memoryview) -> int:
+            self._n += len(data)
+            return len(data)
+
+        def complete(self) -> ObjectInfo:
+            return self.store.put(self.key, b"", size=self._n)
+
+        def abort(self) -> None:
+            return None
+
+        @property
+        def bytes_written(self) -> int:
+            return self._n
+
+        @property
+        def buffered_bytes(self) -> int:
+            return 0
+
+    class NullStore(ObjectStore):
+        bucket = "null"
+
+        def __init__(self) -> None:
+            self.sizes: dict[str, int] = {}
+            self.lock = threading.Lock()
+
+        def put(self, key: str, data: bytes, *, size: int | None = None,
+                **kw: Any) -> ObjectInfo:
+            with self.lock:
+                self.sizes[key] = len(data) if size is None else size
+            return self.head(key)
+
+        def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
+            return NullUpload(self, key)
+
+        def get(self, key: str) -> bytes:
+            raise ObjectNotFound(key)
+
+        def get_range(self, key: str, start: int, length: int) -> bytes:
+            raise ObjectNotFound(key)
+
+        def head(self, key: str) -> ObjectInfo:
+            with self.lock:
+                if key not in self.sizes:
+                    raise ObjectNotFound(key)
+                return ObjectInfo(key, self.sizes[key], datetime.now(UTC))
+
+        def list(self, prefix: str, *, start_after: str | None = None
+                 ) -> Iterator[ObjectInfo]:
+            with self.lock:
+                keys = sorted(k for k in self.sizes if k.startswith(prefix))
+            return iter([self.head(k) for k in keys if start_after is None or k > start_after])
+
+        def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
+            return self.put(dst, b"", size=self.head(src).size)
+
+        def delete(self, key: str) -> None:
+            with self.lock:
+                self.sizes.pop(key, None)
+
+        def delete_many(self, keys: Iterable[str]) -> None:
+            for k in keys:
+                self.delete(k)
+
+    return NullStore()
+
+
+def child(args: argparse.Namespace) -> int:
+    from egress.controller import Egress
+    from replicator.core.settings import load_settings
+
+    settings = load_settings(data={
+        "region": "us-east-1",
+        "s3": {"bucket": args.bucket, "endpoint_url": args.endpoint},
+        "kafka": {"brokers": args.brokers, "config": FAST_GROUP},
+        "metrics": {"port": 0},
+        "egress": {"group_id": f"mem-{random.getrandbits(32):x}",
+                   "max_buffered_bytes": args.budget,
+                   "topics": {args.topic: {"max_segment_size": "100MiB",
+                                           "max_segment_messages": 10_000_000,
+                                           "max_segment_age": "1h"}}},
+    }, environ={})
+    store = None if args.s3 else null_store()
+    eg = Egress(settings, store=store)
+    proc = psutil.Process()
+    eg.start()
+    baseline = proc.memory_info().rss
+    peak = {"rss": baseline, "held": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak["rss"] = max(peak["rss"], proc.memory_info().rss)
+            peak["held"] = max(peak["held"], int(eg.metrics.total("egress_buffered_bytes")))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    runner = threading.Thread(target=eg.run, daemon=True)
+    runner.start()
+    t0 = time.monotonic()
+    while sum(w.next_offset or 0 for w in list(eg._writers.values())) < args.records:
+        time.sleep(0.05)
+        if time.monotonic() - t0 > 600:
+            raise SystemExit("egress did not consume the topic within 10 minutes")
+    eg.stop()
+    runner.join()
+    done.set()
+    sampler.join()
+    eg.close()
+    reasons = {r: eg.metrics.total("egress_segments_total", reason=r)
+               for r in ("size", "memory", "shutdown")}
+    print(json.dumps({"baseline_rss": baseline, "peak_rss": peak["rss"],
+                      "peak_held": peak["held"], "reasons": reasons,
+                      "seconds": time.monotonic() - t0}))
+    return 0
+
+
+# --- parent: topics, runs, table ------------------------------------------------------
+
+
+def fill(brokers: str, topic: str, partitions: int, records: int) -> None:
+    from replicator.core.kafka import Admin, make_producer
+    from replicator.core.settings import KafkaSettings
+
+    kafka = KafkaSettings(brokers=brokers)
+    Admin(kafka).create_topic(topic, partitions)
+    rng = random.Random(3)
+    values = [text_value(rng, 1000) for _ in range(499)]
+    p = make_producer(kafka, overrides={"linger.ms": 20})
+    for i in range(records):
+        while True:
+            try:
+                p.produce(topic, value=values[i % 499], key=b"k%06d" % (i % 100_000),
+                          partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.05)
+        if i % 5000 == 0:
+            p.poll(0)
+    assert p.flush(300) == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--partitions", default="1,16,64")
+    ap.add_argument("--budgets", default="64MiB,256MiB")
+    ap.add_argument("--total", default="384MiB", help="raw bytes per topic")
+    ap.add_argument("--s3", action="store_true", help="upload to moto instead of discarding")
+    ap.add_argument("--json", type=Path)
+    # child mode
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("brokers", "endpoint", "bucket", "topic"):
+        ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--records", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+
+    from replicator.core.processes import start_moto, start_tansu
+    from replicator.core.s3 import create_bucket, make_s3_client
+
+    partitions = [int(p) for p in args.partitions.split(",")]
+    budgets = [parse_size(b) for b in args.budgets.split(",")]
+    records = parse_size(args.total) // 1008   # 1000 B value + 8 B key
+    work = Path(tempfile.mkdtemp(prefix="egress-mem-"))
+    tansu, moto = start_tansu("tansu-mem", work), start_moto(work)
+    rows: list[dict[str, Any]] = []
+    try:
+        endpoint = f"http://{moto.address}"
+        for n in partitions:
+            topic = f"mem-{n}-{random.getrandbits(24):x}"
+            fill(tansu.address, topic, n, records)
+            for budget in budgets:
+                bucket = f"mem-{random.getrandbits(32):x}"
+                if args.s3:
+                    create_bucket(make_s3_client(endpoint_url=endpoint, region="us-east-1",
+                                                 access_key_id="test",
+                                                 secret_access_key="test"),
+                                  bucket, "us-east-1")
+                cmd = [sys.executable, __file__, "--child", "--brokers", tansu.address,
+                       "--endpoint", endpoint, "--bucket", bucket, "--topic", topic,
+                       "--budget", str(budget), "--records", str(records)]
+                if args.s3:
+                    cmd.append("--s3")
+                out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+                r = json.loads(out.strip().splitlines()[-1])
+                rows.append({"partitions": n, "budget": budget, **r})
+                print(f"  {n} partitions, budget {format_size(budget)}: done in "
+                      f"{r['seconds']:.1f}s", file=sys.stderr)
+    finally:
+        tansu.stop()
+        moto.stop()
+    print(f"\n{format_size(records * 1008)} raw per topic, 1 KiB records, segment limit "
+          f"100 MiB, {'moto S3' if args.s3 else 'discarding store'}")
+    print(f"{'partitions':>10} {'budget':>9} {'base RSS':>9} {'peak RSS':>9} {'growth':>9} "
+          f"{'held max':>9} {'growth/budget':>13}  segments by reason")
+    for r in rows:
+        growth = r["peak_rss"] - r["baseline_rss"]
+        reasons = ", ".join(f"{k} {v:.0f}" for k, v in r["reasons"].items() if v)
+        print(f"{r['partitions']:>10} {format_size(r['budget']):>9} "
+              f"{r['baseline_rss'] / MiB:>8.0f}M {r['peak_rss'] / MiB:>8.0f}M "
+              f"{growth / MiB:>8.0f}M {r['peak_held'] / MiB:>8.0f}M "
+              f"{growth / r['budget']:>13.2f}  {reasons}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
