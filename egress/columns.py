@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import cast
 
 import pyarrow as pa
 
@@ -62,7 +63,8 @@ class ColumnBuffer:
         """
         # One pass per accessor: no per-message tuple (each would be one more GC-tracked
         # allocation), and each pass is a tight comprehension.
-        offs = [m.offset() for m in msgs]
+        # A consumed record always has an offset (only error events lack one).
+        offs = cast("list[int]", [m.offset() for m in msgs])
         stamps = [m.timestamp() for m in msgs]
         keys = [m.key() for m in msgs]
         vals = [m.value() for m in msgs]
