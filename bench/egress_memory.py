@@ -136,7 +136,8 @@ def child(args: argparse.Namespace) -> int:
     settings = load_settings(data={
         "region": "us-east-1",
         "s3": {"bucket": args.bucket, "endpoint_url": args.endpoint},
-        "kafka": {"brokers": args.brokers, "config": FAST_GROUP},
+        "kafka": {"brokers": args.brokers,
+                  "config": {**FAST_GROUP, **json.loads(args.kafka_config or "{}")}},
         "metrics": {"port": 0},
         "egress": {"group_id": f"mem-{random.getrandbits(32):x}",
                    "max_buffered_bytes": args.budget,
@@ -149,13 +150,16 @@ def child(args: argparse.Namespace) -> int:
     proc = psutil.Process()
     eg.start()
     baseline = proc.memory_info().rss
-    peak = {"rss": baseline, "held": 0}
+    import pyarrow as pa
+
+    peak = {"rss": baseline, "held": 0, "arrow": 0}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             peak["rss"] = max(peak["rss"], proc.memory_info().rss)
             peak["held"] = max(peak["held"], int(eg.metrics.total("egress_buffered_bytes")))
+            peak["arrow"] = max(peak["arrow"], pa.total_allocated_bytes())
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -175,7 +179,8 @@ def child(args: argparse.Namespace) -> int:
     reasons = {r: eg.metrics.total("egress_segments_total", reason=r)
                for r in ("size", "memory", "shutdown")}
     print(json.dumps({"baseline_rss": baseline, "peak_rss": peak["rss"],
-                      "peak_held": peak["held"], "reasons": reasons,
+                      "peak_held": peak["held"], "peak_arrow": peak["arrow"],
+                      "reasons": reasons,
                       "seconds": time.monotonic() - t0}))
     return 0
 
@@ -212,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--total", default="384MiB", help="raw bytes per topic")
     ap.add_argument("--s3", action="store_true", help="upload to moto instead of discarding")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments)")
     # child mode
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("brokers", "endpoint", "bucket", "topic"):
@@ -248,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                        "--budget", str(budget), "--records", str(records)]
                 if args.s3:
                     cmd.append("--s3")
+                if args.kafka_config:
+                    cmd += ["--kafka-config", args.kafka_config]
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
                 r = json.loads(out.strip().splitlines()[-1])
                 rows.append({"partitions": n, "budget": budget, **r})
@@ -259,13 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{format_size(records * 1008)} raw per topic, 1 KiB records, segment limit "
           f"100 MiB, {'moto S3' if args.s3 else 'discarding store'}")
     print(f"{'partitions':>10} {'budget':>9} {'base RSS':>9} {'peak RSS':>9} {'growth':>9} "
-          f"{'held max':>9} {'growth/budget':>13}  segments by reason")
+          f"{'held max':>9} {'arrow max':>9} {'growth/budget':>13}  segments by reason")
     for r in rows:
         growth = r["peak_rss"] - r["baseline_rss"]
         reasons = ", ".join(f"{k} {v:.0f}" for k, v in r["reasons"].items() if v)
         print(f"{r['partitions']:>10} {format_size(r['budget']):>9} "
               f"{r['baseline_rss'] / MiB:>8.0f}M {r['peak_rss'] / MiB:>8.0f}M "
               f"{growth / MiB:>8.0f}M {r['peak_held'] / MiB:>8.0f}M "
+              f"{r['peak_arrow'] / MiB:>8.0f}M "
               f"{growth / r['budget']:>13.2f}  {reasons}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -6,6 +6,8 @@ import itertools
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,6 +20,7 @@ from formats.registry import get_format
 from formats.segment_io import open_segment
 from replicator.core.kafka import Admin, TopicPartition, make_consumer, make_producer
 from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
+from replicator.core.processes import free_port
 from replicator.core.s3 import S3ObjectStore, create_bucket
 from replicator.core.settings import Settings, load_settings
 from replicator.core.storage import ObjectStore
@@ -27,13 +30,14 @@ REGION = "us-east-1"
 
 
 def egress_settings(brokers: str, endpoint: str, bucket: str, topics: dict[str, dict[str, Any]],
-                    *, group: str | None = None, **egress: Any) -> Settings:
+                    *, group: str | None = None, metrics_port: int = 0,
+                    **egress: Any) -> Settings:
     return load_settings(data={
         "region": REGION,
         "s3": {"bucket": bucket, "endpoint_url": endpoint, "prefix": "data",
                "storage_class": {"0": "STANDARD"}},
         "kafka": {"brokers": brokers, "config": dict(FAST_GROUP_CONFIG)},
-        "metrics": {"port": 0},
+        "metrics": {"host": "127.0.0.1", "port": metrics_port},
         "egress": {"group_id": group or unique_name("g"), "topics": topics,
                    "shutdown_timeout": "10s", **egress},
     }, environ={})
@@ -141,6 +145,14 @@ def running(egress: Egress) -> Iterator[Egress]:
     assert not errors, errors
 
 
+def http_get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def reasons(egress: Egress) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in ("size", "count", "age", "memory", "revoke", "shutdown"):
@@ -167,13 +179,22 @@ def test_count_rotation_and_exact_contents(source_brokers: str, moto_endpoint: s
     records = {p: sample_records(p, 250) for p in range(2)}
     for p in range(2):
         produce(source_brokers, topic, p, records[p])
+    port = free_port()
     settings = egress_settings(source_brokers, moto_endpoint, bucket,
-                               {topic: {"max_segment_messages": 100}})
+                               {topic: {"max_segment_messages": 100}}, metrics_port=port)
     eg = Egress(settings, store=store)
     with running(eg):
         wait_for(lambda: all(len(segment_keys(store, topic, p)) == 2 for p in range(2)),
                  what="two count segments per partition")
         assert eg.ready()
+        assert http_get(port, "/healthz")[0] == 200
+        assert http_get(port, "/readyz")[0] == 200
+        # Lag from the fetch high watermark: everything consumed, nothing behind.
+        wait_for(lambda: [eg.metrics.value("egress_consumer_lag", {
+            "region": REGION, "topic": topic, "partition": str(p)}) for p in range(2)]
+            == [0, 0], what="lag gauges")
+        status, body = http_get(port, "/metrics")
+        assert status == 200 and b"replicator_egress_messages_total" in body
     for p in range(2):
         keys = segment_keys(store, topic, p)
         assert [(k.start, k.end) for k in keys] == [(0, 99), (100, 199), (200, 249)]
@@ -210,3 +231,24 @@ def test_size_and_age_rotation(source_brokers: str, moto_endpoint: str, reason: 
     if reason == "size":
         # 1000-byte values, 4000-byte limit: each segment closes with its fourth record.
         assert [(k.start, k.end) for k in keys] == [(0, 3), (4, 7), (8, 9)]
+
+
+def test_memory_budget_closes_the_largest_segments_early(source_brokers: str,
+                                                         moto_endpoint: str) -> None:
+    bucket, store = new_bucket(moto_endpoint)
+    parts = 4
+    topic = create_topic(source_brokers, parts)
+    recs = {p: [Record(i, 1_700_000_000_000 + i, None, bytes([65 + p]) * 1000)
+                for i in range(400)] for p in range(parts)}
+    for p in range(parts):
+        produce(source_brokers, topic, p, recs[p])
+    settings = egress_settings(source_brokers, moto_endpoint, bucket, {topic: {}},
+                               max_buffered_bytes="256KiB")
+    eg = Egress(settings, store=store)
+    with running(eg):
+        wait_for(lambda: eg.metrics.total("egress_messages_total") == 400 * parts,
+                 what="everything consumed")
+    for p in range(parts):
+        assert_touching(segment_keys(store, topic, p))
+        assert read_partition(store, topic, p) == recs[p]
+    assert reasons(eg).get("memory", 0) >= parts
