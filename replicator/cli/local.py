@@ -146,3 +146,38 @@ def status(directory: Path, as_json: bool) -> None:
             click.echo("\nSome servers are not running: `replicator local down` cleans up, "
                        "then `replicator local up` starts a new stack.")
     sys.exit(EXIT_OK if up_ else EXIT_FAILURE)
+
+
+@local.command()
+@dir_option
+@click.option("--records", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Records to produce.")
+@click.option("--topic", default=None, help="Topic (default: the stack's source topic).")
+@click.option("--value-size", type=click.IntRange(16), default=400, show_default=True,
+              help="Mean value size in bytes.")
+@click.option("--seed", default=7, show_default=True, help="Seed of the sample data.")
+def produce(directory: Path, records: int, topic: str | None, value_size: int,
+            seed: int) -> None:
+    """Produce sample records (keys, tombstones, headers) into the source topic."""
+    from replicator.core.kafka import Admin
+    from replicator.ops.sample import produce_sample, sample_records
+
+    stack = _load(directory)
+    if stack is None or not stack.is_up():
+        fail(f"no running local stack in {directory.absolute()} (run `replicator local up`)",
+             EXIT_FAILURE)
+    settings = stack.settings_for("egress")
+    name = topic or stack.topic
+    try:
+        partitions = Admin(settings.kafka).partition_count(name)
+        if partitions is None:
+            fail(f"topic {name} does not exist on the source broker", EXIT_FAILURE)
+        result = produce_sample(settings.kafka, name, sample_records(
+            records, partitions, seed=seed, value_size=value_size))
+    except ReplicatorError as e:
+        fail(str(e), EXIT_FAILURE)
+    if result.errors:
+        fail("; ".join(result.errors[:5]), EXIT_FAILURE)
+    click.echo(f"produced {result.records:,} records ({result.raw_bytes / 1e6:.1f} MB) to "
+               f"{name} in {result.seconds:.1f}s; last offsets "
+               + ", ".join(f"[{p}]={o}" for p, o in sorted(result.last_offsets.items())))

@@ -143,6 +143,12 @@ def test_up_status_down(stack_dir: Path) -> None:
     assert "already up" in r.stdout
     assert json.loads((stack_dir / "state.json").read_text())["servers"] == state["servers"]
 
+    # Sample data for trying the controllers by hand.
+    r = local("produce", "--dir", str(stack_dir), "--records", "400")
+    assert r.returncode == 0, r.stderr
+    assert "produced 400 records" in r.stdout
+    assert "[0]=99" in r.stdout and "[3]=99" in r.stdout  # round-robin over 4 partitions
+
     r = local("down", "--dir", str(stack_dir))
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("stopped ") == 3
