@@ -134,6 +134,7 @@ class Egress:
         self._last_poll = 0.0
         self._assigned_once = False
         self._failed = False
+        self._fatal: ReplicatorError | None = None
         self._closed = False
         self._backlog_limit = max(4 * 1024**2, self.config.max_buffered_bytes // 16)
         self._min_victim = min(1024**2, self.config.max_buffered_bytes // 64)
@@ -211,6 +212,8 @@ class Egress:
         finally:
             gc.set_threshold(*gc_threshold)
             self._release(list(self._writers), CloseReason.SHUTDOWN)
+        if self._fatal is not None:
+            raise self._fatal
 
     def stop(self) -> None:
         """Ask ``run`` to return (signal-safe: only sets a flag)."""
@@ -389,9 +392,9 @@ class Egress:
                 # Without the committed positions segments cannot be named; the rebalance
                 # callback cannot retry, so the controller stops and the process restarts.
                 self._failed = True
+                self._fatal = translate(e, "read committed offsets at assignment")
                 self._stop.set()
-                log.error("cannot read committed offsets: %s",
-                          translate(e, "committed offsets"))
+                log.error("%s", self._fatal)
                 return
         assert self._ctx is not None
         for tp in committed:
