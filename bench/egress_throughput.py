@@ -55,13 +55,16 @@ def text_value(rng: random.Random, size: int) -> bytes:
     return bytes(out[:size])
 
 
-def settings_for(brokers: str, endpoint: str, bucket: str, topic: str) -> Settings:
+def settings_for(brokers: str, endpoint: str, bucket: str, topic: str,
+                 fmt: str = "parquet", upload_threads: int = 4) -> Settings:
     return load_settings(data={
         "region": "us-east-1",
+        "format": {"name": fmt},
         "s3": {"bucket": bucket, "endpoint_url": endpoint},
         "kafka": {"brokers": brokers, "config": FAST_GROUP},
         "metrics": {"port": 0},
         "egress": {"group_id": f"bench-{random.getrandbits(32):x}",
+                   "upload_threads": upload_threads,
                    "topics": {topic: {"max_segment_size": "64MiB",
                                       "max_segment_messages": 10_000_000,
                                       "max_segment_age": "1h"}}},
@@ -144,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--value-size", type=int, default=1024)
     ap.add_argument("--skip-s3", action="store_true", help="memory store only")
+    ap.add_argument("--format", default="parquet", help="segment format (parquet, arrow)")
+    ap.add_argument("--upload-threads", type=int, default=4)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="egress-bench-"))
@@ -158,11 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, dict[str, float]] = {}
         results["bare consume loop"] = bare(brokers, topic, args.partitions, args.records)
         results["egress (memory store)"] = run_egress(
-            settings_for(brokers, endpoint, "memory", topic), MemoryObjectStore(), topic,
+            settings_for(brokers, endpoint, "memory", topic, args.format,
+                         args.upload_threads), MemoryObjectStore(),
+            topic,
             args.partitions, args.records, raw)
         if not args.skip_s3:
             bucket = f"bench-{random.getrandbits(32):x}"
-            s = settings_for(brokers, endpoint, bucket, topic)
+            s = settings_for(brokers, endpoint, bucket, topic, args.format,
+                             args.upload_threads)
             store = S3ObjectStore.from_settings(s)
             create_bucket(store.client, bucket, "us-east-1")
             results["egress (moto S3)"] = run_egress(s, store, topic, args.partitions,
@@ -173,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     base_rate = results["bare consume loop"]["raw_bytes"] / results["bare consume loop"][
         "seconds"]
     print(f"\n{args.records} records x {args.value_size} B text-like values, "
-          f"{args.partitions} partitions, Tansu + moto on this machine ({os.cpu_count()} cores)")
+          f"{args.partitions} partitions, format {args.format}, Tansu + moto on this machine "
+          f"({os.cpu_count()} cores)")
     print(f"{'variant':<24}{'records/s':>12}{'MB/s raw':>10}{'ratio':>8}{'CPU s/GB':>10}")
     table: dict[str, Any] = {}
     for name, r in results.items():

@@ -35,7 +35,7 @@ def egress_settings(brokers: str, endpoint: str, bucket: str, topics: dict[str, 
     return load_settings(data={
         "region": REGION,
         "s3": {"bucket": bucket, "endpoint_url": endpoint, "prefix": "data",
-               "storage_class": {"0": "STANDARD"}},
+               "storage_class": {"0": "STANDARD_IA"}},
         "kafka": {"brokers": brokers, "config": dict(FAST_GROUP_CONFIG)},
         "metrics": {"host": "127.0.0.1", "port": metrics_port},
         "egress": {"group_id": group or unique_name("g"), "topics": topics,
@@ -199,6 +199,7 @@ def test_count_rotation_and_exact_contents(source_brokers: str, moto_endpoint: s
         keys = segment_keys(store, topic, p)
         assert [(k.start, k.end) for k in keys] == [(0, 99), (100, 199), (200, 249)]
         assert read_partition(store, topic, p) == records[p]
+        assert {store.head(k.to_key()).storage_class for k in keys} == {"STANDARD_IA"}
     assert reasons(eg) == {"count": 4, "shutdown": 2}
     assert committed(source_brokers, settings.egress.group_id, topic, 2) == [250, 250]  # type: ignore[union-attr]
     # Only final segments and _topic.json remain: temp objects were deleted.
