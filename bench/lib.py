@@ -314,10 +314,13 @@ class BenchStack:
     def egress_settings(self, topic: str, *, group: str, bucket: str | None = None,
                         segment_age: str = "1h", segment_size: str = "64MiB",
                         segment_messages: int = 10_000_000, metrics_port: int = 0,
-                        extra: Mapping[str, Any] | None = None) -> Any:
+                        extra: Mapping[str, Any] | None = None,
+                        compression: str | None = None) -> Any:
         from replicator.core.settings import validate_settings
 
         raw = self.raw_config("egress")
+        if compression is not None:
+            raw["format"]["compression"] = compression
         raw["metrics"]["port"] = metrics_port
         raw["log"]["level"] = "WARNING"
         if bucket is not None:

@@ -50,8 +50,8 @@ def bare_consume(brokers: str, topic: str, partitions: int, records: int) -> dic
 
 
 def bare_consume_encode(brokers: str, topic: str, partitions: int, records: int,
-                        *, batch: int = 10_000, row_group_bytes: int = 32 * 1024**2
-                        ) -> dict[str, Any]:
+                        *, batch: int = 10_000, row_group_bytes: int = 32 * 1024**2,
+                        compression: str = "zstd") -> dict[str, Any]:
     """The bare loop plus the work a segment needs at minimum, with no framework around it.
 
     Per partition, keys/values/offsets/timestamps are gathered into lists, turned into
@@ -70,7 +70,8 @@ def bare_consume_encode(brokers: str, topic: str, partitions: int, records: int,
     c = make_consumer(KafkaSettings(brokers=brokers), f"bare-enc-{uuid.uuid4().hex[:6]}")
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
     header_type = SEGMENT_SCHEMA.field("headers").type
-    writers = {p: pq.ParquetWriter(pa.BufferOutputStream(), SEGMENT_SCHEMA, compression="zstd",
+    writers = {p: pq.ParquetWriter(pa.BufferOutputStream(), SEGMENT_SCHEMA,
+                                   compression=compression,
                                    use_dictionary=["key"],
                                    write_statistics=["offset", "timestamp"])
                for p in range(partitions)}
@@ -135,19 +136,23 @@ def rates(r: dict[str, Any]) -> dict[str, Any]:
 
 def egress_inproc(stack: BenchStack, topic: str, records: int, raw: int, *, store_kind: str,
                   counter: S3Counter | None = None, bucket: str | None = None,
-                  segment_size: str = "64MiB") -> dict[str, Any]:
-    """One ``Egress`` in this process over the whole topic into ``store_kind`` (memory/s3).
+                  segment_size: str = "64MiB", compression: str | None = None
+                  ) -> dict[str, Any]:
+    """One ``Egress`` in this process over the whole topic into ``store_kind`` (discard/s3).
 
     Timing starts at the first consumed message and ends when ``run`` returned, i.e. every
     segment is durable under its final key and its offsets are committed.
     """
+    from egress_memory import null_store
+
     from egress.controller import Egress
-    from replicator.core.storage import MemoryObjectStore
 
     settings = stack.egress_settings(topic, group=f"bench-eg-{uuid.uuid4().hex[:6]}",
-                                     bucket=bucket, segment_size=segment_size)
-    store: Any = MemoryObjectStore() if store_kind == "memory" else stack.store(settings,
-                                                                                 counter)
+                                     bucket=bucket, segment_size=segment_size,
+                                     compression=compression)
+    # "discard": keeps keys and sizes only (MemoryObjectStore would MD5 and hold every
+    # byte, a cost of the fake, not of the egress).
+    store: Any = null_store() if store_kind == "discard" else stack.store(settings, counter)
     eg = Egress(settings, store=store)
     eg.start()
     runner = threading.Thread(target=eg.run, daemon=True)

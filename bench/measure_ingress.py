@@ -112,14 +112,69 @@ def bare_produce(brokers: str, topic: str, data: dict[int, tuple[list[int], list
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": records})
 
 
+def bare_read_produce(endpoint: str, bucket: str, region: str, topic_src: str,
+                      brokers: str, topic: str, partitions: int) -> dict[str, Any]:
+    """Read the same segments with pyarrow's own S3 filesystem, turn each batch into Python
+    lists and produce them (idempotent producer, one ``flush`` at the end): what a replay
+    costs at minimum, with no framework, checkpoints or per-batch acknowledgement."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from replicator.core.kafka import Admin, make_producer
+    from replicator.core.settings import KafkaSettings
+
+    kafka = KafkaSettings(brokers=brokers)
+    Admin(kafka).create_topic(topic, partitions)
+    fs = pafs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1",
+                           endpoint_override=endpoint.removeprefix("http://"), scheme="http")
+    files = {p: sorted(i.path for i in fs.get_file_info(pafs.FileSelector(
+        f"{bucket}/data/{region}/{topic_src}/{p}/0/")) if i.type == pafs.FileType.File)
+        for p in range(partitions)}
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    p = make_producer(kafka, overrides={"on_delivery": on_delivery,
+                                        "delivery.report.only.error": True})
+    for part in range(partitions):
+        p.produce(topic, b"warm-up", None, part)
+    p.flush(30)
+    produce = p.produce
+    n = raw = 0
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for part, paths in files.items():
+        for path in paths:
+            with fs.open_input_file(path) as f:
+                for b in pq.ParquetFile(f).iter_batches(BATCH):
+                    ts = b.column("timestamp").cast("int64").to_pylist()
+                    keys = b.column("key").to_pylist()
+                    values = b.column("value").to_pylist()
+                    for t, k, v in zip(ts, keys, values, strict=True):
+                        try:
+                            produce(topic, v, k, part, timestamp=t, headers=None)
+                        except BufferError:
+                            p.poll(0.05)
+                            produce(topic, v, k, part, timestamp=t, headers=None)
+                        raw += len(k or b"") + len(v or b"")
+                    n += len(ts)
+                    p.poll(0)
+    left = p.flush(120)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    assert left == 0 and not errors, (left, errors[:3])
+    return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": n})
+
+
 def ingress_inproc(stack: BenchStack, topic: str, partitions: int, records: int, raw: int,
-                   delivery: str, counter: S3Counter | None = None) -> dict[str, Any]:
+                   delivery: str, counter: S3Counter | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     from ingress.controller import Ingress
 
     suffix = uuid.uuid4().hex[:6]
     dest = f"{topic}.copy.{delivery}.{suffix}"
     settings = stack.ingress_settings(topic, dest, group=f"bench-in-{suffix}",
-                                      delivery=delivery, suffix=suffix)
+                                      delivery=delivery, suffix=suffix, extra=extra)
     counter = counter or S3Counter()
     ing = Ingress(settings, store=stack.store(settings, counter))
     ing.start()

@@ -6,7 +6,7 @@
 
 Starts its own stack (``LocalStack``: Tansu source + destination, moto S3+SQS), then:
 
-1. egress: bare ``consume`` loop vs ``Egress`` (memory store and moto S3), same topic;
+1. egress: bare ``consume`` loop vs ``Egress`` (discarding store: zstd, lz4; moto S3);
 2. ingress: bare produce loop (same producer settings) vs ``Ingress``, exactly-once and
    at-least-once, over the segments egress wrote (synced to the destination bucket);
 3. compaction: bare pyarrow read+write vs inline compaction (and Spark with ``--full``),
@@ -48,11 +48,13 @@ STAGES = ("egress", "ingress", "compaction", "lag", "memory", "cost", "scale")
 
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"records": 100_000, "partitions": 4, "value_size": 1024, "repeat": 2,
+              "egress_repeat": 3,
               "segment_size": "16MiB", "compaction_segments": 8, "compaction_records": 5000,
               "spark": False, "lag_seconds": 20, "lag_warmup": 5,
               "mem_partitions": "1,16,64,256", "mem_budgets": "64MiB", "mem_total": "96MiB",
               "ingress_big": 128 * 1024**2, "scale_records": 200_000, "mem_timeout": 240},
     "full": {"records": 300_000, "partitions": 4, "value_size": 1024, "repeat": 3,
+             "egress_repeat": 3,
              "segment_size": "32MiB", "compaction_segments": 16, "compaction_records": 5000,
              "spark": True, "lag_seconds": 60, "lag_warmup": 5,
              "mem_partitions": "1,16,64,256", "mem_budgets": "64MiB,256MiB",
@@ -125,15 +127,22 @@ class Runner:
         st, p = self.stack, self.p
         assert st is not None
         res: dict[str, Any] = {}
+        n = max(self.repeat, p["egress_repeat"])
         res["bare_consume"] = self._repeat("bare consume", lambda i: bare_consume(
-            st.source_kafka, self.topic, p["partitions"], p["records"]))
+            st.source_kafka, self.topic, p["partitions"], p["records"]), n)
         res["bare_consume_encode"] = self._repeat("bare consume + Parquet encode", lambda i:
                                                   bare_consume_encode(
-            st.source_kafka, self.topic, p["partitions"], p["records"]))
-        res["egress_memory_store"] = self._repeat("egress (memory store)", lambda i:
+            st.source_kafka, self.topic, p["partitions"], p["records"]), n)
+        res["egress_discard"] = self._repeat("egress (discarding store)", lambda i:
                                                   egress_inproc(st, self.topic, p["records"],
-                                                                self.raw, store_kind="memory",
-                                                                segment_size=p["segment_size"]))
+                                                                self.raw, store_kind="discard",
+                                                                segment_size=p["segment_size"]),
+                                                  n)
+        # The codec is a setting (format.compression): lz4 shows what zstd costs.
+        res["egress_discard_lz4"] = self._repeat(
+            "egress (discarding store, lz4)", lambda i: egress_inproc(
+                st, self.topic, p["records"], self.raw, store_kind="discard",
+                segment_size=p["segment_size"], compression="lz4"), n)
         counters: list[S3Counter] = []
 
         def s3_run(i: int) -> dict[str, Any]:
@@ -147,15 +156,18 @@ class Runner:
                 self.eg_bucket = bucket
             return r
 
-        res["egress_s3"] = self._repeat("egress (moto S3)", s3_run)
+        res["egress_s3"] = self._repeat("egress (moto S3)", s3_run, n)
         base = res["bare_consume"]
-        for k in ("bare_consume_encode", "egress_memory_store", "egress_s3"):
+        for k in ("bare_consume_encode", "egress_discard", "egress_discard_lz4",
+                  "egress_s3"):
             res[k]["ratio_to_bare"] = res[k]["mb_per_s"] / base["mb_per_s"]
             res[k]["ratio_to_consume_encode"] = (res[k]["mb_per_s"]
                                                  / res["bare_consume_encode"]["mb_per_s"])
             res[k]["cpu_ratio_to_bare"] = base["cpu_s_per_gb"] / res[k]["cpu_s_per_gb"]
         res["egress_s3"]["s3_requests"] = summarize_requests(counters[0].snapshot(), self.raw)
-        res["egress_s3"]["compression_ratio"] = self.raw / res["egress_s3"]["stored_bytes"]
+        for k in ("egress_s3", "egress_discard", "egress_discard_lz4"):
+            if res[k].get("stored_bytes"):
+                res[k]["compression_ratio"] = self.raw / res[k]["stored_bytes"]
         self.results["egress"] = res
 
     def _sync_to_destination(self) -> None:
@@ -177,7 +189,12 @@ class Runner:
             f"to {DEST_BUCKET}")
 
     def ingress(self) -> None:
-        from measure_ingress import bare_produce, ingress_inproc, read_segments
+        from measure_ingress import (
+            bare_produce,
+            bare_read_produce,
+            ingress_inproc,
+            read_segments,
+        )
 
         from replicator.core.local_stack import DEST_BUCKET
 
@@ -188,6 +205,10 @@ class Runner:
         data = read_segments(dst, "us-east-1", self.topic, p["partitions"])
         res: dict[str, Any] = {}
         counters: list[S3Counter] = []
+        res["bare_read_produce"] = self._repeat("bare S3 read + decode + produce", lambda i:
+                                                bare_read_produce(
+            st.s3, DEST_BUCKET, "us-east-1", self.topic, st.dest_kafka,
+            f"bench.bare.read.{uuid.uuid4().hex[:6]}", p["partitions"]))
         for delivery in ("at-least-once", "exactly-once"):
             res[f"bare_produce_{delivery}"] = self._repeat(
                 f"bare produce {delivery}", lambda i, d=delivery: bare_produce(  # type: ignore[misc]
@@ -202,6 +223,7 @@ class Runner:
             r, b = res[f"ingress_{delivery}"], res[f"bare_produce_{delivery}"]
             r["ratio_to_bare"] = r["mb_per_s"] / b["mb_per_s"]
             r["cpu_ratio_to_bare"] = b["cpu_s_per_gb"] / r["cpu_s_per_gb"]
+            r["ratio_to_read_produce"] = r["mb_per_s"] / res["bare_read_produce"]["mb_per_s"]
         alo, eos = res["ingress_at-least-once"], res["ingress_exactly-once"]
         res["eos_vs_alo"] = eos["mb_per_s"] / alo["mb_per_s"]
         res["s3_requests"] = summarize_requests(counters[0].snapshot(), self.raw)
@@ -418,7 +440,8 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
     if e:
         for name, k in (("bare consume loop", "bare_consume"),
                         ("bare consume + Parquet/zstd encode", "bare_consume_encode"),
-                        ("egress -> memory store", "egress_memory_store"),
+                        ("egress -> discarding store", "egress_discard"),
+                        ("egress -> discarding store, lz4", "egress_discard_lz4"),
                         ("egress -> moto S3", "egress_s3")):
             r = e[k]
             ratio = r.get("ratio_to_bare")
@@ -429,13 +452,22 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
             rows.append((name, _f(r["records_per_s"], ",.0f"), _f(r["mb_per_s"]),
                          _f(r["mb_per_cpu_s"]), _f(r["cpu_s_per_gb"]), _f(ratio, ".2f"),
                          target, _ok(ok)))
-        lines_after.append("egress / (bare consume + encode): memory store "
-                           f"{e['egress_memory_store']['ratio_to_consume_encode']:.2f}, S3 "
+        zstd, lz4 = e["egress_discard"], e["egress_discard_lz4"]
+        lines_after.append(f"compression (raw/stored): zstd "
+                           f"{_f(zstd.get('compression_ratio'), '.2f')}, "
+                           f"lz4 {_f(lz4.get('compression_ratio'), '.2f')}")
+        lines_after.append("egress / (bare consume + encode): discarding store "
+                           f"{e['egress_discard']['ratio_to_consume_encode']:.2f}, S3 "
                            f"{e['egress_s3']['ratio_to_consume_encode']:.2f}")
     i = results.get("ingress")
     if i:
         for d in ("at-least-once", "exactly-once"):
             b, r = i[f"bare_produce_{d}"], i[f"ingress_{d}"]
+            if d == "at-least-once":
+                rr = i["bare_read_produce"]
+                rows.append(("bare S3 read + decode + produce", _f(rr["records_per_s"], ",.0f"),
+                             _f(rr["mb_per_s"]), _f(rr["mb_per_cpu_s"]), _f(rr["cpu_s_per_gb"]),
+                             "", "", ""))
             rows.append((f"bare produce ({d})", _f(b["records_per_s"], ",.0f"),
                          _f(b["mb_per_s"]), _f(b["mb_per_cpu_s"]), _f(b["cpu_s_per_gb"]),
                          "", "", ""))
@@ -471,6 +503,10 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
                                for j, (c, w) in enumerate(zip(r, widths, strict=True))))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    if i:
+        lines_after.append("ingress / (bare S3 read + decode + produce): at-least-once "
+                           f"{i['ingress_at-least-once']['ratio_to_read_produce']:.2f}, "
+                           f"exactly-once {i['ingress_exactly-once']['ratio_to_read_produce']:.2f}")
     lines += lines_after
     if c and "spark_local2" in c:
         sp = c["spark_local2"]
