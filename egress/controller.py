@@ -119,6 +119,7 @@ class Egress:
         self._commit_requests: queue.SimpleQueue[tuple[str, int, int, Future[None]]] = \
             queue.SimpleQueue()
         self._stop = threading.Event()
+        self._loop_done = threading.Event()
         self._paused: set[tuple[str, int]] = set()
         self._memory_paused = False
         self._consumer: Any = None
@@ -196,7 +197,10 @@ class Egress:
         gc.set_threshold(GC_THRESHOLD, *gc_threshold[1:])
         try:
             while not self._stop.is_set():
-                msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=POLL_TIMEOUT)
+                try:
+                    msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=POLL_TIMEOUT)
+                except KafkaException as e:
+                    raise translate(e, "consume") from e
                 now = self.clock()
                 self._last_poll = time.monotonic()
                 if msgs:
@@ -212,6 +216,8 @@ class Egress:
         finally:
             gc.set_threshold(*gc_threshold)
             self._release(list(self._writers), CloseReason.SHUTDOWN)
+            # Nobody serves commits any more: late durability tasks fail theirs at once.
+            self._loop_done.set()
         if self._fatal is not None:
             raise self._fatal
 
@@ -490,11 +496,16 @@ class Egress:
         def commit(offset: int) -> None:
             done: Future[None] = Future()
             self._commit_requests.put((topic, partition, offset, done))
-            try:
-                done.result(timeout=COMMIT_WAIT)
-            except TimeoutError as e:
-                raise KafkaRetriableError(f"commit {topic}[{partition}]@{offset}: the poll "
-                                          f"loop did not serve it within {COMMIT_WAIT}s") from e
+            deadline = time.monotonic() + COMMIT_WAIT
+            while True:
+                try:
+                    done.result(timeout=0.2)
+                    return
+                except TimeoutError:
+                    if self._loop_done.is_set() or time.monotonic() > deadline:
+                        raise KafkaRetriableError(
+                            f"commit {topic}[{partition}]@{offset}: the poll loop "
+                            "ended or did not serve it in time") from None
 
         return commit
 
