@@ -16,6 +16,7 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from replicator.core.errors import (
+    ConfigError,
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
@@ -145,26 +146,62 @@ def is_partition_eof(msg: Message) -> bool:
     return err is not None and err.code() == ck.KafkaError._PARTITION_EOF
 
 
+def _construct(kind: str, factory: Callable[[dict[str, Any]], Any],
+               conf: dict[str, Any]) -> Any:
+    """Build a client; a configuration librdkafka refuses is a ``ConfigError``.
+
+    librdkafka checks its whole configuration when a client is created (unknown property,
+    invalid value, SASL without ``sasl.password``, ...) and raises ``KafkaException`` with
+    ``_INVALID_ARG``. That is a mistake in ``kafka.config``, not a runtime failure, so it
+    must reach the CLI as a configuration error (exit 2), not as a traceback (exit 1).
+    """
+    try:
+        return factory(conf)
+    except ck.KafkaException as e:
+        err = e.args[0] if e.args and isinstance(e.args[0], ck.KafkaError) else None
+        if err is not None and err.code() == ck.KafkaError._INVALID_ARG:
+            raise ConfigError("kafka.config", f"the Kafka {kind} client refuses the "
+                              f"configuration: {err.str()}") from e
+        raise translate(e, f"create Kafka {kind} client") from e
+
+
 def make_consumer(kafka: KafkaSettings, group_id: str,
                   overrides: Mapping[str, Any] | None = None) -> ck.Consumer:
-    """A consumer with our defaults (manual commits, read_committed, earliest)."""
-    return ck.Consumer(client_config(kafka, {**CONSUMER_DEFAULTS, "group.id": group_id},
-                                     overrides, drop=PRODUCER_ONLY))
+    """A consumer with our defaults (manual commits, read_committed, earliest).
+
+    Raises:
+        ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
+    """
+    conf = client_config(kafka, {**CONSUMER_DEFAULTS, "group.id": group_id}, overrides,
+                         drop=PRODUCER_ONLY)
+    consumer: ck.Consumer = _construct("consumer", ck.Consumer, conf)
+    return consumer
 
 
 def make_producer(kafka: KafkaSettings, *, transactional_id: str | None = None,
                   overrides: Mapping[str, Any] | None = None) -> ck.Producer:
-    """An idempotent producer; transactional when ``transactional_id`` is given."""
+    """An idempotent producer; transactional when ``transactional_id`` is given.
+
+    Raises:
+        ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
+    """
     extra = dict(overrides or {})
     if transactional_id is not None:
         extra["transactional.id"] = transactional_id
-    return ck.Producer(client_config(kafka, PRODUCER_DEFAULTS, extra, drop=CONSUMER_ONLY))
+    conf = client_config(kafka, PRODUCER_DEFAULTS, extra, drop=CONSUMER_ONLY)
+    producer: ck.Producer = _construct("producer", ck.Producer, conf)
+    return producer
 
 
 def make_admin(kafka: KafkaSettings, overrides: Mapping[str, Any] | None = None) -> cka.AdminClient:
-    """An admin client for this cluster."""
+    """An admin client for this cluster.
+
+    Raises:
+        ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
+    """
     conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
-    return cka.AdminClient(conf)
+    admin: cka.AdminClient = _construct("admin", cka.AdminClient, conf)
+    return admin
 
 
 class Admin:
