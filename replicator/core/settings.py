@@ -174,6 +174,12 @@ class KafkaSettings(_Model):
         """``config`` with secret values replaced by ``***``, for logs."""
         return {k: ("***" if is_secret_setting(k) else v) for k, v in self.config.items()}
 
+    def __repr_args__(self) -> Any:
+        # repr()/str() of any settings object (an f-string or %r in a log line or an error
+        # message) must not show sasl.password & co.: only masked_config() is printed.
+        for name, value in super().__repr_args__():
+            yield name, (self.masked_config() if name == "config" else value)
+
 
 class FormatSettings(_Model):
     """Segment file format (``[format]``)."""
