@@ -11,7 +11,12 @@ from replicator.core.settings import Settings
 
 def store_for(bucket: str, *, endpoint_url: str | None, region: str,
               settings: Settings | None = None) -> S3ObjectStore:
-    """An S3 store for ``bucket``; credentials from ``settings.s3`` or the AWS chain."""
+    """An S3 store for ``bucket``; credentials from ``settings.s3`` or the AWS chain.
+
+    Server-side encryption (``s3.sse``, ``s3.sse_kms_key_id``) is configured per bucket, so
+    it applies to writes into ``bucket`` only when ``bucket`` is the settings' own bucket;
+    writes into another bucket get that bucket's default encryption.
+    """
     key = secret = None
     if settings is not None and settings.s3.access_key_id is not None \
             and settings.s3.secret_access_key is not None:
@@ -19,7 +24,11 @@ def store_for(bucket: str, *, endpoint_url: str | None, region: str,
         secret = settings.s3.secret_access_key.get_secret_value()
     client = make_s3_client(endpoint_url=endpoint_url, region=region, access_key_id=key,
                             secret_access_key=secret)
-    return S3ObjectStore(client, bucket)
+    own = settings is not None and settings.s3.bucket == bucket
+    return S3ObjectStore(client, bucket,
+                         sse=settings.s3.sse if own and settings is not None else None,
+                         sse_kms_key_id=(settings.s3.sse_kms_key_id
+                                         if own and settings is not None else None))
 
 
 def settings_store(config: Path, bucket: str | None = None) -> tuple[Settings, S3ObjectStore]:
