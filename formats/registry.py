@@ -42,3 +42,23 @@ def _load_builtins() -> None:
 
         register_format("parquet", ParquetFormat)
         register_format("arrow", ArrowIpcFormat)
+
+
+def use_memory_pool(name: str) -> None:
+    """Make ``name`` (``system``, ``mimalloc``, ``jemalloc``) Arrow's default allocator.
+
+    Process-wide: every later Arrow allocation (builders, Parquet/IPC writers and readers)
+    uses it.
+
+    Raises:
+        ConfigError: the allocator is not built into this pyarrow.
+    """
+    import pyarrow as pa
+
+    factories = {"system": pa.system_memory_pool, "mimalloc": pa.mimalloc_memory_pool,
+                 "jemalloc": pa.jemalloc_memory_pool}
+    try:
+        pa.set_memory_pool(factories[name]())
+    except (KeyError, NotImplementedError) as e:
+        raise ConfigError("egress.memory_pool",
+                          f"Arrow allocator {name!r} is not available: {e}") from e

@@ -267,6 +267,10 @@ class EgressSettings(_Model):
         timedelta(minutes=1), description="How often partition counts are checked for "
                                           "_topic.json.")
     upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")
+    memory_pool: Literal["system", "mimalloc", "jemalloc"] = Field(
+        "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
+                              "close to max_buffered_bytes whatever the partition count; "
+                              "mimalloc keeps freed memory per thread.")
 
     @field_validator("topics")
     @classmethod
