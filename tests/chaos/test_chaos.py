@@ -95,10 +95,10 @@ class RoundPlan:
 
 def plan_round(seed: int, targets: list[str], round_no: int) -> RoundPlan:
     rnd = random.Random(seed)
-    rates = {k: (rnd.uniform(0.02, 0.10) if rnd.random() < 0.6 else 0.0) for k in KINDS}
+    rates = {k: (rnd.uniform(0.04, 0.15) if rnd.random() < 0.6 else 0.0) for k in KINDS}
     rates["slow"] = rnd.uniform(0.0, 0.1)
     rates["stall"] = min(rates["stall"], 0.02)
-    rates["lost_reply"] = min(rates["lost_reply"], 0.03)
+    rates["lost_reply"] = min(rates["lost_reply"], 0.05)
     profile = FaultProfile(rates, stall_seconds=rnd.uniform(1.0, 3.0),
                            slow_seconds=rnd.uniform(0.1, 0.8))
     outage = (rnd.uniform(0, WINDOW - 3), rnd.uniform(1, 4)) if rnd.random() < 0.4 else None
