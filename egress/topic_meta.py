@@ -6,22 +6,7 @@ import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-# Source topic configs that matter for a copy. Brokers report only explicitly set keys
-# (Tansu) or every key (Kafka); either way only these are written.
-COPY_CONFIGS = (
-    "cleanup.policy",
-    "compression.type",
-    "delete.retention.ms",
-    "max.compaction.lag.ms",
-    "max.message.bytes",
-    "message.timestamp.type",
-    "min.cleanable.dirty.ratio",
-    "min.compaction.lag.ms",
-    "retention.bytes",
-    "retention.ms",
-    "segment.bytes",
-    "segment.ms",
-)
+from replicator.core.keys import TOPIC_META_CONFIGS
 
 
 def topic_metadata(topic: str, region: str, partitions: int, configs: Mapping[str, str],
@@ -32,7 +17,7 @@ def topic_metadata(topic: str, region: str, partitions: int, configs: Mapping[st
         "topic": topic,
         "region": region,
         "partitions": partitions,
-        "configs": {k: configs[k] for k in COPY_CONFIGS if k in configs},
+        "configs": {k: configs[k] for k in sorted(TOPIC_META_CONFIGS) if k in configs},
         "updated_at": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
     }
     return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")

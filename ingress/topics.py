@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Literal, Protocol
 
 from replicator.core.errors import ObjectNotFound, TopicError
-from replicator.core.keys import topic_meta_key
+from replicator.core.keys import TOPIC_META_CONFIGS, topic_meta_key
 from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -24,19 +24,7 @@ log = logging.getLogger(__name__)
 # Source configs copied to the destination topic. Not ``message.timestamp.type``: with
 # LogAppendTime the destination broker would overwrite the replayed timestamps (a
 # LogAppendTime source keeps its broker time as CreateTime in the copy).
-COPIED_CONFIGS = frozenset({
-    "cleanup.policy",
-    "compression.type",
-    "delete.retention.ms",
-    "max.compaction.lag.ms",
-    "max.message.bytes",
-    "min.cleanable.dirty.ratio",
-    "min.compaction.lag.ms",
-    "retention.bytes",
-    "retention.ms",
-    "segment.bytes",
-    "segment.ms",
-})
+COPIED_CONFIGS = TOPIC_META_CONFIGS - {"message.timestamp.type"}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,24 @@ MAX_OFFSET = 2**63 - 1
 OFFSET_DIGITS = 20
 TOPIC_META_NAME = "_topic.json"
 
+# Source topic configs recorded in ``_topic.json`` (egress writes them, ingress copies what
+# it can to the destination topic). Brokers report only explicitly set keys (Tansu) or every
+# key (Kafka); either way only these travel.
+TOPIC_META_CONFIGS = frozenset({
+    "cleanup.policy",
+    "compression.type",
+    "delete.retention.ms",
+    "max.compaction.lag.ms",
+    "max.message.bytes",
+    "message.timestamp.type",
+    "min.cleanable.dirty.ratio",
+    "min.compaction.lag.ms",
+    "retention.bytes",
+    "retention.ms",
+    "segment.bytes",
+    "segment.ms",
+})
+
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _REGION = re.compile(r"[a-zA-Z0-9._-]+")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
