@@ -172,9 +172,29 @@ class KafkaCheckpointStore(CheckpointStore):
         return [v for _k, v in self._read_records(want)]
 
     def _read_records(self, want: bytes | None) -> list[tuple[bytes, bytes | None]]:
+        """Committed ``(key, value)`` records for ``want`` (or every key), in log order.
+
+        The checkpoint topic's partitions are shared by every worker, and a read_committed
+        reader stops at the last stable offset: while *another* worker's transaction is open,
+        a checkpoint committed after it started is not visible yet. Stopping there would
+        hand a new owner a stale checkpoint and make it replay a committed batch. So:
+
+        1. read_uncommitted to the end: per partition, the offset after the last record for
+           ``want`` (every record, when ``want`` is None), committed or not;
+        2. read_committed until each partition's stable end has passed that offset, i.e.
+           every transaction that could hold a newer checkpoint has committed or aborted.
+        """
+        need = self._scan(want, "read_uncommitted")[1]
+        return self._scan(want, "read_committed", need)[0]
+
+    def _scan(self, want: bytes | None, isolation: str, need: dict[int, int] | None = None
+              ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, int]]:
+        """Read the topic to its end; return matching records and, per partition, the
+        offset after the last matching record. With ``need``, a partition counts as read
+        only once its end-of-partition offset reaches ``need[p]``."""
         consumer = kafka.make_consumer(
             self.kafka_settings, f"replicator.checkpoint-reader.{uuid.uuid4().hex}",
-            {"enable.partition.eof": True, "isolation.level": "read_committed",
+            {"enable.partition.eof": True, "isolation.level": isolation,
              "fetch.wait.max.ms": 10})
         try:
             md = consumer.list_topics(self.topic, timeout=self.timeout)
@@ -186,15 +206,21 @@ class KafkaCheckpointStore(CheckpointStore):
                              for p in parts])
             pending = set(parts)
             values: list[tuple[bytes, bytes | None]] = []
+            last: dict[int, int] = {}
             deadline = time.monotonic() + self.timeout
             while pending:
                 if time.monotonic() > deadline:
                     raise KafkaRetriableError(
                         f"checkpoint topic {self.topic}: partitions {sorted(pending)} not read "
-                        f"to their end within {self.timeout:.0f}s")
+                        f"to their end within {self.timeout:.0f}s (an open transaction of "
+                        f"another writer holds the stable offset back)")
                 for msg in consumer.consume(1000, 0.05):
+                    p = msg.partition()
                     if kafka.is_partition_eof(msg):
-                        pending.discard(msg.partition())
+                        end = msg.offset()
+                        if need is None or (end is not None and p is not None
+                                            and end >= need.get(p, 0)):
+                            pending.discard(p)
                         continue
                     err = kafka.message_error(msg)
                     if err is not None:
@@ -203,6 +229,9 @@ class KafkaCheckpointStore(CheckpointStore):
                     key = msg.key()
                     if key is not None and (want is None or key == want):
                         values.append((key, msg.value()))
-            return values
+                        off = msg.offset()
+                        if p is not None and off is not None:
+                            last[p] = max(last.get(p, 0), off + 1)
+            return values, last
         finally:
             consumer.close()
