@@ -487,8 +487,12 @@ class ReplayWorker:
         Exactly-once (one Kafka transaction per batch):
           1. begin a transaction;
           2. produce the records to the destination partition;
-          3. produce the checkpoint record to the checkpoint topic, same transaction;
-          4. commit: records and checkpoint become visible together or not at all.
+          3. flush: the records are in the destination log before the checkpoint is sent,
+             so no broker ever holds this checkpoint without its records (a broker that
+             shows aborted records to read_committed readers, like the embedded one,
+             would otherwise let a successor skip records that were never written);
+          4. produce the checkpoint record to the checkpoint topic, same transaction, and
+             commit: records and checkpoint become visible together or not at all.
         At-least-once (idempotent producer):
           1. no transaction;
           2. produce the records;
@@ -512,15 +516,13 @@ class ReplayWorker:
             if rows is not None:
                 sink.produce(rows)
             # Step 3
-            if exactly_once:
-                sink.produce_checkpoint(self.key, cp)
-            else:
+            if rows is not None:
                 sink.flush()
             # Step 4
+            sink.produce_checkpoint(self.key, cp)
             if exactly_once:
                 sink.commit()
             else:
-                sink.produce_checkpoint(self.key, cp)
                 sink.flush()
         except ProducerFenced:
             raise

@@ -461,7 +461,14 @@ class ChaosStack:
                                   # Never declare anything lost during a round: a loss must
                                   # show up as a missing record, not as a skipped range.
                                   "lost_segment_timeout": "10m", "late_segment_retries": 10,
-                                  "first_segment_delay": "2s"}]}))
+                                  # With no checkpoint yet, replay starts at the earliest
+                                  # segment known after this delay (the original's
+                                  # semantics: earlier positions may be gone at the source).
+                                  # It must outlast the first segment's way here: injected
+                                  # S3 outages (up to 4 s), client retries and the sync.
+                                  # With 2 s, seed 7 started partitions at their second
+                                  # segment. See RELIABILITY.md, "first start".
+                                  "first_segment_delay": "15s"}]}))
         dst_store = S3ObjectStore(client, bucket)
         sync = SyncThread(BucketSync(self.source_store, dst_store, PREFIX), f"sync-{short}")
         chaos = SqsChaos(sqs.SqsQueue(sqs.make_sqs_client(
