@@ -28,6 +28,7 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, open_segment, publish_segment
 from replicator.core.errors import ObjectNotFound, SegmentCorrupt, SegmentNotFound
 from replicator.core.keys import SegmentKey
+from replicator.core.queues import put_unless_stopped
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
@@ -124,13 +125,7 @@ def read_ahead(items: Iterator[T], depth: int) -> Generator[T, None, None]:
     cancel = threading.Event()
 
     def put(item: Any) -> bool:
-        while not cancel.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(q, item, cancel)
 
     def produce() -> None:
         try:

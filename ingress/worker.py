@@ -44,6 +44,7 @@ from replicator.core.errors import (
     SegmentNotFound,
 )
 from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.queues import put_unless_stopped
 from replicator.core.retry import RetryPolicy
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
@@ -131,13 +132,7 @@ class Prefetcher(Iterator[T]):
         self._thread.start()
 
     def _put(self, item: Any) -> bool:
-        while not self._closed.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_stopped(self._queue, item, self._closed)
 
     def _run(self) -> None:
         try:

@@ -114,7 +114,7 @@ class ServerProcess:
         try:
             os.kill(self.pid, sig)
         except ProcessLookupError:
-            pass
+            log.debug("%s (pid %d) already exited before %s", self.name, self.pid, sig.name)
 
 
 def _is_zombie(pid: int) -> bool:
