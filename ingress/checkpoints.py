@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ingress.events import json_object
 from replicator.core import kafka
 from replicator.core.errors import KafkaRetriableError, TopicError
 from replicator.core.metrics import Metrics
@@ -57,14 +58,7 @@ class Checkpoint:
         Raises:
             ValueError: naming what is wrong.
         """
-        if value is None:
-            raise ValueError("checkpoint value is null (tombstone)")
-        try:
-            doc = json.loads(value)
-        except ValueError as e:
-            raise ValueError(f"checkpoint is not JSON: {value[:200]!r}") from e
-        if not isinstance(doc, dict):
-            raise ValueError(f"checkpoint is not a JSON object: {value[:200]!r}")
+        doc = json_object(value, "checkpoint", if_null="checkpoint value is null (tombstone)")
         offset = doc.get("offset")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"checkpoint offset must be a non-negative int, got {offset!r}")

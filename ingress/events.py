@@ -54,6 +54,24 @@ class SegmentEvent:
         return self.key.partition_ref
 
 
+def json_object(value: bytes | None, what: str, *, if_null: str) -> dict[str, Any]:
+    """Decode a Kafka record value that must be a JSON object.
+
+    Raises:
+        ValueError: ``if_null`` for a null value; otherwise naming ``what`` and showing the
+            first 200 bytes.
+    """
+    if value is None:
+        raise ValueError(if_null)
+    try:
+        doc = json.loads(value)
+    except ValueError as e:
+        raise ValueError(f"{what} is not JSON: {value[:200]!r}") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} is not a JSON object: {value[:200]!r}")
+    return doc
+
+
 def partition_key(region: str, topic: str, partition: int) -> str:
     """``{region}:{topic}:{partition}``: the Kafka key of events and checkpoints (SPEC 3.3)."""
     return f"{region}:{topic}:{partition}"
@@ -232,20 +250,13 @@ def decode_event(value: bytes | None) -> SegmentEvent:
     Raises:
         ValueError: naming what is wrong (not JSON, unknown kind, not a segment key).
     """
-    if value is None:
-        raise ValueError("empty event value")
-    try:
-        doc = json.loads(value)
-    except ValueError as e:
-        raise ValueError(f"event value is not JSON: {value[:200]!r}") from e
-    if not isinstance(doc, dict):
-        raise ValueError(f"event value is not a JSON object: {value[:200]!r}")
+    doc = json_object(value, "event value", if_null="empty event value")
     kind = doc.get("kind")
     if kind not in ("created", "removed"):
         raise ValueError(f"unknown event kind {kind!r}")
     key = doc.get("key")
     if not isinstance(key, str):
-        raise ValueError(f"event without a key: {value[:200]!r}")
+        raise ValueError(f"event without a key: {(value or b'')[:200]!r}")
     seg = SegmentKey.parse(key)  # KeyFormatError is a ValueError
     size = doc.get("size")
     return SegmentEvent(kind, seg, size if isinstance(size, int) else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import TypeVar
@@ -18,9 +19,8 @@ def put_unless_stopped(q: queue.Queue[T], item: T, stop: threading.Event,
         is gone, so the producer must end instead of blocking forever).
     """
     while not stop.is_set():
-        try:
+        # queue.Full here only means the wait timed out: check stop, then wait again.
+        with contextlib.suppress(queue.Full):
             q.put(item, timeout=poll)
             return True
-        except queue.Full:
-            continue  # still full: check stop again, then retry
     return False
