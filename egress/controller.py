@@ -66,6 +66,9 @@ TICK_INTERVAL = 0.02
 GAUGE_INTERVAL = 1.0
 MEMORY_RESUME_RATIO = 0.8
 """A process paused for memory resumes below this share of ``max_buffered_bytes``."""
+BACKLOG_SHARE = 4
+"""A partition is paused while its batches waiting for the encoder exceed
+``max_buffered_bytes / BACKLOG_SHARE``."""
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
 CANCEL_GRACE = 5.0
@@ -137,7 +140,12 @@ class Egress:
         self._failed = False
         self._fatal: ReplicatorError | None = None
         self._closed = False
-        self._backlog_limit = max(4 * 1024**2, self.config.max_buffered_bytes // 16)
+        # A partition whose encoder falls this far behind is paused, so one slow partition
+        # cannot take the whole budget. Not lower: a partition's backlog grows by a row
+        # group's worth while that group is compressed, and every pause throws away what
+        # librdkafka had prefetched for the partition (measured: a budget/16 limit paused
+        # partitions several times a second and cost a quarter of the throughput).
+        self._backlog_limit = max(4 * 1024**2, self.config.max_buffered_bytes // BACKLOG_SHARE)
         self._min_victim = min(1024**2, self.config.max_buffered_bytes // 64)
 
     # --- lifecycle --------------------------------------------------------------------

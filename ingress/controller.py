@@ -390,8 +390,9 @@ class Ingress:
     # --- introspection (tests, CLI) -----------------------------------------------------
 
     def positions(self) -> dict[WorkerId, int | None]:
-        """Current checkpoint position of each running worker."""
-        return {wid: w.position for wid, w in self.workers.items()}
+        """Newest checkpoint of each running worker (sent after its records were
+        acknowledged, or committed with them)."""
+        return {wid: w.checkpointed for wid, w in self.workers.items()}
 
     def healthy(self) -> bool:
         """/healthz: ``run`` has not failed and the SQS relay thread is alive."""

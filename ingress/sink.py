@@ -84,10 +84,22 @@ class ReplaySink(ABC):
 
     @abstractmethod
     def flush(self) -> None:
-        """Wait until everything enqueued is acknowledged (at-least-once mode).
+        """Wait until everything enqueued is acknowledged.
 
         Raises:
             KafkaRetriableError: a record was not delivered (or not within the timeout).
+        """
+
+    @abstractmethod
+    def outstanding(self, timeout: float = 0.0) -> int:
+        """Records and checkpoints enqueued and not yet acknowledged.
+
+        Serves acknowledgements for up to ``timeout`` seconds first (returning early once
+        one arrives). Records of the destination partition are acknowledged in the order
+        they were produced (idempotent producer).
+
+        Raises:
+            KafkaRetriableError: a record was not delivered.
         """
 
     @abstractmethod
@@ -191,6 +203,12 @@ class KafkaSink(ReplaySink):
             raise err from e
         self._raise_delivery_errors()
 
+    def outstanding(self, timeout: float = 0.0) -> int:
+        p = self._producer
+        p.poll(timeout)
+        self._raise_delivery_errors()
+        return len(p)
+
     def flush(self) -> None:
         left = self._producer.flush(self.timeout)
         if left:
@@ -238,8 +256,12 @@ class KafkaSink(ReplaySink):
 class MemorySink(ReplaySink):
     """Records what would be produced; commits feed a ``MemoryCheckpointStore``.
 
-    ``fail_on_commit`` makes the next N commits (or flushes) raise a retriable error, to
-    exercise the redo path.
+    ``fail_on_commit`` makes the next N commits (or acknowledgements) raise a retriable
+    error, to exercise the redo path. Without transactions, records wait in ``in_flight``
+    until acknowledged: ``ack_per_poll`` records per ``outstanding`` call (all by default),
+    everything on ``flush``. A checkpoint produced while a record at or below its offset
+    is still in flight is recorded in ``early_checkpoints`` (the durability method must
+    never do that).
     """
 
     checkpoints: MemoryCheckpointStore
@@ -247,6 +269,10 @@ class MemorySink(ReplaySink):
     committed: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     fail_on_commit: int = 0
+    ack_per_poll: int | None = None
+    in_flight: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
+        field(default_factory=list)
+    early_checkpoints: list[Checkpoint] = field(default_factory=list)
     started: int = 0
     aborted: int = 0
     _pending: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
@@ -261,13 +287,34 @@ class MemorySink(ReplaySink):
         self._pending_cp.clear()
 
     def produce(self, rows: Rows) -> None:
-        self._pending.extend(rows.records())
-        if not self.transactional:
-            self.committed.extend(self._pending)
-            self._pending.clear()
+        if self.transactional:
+            self._pending.extend(rows.records())
+        else:
+            self.in_flight.extend(rows.records())
 
     def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
-        self._pending_cp.append((key, checkpoint))
+        if self.transactional:
+            self._pending_cp.append((key, checkpoint))
+            return
+        if any(r[0] <= checkpoint.offset for r in self.in_flight):
+            self.early_checkpoints.append(checkpoint)
+        self.checkpoints.append(key, checkpoint.encode())
+
+    def _ack(self, n: int | None) -> None:
+        n = len(self.in_flight) if n is None else n
+        self.committed.extend(self.in_flight[:n])
+        del self.in_flight[:n]
+
+    def outstanding(self, timeout: float = 0.0) -> int:
+        if self.in_flight:
+            self._fail_in_flight()
+        self._ack(self.ack_per_poll)
+        return len(self.in_flight)
+
+    def _fail_in_flight(self) -> None:
+        if self.fail_on_commit > 0:
+            self.in_flight.clear()  # not delivered
+            self._fail()
 
     def _fail(self) -> None:
         if self.fail_on_commit > 0:
@@ -282,14 +329,17 @@ class MemorySink(ReplaySink):
         self.begin()
 
     def flush(self) -> None:
-        self._fail()
-        for k, cp in self._pending_cp:
-            self.checkpoints.append(k, cp.encode())
-        self._pending_cp.clear()
+        if self.transactional:
+            return  # records wait for the commit
+        self._fail_in_flight()
+        self._ack(None)
 
     def abort(self) -> None:
+        if not self.transactional:
+            return  # nothing to abort: like the Kafka sink's idempotent producer
         self.aborted += 1
         self.begin()
 
     def close(self) -> None:
-        return
+        if not self.transactional:
+            self._ack(None)  # the Kafka sink flushes on close

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -38,6 +40,7 @@ from ingress.planner import (
 from ingress.sink import Header, ReplaySink, Rows
 from replicator.core.errors import (
     FatalError,
+    KafkaRetriableError,
     ProducerFenced,
     RetriableError,
     SegmentCorrupt,
@@ -58,6 +61,16 @@ T = TypeVar("T")
 # persistent failure (a missing topic) is retried about once a minute, never in a hot loop.
 SESSION_RETRY = RetryPolicy(attempts=1_000_000, initial=timedelta(milliseconds=500),
                             multiplier=2.0, maximum=timedelta(seconds=60), jitter=0.2)
+
+
+PIPELINE_DEPTH = 2
+"""At-least-once: batches produced and not yet acknowledged while the next one is produced
+(memory: about ``(PIPELINE_DEPTH + 1) * batch_size`` records in the producer)."""
+ACK_POLL = 0.05
+"""Seconds one wait for acknowledgements lasts before the worker looks again."""
+ACK_TIMEOUT = 120.0
+"""Seconds a batch may stay unacknowledged (librdkafka's delivery timeout is 300 s, but a
+worker this far behind restarts from its checkpoint instead)."""
 
 
 def utc_now() -> datetime:
@@ -188,6 +201,12 @@ class ReplayWorker:
         self._labels = labels
         # State (owned by the worker thread, except the inbox).
         self.position: int | None = None
+        """Replayed through: the records up to here are produced (the planner's view)."""
+        self.checkpointed: int | None = None
+        """The newest checkpoint sent after its records were acknowledged/committed."""
+        self._sent = 0
+        self._unsettled: deque[tuple[int, Checkpoint]] = deque()
+        self._unflushed = False
         self.segments: set[SegmentKey] = set()
         self.bad: set[SegmentKey] = set()
         self.gone: set[SegmentKey] = set()
@@ -289,7 +308,9 @@ class ReplayWorker:
             # transaction is aborted, so the checkpoint read below is the committed truth.
             sink.start()
             cp = self.checkpoints.load(self.key)
-            self.position = None if cp is None else cp.offset
+            self.position = self.checkpointed = None if cp is None else cp.offset
+            self._sent, self._unflushed = 0, False
+            self._unsettled.clear()
             if cp is not None:
                 self._m_checkpoint.set(cp.offset)
             log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
@@ -298,6 +319,7 @@ class ReplayWorker:
             self._drain_inbox()
             self._reload()
             self._loop(sink)
+            self._settle_all(sink)
         finally:
             try:
                 sink.abort()
@@ -357,7 +379,13 @@ class ReplayWorker:
                     self._m_late.set(0)
                 self.first_seen = None
                 self._replay(sink, action.segment, action.skip_through)
-            elif isinstance(action, WaitFirst):
+                continue
+            if isinstance(action, DeclareLost):
+                self._declare_lost(sink, action)
+                continue
+            # Nothing to produce now: every checkpoint out before the worker waits.
+            self._settle_all(sink)
+            if isinstance(action, WaitFirst):
                 if self.first_seen is None:
                     log.info("%s: no checkpoint; waiting %s (first_segment_delay) for earlier "
                              "segments", self.where, src.first_segment_delay)
@@ -365,8 +393,6 @@ class ReplayWorker:
                 self._wait_until(action.until)
             elif isinstance(action, WaitLate):
                 self._wait_late(action)
-            elif isinstance(action, DeclareLost):
-                self._declare_lost(sink, action)
             else:
                 assert isinstance(action, Idle)
                 if not self._wait_until(now + self.cfg.rescan_interval):
@@ -479,7 +505,7 @@ class ReplayWorker:
     def _deliver(self, sink: ReplaySink, rows: Rows | None, cp: Checkpoint) -> None:
         """Make ``rows`` durable in the destination, then the checkpoint ``cp``.
 
-        Exactly-once (one Kafka transaction per batch):
+        Exactly-once (one Kafka transaction per batch, done when this returns):
           1. begin a transaction;
           2. produce the records to the destination partition;
           3. flush: the records are in the destination log before the checkpoint is sent,
@@ -488,12 +514,15 @@ class ReplayWorker:
              would otherwise let a successor skip records that were never written);
           4. produce the checkpoint record to the checkpoint topic, same transaction, and
              commit: records and checkpoint become visible together or not at all.
-        At-least-once (idempotent producer):
+        At-least-once (idempotent producer, pipelined: up to ``PIPELINE_DEPTH`` batches
+        are unacknowledged while the next one is produced):
           1. no transaction;
           2. produce the records;
-          3. flush: every record is acknowledged (acks=all) before any checkpoint;
-          4. produce the checkpoint and flush it.
-        5. Only then advance the in-memory position and metrics.
+          3. once every record of the batch is acknowledged (acks=all; ``_settle``),
+          4. produce its checkpoint. A checkpoint is never sent before its records are
+             acknowledged; it is flushed itself before the worker waits or stops.
+        5. Advance the in-memory position (the planner's) and metrics; ``checkpointed``
+           follows at step 4.
 
         A failure before step 4 completes aborts the transaction (exactly-once) and raises;
         the session restarts from the last committed checkpoint. Checkpoints only move
@@ -502,35 +531,73 @@ class ReplayWorker:
         if self.position is not None and cp.offset <= self.position:
             raise FatalError(f"{self.where}: checkpoint {cp.offset} would not move forward "
                              f"from {self.position}")
-        exactly_once = self.cfg.exactly_once
-        try:
-            # Step 1
-            if exactly_once:
-                sink.begin()
-            # Step 2
-            if rows is not None:
-                sink.produce(rows)
-            # Step 3
-            if rows is not None:
-                sink.flush()
-            # Step 4
-            sink.produce_checkpoint(self.key, cp)
-            if exactly_once:
+        if self.cfg.exactly_once:
+            try:
+                sink.begin()                        # step 1
+                if rows is not None:
+                    sink.produce(rows)              # step 2
+                    sink.flush()                    # step 3
+                sink.produce_checkpoint(self.key, cp)   # step 4
                 sink.commit()
-            else:
-                sink.flush()
-        except ProducerFenced:
-            raise
-        except (RetriableError, FatalError):
-            if exactly_once:
+            except ProducerFenced:
+                raise
+            except (RetriableError, FatalError):
                 self.metrics.transactions_aborted.labels(**self._labels).inc()
                 sink.abort()
-            raise
+                raise
+            self._checkpointed(cp)
+        else:
+            if rows is not None:
+                sink.produce(rows)                  # step 2
+                self._sent += len(rows)
+            self._unsettled.append((self._sent, cp))
+            self._settle(sink, depth=PIPELINE_DEPTH)    # steps 3-4
         # Step 5
         self.position = cp.offset
-        self._m_checkpoint.set(cp.offset)
         if rows is not None:
             self._m_produced.inc(len(rows))
             last_ts = rows.timestamps[-1]
             if last_ts > 0:
                 self._m_lag.set(max(0.0, self.clock().timestamp() - last_ts / 1000.0))
+
+    def _settle(self, sink: ReplaySink, *, depth: int) -> None:
+        """At-least-once steps 3-4: checkpoint the newest batch whose records are all
+        acknowledged; wait until at most ``depth`` batches are not.
+
+        The sink's outstanding count covers records and checkpoints, and one partition's
+        records are acknowledged in the order they were produced: so every record but the
+        last ``outstanding`` ones is acknowledged (a bound that can only understate).
+
+        Raises:
+            KafkaRetriableError: a record failed, or was not acknowledged within
+                ``ACK_TIMEOUT`` seconds.
+        """
+        deadline = time.monotonic() + ACK_TIMEOUT
+        while True:
+            wait = 0.0 if len(self._unsettled) <= depth else ACK_POLL
+            acknowledged = self._sent - sink.outstanding(wait)
+            ready: Checkpoint | None = None
+            while self._unsettled and self._unsettled[0][0] <= acknowledged:
+                ready = self._unsettled.popleft()[1]
+            if ready is not None:
+                sink.produce_checkpoint(self.key, ready)
+                self._checkpointed(ready)
+            if len(self._unsettled) <= depth:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaRetriableError(f"{self.where}: records up to offset "
+                                          f"{self._unsettled[0][1].offset} not acknowledged "
+                                          f"within {ACK_TIMEOUT:.0f}s")
+
+    def _settle_all(self, sink: ReplaySink) -> None:
+        """At-least-once: every checkpoint sent and acknowledged (before waiting/stopping)."""
+        if self.cfg.exactly_once or (not self._unsettled and not self._unflushed):
+            return
+        self._settle(sink, depth=0)
+        sink.flush()
+        self._unflushed = False
+
+    def _checkpointed(self, cp: Checkpoint) -> None:
+        self.checkpointed = cp.offset
+        self._unflushed = not self.cfg.exactly_once
+        self._m_checkpoint.set(cp.offset)

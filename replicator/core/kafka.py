@@ -60,6 +60,11 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "auto.offset.reset": "earliest",       # a new group starts from the oldest record
     "isolation.level": "read_committed",   # never replicate open/aborted transactions
     "partition.assignment.strategy": "range",
+    # When the prefetch queue is full (queued.max.messages.kbytes), librdkafka postpones
+    # the partition's next fetch by this long; its default (1000 ms) idles a consumer that
+    # does real work per record for most of each second once it drained the queue
+    # (egress measured 120 MB/s with it, 190 MB/s with 10 ms).
+    "fetch.queue.backoff.ms": 10,
 }
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,

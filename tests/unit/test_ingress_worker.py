@@ -18,8 +18,8 @@ from formats.segment_io import SegmentUpload, publish_segment
 from ingress.checkpoints import Checkpoint, MemoryCheckpointStore
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
-from ingress.sink import MemorySink
-from ingress.worker import ReplayWorker, WorkerConfig
+from ingress.sink import MemorySink, Rows
+from ingress.worker import PIPELINE_DEPTH, ReplayWorker, WorkerConfig
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings
@@ -150,6 +150,54 @@ def test_at_least_once_redo_may_duplicate_but_never_loses() -> None:
         offs = h.offsets()
         assert sorted(set(offs)) == list(range(50))
         assert len(offs) - 50 <= 7  # at most the one batch whose checkpoint failed
+    finally:
+        h.stop()
+
+
+class SlowAckSink(MemorySink):
+    """Acknowledges a few records per poll and remembers the most ever in flight."""
+
+    most_in_flight: int = 0
+
+    def produce(self, rows: Rows) -> None:
+        super().produce(rows)
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
+
+
+def test_at_least_once_pipelines_batches_and_checkpoints_only_acknowledged_records() -> None:
+    h = Harness(exactly_once=False, batch_size=5)
+    h.sink = SlowAckSink(h.checkpoints, transactional=False, ack_per_poll=2)
+    try:
+        write(h.store, key(0, 99))
+        write(h.store, key(100, 149))
+        w = h.start()
+        h.wait(lambda: h.offsets()[-1:] == [149] and w.checkpointed == 149, timeout=15)
+        assert h.offsets() == list(range(150))
+        assert h.sink.early_checkpoints == []
+        # Batches overlap (the next is produced before the previous is acknowledged),
+        # but never more than PIPELINE_DEPTH + 1 of them.
+        assert 5 < h.sink.most_in_flight <= (PIPELINE_DEPTH + 1) * 5
+        # Idle: the newest checkpoint went out although no later batch pushed it.
+        cps = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3"]]
+        assert cps[-1].offset == 149
+        assert [c.offset for c in cps] == sorted(c.offset for c in cps)
+        assert h.metric("replicator_ingress_checkpoint_offset") == 149
+    finally:
+        h.stop()
+
+
+def test_at_least_once_stop_sends_the_last_checkpoint() -> None:
+    h = Harness(exactly_once=False, batch_size=5)
+    h.sink = SlowAckSink(h.checkpoints, transactional=False, ack_per_poll=1)
+    try:
+        write(h.store, key(0, 999))
+        w = h.start()
+        h.wait(lambda: len(h.offsets()) > 20)
+        h.stop()
+        assert h.sink.early_checkpoints == []
+        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+        # Everything produced before the stop was acknowledged and checkpointed.
+        assert last.offset == w.position == w.checkpointed == h.offsets()[-1]
     finally:
         h.stop()
 
