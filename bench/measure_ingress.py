@@ -57,6 +57,15 @@ def read_segments(store: Any, region: str, topic: str, partitions: int
     return out
 
 
+def drop_topics(brokers: str, topics: list[str]) -> None:
+    """Delete what a run wrote: Tansu keeps every record in memory, and a bench that
+    writes gigabytes would otherwise slow down (and grow) run after run."""
+    from replicator.core.kafka import Admin
+    from replicator.core.settings import KafkaSettings
+
+    Admin(KafkaSettings(brokers=brokers)).delete_topics(topics)
+
+
 def bare_produce(brokers: str, topic: str, data: dict[int, tuple[list[int], list[Any],
                                                                  list[Any]]],
                  delivery: str) -> dict[str, Any]:
@@ -109,6 +118,7 @@ def bare_produce(brokers: str, topic: str, data: dict[int, tuple[list[int], list
         assert left == 0, f"{left} records not delivered"
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert not errors, errors[:3]
+    drop_topics(brokers, [topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": records})
 
 
@@ -163,6 +173,7 @@ def bare_read_produce(endpoint: str, bucket: str, region: str, topic_src: str,
     left = p.flush(120)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert left == 0 and not errors, (left, errors[:3])
+    drop_topics(brokers, [topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": n})
 
 
@@ -203,6 +214,8 @@ def ingress_inproc(stack: BenchStack, topic: str, partitions: int, records: int,
     ing.stop()
     runner.join(60)
     ing.close()
+    drop_topics(stack.dest_kafka, [dest, settings.ingress.checkpoint_topic,
+                                   settings.ingress.segment_events_topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": records,
                   "moto_cpu_seconds": moto_cpu, "tansu_cpu_seconds": tansu_cpu})
 

@@ -66,8 +66,9 @@ SESSION_RETRY = RetryPolicy(attempts=1_000_000, initial=timedelta(milliseconds=5
 PIPELINE_DEPTH = 2
 """At-least-once: batches produced and not yet acknowledged while the next one is produced
 (memory: about ``(PIPELINE_DEPTH + 1) * batch_size`` records in the producer)."""
-ACK_POLL = 0.05
-"""Seconds one wait for acknowledgements lasts before the worker looks again."""
+ACK_POLL = 0.005
+"""Seconds one wait for acknowledgements lasts before the worker counts again (successful
+deliveries raise no event that would end the wait early: keep it short)."""
 ACK_TIMEOUT = 120.0
 """Seconds a batch may stay unacknowledged (librdkafka's delivery timeout is 300 s, but a
 worker this far behind restarts from its checkpoint instead)."""
