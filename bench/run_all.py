@@ -55,7 +55,7 @@ PROFILES: dict[str, dict[str, Any]] = {
               "ingress_big": 128 * 1024**2, "scale_records": 200_000, "mem_timeout": 240},
     "full": {"records": 600_000, "partitions": 4, "value_size": 1024, "repeat": 3,
              "egress_repeat": 3,
-             "segment_size": "32MiB", "compaction_segments": 16, "compaction_records": 5000,
+             "segment_size": "32MiB", "compaction_segments": 16, "compaction_records": 15000,
              "spark": True, "lag_seconds": 60, "lag_warmup": 5,
              "mem_partitions": "1,16,64,256", "mem_budgets": "64MiB,256MiB",
              "mem_total": "384MiB", "ingress_big": 1024**3, "scale_records": 500_000,

@@ -69,6 +69,11 @@ MEMORY_RESUME_RATIO = 0.8
 BACKLOG_SHARE = 4
 """A partition is paused while its batches waiting for the encoder exceed
 ``max_buffered_bytes / BACKLOG_SHARE``."""
+MAX_CLOSING = 4
+"""A partition with this many segments waiting to become durable is paused. Their bytes
+count against ``max_buffered_bytes`` anyway; at 2, small segments closing faster than a
+loaded machine encoded them paused partitions (and threw their prefetch away) in one run out
+of two, a fifth of the throughput."""
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
 CANCEL_GRACE = 5.0
@@ -357,7 +362,8 @@ class Egress:
         want: set[tuple[str, int]] = set()
         for w in writers:
             if (self._memory_paused or w.failed is not None or w.broken.is_set()
-                    or len(w.closing) >= 2 or w.backlog_bytes() >= self._backlog_limit):
+                    or len(w.closing) >= MAX_CLOSING
+                    or w.backlog_bytes() >= self._backlog_limit):
                 want.add((w.ref.topic, w.ref.partition))
         pause, resume = want - self._paused, self._paused - want
         if pause:
