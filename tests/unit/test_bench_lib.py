@@ -83,3 +83,22 @@ def test_write_toml_round_trips(tmp_path: Path) -> None:
             "ingress": {"sources": [{"region": "r", "topic": "t"}], "flag": True}}
     path = lib.write_toml(tmp_path / "c.toml", data)
     assert tomllib.loads(path.read_text()) == data
+
+
+def test_rounds_pair_each_variant_with_the_baseline_of_its_own_round(tmp_path: Path) -> None:
+    import run_all
+
+    # The machine drifts: round 2 runs everything about three times as fast. Per round,
+    # ours is 0.6, 0.5 and 0.5 of the bare loop: the median is 0.5, where the ratio of the
+    # two medians (60 / 110) would be 0.55.
+    bare = iter([100.0, 300.0, 110.0])
+    ours = iter([60.0, 150.0, 55.0])
+    runner = run_all.Runner(run_all.PROFILES["quick"], tmp_path, repeat=3)
+    res = runner._rounds(3, [
+        ("bare", "bare", lambda i: {"mb_per_s": next(bare)}),
+        ("ours", "ours", lambda i: {"mb_per_s": next(ours)}),
+    ], ratios={"ours": {"ratio_to_bare": "bare"}})
+    assert res["ours"]["ratio_to_bare"] == 0.5
+    assert res["ours"]["mb_per_s"] == 60.0 and res["bare"]["mb_per_s"] == 110.0
+    assert res["ours"]["mb_per_s_runs"] == [60.0, 150.0, 55.0]
+    assert "ratio_to_bare" not in res["bare"]
