@@ -39,6 +39,10 @@ class Checkpoint:
     segment: str
     updated_at: datetime
     lost: tuple[int, int] | None = None
+    origin: int | None = None
+    """Where the partition's first replay started without a checkpoint (the start of the
+    earliest segment then known). A segment below it that arrives later was never
+    replayed: the worker reports it as skipped."""
 
     def encode(self) -> bytes:
         """The JSON value written to the checkpoint topic."""
@@ -49,6 +53,8 @@ class Checkpoint:
         }
         if self.lost is not None:
             doc["lost"] = list(self.lost)
+        if self.origin is not None:
+            doc["origin"] = self.origin
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -73,7 +79,10 @@ class Checkpoint:
         lost = doc.get("lost")
         lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
             else None
-        return cls(offset, segment, updated, lost_t)
+        origin = doc.get("origin")
+        origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
+            and origin >= 0 else None
+        return cls(offset, segment, updated, lost_t, origin_i)
 
 
 class CheckpointStore(ABC):

@@ -29,6 +29,7 @@ class IngressMetrics:
     late_gaps: Any
     segments_lost: Any
     messages_lost: Any
+    messages_skipped: Any
     segments_replayed: Any
     segments_missing: Any
     segments_corrupt: Any
@@ -65,6 +66,10 @@ class IngressMetrics:
             messages_lost=m.counter("ingress_messages_lost_total",
                                     "Offset positions declared lost (an upper bound of the "
                                     "messages lost).", PART),
+            messages_skipped=m.counter("ingress_messages_skipped_total",
+                                       "Positions of segments that arrived below where the "
+                                       "first replay without a checkpoint started (never "
+                                       "replayed).", PART),
             segments_replayed=m.counter("ingress_segments_replayed_total",
                                         "Segments replayed to their end.", PART),
             segments_missing=m.counter("ingress_segments_missing_total",

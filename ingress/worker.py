@@ -208,6 +208,10 @@ class ReplayWorker:
         self._sent = 0
         self._unsettled: deque[tuple[int, Checkpoint]] = deque()
         self._unflushed = False
+        self.origin: int | None = None
+        """See ``Checkpoint.origin``; carried in every checkpoint once set."""
+        self._reported_below: int | None = None
+        """Positions from here up to ``origin`` were reported as skipped (this worker)."""
         self.segments: set[SegmentKey] = set()
         self.bad: set[SegmentKey] = set()
         self.gone: set[SegmentKey] = set()
@@ -310,6 +314,7 @@ class ReplayWorker:
             sink.start()
             cp = self.checkpoints.load(self.key)
             self.position = self.checkpointed = None if cp is None else cp.offset
+            self.origin = None if cp is None else cp.origin
             self._sent, self._unflushed = 0, False
             self._unsettled.clear()
             if cp is not None:
@@ -364,6 +369,7 @@ class ReplayWorker:
         while not self.stopping:
             self._drain_inbox()
             usable = self.segments - self.bad - self.gone
+            self._report_below_origin(usable)
             now = self.clock()
             excluded = (self.bad | self.gone) & self.segments
             floor = min((s.start for s in excluded), default=None)
@@ -398,6 +404,30 @@ class ReplayWorker:
                 assert isinstance(action, Idle)
                 if not self._wait_until(now + self.cfg.rescan_interval):
                     self._reload()
+
+    def _report_below_origin(self, usable: set[SegmentKey]) -> None:
+        """Log and count positions of segments that lie below ``origin``.
+
+        The first replay without a checkpoint starts at the earliest segment known after
+        ``first_segment_delay``; a segment that arrives later below that start was never
+        replayed and never will be (replay only moves forward). Each position is reported
+        once per worker.
+        """
+        if self.origin is None:
+            return
+        low = self.origin if self._reported_below is None else self._reported_below
+        below = [s for s in usable if s.start < low]
+        if not below:
+            return
+        first = min(s.start for s in below)
+        last = low - 1
+        log.error("%s: segment(s) %s arrived after the first replay started at %d without a "
+                  "checkpoint: positions %d-%d (%d) were NOT replayed (raise "
+                  "first_segment_delay if first segments can be this late)", self.where,
+                  ", ".join(sorted(s.to_key() for s in below)), self.origin, first, last,
+                  last - first + 1)
+        self.metrics.messages_skipped.labels(**self._labels).inc(last - first + 1)
+        self._reported_below = first
 
     def _wait_until(self, until: datetime) -> bool:
         """Wait until ``until``; True if woken early by an event or stop."""
@@ -459,6 +489,11 @@ class ReplayWorker:
         log.info("%s: replaying segment %s%s", self.where, name,
                  "" if skip_through is None else f" (skipping offsets <= {skip_through})")
         after = self.position
+        if after is None and self.origin is None:
+            self.origin = seg.start
+            self._reported_below = None
+            log.info("%s: first replay, no checkpoint: starts at %d; a segment arriving later "
+                     "below it will be reported as skipped", self.where, seg.start)
         # The next batch is read and decoded while the current one is committed.
         batches = Prefetcher((batch_rows(b, after)
                               for b in reader.iter_batches(self.cfg.batch_size)),
@@ -532,6 +567,8 @@ class ReplayWorker:
         if self.position is not None and cp.offset <= self.position:
             raise FatalError(f"{self.where}: checkpoint {cp.offset} would not move forward "
                              f"from {self.position}")
+        if cp.origin is None and self.origin is not None:
+            cp = replace(cp, origin=self.origin)
         if self.cfg.exactly_once:
             try:
                 sink.begin()                        # step 1

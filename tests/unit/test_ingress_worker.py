@@ -250,6 +250,47 @@ def test_late_segment_is_waited_for_and_an_event_fills_the_gap(h: Harness) -> No
     assert h.metric("replicator_ingress_segments_lost_total") == 0
 
 
+def test_first_segment_arriving_after_the_first_replay_is_reported_as_skipped(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness()   # first_segment_delay 0s: replay starts at the earliest segment known
+    try:
+        write(h.store, key(100, 149))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 149)
+        with caplog.at_level(logging.ERROR, logger="ingress.worker"):
+            write(h.store, key(0, 59))
+            w.offer(SegmentEvent("created", key(0, 59)))
+            h.wait(lambda: h.metric("replicator_ingress_messages_skipped_total") == 100)
+            # A compacted segment covering it later is not reported (or counted) again.
+            write(h.store, key(0, 149, level=1))
+            w.offer(SegmentEvent("created", key(0, 149, level=1)))
+            write(h.store, key(150, 159))
+            w.offer(SegmentEvent("created", key(150, 159)))
+            h.wait(lambda: h.offsets()[-1:] == [159])
+        assert h.metric("replicator_ingress_messages_skipped_total") == 100
+        errors = [r.getMessage() for r in caplog.records if "NOT replayed" in r.getMessage()]
+        assert len(errors) == 1 and "positions 0-99 (100)" in errors[0], errors
+        assert h.offsets() == list(range(100, 160))   # replay never goes back
+        # The origin travels in every checkpoint, so a restarted worker still knows it.
+        cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+        assert (cp.offset, cp.origin) == (159, 100)
+    finally:
+        h.stop()
+
+
+def test_replay_from_position_zero_has_nothing_to_skip(h: Harness) -> None:
+    write(h.store, key(0, 49))
+    w = h.start()
+    h.wait(lambda: w.checkpointed == 49)
+    write(h.store, key(0, 49, level=1))
+    w.offer(SegmentEvent("created", key(0, 49, level=1)))
+    write(h.store, key(50, 59))
+    w.offer(SegmentEvent("created", key(50, 59)))
+    h.wait(lambda: w.checkpointed == 59)
+    assert h.metric("replicator_ingress_messages_skipped_total") == 0
+    assert Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1]).origin == 0
+
+
 def test_never_arriving_segment_is_declared_lost_with_exact_range(
         caplog: pytest.LogCaptureFixture) -> None:
     h = Harness(timeout="600ms", retries=2)
@@ -416,3 +457,13 @@ def test_checkpoint_store_latest_valid_and_tombstone() -> None:
     assert latest_valid("k", [b"junk"], None) is None
     cp = Checkpoint(3, "", datetime.now(UTC), lost=(1, 3))
     assert Checkpoint.decode(cp.encode()) == cp
+
+
+def test_checkpoint_origin_round_trips_and_old_values_have_none() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    cp = Checkpoint(41, key(0, 99).to_key(), now, origin=7)
+    assert Checkpoint.decode(cp.encode()) == cp
+    old = b'{"offset": 41, "segment": "s", "updated_at": "2026-01-02T03:04:05Z"}'
+    assert Checkpoint.decode(old).origin is None
+    weird = b'{"offset": 41, "segment": "s", "updated_at": "2026-01-02T03:04:05Z", "origin": "x"}'
+    assert Checkpoint.decode(weird).origin is None
