@@ -38,21 +38,10 @@ from replicator.core.s3 import S3ObjectStore, create_bucket
 from replicator.core.settings import Settings, load_settings
 from replicator.core.storage import MemoryObjectStore, ObjectStore
 
-os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+sys.path.insert(0, str(Path(__file__).parent))
+from lib import text_value  # also sets the AWS test environment
 
-WORDS = [b"sensor", b"temperature", b"humidity", b"pressure", b"reading", b"device",
-         b"region", b"value", b"status", b"ok", b"warning", b"error", b"level", b"battery",
-         b"signal", b"gateway", b"firmware"]
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
-
-
-def text_value(rng: random.Random, size: int) -> bytes:
-    out = bytearray()
-    while len(out) < size:
-        out += rng.choice(WORDS) + b" " + str(rng.randint(0, 99999)).encode() + b" "
-    return bytes(out[:size])
 
 
 def settings_for(brokers: str, endpoint: str, bucket: str, topic: str,

@@ -95,13 +95,8 @@ class Runner:
 
     def _repeat(self, what: str, fn: Callable[[int], dict[str, Any]], n: int | None = None
                 ) -> dict[str, Any]:
-        runs = []
-        for i in range(n or self.repeat):
-            r = fn(i)
-            log(f"  {what} #{i + 1}: {r.get('mb_per_s', 0):.1f} MB/s, "
-                f"{r.get('mb_per_cpu_s', 0):.1f} MB/CPU-s")
-            runs.append(r)
-        return self._median_of(runs)
+        """One variant, ``n`` runs (default ``--repeat``), medians."""
+        return self._rounds(n or self.repeat, [("only", what, fn)], {})["only"]
 
     def _rounds(self, n: int, variants: list[tuple[str, str, Callable[[int], dict[str, Any]]]],
                 ratios: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
