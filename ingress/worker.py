@@ -207,7 +207,6 @@ class ReplayWorker:
         """The newest checkpoint sent after its records were acknowledged/committed."""
         self._sent = 0
         self._unsettled: deque[tuple[int, Checkpoint]] = deque()
-        self._unflushed = False
         self.origin: int | None = None
         """See ``Checkpoint.origin``; carried in every checkpoint once set."""
         self._reported_below: int | None = None
@@ -315,7 +314,7 @@ class ReplayWorker:
             cp = self.checkpoints.load(self.key)
             self.position = self.checkpointed = None if cp is None else cp.offset
             self.origin = None if cp is None else cp.origin
-            self._sent, self._unflushed = 0, False
+            self._sent = 0
             self._unsettled.clear()
             if cp is not None:
                 self._m_checkpoint.set(cp.offset)
@@ -629,13 +628,12 @@ class ReplayWorker:
 
     def _settle_all(self, sink: ReplaySink) -> None:
         """At-least-once: every checkpoint sent and acknowledged (before waiting/stopping)."""
-        if self.cfg.exactly_once or (not self._unsettled and not self._unflushed):
+        if self.cfg.exactly_once:
             return
         self._settle(sink, depth=0)
-        sink.flush()
-        self._unflushed = False
+        if sink.outstanding():   # the checkpoints just sent (the records are acknowledged)
+            sink.flush()
 
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset
-        self._unflushed = not self.cfg.exactly_once
         self._m_checkpoint.set(cp.offset)
