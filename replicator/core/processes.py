@@ -1,12 +1,15 @@
-"""Local server processes of the embedded stack: Tansu brokers and a moto server.
+"""Local server processes of the embedded stack: Kafka brokers and a moto server.
 
-Used by ``replicator local up|down``, ``replicator demo`` and the pytest fixtures. Each
-server runs in its own session (``start_new_session``) so signals to the CLI do not reach
-it, is waited for by polling its TCP port, and is stopped by its own PID only.
+Used by ``replicator local up|down``, ``replicator demo``, the pytest fixtures and the
+benchmarks. Two kinds of broker: Tansu (the pip-installable default, memory storage) and
+Apache Kafka in KRaft mode from a distribution in ``KAFKA_HOME`` (the broker production
+runs). Each server runs in its own session (``start_new_session``) so signals to the CLI do
+not reach it, is waited for by polling its TCP port, and is stopped by its own PID only.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import shutil
@@ -14,7 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +82,8 @@ class ServerProcess:
     port: int
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    data_dir: Path | None = None
+    """Removed by ``stop`` once the process is gone (an Apache Kafka broker's log dirs)."""
 
     @property
     def address(self) -> str:
@@ -95,8 +103,10 @@ class ServerProcess:
         return not _is_zombie(self.pid)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout`` (Tansu takes 2-5 s to exit)."""
+        """SIGTERM, then SIGKILL after ``timeout`` (Tansu takes 2-5 s to exit, Kafka 3-10 s);
+        then remove ``data_dir``."""
         if not self.alive():
+            self._remove_data()
             return
         self._signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -109,6 +119,11 @@ class ServerProcess:
                 time.sleep(0.05)
         if self.popen is not None:
             self.popen.wait(timeout=5)
+        self._remove_data()
+
+    def _remove_data(self) -> None:
+        if self.data_dir is not None and not self.alive():
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def _signal(self, sig: signal.Signals) -> None:
         try:
@@ -151,12 +166,12 @@ def tansu_binary() -> str:
 
 
 def _spawn(name: str, cmd: list[str], log_path: Path, port: int, timeout: float,
-           env: dict[str, str] | None = None) -> ServerProcess:
+           env: Mapping[str, str] | None = None) -> ServerProcess:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as out:
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True,
-                                 env=env)
+                                 env=None if env is None else dict(env))
     proc = ServerProcess(name, popen.pid, port, log_path, popen)
     try:
         wait_for_port(LOOPBACK, port, timeout=timeout, proc=popen, what=name,
@@ -184,3 +199,116 @@ def start_moto(log_dir: Path, port: int | None = None, name: str = "moto") -> Se
     cmd = [exe, "-H", LOOPBACK, "-p", str(port)] if exe else \
         [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
     return _spawn(name, cmd, log_dir / f"{name}.log", port, timeout=60)
+
+
+KAFKA_HOME_ENV = "KAFKA_HOME"
+
+KAFKA_BROKER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@{host}:{controller_port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
+advertised.listeners=PLAINTEXT://{host}:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={data_dir}
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+"""
+"""A single-node KRaft broker on loopback, as production clusters are configured where it
+matters here: no topic is ever created by accident (``auto.create.topics.enable=false``)."""
+
+KAFKA_STOP_SECONDS = 20.0
+"""A broker flushes and closes its logs on SIGTERM (a few seconds); SIGKILL after this."""
+
+
+def kafka_home(value: str | os.PathLike[str] | None = None) -> Path:
+    """The Apache Kafka distribution to run: ``value``, else ``$KAFKA_HOME``.
+
+    Raises:
+        FatalError: neither is set, or the folder holds no ``bin/kafka-server-start.sh``.
+    """
+    raw = value if value is not None else os.environ.get(KAFKA_HOME_ENV)
+    if not raw:
+        raise FatalError(f"an Apache Kafka broker needs {KAFKA_HOME_ENV} (the folder of an "
+                         "unpacked Apache Kafka distribution, e.g. kafka_2.13-4.1.0)")
+    home = Path(raw).expanduser().absolute()
+    if not (home / "bin" / "kafka-server-start.sh").is_file():
+        raise FatalError(f"{KAFKA_HOME_ENV}={raw}: no bin/kafka-server-start.sh there (not an "
+                         "Apache Kafka distribution)")
+    return home
+
+
+def _kafka_cluster_id() -> str:
+    # What `kafka-storage.sh random-uuid` prints (base64url of 16 random bytes, no padding,
+    # never starting with '-'), without paying a JVM start for it.
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
+
+
+def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None = None,
+                port: int | None = None, data_dir: Path | None = None,
+                extra_properties: Mapping[str, str] | None = None,
+                heap: str = "-Xmx512m -Xms128m", timeout: float = 90.0) -> ServerProcess:
+    """Start one single-node Apache Kafka broker (KRaft, broker + controller in one JVM).
+
+    Args:
+        name: the server's name (log file ``log_dir/{name}.log``).
+        log_dir: where its stdout and ``server.properties`` go.
+        home: the distribution (default ``$KAFKA_HOME``).
+        port: the client port (default: a free one).
+        data_dir: its log dirs (default: a new temporary directory, removed by ``stop``).
+        extra_properties: broker settings added to (or replacing) the defaults, e.g.
+            ``{"log.retention.check.interval.ms": "1000"}``.
+        heap: ``KAFKA_HEAP_OPTS``.
+        timeout: seconds to wait for "Kafka Server started".
+
+    Raises:
+        FatalError: no distribution, the storage format failed, or the broker did not start.
+    """
+    kh = kafka_home(home)
+    port = port or free_port()
+    controller_port = free_port()
+    own_data = data_dir is None
+    data = Path(tempfile.mkdtemp(prefix=f"{name}-")) if data_dir is None else data_dir
+    data.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    props = KAFKA_BROKER_PROPERTIES.format(host=LOOPBACK, port=port,
+                                           controller_port=controller_port, data_dir=data)
+    for k, v in (extra_properties or {}).items():
+        props += f"{k}={v}\n"
+    conf = log_dir / f"{name}.properties"
+    conf.write_text(props)
+    env = {**os.environ, "KAFKA_HEAP_OPTS": heap, "KAFKA_JMX_OPTS": " ",
+           "LOG_DIR": str(log_dir / f"{name}-logs")}
+    fmt = subprocess.run([str(kh / "bin" / "kafka-storage.sh"), "format", "-t",
+                          _kafka_cluster_id(), "-c", str(conf)], env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, check=False, timeout=120)
+    if fmt.returncode != 0:
+        raise FatalError(f"{name}: formatting Kafka storage in {data} failed: "
+                         f"{(fmt.stderr or fmt.stdout).strip()[-2000:]}")
+    proc = _spawn(name, [str(kh / "bin" / "kafka-server-start.sh"), str(conf)],
+                  log_dir / f"{name}.log", port, timeout=timeout, env=env)
+    if own_data:
+        proc.data_dir = data
+    # The port opens before the broker has registered with its controller; clients that
+    # connect earlier get no leaders. Its "started" line is the broker's own ready signal.
+    deadline = time.monotonic() + timeout
+    while "Kafka Server started" not in proc.log_path.read_text(errors="replace"):
+        if not proc.alive() or time.monotonic() > deadline:
+            proc.stop(timeout=KAFKA_STOP_SECONDS)
+            raise FatalError(f"{name}: Apache Kafka did not start within {timeout:.0f}s"
+                             f"{_tail(proc.log_path)}")
+        time.sleep(0.1)
+    return proc
