@@ -278,9 +278,10 @@ class Admin:
         """The configs set on the topic itself (its overrides), not the cluster's defaults.
 
         Apache Kafka describes every config with its source (topic, broker, cluster
-        default); Tansu only the ones set on the topic. Only topic-level entries count, so
-        a copy of the topic in another cluster takes that cluster's defaults for the rest
-        instead of having the source cluster's defaults pinned as overrides.
+        default). Only topic-level entries count, so a copy of the topic in another cluster
+        takes that cluster's defaults for the rest instead of having the source cluster's
+        defaults pinned as overrides. (Tansu describes only the configs set on a topic but
+        marks them as defaults, so there this returns nothing.)
         """
         res = ConfigResource(ConfigResource.Type.TOPIC, topic)
         try:
@@ -304,9 +305,8 @@ class Admin:
                     raise translate(e, f"delete topic {t}") from e
 
 
-# A config describe entry that was set on the topic (UNKNOWN: a broker that does not say).
-_TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
-                                  ConfigSource.UNKNOWN_CONFIG.value})
+# A config describe entry that was set on the topic itself.
+_TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
 
 OnAssign = Callable[[Any, list[Any]], None]
 

@@ -253,7 +253,7 @@ def send_fake_event(env: Env, key: SegmentKey) -> None:
 
 
 def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
-        env: Env) -> None:
+        env: Env, broker_kind: str) -> None:
     """Two partitions with rich records; the destination is created from _topic.json.
 
     Partition 0: segments written newest first, a multipart-sized one (moto sends two events),
@@ -298,8 +298,8 @@ def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
     admin = Admin(settings.kafka)
     assert admin.partition_count(env.dest) == 2
     conf = admin.topic_config(env.dest)
-    assert conf.get("retention.ms") == "86400000"
-    assert "message.timestamp.type" not in conf
+    if broker_kind == "apache":  # Tansu describes a topic's settings as defaults
+        assert conf == {"retention.ms": "86400000", "cleanup.policy": "delete"}
     cps = checkpoints(env.brokers, settings.ingress.checkpoint_topic)  # type: ignore[union-attr]
     key0 = f"{SOURCE_REGION}:{env.source}:0"
     assert cps[key0][-1].offset == 999

@@ -116,7 +116,7 @@ def test_sync_copies_segments_once_and_never_temp(moto_endpoint: str, tmp_path: 
 def produce(brokers: str, topic: str, values: list[bytes | None]) -> None:
     p = make_producer(KafkaSettings(brokers=brokers))
     for i, v in enumerate(values):
-        p.produce(topic, v, b"k%d" % i, partition=0, timestamp=1_000 + i)
+        p.produce(topic, v, b"k%d" % i, partition=0, timestamp=RECENT_MS + i)
     assert p.flush(10) == 0
 
 
