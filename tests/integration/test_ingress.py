@@ -344,8 +344,11 @@ def test_late_lost_and_corrupt_segments(env: Env, caplog: pytest.LogCaptureFixtu
         wait_for(lambda: (ing.metrics.value("replicator_ingress_checkpoint_offset",
                                             {**lbl, "partition": "2"}) or 0) == 99, 20,
                  "partition 2 after the corrupt segment")
+        # Read once from the first listing, and at most once more if the object's own
+        # "created" event arrives after that read (an event makes a bad segment worth one
+        # more try: the object may have been replaced). Never in a loop.
         assert ing.metrics.value("replicator_ingress_segments_corrupt_total",
-                                 {**lbl, "partition": "2"}) == 1
+                                 {**lbl, "partition": "2"}) in (1, 2)
         assert ing.metrics.total("replicator_ingress_worker_errors_total") == 0  # no loops
     got = read_topic(env.brokers, env.dest)
     assert got[0] == expected_rows(0, exp0)
