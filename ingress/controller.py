@@ -41,7 +41,7 @@ from ingress.topics import (
 )
 from ingress.worker import Clock, ReplayWorker, WorkerConfig, utc_now
 from replicator.core import kafka
-from replicator.core.errors import ReplicatorError, TopicError
+from replicator.core.errors import ConfigError, ReplicatorError, TopicError
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import IngressSettings, IngressSourceSettings, Settings
@@ -182,8 +182,11 @@ class Ingress:
                     self._next_topic_check = time.monotonic() + self._topic_check_delay()
                 if self.subscribed:
                     msg = self.consumer.poll(0.05)
-                    if msg is not None and kafka.message_error(msg) is not None:
-                        log.warning("placement consumer: %s", kafka.message_error(msg))
+                    err = kafka.message_error(msg) if msg is not None else None
+                    if isinstance(err, ConfigError):
+                        raise err  # e.g. a session timeout the broker refuses: exit 2
+                    if err is not None:
+                        log.warning("placement consumer: %s", err)
                 assert self.events is not None
                 for ev in self.events.poll(0.05 if self.subscribed else 0.2):
                     self._dispatch(ev)

@@ -37,6 +37,7 @@ from replicator.core.local_stack import (
     LocalStack,
     Role,
 )
+from replicator.core.processes import DEFAULT_BROKER, BrokerKind
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings, validate_settings
 from replicator.core.storage import ObjectStore
@@ -62,6 +63,8 @@ class DemoOptions:
     keep_stack: bool = False
     timeout: float = 900.0
     seed: int = 7
+    kafka: BrokerKind = DEFAULT_BROKER
+    """The embedded stack's brokers when the demo starts one (``tansu`` or ``apache``)."""
 
 
 @dataclass
@@ -192,12 +195,17 @@ class Demo:
     def _open_stack(self) -> LocalStack:
         existing = LocalStack.load(self.o.stack_dir)
         if existing is not None and existing.is_up():
-            self.say(f"using the running embedded stack in {existing.dir}")
-            return existing
+            if existing.kafka == self.o.kafka:
+                self.say(f"using the running embedded stack in {existing.dir}")
+                return existing
+            self.say(f"the running stack in {existing.dir} has {existing.kafka} brokers, not "
+                     f"{self.o.kafka}: starting a separate one")
         directory = Path(tempfile.mkdtemp(prefix="replicator-demo-"))
-        self.say("starting the embedded stack: 2 Kafka brokers (Tansu) and S3+SQS (moto) …")
+        brokers = "Apache Kafka" if self.o.kafka == "apache" else "Tansu"
+        self.say(f"starting the embedded stack: 2 Kafka brokers ({brokers}) and S3+SQS "
+                 "(moto) …")
         t0 = time.monotonic()
-        stack = LocalStack.start(directory, partitions=1)
+        stack = LocalStack.start(directory, partitions=1, kafka=self.o.kafka)
         self._owned_stack = True
         self.say(f"  up in {time.monotonic() - t0:.1f}s (state in {directory})")
         return stack

@@ -39,6 +39,27 @@ def fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+KAFKA_OPTION_HELP = (
+    "Kafka brokers of the embedded stack: tansu (pip-installed, the default) or apache "
+    "(Apache Kafka from the distribution in $KAFKA_HOME, KRaft, topic auto-creation off; "
+    "extra broker settings from $KAFKA_EXTRA_PROPS, one key=value a line).")
+
+
+def kafka_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--kafka tansu|apache`` (the embedded stack's brokers), checked before anything runs:
+    ``apache`` without a usable ``$KAFKA_HOME`` exits 2 naming it."""
+    from replicator.core.processes import BROKER_KINDS, DEFAULT_BROKER, check_broker_kind
+
+    def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        try:
+            return check_broker_kind(value)
+        except FatalError as e:
+            raise click.BadParameter(str(e), ctx, param) from e
+
+    return click.option("--kafka", type=click.Choice(BROKER_KINDS), default=DEFAULT_BROKER,
+                        show_default=True, callback=check, help=KAFKA_OPTION_HELP)(f)
+
+
 def load_or_exit(config: Path | None, section: str | None = None) -> Settings:
     """Load settings; exit 2 naming the key on any configuration problem."""
     try:

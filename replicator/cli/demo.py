@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from replicator.cli.common import kafka_option
+from replicator.core.processes import BrokerKind
 from replicator.demo import Demo, DemoOptions, configure_demo_logging, render_summary
 
 
@@ -50,11 +52,13 @@ class _StatusLine:
 @click.option("--keep-stack", is_flag=True, help="Leave a stack the demo started running.")
 @click.option("--timeout", default=900.0, show_default=True, help="Give up after seconds.")
 @click.option("--seed", default=7, show_default=True, help="Seed of the sample data.")
+@kafka_option
 def demo(records: int, partitions: int, value_size: int, delivery: str, no_compaction: bool,
-         stack_dir: Path, keep_stack: bool, timeout: float, seed: int) -> None:
+         stack_dir: Path, keep_stack: bool, timeout: float, seed: int, kafka: BrokerKind
+         ) -> None:
     """Replicate a sample topic across two regions on the embedded stack and verify it.
 
-    Starts (or reuses) two Kafka brokers and an S3+SQS endpoint, produces a realistic
+    Starts (or reuses) two Kafka brokers (--kafka) and an S3+SQS endpoint, produces a realistic
     sample, runs egress, the bucket sync, ingress and one compaction pass, then compares
     the copy with the source record by record. Exit code 0 only on PASS.
     """
@@ -64,7 +68,7 @@ def demo(records: int, partitions: int, value_size: int, delivery: str, no_compa
     options = DemoOptions(records=records, partitions=partitions, value_size=value_size,
                           delivery=delivery, compaction=not no_compaction,
                           stack_dir=stack_dir, keep_stack=keep_stack, timeout=timeout,
-                          seed=seed)
+                          seed=seed, kafka=kafka)
     runner = Demo(options, say=line.say, status=line.status)
     configure_demo_logging(Path(stack_dir) / "demo.log")
     result = runner.run()

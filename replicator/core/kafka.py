@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import confluent_kafka as ck
 import confluent_kafka.admin as cka
-from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._config import ConfigResource, ConfigSource
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from replicator.core.errors import (
@@ -135,10 +135,21 @@ KafkaException = ck.KafkaException
 
 
 def message_error(msg: Message) -> ReplicatorError | None:
-    """The error carried by a consumed message, or ``None`` (EOF is not an error)."""
+    """The error carried by a consumed message, or ``None`` (EOF is not an error).
+
+    A group setting the broker refuses (``session.timeout.ms`` outside the broker's
+    ``group.min.session.timeout.ms``..``group.max.session.timeout.ms``) is a
+    ``ConfigError`` naming ``kafka.config``: the consumer would otherwise retry its join
+    forever and never own a partition.
+    """
     err = msg.error()
     if err is None or err.code() == ck.KafkaError._PARTITION_EOF:
         return None
+    if err.code() == ck.KafkaError.INVALID_SESSION_TIMEOUT:
+        return ConfigError("kafka.config", "the broker refuses the consumer group's "
+                           "session.timeout.ms (it must lie within the broker's "
+                           "group.min.session.timeout.ms and group.max.session.timeout.ms, "
+                           f"6 s to 30 min by default): {err.str()}")
     where = f"{msg.topic()}[{msg.partition()}]"
     if err.retriable() or not err.fatal():
         return KafkaRetriableError(f"{where}: {err.str()}")
@@ -264,13 +275,22 @@ class Admin:
                              f"{e.args[0].str()}") from e
 
     def topic_config(self, topic: str) -> dict[str, str]:
-        """Topic-level configs the broker reports (non-default ones at least)."""
+        """The configs set on the topic itself (its overrides), not the cluster's defaults.
+
+        Apache Kafka describes every config with its source (topic, broker, cluster
+        default). Only topic-level entries count, so a copy of the topic in another cluster
+        takes that cluster's defaults for the rest instead of having the source cluster's
+        defaults pinned as overrides. (Tansu describes only the configs set on a topic but
+        marks them as defaults, so there this returns nothing.)
+        """
         res = ConfigResource(ConfigResource.Type.TOPIC, topic)
         try:
             entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"describe configs of {topic}") from e
-        return {k: v.value for k, v in entries.items() if v.value is not None}
+        return {k: v.value for k, v in entries.items()
+                if v.value is not None
+                and getattr(v.source, "value", v.source) in _TOPIC_LEVEL_SOURCES}
 
     def delete_topics(self, topics: Sequence[str]) -> None:
         """Delete topics (missing ones are ignored)."""
@@ -284,6 +304,9 @@ class Admin:
                 if e.args[0].code() != ck.KafkaError.UNKNOWN_TOPIC_OR_PART:
                     raise translate(e, f"delete topic {t}") from e
 
+
+# A config describe entry that was set on the topic itself.
+_TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
 
 OnAssign = Callable[[Any, list[Any]], None]
 

@@ -20,8 +20,8 @@ OFFSET_DIGITS = 20
 TOPIC_META_NAME = "_topic.json"
 
 # Source topic configs recorded in ``_topic.json`` (egress writes them, ingress copies what
-# it can to the destination topic). Brokers report only explicitly set keys (Tansu) or every
-# key (Kafka); either way only these travel.
+# it can to the destination topic), when they are set on the source topic itself (cluster
+# defaults stay behind: the destination cluster has its own).
 TOPIC_META_CONFIGS = frozenset({
     "cleanup.policy",
     "compression.type",

@@ -1,14 +1,18 @@
 """The embedded stack: two Kafka-compatible brokers and one S3+SQS endpoint on loopback.
 
-``LocalStack.start(dir)`` starts a Tansu broker for the source region (``us-east-1``), one
+``LocalStack.start(dir)`` starts a Kafka broker for the source region (``us-east-1``), one
 for the destination region (``us-west-1``) and a moto server (S3 and SQS for both regions),
-then prepares everything the three controllers expect to exist:
+then prepares everything the three controllers expect to exist. The brokers are Tansu (the
+pip-installable default, memory storage) or, with ``kafka="apache"``, Apache Kafka from
+``$KAFKA_HOME`` (KRaft, data in a temporary directory removed when the stack stops, topic
+auto-creation off as in production clusters):
 
 1. the source bucket in ``us-east-1`` and the destination bucket in ``us-west-1``, both with
    a lifecycle rule that expires ``temp/`` objects and incomplete multipart uploads;
 2. the SQS queue in ``us-west-1`` and the destination bucket's ``s3:ObjectCreated:*`` /
    ``s3:ObjectRemoved:*`` notifications of the data prefix to it;
-3. the source topic (created with its final partition count: Tansu cannot grow topics);
+3. the source topic (every topic the pipeline needs is created explicitly: Apache Kafka
+   here creates none by accident, and ingress creates its own);
 4. ``egress.toml``, ``ingress.toml`` and ``compaction.toml`` in ``dir``, ready to use;
 5. ``state.json`` in ``dir``: PIDs, ports and command lines of the servers.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterable, Mapping
@@ -34,12 +39,16 @@ from replicator.core import s3, sqs
 from replicator.core.errors import FatalError, ReplicatorError
 from replicator.core.kafka import Admin
 from replicator.core.processes import (
+    DEFAULT_BROKER,
     LOOPBACK,
+    BrokerKind,
     ServerProcess,
+    check_broker_kind,
     free_port,
     process_cmdline,
+    start_broker,
     start_moto,
-    start_tansu,
+    stop_seconds,
 )
 from replicator.core.settings import KafkaSettings, Settings, load_settings
 
@@ -64,17 +73,24 @@ SECRET_KEY = "test"  # moto placeholder, not a secret
 DATA_PREFIX = "data"
 TEMP_PREFIX = "temp"
 
-SERVER_NAMES = ("tansu-source", "tansu-destination", "moto")
 
-# librdkafka settings for Tansu: group joins and rebalances take about session.timeout.ms / 2,
-# so the librdkafka default of 45 s would make every start wait 23 s (TEST-INFRA.md).
+def broker_names(kind: BrokerKind) -> tuple[str, str]:
+    """Server names of the (source, destination) brokers of a stack of ``kind``."""
+    return ("tansu-source", "tansu-destination") if kind == "tansu" else \
+        ("kafka-source", "kafka-destination")
+
+
+# Short group timeouts: a consumer's first assignment waits about session.timeout.ms / 2 on
+# Tansu, so the librdkafka default of 45 s would make every start wait 23 s (TEST-INFRA.md);
+# on Apache Kafka a killed member holds its partitions for session.timeout.ms.
 FAST_GROUP_CONFIG: dict[str, int] = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 500,
     "topic.metadata.refresh.interval.ms": 1000,
 }
 
-# SIGTERM first; Tansu takes 2-5 s to exit and keeps nothing, so SIGKILL after this.
+# SIGTERM first, SIGKILL after the server's own grace (``ServerRecord.grace``: Tansu and
+# moto 6 s, Apache Kafka 20 s, it flushes its logs), then wait this long for the exit.
 STOP_GRACE_SECONDS = 6.0
 KILL_WAIT_SECONDS = 5.0
 
@@ -93,12 +109,16 @@ class ServerRecord:
     cmdline: str
     log_path: Path
     process: ServerProcess | None = None  # set when this process started it (can reap it)
+    grace: float = STOP_GRACE_SECONDS
+    """Seconds between SIGTERM and SIGKILL."""
+    data_dir: Path | None = None
+    """A broker's data directory, removed once the server is stopped (Apache Kafka)."""
 
     @classmethod
-    def of(cls, proc: ServerProcess) -> ServerRecord:
+    def of(cls, proc: ServerProcess, grace: float = STOP_GRACE_SECONDS) -> ServerRecord:
         """Record a server we just started (its command line as the kernel reports it)."""
         return cls(proc.name, proc.pid, proc.port, process_cmdline(proc.pid), proc.log_path,
-                   proc)
+                   proc, grace, proc.data_dir)
 
     @property
     def address(self) -> str:
@@ -118,26 +138,34 @@ class ServerRecord:
         return bool(self.cmdline) and process_cmdline(self.pid) == self.cmdline
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "port": self.port, "cmdline": self.cmdline,
-                "log": str(self.log_path)}
+        out: dict[str, Any] = {"pid": self.pid, "port": self.port, "cmdline": self.cmdline,
+                               "log": str(self.log_path), "grace": self.grace}
+        if self.data_dir is not None:
+            out["data_dir"] = str(self.data_dir)
+        return out
 
     @classmethod
     def from_json(cls, name: str, data: Mapping[str, Any]) -> ServerRecord:
+        data_dir = data.get("data_dir")
         return cls(name, int(data["pid"]), int(data["port"]), str(data["cmdline"]),
-                   Path(str(data["log"])))
+                   Path(str(data["log"])), None,
+                   float(data.get("grace", STOP_GRACE_SECONDS)),
+                   Path(str(data_dir)) if data_dir else None)
 
 
 def stop_servers(records: Iterable[ServerRecord]) -> list[str]:
     """Stop the servers that are still ours; return the names that were running.
 
     All get SIGTERM at once (each broker needs seconds to exit), the ones still running
-    after ``STOP_GRACE_SECONDS`` get SIGKILL. Every signal is preceded by ``is_ours()``.
+    after their ``grace`` get SIGKILL. Every signal is preceded by ``is_ours()``. Data
+    directories of stopped servers are removed.
     """
+    records = list(records)
     running = [r for r in records if r.is_ours()]
     for r in running:
         _signal(r, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    while time.monotonic() < deadline and any(r.is_ours() for r in running):
+    start = time.monotonic()
+    while any(r.is_ours() and time.monotonic() < start + r.grace for r in running):
         time.sleep(0.05)
     stubborn = [r for r in running if r.is_ours()]
     for r in stubborn:
@@ -152,6 +180,9 @@ def stop_servers(records: Iterable[ServerRecord]) -> list[str]:
         if r.is_ours():
             raise StackError(f"{r.name} (pid {r.pid}) is still running after SIGKILL")
         log.info("stopped %s (pid %d)", r.name, r.pid)
+    for r in records:
+        if r.data_dir is not None and not r.is_ours():
+            shutil.rmtree(r.data_dir, ignore_errors=True)
     return [r.name for r in running]
 
 
@@ -179,24 +210,34 @@ class LocalStack:
 
     @classmethod
     def start(cls, directory: str | Path = DEFAULT_DIR, *, topic: str = TOPIC,
-              partitions: int = PARTITIONS) -> LocalStack:
+              partitions: int = PARTITIONS, kafka: BrokerKind = DEFAULT_BROKER) -> LocalStack:
         """Start the servers, create buckets, queue, notifications and topic, write configs.
 
+        Args:
+            directory: state file, generated configs and server logs.
+            topic: the source topic to create.
+            partitions: its partition count.
+            kafka: the brokers to run, ``tansu`` or ``apache`` (Apache Kafka from
+                ``$KAFKA_HOME``, extra broker settings from ``$KAFKA_EXTRA_PROPS``).
+
         Raises:
+            FatalError: ``apache`` without a usable ``$KAFKA_HOME`` (nothing was started).
             StackError: a state file already exists in ``directory``, or a server did not
                 come up (everything started so far is stopped again).
             ReplicatorError: bucket, queue or topic setup failed (servers are stopped).
         """
+        kind = check_broker_kind(kafka)
         d = Path(directory).absolute()
         if (d / STATE_FILE).exists():
             raise StackError(f"{d / STATE_FILE} exists: the stack is already up "
                              "(run `replicator local down` first)")
         d.mkdir(parents=True, exist_ok=True)
         logs = d / "logs"
-        stack = cls(d, {}, {"topic": topic, "partitions": partitions})
+        stack = cls(d, {}, {"topic": topic, "partitions": partitions, "kafka": kind})
         try:
-            for name in ("tansu-source", "tansu-destination"):
-                stack.servers[name] = ServerRecord.of(start_tansu(name, logs))
+            for name in broker_names(kind):
+                stack.servers[name] = ServerRecord.of(start_broker(kind, name, logs),
+                                                      stop_seconds(kind))
                 stack._write_state()  # from now on `down` can stop what runs, whatever happens
             stack.servers["moto"] = ServerRecord.of(start_moto(logs))
             stack._write_state()
@@ -277,13 +318,20 @@ class LocalStack:
         Only the servers started so far appear (all four once ``start`` returned).
         """
         out: dict[str, str] = {}
-        if "tansu-source" in self.servers:
-            out["source_kafka"] = self.servers["tansu-source"].address
-        if "tansu-destination" in self.servers:
-            out["destination_kafka"] = self.servers["tansu-destination"].address
+        source, destination = broker_names(self.kafka)
+        if source in self.servers:
+            out["source_kafka"] = self.servers[source].address
+        if destination in self.servers:
+            out["destination_kafka"] = self.servers[destination].address
         if "moto" in self.servers:
             out["s3"] = out["sqs"] = f"http://{self.servers['moto'].address}"
         return out
+
+    @property
+    def kafka(self) -> BrokerKind:
+        """The kind of the stack's brokers (``tansu`` for state files written before)."""
+        kind = self.info.get("kafka", DEFAULT_BROKER)
+        return "apache" if kind == "apache" else "tansu"
 
     @property
     def topic(self) -> str:
@@ -315,7 +363,8 @@ class LocalStack:
         """What is running and how to use and stop it, for people."""
         ep = self.endpoints
         running = self.running()
-        lines = [f"Local stack (state in {self.state_path})", ""]
+        brokers = "Apache Kafka" if self.kafka == "apache" else "Tansu"
+        lines = [f"Local stack with {brokers} brokers (state in {self.state_path})", ""]
         for name, r in self.servers.items():
             state = "running" if running[name] else "NOT RUNNING"
             lines.append(f"  {name:<18} {r.address:<16} pid {r.pid:<8} {state:<12} "
@@ -346,6 +395,7 @@ class LocalStack:
             "version": STATE_VERSION,
             "created_at": self.info.get("created_at") or datetime.now(UTC).isoformat(),
             "dir": str(self.dir),
+            "kafka": self.kafka,
             "servers": {name: r.to_json() for name, r in self.servers.items()},
             "endpoints": self.endpoints,
             "buckets": {SOURCE_REGION: SOURCE_BUCKET, DEST_REGION: DEST_BUCKET},
@@ -435,7 +485,7 @@ secret_access_key = {_toml_str(SECRET_KEY)}
 
 [kafka]
 brokers = {_toml_str(brokers)}
-# Tansu: short group timeouts, or every join waits session.timeout.ms / 2.
+# Short group timeouts: joins and rebalances take seconds, not the librdkafka defaults.
 config = {_toml_table(FAST_GROUP_CONFIG)}
 
 [format]

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from replicator.core.errors import FatalError
 
@@ -202,6 +203,7 @@ def start_moto(log_dir: Path, port: int | None = None, name: str = "moto") -> Se
 
 
 KAFKA_HOME_ENV = "KAFKA_HOME"
+KAFKA_EXTRA_PROPS_ENV = "KAFKA_EXTRA_PROPS"
 
 KAFKA_BROKER_PROPERTIES = """\
 process.roles=broker,controller
@@ -248,6 +250,29 @@ def kafka_home(value: str | os.PathLike[str] | None = None) -> Path:
     return home
 
 
+def kafka_extra_properties(text: str | None = None) -> dict[str, str]:
+    """Broker settings from ``text`` (default ``$KAFKA_EXTRA_PROPS``): one ``key=value`` a line.
+
+    The same variable ``start-kraft.sh`` of the shared distribution reads, so a broker of the
+    embedded stack can be given e.g. ``log.retention.check.interval.ms=1000``. Blank lines and
+    ``#`` comments are skipped.
+
+    Raises:
+        FatalError: a line that is not ``key=value``.
+    """
+    raw = os.environ.get(KAFKA_EXTRA_PROPS_ENV, "") if text is None else text
+    out: dict[str, str] = {}
+    for raw_line in raw.splitlines():
+        line = raw_line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise FatalError(f"{KAFKA_EXTRA_PROPS_ENV}: {line!r} is not key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def _kafka_cluster_id() -> str:
     # What `kafka-storage.sh random-uuid` prints (base64url of 16 random bytes, no padding,
     # never starting with '-'), without paying a JVM start for it.
@@ -269,8 +294,8 @@ def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None
         home: the distribution (default ``$KAFKA_HOME``).
         port: the client port (default: a free one).
         data_dir: its log dirs (default: a new temporary directory, removed by ``stop``).
-        extra_properties: broker settings added to (or replacing) the defaults, e.g.
-            ``{"log.retention.check.interval.ms": "1000"}``.
+        extra_properties: broker settings added to (or replacing) the defaults and
+            ``$KAFKA_EXTRA_PROPS``, e.g. ``{"log.retention.check.interval.ms": "1000"}``.
         heap: ``KAFKA_HEAP_OPTS``.
         timeout: seconds to wait for "Kafka Server started".
 
@@ -279,14 +304,27 @@ def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None
     """
     kh = kafka_home(home)
     port = port or free_port()
-    controller_port = free_port()
+    extra = {**kafka_extra_properties(), **(extra_properties or {})}
     own_data = data_dir is None
     data = Path(tempfile.mkdtemp(prefix=f"{name}-")) if data_dir is None else data_dir
+    try:
+        return _start_kafka(name, log_dir, kh, port, data, own_data, extra, heap, timeout)
+    except BaseException:
+        # Includes KeyboardInterrupt: a broker that never started leaves no temp dir behind.
+        if own_data:
+            shutil.rmtree(data, ignore_errors=True)
+        raise
+
+
+def _start_kafka(name: str, log_dir: Path, kh: Path, port: int, data: Path, own_data: bool,
+                 extra: Mapping[str, str], heap: str, timeout: float) -> ServerProcess:
+    controller_port = free_port()
     data.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     props = KAFKA_BROKER_PROPERTIES.format(host=LOOPBACK, port=port,
                                            controller_port=controller_port, data_dir=data)
-    for k, v in (extra_properties or {}).items():
+    # Later lines win in a Java properties file: defaults, then the environment, then ours.
+    for k, v in extra.items():
         props += f"{k}={v}\n"
     conf = log_dir / f"{name}.properties"
     conf.write_text(props)
@@ -312,3 +350,41 @@ def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None
                              f"{_tail(proc.log_path)}")
         time.sleep(0.1)
     return proc
+
+
+BrokerKind = Literal["tansu", "apache"]
+"""The two brokers the embedded stack can run: ``tansu`` (pip-installable, the default) and
+``apache`` (Apache Kafka from ``$KAFKA_HOME``, the broker production runs)."""
+BROKER_KINDS: tuple[BrokerKind, ...] = get_args(BrokerKind)
+DEFAULT_BROKER: BrokerKind = "tansu"
+
+TANSU_STOP_SECONDS = 6.0
+"""Tansu exits 2-5 s after SIGTERM and keeps nothing, so SIGKILL after this."""
+
+
+def stop_seconds(kind: BrokerKind) -> float:
+    """How long a broker of ``kind`` may take to exit on SIGTERM before it gets SIGKILL."""
+    return KAFKA_STOP_SECONDS if kind == "apache" else TANSU_STOP_SECONDS
+
+
+def check_broker_kind(kind: str) -> BrokerKind:
+    """``kind`` as a ``BrokerKind``; for ``apache`` also checks that ``$KAFKA_HOME`` is usable.
+
+    Raises:
+        FatalError: an unknown kind, or ``apache`` without a usable ``$KAFKA_HOME``.
+    """
+    if kind not in BROKER_KINDS:
+        raise FatalError(f"unknown broker kind {kind!r} (one of {', '.join(BROKER_KINDS)})")
+    if kind == "apache":
+        kafka_home()
+    return kind
+
+
+def start_broker(kind: BrokerKind, name: str, log_dir: Path, *,
+                 extra_properties: Mapping[str, str] | None = None) -> ServerProcess:
+    """Start one broker of ``kind`` on a free loopback port (see ``start_tansu`` and
+    ``start_kafka``; ``extra_properties`` only apply to Apache Kafka: Tansu has no such
+    settings)."""
+    if kind == "apache":
+        return start_kafka(name, log_dir, extra_properties=extra_properties)
+    return start_tansu(name, log_dir)

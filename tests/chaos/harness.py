@@ -1,13 +1,14 @@
 """The chaos harness: an embedded stack of its own, the real CLIs as subprocesses, faults.
 
 Layout (all on loopback, started per test module so a frozen broker never stalls another
-test's broker):
+test's broker; the brokers are Apache Kafka when ``KAFKA_HOME`` is set, else Tansu, as for
+the rest of the suite):
 
 ```
-producer ─► Tansu "source" ─► replicator-egress ─► fault proxy ─► moto: source bucket
+producer ─► Kafka "source" ─► replicator-egress ─► fault proxy ─► moto: source bucket
                                                                      │ BucketSync (x2)
                                ┌─────────────────────────────────────┴───────────┐
-   bucket-eo ─► SQS queue-eo ─► replicator-ingress (exactly-once)  ─► Tansu "destination"
+   bucket-eo ─► SQS queue-eo ─► replicator-ingress (exactly-once)  ─► Kafka "destination"
    bucket-alo ─► SQS queue-alo ─► replicator-ingress (at-least-once) ─► (same broker)
 ```
 
@@ -49,13 +50,21 @@ from replicator.core.kafka import (
     make_producer,
     message_error,
 )
-from replicator.core.processes import ServerProcess, free_port, start_moto, start_tansu
+from replicator.core.processes import (
+    BrokerKind,
+    ServerProcess,
+    free_port,
+    start_broker,
+    start_moto,
+    stop_seconds,
+)
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import KafkaSettings
 from replicator.ops.sample import SampleRecord
 from replicator.ops.sync import BucketSync
 from replicator.ops.verify import digest, read_partition, record_view
 from tests.chaos.fault_proxy import FaultProxy
+from tests.conftest import APACHE_TEST_PROPERTIES, BROKER_KIND
 
 log = logging.getLogger(__name__)
 
@@ -348,8 +357,9 @@ class Lane:
 class ChaosStack:
     """Servers, proxy, buckets, queues, topics and the three processes of the chaos suite."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, kind: BrokerKind = BROKER_KIND) -> None:
         self.dir = workdir
+        self.kind = kind
         self.servers: dict[str, ServerProcess] = {}
         self.proxy: FaultProxy | None = None
         self.lanes: list[Lane] = []
@@ -362,8 +372,9 @@ class ChaosStack:
     def start(self) -> ChaosStack:
         logs = self.dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        self.servers["source"] = start_tansu("chaos-tansu-source", logs)
-        self.servers["destination"] = start_tansu("chaos-tansu-destination", logs)
+        for region in ("source", "destination"):
+            self.servers[region] = start_broker(self.kind, f"chaos-{self.kind}-{region}", logs,
+                                                extra_properties=APACHE_TEST_PROPERTIES)
         self.servers["moto"] = start_moto(logs, name="chaos-moto")
         moto = self.servers["moto"]
         self.moto_url = f"http://{moto.address}"
@@ -400,8 +411,8 @@ class ChaosStack:
             lane.sync.stop()
         if self.proxy is not None:
             self.proxy.close()
-        for server in self.servers.values():
-            server.stop(timeout=3)
+        for name, server in self.servers.items():
+            server.stop(timeout=3 if name == "moto" else stop_seconds(self.kind))
         return codes
 
     def processes(self) -> list[Managed]:

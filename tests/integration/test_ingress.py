@@ -40,7 +40,7 @@ from replicator.core.s3 import (
 )
 from replicator.core.settings import Settings, load_settings
 from replicator.core.sqs import SqsQueue, create_queue, make_sqs_client
-from tests.conftest import FAST_GROUP_CONFIG, unique_name
+from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
 REGION = "us-west-1"
 SOURCE_REGION = "us-east-1"
@@ -59,7 +59,7 @@ def rich_record(partition: int, offset: int) -> Record:
     if offset % 3 == 0:
         headers = (("h", b"1"), ("h", None), ("dup", b"x"), ("dup", b"x"), ("", b""))
     ts_type = TIMESTAMP_LOG_APPEND_TIME if offset % 4 == 0 else TIMESTAMP_CREATE_TIME
-    return Record(offset, 1_700_000_000_000 + offset * 10, key, value, headers, ts_type)
+    return Record(offset, RECENT_MS + offset * 10, key, value, headers, ts_type)
 
 
 @dataclass
@@ -253,7 +253,7 @@ def send_fake_event(env: Env, key: SegmentKey) -> None:
 
 
 def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
-        env: Env) -> None:
+        env: Env, broker_kind: str) -> None:
     """Two partitions with rich records; the destination is created from _topic.json.
 
     Partition 0: segments written newest first, a multipart-sized one (moto sends two events),
@@ -298,8 +298,8 @@ def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
     admin = Admin(settings.kafka)
     assert admin.partition_count(env.dest) == 2
     conf = admin.topic_config(env.dest)
-    assert conf.get("retention.ms") == "86400000"
-    assert "message.timestamp.type" not in conf
+    if broker_kind == "apache":  # Tansu describes a topic's settings as defaults
+        assert conf == {"retention.ms": "86400000", "cleanup.policy": "delete"}
     cps = checkpoints(env.brokers, settings.ingress.checkpoint_topic)  # type: ignore[union-attr]
     key0 = f"{SOURCE_REGION}:{env.source}:0"
     assert cps[key0][-1].offset == 999
@@ -308,21 +308,12 @@ def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
     assert cps[f"{SOURCE_REGION}:{env.source}:1"][-1].offset == 398
 
 
-def test_late_lost_corrupt_and_too_few_partitions(env: Env,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_late_lost_and_corrupt_segments(env: Env, caplog: pytest.LogCaptureFixture) -> None:
     """Partition 0: a held-back segment arrives within the timeout and replay continues.
     Partition 1: a segment that never arrives is declared lost with its exact range.
     Partition 2: a corrupt object at a valid key is reported, no crash loop, others fine.
-    A second source whose destination exists with too few partitions is stopped loudly.
     """
     env.write_meta(3)
-    other = unique_name("src2")
-    env.data["ingress"]["sources"].append(
-        {"region": SOURCE_REGION, "topic": other, "destination_topic": other + ".copy",
-         "first_segment_delay": "0s"})
-    env.write_meta(4, topic=other)
-    settings = env.settings()
-    Admin(settings.kafka).create_topic(other + ".copy", 2)
     env.data["ingress"]["sources"][0]["lost_segment_timeout"] = "4s"
     settings = env.settings()
 
@@ -353,12 +344,11 @@ def test_late_lost_corrupt_and_too_few_partitions(env: Env,
         wait_for(lambda: (ing.metrics.value("replicator_ingress_checkpoint_offset",
                                             {**lbl, "partition": "2"}) or 0) == 99, 20,
                  "partition 2 after the corrupt segment")
+        # Read once from the first listing, and at most once more if the object's own
+        # "created" event arrives after that read (an event makes a bad segment worth one
+        # more try: the object may have been replaced). Never in a loop.
         assert ing.metrics.value("replicator_ingress_segments_corrupt_total",
-                                 {**lbl, "partition": "2"}) == 1
-        assert ing.metrics.value("replicator_ingress_source_errors_total",
-                                 {"region": SOURCE_REGION, "topic": other,
-                                  "reason": "partitions"}) == 1
-        assert not any(w[1] == other for w in ing.workers)
+                                 {**lbl, "partition": "2"}) in (1, 2)
         assert ing.metrics.total("replicator_ingress_worker_errors_total") == 0  # no loops
     got = read_topic(env.brokers, env.dest)
     assert got[0] == expected_rows(0, exp0)
@@ -370,8 +360,42 @@ def test_late_lost_corrupt_and_too_few_partitions(env: Env,
     assert any(f"{env.source}[2]" in m and "positions 0-49 (50)" in m for m in lost), lost
     assert any(r.levelno == logging.ERROR and "cannot be read" in r.getMessage()
                and "/2/0/" in r.getMessage() for r in caplog.records)
-    stopped = [r.getMessage() for r in caplog.records if "STOPPED" in r.getMessage()]
-    assert stopped and "has 2 partition(s) but the source has 4" in stopped[0]
+
+
+def test_destination_with_too_few_partitions(env: Env, broker_kind: str,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The destination topic exists with 2 partitions, the source has 4. Apache Kafka grows
+    it (CreatePartitions) and every partition is replayed; a broker that refuses (Tansu
+    implements no CreatePartitions) gets that source stopped loudly, naming both counts."""
+    env.write_meta(4)
+    settings = env.settings()
+    admin = Admin(settings.kafka)
+    admin.create_topic(env.dest, 2)
+    expected = {p: env.write(env.segment_key(p, 0, 29)) for p in range(4)}
+    with caplog.at_level(logging.INFO), running(settings) as ing:
+        lbl = {"region": SOURCE_REGION, "topic": env.source}
+        if broker_kind == "tansu":
+            wait_for(lambda: ing.metrics.value("replicator_ingress_source_errors_total",
+                                               {**lbl, "reason": "partitions"}) == 1, 20,
+                     "the source to be stopped")
+            assert not any(w[1] == env.source for w in ing.workers)
+        else:
+            for p in range(4):
+                wait_for(lambda p=p: ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                                       {**lbl, "partition": str(p)}) == 29,
+                         30, f"partition {p} replayed")
+            assert ing.metrics.total("replicator_ingress_source_errors_total") == 0
+    if broker_kind == "tansu":
+        stopped = [r.getMessage() for r in caplog.records if "STOPPED" in r.getMessage()]
+        assert stopped and "has 2 partition(s) but the source has 4" in stopped[0]
+        assert admin.partition_count(env.dest) == 2
+        return
+    assert admin.partition_count(env.dest) == 4
+    assert any(f"grew destination topic {env.dest} from 2 to 4" in r.getMessage()
+               for r in caplog.records)
+    got = read_topic(env.brokers, env.dest)
+    assert {p: got[p] for p in range(4)} == {p: expected_rows(p, expected[p])
+                                             for p in range(4)}
 
 
 def test_two_instances_split_partitions_and_rebalance(env: Env) -> None:
@@ -404,14 +428,15 @@ def test_two_instances_split_partitions_and_rebalance(env: Env) -> None:
 
 
 def _plain(partition: int, offset: int) -> Record:
-    return Record(offset, 1_700_000_000_000 + offset, b"k%d" % offset, b"v" * 100, (),
+    return Record(offset, RECENT_MS + offset, b"k%d" % offset, b"v" * 100, (),
                   TIMESTAMP_CREATE_TIME)
 
 
-def test_a_new_owner_fences_the_old_producer(env: Env) -> None:
+def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None:
     """Same transactional.id: the newer sink fences the older; its commit raises
     ProducerFenced (the worker then gives the partition up) and nothing of it is committed
-    after the fence except what Tansu shows of aborted transactions."""
+    after the fence (on Apache Kafka a read_committed reader sees only the new owner's
+    record; Tansu shows aborted transactions' records too)."""
     from ingress.sink import KafkaSink, Rows
     from replicator.core.errors import ProducerFenced
 
@@ -428,7 +453,7 @@ def test_a_new_owner_fences_the_old_producer(env: Env) -> None:
         return s
 
     def rows(o: int) -> Rows:
-        return Rows([o], [1_700_000_000_000], [b"k"], [b"v%d" % o], [None])
+        return Rows([o], [RECENT_MS], [b"k"], [b"v%d" % o], [None])
 
     old = sink()
     old.begin()
@@ -445,6 +470,8 @@ def test_a_new_owner_fences_the_old_producer(env: Env) -> None:
     new.commit()
     new.close()
     assert [c.offset for c in checkpoints(env.brokers, "cp-" + env.dest)["k"]] == [1]
+    if broker_kind == "apache":
+        assert [r[2] for r in read_topic(env.brokers, env.dest)[0]] == [b"v1"]
 
 
 def datetime_now() -> datetime:

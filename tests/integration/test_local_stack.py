@@ -1,4 +1,5 @@
-"""``replicator local up|status|down`` as a user runs them, and the ``LocalStack`` API."""
+"""``replicator local up|status|down`` as a user runs them, and the ``LocalStack`` API, on
+the default (Tansu) stack; ``test_local_stack_kafka.py`` runs it with Apache Kafka."""
 
 from __future__ import annotations
 
@@ -28,13 +29,28 @@ from replicator.core.settings import load_settings
 
 REPLICATOR = str(Path(sys.executable).parent / "replicator")
 
+# The default stack stays covered in CI, where KAFKA_HOME selects Apache Kafka elsewhere.
+pytestmark = pytest.mark.tansu
+
+
+def replicator(*args: str, cwd: Path | None = None, timeout: float = 120,
+               env_update: dict[str, str | None] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """Run ``replicator ARGS`` (``env_update``: variables to set, or to remove with None)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICATOR_")}
+    for k, v in (env_update or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return subprocess.run([REPLICATOR, *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                          check=False)
+
 
 def local(*args: str, cwd: Path | None = None, timeout: float = 120
           ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICATOR_")}
-    return subprocess.run([REPLICATOR, "local", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                          check=False)
+    return replicator("local", *args, cwd=cwd, timeout=timeout)
 
 
 def gone(pid: int) -> bool:

@@ -16,7 +16,7 @@ from replicator.core import s3
 from replicator.core.kafka import make_producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
-from tests.conftest import unique_name
+from tests.conftest import RECENT_MS, unique_name
 
 
 def make_bucket(endpoint: str, region: str = "us-east-1") -> tuple[str, s3.S3ObjectStore]:
@@ -29,7 +29,7 @@ def make_bucket(endpoint: str, region: str = "us-east-1") -> tuple[str, s3.S3Obj
 
 def write_segment(store: s3.S3ObjectStore, key: SegmentKey) -> None:
     fmt = get_format("parquet")
-    records = [Record(o, 1_700_000_000_000 + o, f"k{o}".encode(), None if o % 5 == 0 else
+    records = [Record(o, RECENT_MS + o, f"k{o}".encode(), None if o % 5 == 0 else
                       f"value {o}".encode(), (("h", b"x"),)) for o in range(key.start,
                                                                               key.end + 1)]
     up = SegmentUpload(store, fmt, "temp", WriterOptions())
@@ -116,7 +116,7 @@ def test_sync_copies_segments_once_and_never_temp(moto_endpoint: str, tmp_path: 
 def produce(brokers: str, topic: str, values: list[bytes | None]) -> None:
     p = make_producer(KafkaSettings(brokers=brokers))
     for i, v in enumerate(values):
-        p.produce(topic, v, b"k%d" % i, partition=0, timestamp=1_000 + i)
+        p.produce(topic, v, b"k%d" % i, partition=0, timestamp=RECENT_MS + i)
     assert p.flush(10) == 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import boto3
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.conftest import unique_name
 
@@ -21,10 +21,14 @@ def test_both_brokers_accept_records(source_brokers: str, dest_brokers: str) -> 
     assert source_brokers != dest_brokers
     for brokers in (source_brokers, dest_brokers):
         topic = unique_name("topic")
+        # Created first: Apache Kafka here, like production clusters, creates no topic on
+        # produce (auto.create.topics.enable=false).
+        admin = AdminClient({"bootstrap.servers": brokers})
+        admin.create_topics([NewTopic(topic, 1)])[topic].result(10)
         p = ck.Producer({"bootstrap.servers": brokers})
         p.produce(topic, b"hello")
         assert p.flush(10) == 0
-        md = AdminClient({"bootstrap.servers": brokers}).list_topics(topic, timeout=10)
+        md = admin.list_topics(topic, timeout=10)
         assert topic in md.topics
 
 

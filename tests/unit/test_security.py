@@ -262,3 +262,25 @@ def test_sync_store_encrypts_only_its_own_bucket() -> None:
     other = store_for("other-bucket", endpoint_url=None, region="us-west-1", settings=settings)
     assert (own.sse, own.sse_kms_key_id) == ("aws:kms", "k")
     assert (other.sse, other.sse_kms_key_id) == (None, None)
+
+
+def test_a_session_timeout_the_broker_refuses_is_a_config_error() -> None:
+    """Apache Kafka refuses a group member whose session.timeout.ms lies outside its
+    group.min/max.session.timeout.ms; the consumer would retry the join forever."""
+    import confluent_kafka as ck
+
+    from replicator.core.kafka import message_error
+
+    class Msg:
+        def error(self) -> ck.KafkaError:
+            return ck.KafkaError(ck.KafkaError.INVALID_SESSION_TIMEOUT, "JoinGroup failed")
+
+        def topic(self) -> None:
+            return None
+
+        def partition(self) -> int:
+            return 0
+
+    err = message_error(Msg())  # type: ignore[arg-type]
+    assert isinstance(err, ConfigError) and err.key == "kafka.config"
+    assert "session.timeout.ms" in str(err)
