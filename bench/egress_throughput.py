@@ -32,7 +32,7 @@ from typing import Any
 import confluent_kafka as ck
 
 from egress.controller import Egress
-from replicator.core.kafka import Admin, make_producer
+from replicator.core.kafka import Admin, Producer
 from replicator.core.processes import start_moto, start_tansu
 from replicator.core.s3 import S3ObjectStore, create_bucket
 from replicator.core.settings import Settings, load_settings
@@ -64,18 +64,13 @@ def produce(brokers: str, topic: str, partitions: int, records: int, value_size:
             settings: Settings) -> int:
     rng = random.Random(1)
     values = [text_value(rng, value_size) for _ in range(997)]
-    p = make_producer(settings.kafka, overrides={"linger.ms": 20})
+    p = Producer(settings.kafka, overrides={"linger.ms": 20})
     raw = 0
     for i in range(records):
         key = b"device-%d" % (i % 5000)
         v = values[i % len(values)]
         raw += len(key) + len(v)
-        while True:
-            try:
-                p.produce(topic, value=v, key=key, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
+        p.produce(topic, value=v, key=key, partition=i % partitions)
         if i % 5000 == 0:
             p.poll(0)
     assert p.flush(120) == 0

@@ -39,15 +39,7 @@ from egress.topic_meta import topic_metadata
 from formats.base import WriterOptions
 from formats.registry import get_format, use_memory_pool
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
-from replicator.core.kafka import (
-    Admin,
-    KafkaException,
-    Message,
-    TopicPartition,
-    make_consumer,
-    message_error,
-    translate,
-)
+from replicator.core.kafka import Admin, Consumer, Fetched, TopicPartition
 from replicator.core.keys import PartitionRef, topic_meta_key
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy, retry
@@ -130,7 +122,7 @@ class Egress:
         self._loop_done = threading.Event()
         self._paused: set[tuple[str, int]] = set()
         self._memory_paused = False
-        self._consumer: Any = None
+        self._consumer: Consumer | None = None
         self._admin: Admin | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._ctx: WriterContext | None = None
@@ -186,8 +178,8 @@ class Egress:
         self._admin = Admin(self.settings.kafka)
         self._check_topics()
         self._last_meta = self.clock()
-        self._consumer = make_consumer(self.settings.kafka, self.config.group_id,
-                                       self._consumer_overrides)
+        self._consumer = Consumer(self.settings.kafka, self.config.group_id,
+                                  self._consumer_overrides)
         self._consumer.subscribe(sorted(self.config.topics), on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         if self.settings.metrics.port:
@@ -215,14 +207,11 @@ class Egress:
         gc.set_threshold(GC_THRESHOLD, *gc_threshold[1:])
         try:
             while not self._stop.is_set():
-                try:
-                    msgs = consumer.consume(num_messages=CONSUME_BATCH, timeout=POLL_TIMEOUT)
-                except KafkaException as e:
-                    raise translate(e, "consume") from e
+                fetched = consumer.fetch(CONSUME_BATCH, POLL_TIMEOUT)
                 now = self.clock()
                 self._last_poll = time.monotonic()
-                if msgs:
-                    self._dispatch(msgs, now)
+                if fetched:
+                    self._dispatch(fetched, now)
                 self._serve_commits()
                 self._drain_outcomes(now)
                 if now - self._last_tick >= TICK_INTERVAL:
@@ -253,8 +242,8 @@ class Egress:
         if self._consumer is not None:
             try:
                 self._consumer.close()
-            except KafkaException as e:
-                log.warning("closing the consumer failed: %s", translate(e, "close consumer"))
+            except ReplicatorError as e:
+                log.warning("closing the consumer failed: %s", e)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self._server is not None:
@@ -273,20 +262,11 @@ class Egress:
 
     # --- the poll thread --------------------------------------------------------------
 
-    def _dispatch(self, msgs: Sequence[Message], now: float) -> None:
-        runs: dict[tuple[str | None, int | None], list[Message]] = {}
-        for m in msgs:
-            if m.error() is not None:
-                self._consume_error(m)
-                continue
-            k = (m.topic(), m.partition())
-            run = runs.get(k)
-            if run is None:
-                runs[k] = [m]
-            else:
-                run.append(m)
-        for (topic, partition), run in runs.items():
-            w = self._writers.get((topic, partition))  # type: ignore[arg-type]
+    def _dispatch(self, fetched: Fetched, now: float) -> None:
+        for err in fetched.errors:
+            self._consume_error(err)
+        for (topic, partition), run in fetched.runs.items():
+            w = self._writers.get((topic, partition))
             if w is None:
                 # Delivered just before a revoke took effect: the next owner reads them.
                 log.debug("%s[%s]: %d messages of a partition not assigned here dropped",
@@ -295,10 +275,7 @@ class Egress:
                 continue
             w.append(run, now)
 
-    def _consume_error(self, m: Message) -> None:
-        err = message_error(m)
-        if err is None:
-            return  # partition EOF
+    def _consume_error(self, err: ReplicatorError) -> None:
         self.m.consume_errors.labels(self.region).inc()
         if isinstance(err, KafkaRetriableError):
             log.warning("consumer: %s", err)
@@ -366,6 +343,7 @@ class Egress:
                     or w.backlog_bytes() >= self._backlog_limit):
                 want.add((w.ref.topic, w.ref.partition))
         pause, resume = want - self._paused, self._paused - want
+        assert self._consumer is not None
         if pause:
             self._consumer.pause([TopicPartition(t, p) for t, p in sorted(pause)])
             log.debug("paused %s", sorted(pause))
@@ -378,12 +356,12 @@ class Egress:
     def _rewind(self, w: PartitionWriter) -> None:
         offset = w.rewind()
         tp = TopicPartition(w.ref.topic, w.ref.partition, offset)
+        assert self._consumer is not None
         try:
             self._consumer.seek(tp)
-        except KafkaException as e:
+        except ReplicatorError as e:
             # Not fatal: the partition stays where it is and is rewound again later.
-            err = translate(e, f"seek {w.name} to {offset}")
-            log.warning("%s: %s", w.name, err)
+            log.warning("%s: %s", w.name, e)
             return
         log.info("%s: rewound to offset %d after a failed segment", w.name, offset)
 
@@ -391,33 +369,34 @@ class Egress:
         self.m.assigned.labels(self.region).set(len(writers))
         self.m.open_segments.labels(self.region).set(
             sum(len(w.closing) + (w.segment is not None) for w in writers))
+        assert self._consumer is not None
         for w in writers:
             if w.next_offset is None:
                 continue
             try:
                 # The cached watermark comes from the last fetch response, which is right
                 # even on brokers whose ListOffsets "latest" is not (Tansu).
-                _, high = self._consumer.get_watermark_offsets(
+                _, high = self._consumer.watermarks(
                     TopicPartition(w.ref.topic, w.ref.partition), cached=True)
-            except KafkaException as e:
+            except ReplicatorError as e:
                 log.debug("%s: no cached watermark: %s", w.name, e)
                 continue
-            if high is not None and high >= 0:
+            if high >= 0:
                 w.metrics.lag.set(max(0, high - w.next_offset))
 
     # --- assignment -------------------------------------------------------------------
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         ours = [tp for tp in partitions if tp.topic in self._limits]
-        committed: list[Any] = []
+        committed: list[TopicPartition] = []
         if ours:
             try:
                 committed = consumer.committed(ours, timeout=30)
-            except KafkaException as e:
+            except ReplicatorError as e:
                 # Without the committed positions segments cannot be named; the rebalance
                 # callback cannot retry, so the controller stops and the process restarts.
                 self._failed = True
-                self._fatal = translate(e, "read committed offsets at assignment")
+                self._fatal = e
                 self._stop.set()
                 log.error("%s", self._fatal)
                 return
@@ -437,13 +416,13 @@ class Egress:
         self.m.rebalances.labels(self.region, "assign").inc(len(committed))
         self.m.assigned.labels(self.region).set(len(self._writers))
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         log.info("revoked: %s", ", ".join(f"{t}[{p}]" for t, p in keys))
         self.m.rebalances.labels(self.region, "revoke").inc(len(keys))
         self._release(keys, CloseReason.REVOKE)
 
-    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
         log.warning("lost (another member may own them now; open segments are aborted): %s",
                     ", ".join(f"{t}[{p}]" for t, p in keys))
@@ -462,11 +441,11 @@ class Egress:
         if not paused:
             return
         self._paused.difference_update(paused)
+        assert self._consumer is not None
         try:
             self._consumer.resume([TopicPartition(t, p) for t, p in paused])
-        except KafkaException as e:
-            log.warning("resuming %s before release failed: %s", paused,
-                        translate(e, "resume"))
+        except ReplicatorError as e:
+            log.warning("resuming %s before release failed: %s", paused, e)
 
     def _release(self, keys: Sequence[tuple[str, int]], reason: CloseReason) -> None:
         """Close the partitions' open segments durably within ``shutdown_timeout``, abort
@@ -539,40 +518,34 @@ class Egress:
         if not requests:
             return
         what = ", ".join(f"{t}[{p}]@{o}" for t, p, o, _ in requests)
-
-        def once() -> list[Any]:
-            try:
-                return self._consumer.commit(
-                    offsets=[TopicPartition(t, p, o) for t, p, o, _ in requests],
-                    asynchronous=False) or []
-            except KafkaException as e:
-                raise translate(e, f"commit {what}") from e
-
+        consumer = self._consumer
+        assert consumer is not None
+        offsets = [TopicPartition(t, p, o) for t, p, o, _ in requests]
         try:
-            results = retry(once, COMMIT_POLICY, what=f"commit {what}")
+            refused = retry(lambda: consumer.commit(offsets), COMMIT_POLICY,
+                            what=f"commit {what}")
         except ReplicatorError as e:
             for *_, done in requests:
                 done.set_exception(e)
             return
-        errors = {(r.topic, r.partition): r.error for r in results if r.error is not None}
-        for t, p, o, done in requests:
-            err = errors.get((t, p))
+        for t, p, _o, done in requests:
+            err = refused.get((t, p))
             if err is None:
                 done.set_result(None)
             else:
-                done.set_exception(translate(KafkaException(err), f"commit {t}[{p}]@{o}"))
+                done.set_exception(err)
 
     def _low_watermark_reader(self, topic: str, partition: int) -> Callable[[], int | None]:
         def low() -> int | None:
+            assert self._consumer is not None
             try:
-                lo, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                             timeout=10, cached=False)
-            except KafkaException as e:
+                lo, _ = self._consumer.watermarks(TopicPartition(topic, partition),
+                                                  timeout=10)
+            except ReplicatorError as e:
                 log.warning("%s[%d]: cannot read the log start offset, a retention loss "
-                            "before this segment would go unnoticed: %s", topic, partition,
-                            translate(e, "watermarks"))
+                            "before this segment would go unnoticed: %s", topic, partition, e)
                 return None
-            return int(lo) if lo is not None and lo >= 0 else None
+            return lo if lo >= 0 else None
 
         return low
 
@@ -594,7 +567,7 @@ class Egress:
                     key = topic_meta_key(self.settings.s3.prefix, self.region, topic)
                     body = topic_metadata(topic, self.region, n, configs, self.wall())
                     self._put_meta(key, body)
-                except (ReplicatorError, KafkaException) as e:
+                except ReplicatorError as e:
                     log.warning("%s: _topic.json not updated, trying again in %s: %s", topic,
                                 self.config.topic_metadata_interval, e)
                     continue

@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from ingress.events import json_object
-from replicator.core import kafka
-from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.errors import KafkaRetriableError
+from replicator.core.kafka import read_to_end
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
 
@@ -190,51 +188,27 @@ class KafkaCheckpointStore(CheckpointStore):
         need = self._scan(want, "read_uncommitted")[1]
         return self._scan(want, "read_committed", need)[0]
 
-    def _scan(self, want: bytes | None, isolation: str, need: dict[int, int] | None = None
+    def _scan(self, want: bytes | None, isolation: Literal["read_committed",
+                                                           "read_uncommitted"],
+              need: dict[int, int] | None = None
               ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, int]]:
         """Read the topic to its end; return matching records and, per partition, the
         offset after the last matching record. With ``need``, a partition counts as read
         only once its end-of-partition offset reaches ``need[p]``."""
-        consumer = kafka.make_consumer(
-            self.kafka_settings, f"replicator.checkpoint-reader.{uuid.uuid4().hex}",
-            {"enable.partition.eof": True, "isolation.level": isolation,
-             "fetch.wait.max.ms": 10})
+        values: list[tuple[bytes, bytes | None]] = []
+        last: dict[int, int] = {}
         try:
-            md = consumer.list_topics(self.topic, timeout=self.timeout)
-            t = md.topics.get(self.topic)
-            if t is None or t.error is not None or not t.partitions:
-                raise TopicError(f"checkpoint topic {self.topic} is missing")
-            parts = sorted(t.partitions)
-            consumer.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING)
-                             for p in parts])
-            pending = set(parts)
-            values: list[tuple[bytes, bytes | None]] = []
-            last: dict[int, int] = {}
-            deadline = time.monotonic() + self.timeout
-            while pending:
-                if time.monotonic() > deadline:
-                    raise KafkaRetriableError(
-                        f"checkpoint topic {self.topic}: partitions {sorted(pending)} not read "
-                        f"to their end within {self.timeout:.0f}s (an open transaction of "
-                        f"another writer holds the stable offset back)")
-                for msg in consumer.consume(1000, 0.05):
-                    p = msg.partition()
-                    if kafka.is_partition_eof(msg):
-                        end = msg.offset()
-                        if need is None or (end is not None and p is not None
-                                            and end >= need.get(p, 0)):
-                            pending.discard(p)
-                        continue
-                    err = kafka.message_error(msg)
-                    if err is not None:
-                        log.warning("reading checkpoint topic: %s", err)
-                        continue
-                    key = msg.key()
-                    if key is not None and (want is None or key == want):
-                        values.append((key, msg.value()))
-                        off = msg.offset()
-                        if p is not None and off is not None:
-                            last[p] = max(last.get(p, 0), off + 1)
-            return values, last
-        finally:
-            consumer.close()
+            for msg in read_to_end(self.kafka_settings, self.topic, isolation=isolation,
+                                   ends_at_least=need, timeout=self.timeout, on_error="log",
+                                   what="checkpoint topic",
+                                   overrides={"fetch.wait.max.ms": 10}):
+                key = msg.key()
+                if key is not None and (want is None or key == want):
+                    values.append((key, msg.value()))
+                    p, off = msg.partition(), msg.offset()
+                    if p is not None and off is not None:
+                        last[p] = max(last.get(p, 0), off + 1)
+        except KafkaRetriableError as e:
+            raise KafkaRetriableError(f"{e} (an open transaction of another writer holds "
+                                      "the stable offset back)") from e
+        return values, last

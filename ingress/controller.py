@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from formats.base import SegmentFormat
 from formats.registry import get_format
@@ -40,8 +39,8 @@ from ingress.topics import (
     read_topic_meta,
 )
 from ingress.worker import Clock, ReplayWorker, WorkerConfig, utc_now
-from replicator.core import kafka
 from replicator.core.errors import ConfigError, ReplicatorError, TopicError
+from replicator.core.kafka import Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import IngressSettings, IngressSourceSettings, Settings
@@ -107,7 +106,7 @@ class Ingress:
         self.assigned: set[tuple[str, int]] = set()
         self.fenced: set[WorkerId] = set()
         self.subscribed: frozenset[str] = frozenset()
-        self.consumer: Any = None
+        self.consumer: Consumer | None = None
         self.relay: SqsRelay | None = None
         self._relay_thread: threading.Thread | None = None
         self._server: MetricsServer | None = None
@@ -140,7 +139,7 @@ class Ingress:
             self.queue = SqsQueue.from_settings(s)
         queue: EventQueue = self.queue
         if self.admin is None:
-            self.admin = kafka.Admin(s.kafka)
+            self.admin = Admin(s.kafka)
         ensure_internal_topics(self.admin, events_topic=self.cfg.segment_events_topic,
                                events_retention=self.cfg.segment_events_retention,
                                checkpoint_topic=self.cfg.checkpoint_topic)
@@ -151,8 +150,7 @@ class Ingress:
         if self.checkpoints is None:
             self.checkpoints = KafkaCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
                                                     self.metrics)
-        self.consumer = kafka.make_consumer(s.kafka, self.cfg.group_id,
-                                            {"enable.partition.eof": False})
+        self.consumer = Consumer(s.kafka, self.cfg.group_id, {"enable.partition.eof": False})
         self.relay = SqsRelay(
             queue, self.events, self.m, bucket=s.s3.bucket, prefix=s.s3.prefix,
             sources=list(self.sources), max_messages=self.cfg.sqs_max_messages,
@@ -174,18 +172,17 @@ class Ingress:
                 if time.monotonic() >= self._next_topic_check:
                     try:
                         self._check_topics()
-                    except (ReplicatorError, kafka.KafkaException) as e:
+                    except ReplicatorError as e:
                         # Broker or store unavailable: placement stays as it is; retried
                         # at the next check.
                         log.error("checking destination topics failed, retrying in %s: %s",
                                   self.cfg.topic_check_interval, e)
                     self._next_topic_check = time.monotonic() + self._topic_check_delay()
                 if self.subscribed:
-                    msg = self.consumer.poll(0.05)
-                    err = kafka.message_error(msg) if msg is not None else None
-                    if isinstance(err, ConfigError):
-                        raise err  # e.g. a session timeout the broker refuses: exit 2
-                    if err is not None:
+                    assert self.consumer is not None
+                    for err in self.consumer.poll(0.05).errors:
+                        if isinstance(err, ConfigError):
+                            raise err  # e.g. a session timeout the broker refuses: exit 2
                         log.warning("placement consumer: %s", err)
                 assert self.events is not None
                 for ev in self.events.poll(0.05 if self.subscribed else 0.2):
@@ -211,8 +208,8 @@ class Ingress:
         if self.consumer is not None:
             try:
                 self.consumer.close()
-            except kafka.KafkaException as e:
-                log.warning("closing the placement consumer: %s", kafka.translate(e, "close"))
+            except ReplicatorError as e:
+                log.warning("closing the placement consumer: %s", e)
             self.consumer = None
         if self._relay_thread is not None:
             # The relay may sit in a long poll of up to sqs_wait_time.
@@ -259,6 +256,7 @@ class Ingress:
         ready = frozenset(st.source.destination for st in self.sources.values()
                           if st.partitions is not None and not st.stopped)
         if ready != self.subscribed:
+            assert self.consumer is not None
             log.info("subscribing to destination topics %s", sorted(ready))
             self.subscribed = ready
             if ready:
@@ -305,7 +303,7 @@ class Ingress:
                          meta.partitions, dest)
             st.partitions = meta.partitions
 
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
@@ -313,7 +311,7 @@ class Ingress:
         self.fenced.clear()
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}
         log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in sorted(gone)))
         self.assigned -= gone

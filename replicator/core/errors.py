@@ -95,5 +95,9 @@ class ProducerFenced(KafkaFatalError):
     """Another producer with the same ``transactional.id`` took over this partition."""
 
 
+class TransactionAbortable(KafkaRetriableError):
+    """A transactional call failed in a way that needs ``abort`` before the batch is redone."""
+
+
 class TopicError(FatalError):
     """A topic is missing, too small, or cannot be created as required."""

@@ -32,24 +32,15 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from replicator.core import s3, sqs
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import (
-    OFFSET_BEGINNING,
-    Admin,
-    TopicPartition,
-    is_partition_eof,
-    make_consumer,
-    make_producer,
-    message_error,
-)
+from replicator.core.kafka import Admin, DeliveryReport, Producer, read_to_end
 from replicator.core.processes import (
     BrokerKind,
     ServerProcess,
@@ -303,26 +294,20 @@ class SourceProducer:
 
     def produce(self, records: Iterator[SampleRecord], chunks: int, pause: float) -> None:
         recs = list(records)
-        producer = make_producer(self.kafka, overrides={"linger.ms": 5})
 
-        def delivered(err: Any, msg: Any) -> None:
-            if err is not None:
-                self.errors.append(f"{self.topic}[{msg.partition()}]: {err.str()}")
+        def delivered(report: DeliveryReport) -> None:
+            if report.error is not None:
+                self.errors.append(f"{self.topic}[{report.partition}]: {report.reason}")
                 return
-            p = msg.partition()
-            self.last_offsets[p] = max(self.last_offsets.get(p, -1), msg.offset())
+            p = report.partition
+            self.last_offsets[p] = max(self.last_offsets.get(p, -1), report.offset)
 
+        producer = Producer(self.kafka, overrides={"linger.ms": 5}, on_delivery=delivered)
         size = max(1, -(-len(recs) // chunks))
         for i in range(0, len(recs), size):
             for r in recs[i:i + size]:
-                while True:
-                    try:
-                        producer.produce(self.topic, r.value, r.key, partition=r.partition,
-                                         timestamp=r.timestamp_ms, headers=r.headers,
-                                         on_delivery=delivered)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                producer.produce(self.topic, r.value, r.key, partition=r.partition,
+                                 timestamp=r.timestamp_ms, headers=r.headers)
             producer.poll(0)
             time.sleep(pause)
         left = producer.flush(120)
@@ -510,28 +495,12 @@ class ChaosStack:
 
 
 def partition_digests(kafka: KafkaSettings, topic: str, partition: int,
-                      isolation: str = "read_committed") -> list[bytes]:
+                      isolation: Literal["read_committed", "read_uncommitted"]
+                      = "read_committed") -> list[bytes]:
     """Record digests of one partition up to its end (``isolation`` as the consumer's)."""
-    consumer = make_consumer(kafka, f"chaos-verify-{uuid.uuid4().hex[:8]}", {
-        "enable.partition.eof": True, "isolation.level": isolation})
-    out: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        idle = time.monotonic()
-        while True:
-            msgs = consumer.consume(num_messages=1000, timeout=0.2)
-            if not msgs and time.monotonic() - idle > 30:
-                raise AssertionError(f"{topic}[{partition}]: no end of partition in 30 s")
-            for m in msgs:
-                idle = time.monotonic()
-                if is_partition_eof(m):
-                    return out
-                err = message_error(m)
-                if err is not None:
-                    raise err
-                out.append(digest(record_view(m)))
-    finally:
-        consumer.close()
+    return [digest(record_view(m))
+            for m in read_to_end(kafka, topic, partitions=[partition], isolation=isolation,
+                                 idle_timeout=30, poll_timeout=0.2)]
 
 
 def missing_ranges(source: list[bytes], destination: list[bytes]) -> list[tuple[int, int]]:

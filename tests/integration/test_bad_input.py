@@ -27,7 +27,7 @@ from formats.base import SegmentMetadata, WriterOptions
 from formats.records import records_to_batch
 from formats.segment_io import SegmentUpload, publish_segment
 from ingress.checkpoints import Checkpoint
-from replicator.core.kafka import Admin, make_producer
+from replicator.core.kafka import Admin, Producer
 from replicator.core.sqs import SqsQueue
 from tests.integration.test_ingress import (
     FMT,
@@ -92,7 +92,7 @@ def test_bad_events_are_logged_counted_and_dropped_while_segments_flow(
     settings = env.settings()
     with caplog.at_level(logging.INFO), running(settings) as ing:
         # Garbage on the segment-events topic itself (another writer, a bad tool).
-        producer = make_producer(settings.kafka)
+        producer = Producer(settings.kafka)
         producer.produce(settings.ingress.segment_events_topic,  # type: ignore[union-attr]
                          b"\x00garbage event", b"not-a-key", partition=0)
         producer.flush(10)
@@ -172,7 +172,7 @@ def test_checkpoint_record_that_is_not_json_is_skipped_loudly(
     Admin(settings.kafka).create_topic(topic, 1, {"cleanup.policy": "compact"})
     key0 = f"{SOURCE_REGION}:{env.source}:0"
     seg0 = env.segment_key(0, 0, 99)
-    producer = make_producer(settings.kafka)
+    producer = Producer(settings.kafka)
     valid = Checkpoint(49, seg0.to_key(), datetime.now(UTC)).encode()
     producer.produce(topic, valid, key0.encode(), partition=0)
     producer.produce(topic, b"{'offset': 99", key0.encode(), partition=0)   # not JSON

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from replicator.cli.main import main
 from replicator.core import s3
-from replicator.core.kafka import Admin, make_producer
+from replicator.core.kafka import Admin, Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
 from tests.conftest import unique_name
@@ -20,7 +20,7 @@ def test_checkpoints_show_latest_valid_per_partition(moto_endpoint: str, dest_br
     topic, cp_topic, bucket = unique_name("src"), unique_name("cp"), unique_name("bkt")
     kafka = KafkaSettings(brokers=dest_brokers)
     Admin(kafka).create_topic(cp_topic, 1, {"cleanup.policy": "compact"})
-    p = make_producer(kafka)
+    p = Producer(kafka)
     for key, value in (
         (f"us-east-1:{topic}:0", b'{"offset": 5, "segment": "a", "updated_at": '
                                  b'"2026-11-21T00:00:00Z"}'),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import confluent_kafka as ck
 import pytest
 
 from formats.base import (
@@ -30,7 +29,8 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
 from ingress.checkpoints import Checkpoint
 from ingress.controller import Ingress
-from replicator.core.kafka import Admin
+from replicator.core.errors import ReplicatorError
+from replicator.core.kafka import Admin, read_to_end
 from replicator.core.keys import SegmentKey, topic_meta_key
 from replicator.core.s3 import (
     S3ObjectStore,
@@ -38,7 +38,7 @@ from replicator.core.s3 import (
     make_s3_client,
     set_bucket_notifications,
 )
-from replicator.core.settings import Settings, load_settings
+from replicator.core.settings import KafkaSettings, Settings, load_settings
 from replicator.core.sqs import SqsQueue, create_queue, make_sqs_client
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
@@ -182,29 +182,17 @@ Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int
 def read_topic(brokers: str, topic: str, *, timeout: float = 20) -> dict[int, list[Row]]:
     """Every record of ``topic`` (read_committed) by partition: (partition, key, value,
     headers, timestamp, timestamp type)."""
-    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("verify"),
-                     "enable.partition.eof": True, "isolation.level": "read_committed",
-                     "enable.auto.commit": False})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        parts = sorted(md.partitions)
-        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
-        out: dict[int, list[Row]] = {p: [] for p in parts}
-        pending = set(parts)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.05):
-                if m.error():
-                    if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                        pending.discard(m.partition())
-                    continue
-                ts_type, ts = m.timestamp()
-                out[m.partition()].append((m.partition(), m.key(), m.value(),
-                                           list(m.headers() or []), ts, ts_type))
-        assert not pending, f"partitions {pending} of {topic} not read to the end"
-        return out
-    finally:
-        c.close()
+    kafka = KafkaSettings(brokers=brokers)
+    n = Admin(kafka).partition_count(topic)
+    if n is None:
+        raise KeyError(topic)
+    out: dict[int, list[Row]] = {p: [] for p in range(n)}
+    for m in read_to_end(kafka, topic, partitions=list(out), timeout=timeout):
+        ts_type, ts = m.timestamp()
+        p = m.partition()
+        assert p is not None
+        out[p].append((p, m.key(), m.value(), list(m.headers() or []), ts, ts_type))
+    return out
 
 
 def expected_rows(partition: int, records: list[Record]) -> list[Row]:
@@ -216,29 +204,17 @@ def expected_rows(partition: int, records: list[Record]) -> list[Row]:
 def count(brokers: str, topic: str) -> int:
     try:
         return sum(len(v) for v in read_topic(brokers, topic, timeout=5).values())
-    except (AssertionError, KeyError, ck.KafkaException):
+    except (AssertionError, KeyError, ReplicatorError):
         return -1
 
 
 def checkpoints(brokers: str, topic: str) -> dict[str, list[Checkpoint]]:
-    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("verify"),
-                     "enable.partition.eof": True, "isolation.level": "read_committed"})
-    try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
-        out: dict[str, list[Checkpoint]] = {}
-        pending = set(parts)
-        deadline = time.monotonic() + 15
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.05):
-                if m.error():
-                    if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                        pending.discard(m.partition())
-                    continue
-                out.setdefault(m.key().decode(), []).append(Checkpoint.decode(m.value()))
-        return out
-    finally:
-        c.close()
+    out: dict[str, list[Checkpoint]] = {}
+    for m in read_to_end(KafkaSettings(brokers=brokers), topic, timeout=15):
+        key = m.key()
+        assert key is not None
+        out.setdefault(key.decode(), []).append(Checkpoint.decode(m.value()))
+    return out
 
 
 def send_fake_event(env: Env, key: SegmentKey) -> None:

@@ -13,7 +13,7 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.cli.main import main
 from replicator.core import s3
-from replicator.core.kafka import make_producer
+from replicator.core.kafka import Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
 from tests.conftest import RECENT_MS, unique_name
@@ -114,7 +114,7 @@ def test_sync_copies_segments_once_and_never_temp(moto_endpoint: str, tmp_path: 
 
 
 def produce(brokers: str, topic: str, values: list[bytes | None]) -> None:
-    p = make_producer(KafkaSettings(brokers=brokers))
+    p = Producer(KafkaSettings(brokers=brokers))
     for i, v in enumerate(values):
         p.produce(topic, v, b"k%d" % i, partition=0, timestamp=RECENT_MS + i)
     assert p.flush(10) == 0
