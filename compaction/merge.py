@@ -12,10 +12,8 @@ in flight, one read buffer, the format writer's row-group buffer and one upload 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, TypeVar
@@ -28,7 +26,7 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, open_segment, publish_segment
 from replicator.core.errors import ObjectNotFound, SegmentCorrupt, SegmentNotFound
 from replicator.core.keys import SegmentKey
-from replicator.core.queues import put_unless_stopped
+from replicator.core.queues import read_ahead
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
@@ -107,55 +105,9 @@ def _drop_written(batch: pa.RecordBatch, last_written: int) -> pa.RecordBatch:
 
 
 READ_AHEAD_BATCHES = 2
-"""Decoded input batches queued ahead of the writer. Reading and decoding (network, and
-Parquet decompression, which releases the GIL) overlap encoding and uploading; memory stays
-bounded: at most this many batches queued plus one being read and one being written."""
-
-_DONE = object()
-
-
-def read_ahead(items: Iterator[T], depth: int) -> Generator[T, None, None]:
-    """Iterate ``items`` in a helper thread, at most ``depth`` items ahead of the consumer.
-
-    An exception in the producer is raised to the consumer at the point it happened; if the
-    consumer stops early (an exception, ``close``), the producer is told to stop, the
-    iterator is closed in its own thread (its ``with`` blocks run) and the thread joined.
-    """
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    cancel = threading.Event()
-
-    def put(item: Any) -> bool:
-        return put_unless_stopped(q, item, cancel)
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put((True, item)):
-                    break
-        except Exception as e:  # noqa: BLE001 - not swallowed: raised again by the consumer
-            # Handed to the consumer, which raises it in its own thread.
-            put((False, e))
-            return
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-        put((True, _DONE))
-
-    t = threading.Thread(target=produce, name="merge-read-ahead", daemon=True)
-    t.start()
-    try:
-        while True:
-            ok, item = q.get()
-            if not ok:
-                raise item
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        cancel.set()
-        t.join()
-
+"""Decoded input batches queued ahead of the writer (``read_ahead``): reading and decoding
+overlap encoding and uploading; memory stays bounded: at most this many batches queued plus
+one being read and one being written."""
 
 def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentKey],
                    batch_size: int, stopped: Callable[[], bool], where: str,
@@ -229,7 +181,7 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
         last = -1
         dropped = 0
         batches = _input_batches(store, fmt, inputs, spec.batch_size, stopped, where)
-        for batch in read_ahead(batches, READ_AHEAD_BATCHES):
+        for batch in read_ahead(batches, READ_AHEAD_BATCHES, name="merge-read-ahead"):
             fresh = _drop_written(batch, last)
             dropped += batch.num_rows - fresh.num_rows
             if fresh.num_rows:

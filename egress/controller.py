@@ -35,7 +35,6 @@ from egress.rotation import (
     pick_memory_victims,
     should_rotate,
 )
-from egress.topic_meta import topic_metadata
 from formats.base import WriterOptions
 from formats.registry import get_format, use_memory_pool
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
@@ -45,6 +44,7 @@ from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.settings import EgressSettings, Settings
 from replicator.core.storage import ObjectStore
+from replicator.core.wire import TopicMetadata
 
 log = logging.getLogger(__name__)
 
@@ -565,7 +565,8 @@ class Egress:
                         continue
                     configs = self._admin.topic_config(topic)
                     key = topic_meta_key(self.settings.s3.prefix, self.region, topic)
-                    body = topic_metadata(topic, self.region, n, configs, self.wall())
+                    body = TopicMetadata.of(topic, self.region, n, configs,
+                                            self.wall()).encode()
                     self._put_meta(key, body)
                 except ReplicatorError as e:
                     log.warning("%s: _topic.json not updated, trying again in %s: %s", topic,

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.keys import SegmentKey
+from replicator.core.wire import parse_rfc3339, rfc3339
 
 FORMAT_VERSION = 1
 
@@ -76,7 +77,7 @@ class SegmentMetadata:
             "start_offset": str(self.start_offset),
             "end_offset": str(self.end_offset),
             "message_count": str(self.message_count),
-            "created_at": self.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "created_at": rfc3339(self.created_at),
             "format_version": str(self.format_version),
             "created_by": self.created_by,
         }
@@ -92,7 +93,7 @@ class SegmentMetadata:
         if missing:
             raise SegmentCorrupt(f"{where}: footer lacks {', '.join(missing)}")
         try:
-            created = datetime.fromisoformat(footer["created_at"].replace("Z", "+00:00"))
+            created = parse_rfc3339(footer["created_at"])
             return cls(footer["region"], footer["topic"], int(footer["partition"]),
                        int(footer["level"]), int(footer["start_offset"]),
                        int(footer["end_offset"]), int(footer["message_count"]), created,

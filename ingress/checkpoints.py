@@ -1,10 +1,7 @@
-"""Checkpoints (SPEC 3.3): the last source position replayed per source partition.
+"""Reading checkpoints: the last source position replayed per source partition.
 
-Key ``{source_region}:{source_topic}:{partition}``, JSON value
-``{"offset": <last source offset produced>, "segment": "<key>", "updated_at": "<RFC 3339>"}``
-on a log-compacted topic. A declared-lost range also moves the checkpoint (to its last
-position) so that a restart does not wait for it again; such a record carries
-``"lost": [first, last]`` and the segment that follows the range.
+The key and JSON value (``Checkpoint``) are encoded in ``replicator.core.wire``
+(docs/architecture.md, "Checkpoints"); they live on a log-compacted topic.
 
 Only the replay worker's durability method writes checkpoints (through its producer, in
 the same transaction as the records in exactly-once mode). ``CheckpointStore`` reads them.
@@ -12,75 +9,18 @@ the same transaction as the records in exactly-once mode). ``CheckpointStore`` r
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal
 
-from ingress.events import json_object
 from replicator.core.errors import KafkaRetriableError
 from replicator.core.kafka import read_to_end
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Progress of one source partition."""
-
-    offset: int
-    segment: str
-    updated_at: datetime
-    lost: tuple[int, int] | None = None
-    origin: int | None = None
-    """Where the partition's first replay started without a checkpoint (the start of the
-    earliest segment then known). A segment below it that arrives later was never
-    replayed: the worker reports it as skipped."""
-
-    def encode(self) -> bytes:
-        """The JSON value written to the checkpoint topic."""
-        doc: dict[str, Any] = {
-            "offset": self.offset,
-            "segment": self.segment,
-            "updated_at": self.updated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
-        if self.lost is not None:
-            doc["lost"] = list(self.lost)
-        if self.origin is not None:
-            doc["origin"] = self.origin
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, value: bytes | None) -> Checkpoint:
-        """Parse a checkpoint value.
-
-        Raises:
-            ValueError: naming what is wrong.
-        """
-        doc = json_object(value, "checkpoint", if_null="checkpoint value is null (tombstone)")
-        offset = doc.get("offset")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"checkpoint offset must be a non-negative int, got {offset!r}")
-        segment = doc.get("segment", "")
-        if not isinstance(segment, str):
-            raise ValueError(f"checkpoint segment must be a string, got {segment!r}")
-        try:
-            updated = datetime.fromisoformat(str(doc.get("updated_at")).replace("Z", "+00:00"))
-        except ValueError as e:
-            raise ValueError(f"checkpoint updated_at is not RFC 3339: "
-                             f"{doc.get('updated_at')!r}") from e
-        lost = doc.get("lost")
-        lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
-            else None
-        origin = doc.get("origin")
-        origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
-            and origin >= 0 else None
-        return cls(offset, segment, updated, lost_t, origin_i)
 
 
 class CheckpointStore(ABC):

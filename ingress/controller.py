@@ -20,26 +20,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from formats.base import SegmentFormat
 from formats.registry import get_format
 from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
+from ingress.delivery import Delivery, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import KafkaSink, ReplaySink
-from ingress.topics import (
-    TopicAdmin,
-    TopicMeta,
-    ensure_destination,
-    ensure_internal_topics,
-    existing_partitions,
-    read_topic_meta,
-)
-from ingress.worker import Clock, ReplayWorker, WorkerConfig, utc_now
-from replicator.core.errors import ConfigError, ReplicatorError, TopicError
+from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
+from ingress.worker import ReplayWorker, WorkerConfig
+from replicator.core.clock import Clock, utc_now
+from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
@@ -53,14 +47,6 @@ PENDING_TOPIC_CHECK = 1.0
 
 WorkerId = tuple[str, str, int]
 """(source region, source topic, partition)."""
-
-
-@dataclass
-class _SourceState:
-    source: IngressSourceSettings
-    partitions: int | None = None
-    stopped: str | None = None
-    warned_missing: float = 0.0
 
 
 class Ingress:
@@ -99,7 +85,9 @@ class Ingress:
         self.clock = clock
         self.sleep = sleep
         self.format: SegmentFormat = get_format(settings.format.name)
-        self.sources = {(s.region, s.topic): _SourceState(s) for s in self.cfg.sources}
+        # The durability protocol of every worker of this process, chosen once.
+        self._delivery: type[Delivery] = delivery_for(self.cfg.delivery)
+        self.sources = {(s.region, s.topic): SourceState(s) for s in self.cfg.sources}
         self.workers: dict[WorkerId, ReplayWorker] = {}
         # Segments replayed at once, whatever the partition count: bounds memory.
         self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
@@ -233,28 +221,8 @@ class Ingress:
     def _check_topics(self) -> None:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
-        prefix = self.settings.s3.prefix
-        by_dest: dict[str, list[tuple[_SourceState, TopicMeta]]] = {}
-        for st in self.sources.values():
-            src = st.source
-            try:
-                meta = read_topic_meta(self.store, prefix, src.region, src.topic)
-            except ReplicatorError as e:
-                log.error("source %s/%s: cannot read its _topic.json: %s", src.region,
-                          src.topic, e)
-                continue
-            if meta is None:
-                if time.monotonic() - st.warned_missing > 60 or not st.warned_missing:
-                    log.warning("source %s/%s: no %s/%s/%s/_topic.json yet (egress writes it); "
-                                "waiting before replay", src.region, src.topic, prefix,
-                                src.region, src.topic)
-                    st.warned_missing = time.monotonic()
-                continue
-            by_dest.setdefault(src.destination, []).append((st, meta))
-        for dest, items in by_dest.items():
-            self._ensure(dest, items)
-        ready = frozenset(st.source.destination for st in self.sources.values()
-                          if st.partitions is not None and not st.stopped)
+        ready = check_sources(self.sources.values(), self.store, self.admin,
+                              self.settings.s3.prefix, self.m)
         if ready != self.subscribed:
             assert self.consumer is not None
             log.info("subscribing to destination topics %s", sorted(ready))
@@ -264,44 +232,6 @@ class Ingress:
                                         on_revoke=self._on_revoke, on_lost=self._on_revoke)
             else:
                 self.consumer.unsubscribe()
-
-    def _ensure(self, dest: str, items: list[tuple[_SourceState, TopicMeta]]) -> None:
-        """Give ``dest`` the partitions of its largest source (several sources may feed
-        one topic); a source it cannot serve is stopped, the others go on."""
-        assert self.admin is not None
-        largest = max(items, key=lambda it: it[1].partitions)[1]
-        try:
-            ensure_destination(self.admin, dest, largest.partitions, largest.configs)
-            have: int | None = largest.partitions
-            refused: TopicError | None = None
-        except TopicError as e:
-            have, refused = existing_partitions(self.admin, dest), e
-        except ReplicatorError as e:
-            log.error("cannot prepare destination topic %s, retrying: %s", dest, e)
-            return
-        for st, meta in items:
-            src = st.source
-            if refused is not None and (have is None or meta.partitions > have):
-                if st.stopped is None:
-                    # Checked again every topic_check_interval: it resumes once an operator
-                    # gave the topic enough partitions.
-                    log.error("source %s/%s STOPPED: destination topic %s has %s partition(s) "
-                              "but the source has %d: %s", src.region, src.topic, dest, have,
-                              meta.partitions, refused)
-                    self.m.source_errors.labels(region=src.region, topic=src.topic,
-                                                reason="partitions").inc()
-                    self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
-                st.stopped = f"{dest} has {have} partition(s), the source {meta.partitions}"
-                continue
-            if st.stopped is not None:
-                log.info("source %s/%s resumed: %s has enough partitions now", src.region,
-                         src.topic, dest)
-                st.stopped = None
-                self.m.source_stopped.labels(region=src.region, topic=src.topic).set(0)
-            if st.partitions != meta.partitions:
-                log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
-                         meta.partitions, dest)
-            st.partitions = meta.partitions
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
@@ -350,7 +280,7 @@ class Ingress:
         src = self.sources[(wid[0], wid[1])].source
         ref = PartitionRef(self.settings.s3.prefix, src.region, src.topic, wid[2])
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
-                           exactly_once=self.cfg.delivery == "exactly-once",
+                           delivery=self._delivery,
                            batch_size=self.cfg.batch_size,
                            rescan_interval=self.cfg.rescan_interval)
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,

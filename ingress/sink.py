@@ -12,7 +12,8 @@ import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from ingress.checkpoints import Checkpoint, MemoryCheckpointStore
+from ingress.checkpoints import MemoryCheckpointStore
+from ingress.rows import Header, Rows
 from replicator.core.errors import (
     KafkaRetriableError,
     ProducerFenced,
@@ -21,39 +22,9 @@ from replicator.core.errors import (
 )
 from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
-
-Header = tuple[str, bytes | None]
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Records to produce, column by column (no per-record objects on the hot path).
-
-    ``timestamps`` are milliseconds (``0`` lets the producer stamp the current time, for
-    sources without timestamps); ``headers`` entries are ``None`` for records without.
-    """
-
-    offsets: list[int]
-    timestamps: list[int]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    headers: list[list[Header] | None]
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @property
-    def last_offset(self) -> int:
-        """Source offset of the last record."""
-        return self.offsets[-1]
-
-    def records(self) -> list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]]:
-        """``(offset, timestamp, key, value, headers)`` tuples (tests, fakes)."""
-        return list(zip(self.offsets, self.timestamps, self.keys, self.values, self.headers,
-                        strict=True))
-
 
 class ReplaySink(ABC):
     """Produces records to one destination partition and checkpoints to the checkpoint topic.

@@ -11,11 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.checkpoints import Checkpoint
-from ingress.events import partition_key
 from replicator.core.keys import SegmentKey, topic_prefix
 from replicator.core.settings import IngressSettings
 from replicator.core.storage import ObjectStore
+from replicator.core.wire import Checkpoint, checkpoint_key, parse_checkpoint_key
 
 
 @dataclass(frozen=True)
@@ -57,11 +56,10 @@ def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
             k = SegmentKey.try_parse(info.key)
             if k is not None:
                 ends[k.partition] = max(ends.get(k.partition, -1), k.end)
-        head = partition_key(src.region, src.topic, 0)[:-1]  # "{region}:{topic}:"
-        with_checkpoint = {int(k[len(head):]) for k in checkpoints
-                           if k.startswith(head) and k[len(head):].isdigit()}
+        with_checkpoint = {parsed[2] for parsed in map(parse_checkpoint_key, checkpoints)
+                           if parsed is not None and parsed[:2] == (src.region, src.topic)}
         for p in sorted(set(ends) | with_checkpoint):
-            cp = checkpoints.get(partition_key(src.region, src.topic, p))
+            cp = checkpoints.get(checkpoint_key(src.region, src.topic, p))
             rows.append(CheckpointRow(
                 src.region, src.topic, p, src.destination,
                 None if cp is None else cp.offset,

@@ -26,9 +26,9 @@ import pytest
 from formats.base import SegmentMetadata, WriterOptions
 from formats.records import records_to_batch
 from formats.segment_io import SegmentUpload, publish_segment
-from ingress.checkpoints import Checkpoint
 from replicator.core.kafka import Admin, Producer
 from replicator.core.sqs import SqsQueue
+from replicator.core.wire import Checkpoint
 from tests.integration.test_ingress import (
     FMT,
     SOURCE_REGION,

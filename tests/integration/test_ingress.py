@@ -27,7 +27,6 @@ from formats.base import (
 from formats.records import Record, records_to_batch
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
-from ingress.checkpoints import Checkpoint
 from ingress.controller import Ingress
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, read_to_end
@@ -40,6 +39,7 @@ from replicator.core.s3 import (
 )
 from replicator.core.settings import KafkaSettings, Settings, load_settings
 from replicator.core.sqs import SqsQueue, create_queue, make_sqs_client
+from replicator.core.wire import Checkpoint
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
 REGION = "us-west-1"
@@ -413,7 +413,8 @@ def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None
     ProducerFenced (the worker then gives the partition up) and nothing of it is committed
     after the fence (on Apache Kafka a read_committed reader sees only the new owner's
     record; Tansu shows aborted transactions' records too)."""
-    from ingress.sink import KafkaSink, Rows
+    from ingress.rows import Rows
+    from ingress.sink import KafkaSink
     from replicator.core.errors import ProducerFenced
 
     settings = env.settings()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ingress.checkpoints import Checkpoint
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import IngressSettings
 from replicator.core.storage import MemoryObjectStore
+from replicator.core.wire import Checkpoint
 from replicator.ops.checkpoints import checkpoint_report
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)

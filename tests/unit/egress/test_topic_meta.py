@@ -6,16 +6,16 @@ import json
 from datetime import UTC, datetime
 
 from egress.controller import Egress
-from egress.topic_meta import topic_metadata
 from replicator.core.settings import load_settings
 from replicator.core.storage import MemoryObjectStore
+from replicator.core.wire import TopicMetadata
 
 
 def test_body_keeps_only_copyable_configs() -> None:
-    body = json.loads(topic_metadata(
+    body = json.loads(TopicMetadata.of(
         "t", "r1", 12, {"cleanup.policy": "compact", "retention.ms": "1000",
                         "leader.replication.throttled.replicas": "x"},
-        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)))
+        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)).encode())
     assert body == {"topic": "t", "region": "r1", "partitions": 12,
                     "configs": {"cleanup.policy": "compact", "retention.ms": "1000"},
                     "updated_at": "2026-01-02T03:04:05.000000Z"}
