@@ -202,7 +202,10 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
         _check_written(store, fmt, temp.key, output, count)
 
         # Step 5
-        final = publish_segment(store, temp.key, output, spec.storage_class)
+        published = publish_segment(store, temp.key, output, spec.storage_class)
+        if published.temp_error is not None:
+            raise published.temp_error
+        final = published.info
     except BaseException:
         upload.abort()
         raise
@@ -255,21 +258,14 @@ def run_task(store: ObjectStore, settings: Settings, spec: TaskSpec,
     t0 = time.monotonic()
     try:
         fmt = get_format(settings.format.name)
-        return merge_segments(store, fmt, writer_options(settings), settings.s3.temp_prefix,
-                              spec, stopped)
+        return merge_segments(store, fmt, WriterOptions.from_settings(settings.format),
+                              settings.s3.temp_prefix, spec, stopped)
     except Exception as e:
         # The task boundary: whatever went wrong is logged with its traceback and reported
         # to the driver, which then keeps this task's inputs and counts the failure.
         log.exception("merge into %s failed", spec.output)
         return TaskResult(spec.output, False, segments_in=len(spec.inputs),
                           seconds=time.monotonic() - t0, error=f"{type(e).__name__}: {e}")
-
-
-def writer_options(settings: Settings) -> WriterOptions:
-    """The writer options of ``[format]``."""
-    f = settings.format
-    return WriterOptions(compression=f.compression, compression_level=f.compression_level,
-                         created_by=f.created_by, row_group_size=f.row_group_size)
 
 
 # --- settings across the process boundary -------------------------------------------------

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.keys import SegmentKey
+from replicator.core.settings import FormatSettings
 from replicator.core.wire import parse_rfc3339, rfc3339
 
 FORMAT_VERSION = 1
@@ -131,6 +132,12 @@ class WriterOptions:
     created_by: str = "kafka-s3-replicator"
     row_group_size: int = 32 * 1024**2
     """Raw bytes buffered before a row group / IPC batch is written to the stream."""
+
+    @classmethod
+    def from_settings(cls, f: FormatSettings) -> WriterOptions:
+        """The writer options of ``[format]``."""
+        return cls(compression=f.compression, compression_level=f.compression_level,
+                   created_by=f.created_by, row_group_size=f.row_group_size)
 
 
 class SegmentWriter(ABC):

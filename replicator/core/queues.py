@@ -1,15 +1,21 @@
-"""Hand-offs between threads through bounded queues: ``put_unless_stopped`` and
-``read_ahead`` (an iterator run ahead of its consumer in a helper thread)."""
+"""Hand-offs between threads: ``put_unless_stopped`` (a bounded queue), ``read_ahead`` (an
+iterator run ahead of its consumer in a helper thread) and ``SerialQueue`` (one owner's
+tasks in order on a shared pool)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
-from collections.abc import Generator, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def put_unless_stopped(q: queue.Queue[T], item: T, stop: threading.Event,
@@ -77,3 +83,47 @@ def read_ahead(items: Iterator[T], depth: int, *, name: str = "read-ahead"
     finally:
         cancel.set()
         t.join()
+
+
+class SerialQueue:
+    """Runs one partition's tasks in submission order on a shared pool, one at a time."""
+
+    def __init__(self, pool: Executor, name: str) -> None:
+        self._pool = pool
+        self._name = name
+        self._lock = threading.Lock()
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._running = False
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            self._tasks.append(task)
+            self._idle.clear()
+            if self._running:
+                return
+            self._running = True
+        self._pool.submit(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._tasks:
+                    self._running = False
+                    self._idle.set()
+                    return
+                task = self._tasks.popleft()
+            try:
+                task()
+            except Exception:
+                # Tasks handle their own errors; reaching here is a bug. Keep the queue
+                # alive for the partition's later tasks and make the failure loud.
+                log.exception("%s: unexpected error in a segment task", self._name)
+
+    @property
+    def idle(self) -> bool:
+        return self._idle.is_set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self._idle.wait(max(0.0, timeout))
