@@ -358,7 +358,7 @@ class BenchStack:
         return store
 
     def create_bucket(self, name: str, region: str = "us-east-1") -> None:
-        from replicator.core.s3 import create_bucket
+        from replicator.devstack.aws import create_bucket
 
         create_bucket(self.stack.s3_client(region), name, region)
 

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 def main(config: Path, once: bool, topic: str | None, partition: int | None,
          min_level: int | None, max_level: int | None, dry_run: bool) -> None:
     """Merge small segments of this region into higher levels (SPEC 3.5)."""
-    from compaction.controller import Compaction, RunScope
+    from compaction.controller import Compaction
+    from compaction.report import RunScope
 
     scope = RunScope(topic, partition, min_level, max_level)
     if not (once or dry_run):

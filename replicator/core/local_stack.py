@@ -51,6 +51,7 @@ from replicator.core.processes import (
     stop_seconds,
 )
 from replicator.core.settings import KafkaSettings, Settings, load_settings
+from replicator.devstack import aws
 
 log = logging.getLogger(__name__)
 
@@ -412,14 +413,14 @@ class LocalStack:
         """Buckets, lifecycle rules, queue, notifications (through the S3/SQS seams), topic."""
         src = self.s3_client(SOURCE_REGION)
         dst = self.s3_client(DEST_REGION)
-        s3.create_bucket(src, SOURCE_BUCKET, SOURCE_REGION)
-        s3.create_bucket(dst, DEST_BUCKET, DEST_REGION)
+        aws.create_bucket(src, SOURCE_BUCKET, SOURCE_REGION)
+        aws.create_bucket(dst, DEST_BUCKET, DEST_REGION)
         for client, bucket in ((src, SOURCE_BUCKET), (dst, DEST_BUCKET)):
-            s3.set_lifecycle_for_temp(client, bucket, TEMP_PREFIX, days=1)
+            aws.set_lifecycle_for_temp(client, bucket, TEMP_PREFIX, days=1)
         sqs_client = self.sqs_client(DEST_REGION)
-        url = sqs.create_queue(sqs_client, QUEUE, source_bucket=DEST_BUCKET)
+        url = aws.create_queue(sqs_client, QUEUE, source_bucket=DEST_BUCKET)
         arn = sqs.SqsQueue(sqs_client, QUEUE).arn
-        s3.set_bucket_notifications(dst, DEST_BUCKET, arn, prefix=f"{DATA_PREFIX}/")
+        aws.set_bucket_notifications(dst, DEST_BUCKET, arn, prefix=f"{DATA_PREFIX}/")
         self.info["queue"] = {"name": QUEUE, "url": url, "arn": arn, "region": DEST_REGION}
         log.info("buckets %s (%s), %s (%s), queue %s ready", SOURCE_BUCKET, SOURCE_REGION,
                  DEST_BUCKET, DEST_REGION, arn)

@@ -103,7 +103,7 @@ def render_reference() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `replicator/core/settings.py` by "
+        "Generated from `replicator/core/settings/` by "
         "`python -m replicator.core.settings_reference`; do not edit by hand.",
         "",
         "Every key can be overridden by an environment variable "

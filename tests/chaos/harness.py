@@ -51,6 +51,7 @@ from replicator.core.processes import (
 )
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import KafkaSettings
+from replicator.devstack import aws
 from replicator.ops.sample import SampleRecord
 from replicator.ops.sync import BucketSync
 from replicator.ops.verify import digest, read_partition, record_view
@@ -372,7 +373,7 @@ class ChaosStack:
         Admin(self.dest_kafka, timeout=20).list_topics()
 
         src_client = s3.make_s3_client(endpoint_url=self.moto_url, region=SOURCE_REGION, **CREDS)
-        s3.create_bucket(src_client, "chaos-source", SOURCE_REGION)
+        aws.create_bucket(src_client, "chaos-source", SOURCE_REGION)
         self.source_store = S3ObjectStore(src_client, "chaos-source")
         self.egress = self._egress_process(logs)
         for mode in MODES:
@@ -430,12 +431,12 @@ class ChaosStack:
         short = "eo" if mode == "exactly-once" else "alo"
         bucket, queue_name = f"chaos-dest-{short}", f"chaos-queue-{short}"
         client = s3.make_s3_client(endpoint_url=self.moto_url, region=DEST_REGION, **CREDS)
-        s3.create_bucket(client, bucket, DEST_REGION)
+        aws.create_bucket(client, bucket, DEST_REGION)
         sqs_client = sqs.make_sqs_client(endpoint_url=self.moto_url, region=DEST_REGION,
                                          **CREDS)
-        sqs.create_queue(sqs_client, queue_name, source_bucket=bucket)
+        aws.create_queue(sqs_client, queue_name, source_bucket=bucket)
         queue = sqs.SqsQueue(sqs_client, queue_name)
-        s3.set_bucket_notifications(client, bucket, queue.arn, prefix=f"{PREFIX}/")
+        aws.set_bucket_notifications(client, bucket, queue.arn, prefix=f"{PREFIX}/")
         port = free_port()
         cfg = self.dir / f"ingress-{short}.toml"
         dest_topic = f"{TOPIC}.copy-{short}"

@@ -12,6 +12,7 @@ from replicator.core import s3
 from replicator.core.kafka import Admin, Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
+from replicator.devstack import aws
 from tests.conftest import unique_name
 
 
@@ -34,7 +35,7 @@ def test_checkpoints_show_latest_valid_per_partition(moto_endpoint: str, dest_br
     assert p.flush(10) == 0
     client = s3.make_s3_client(endpoint_url=moto_endpoint, region="us-west-1",
                                access_key_id="test", secret_access_key="test")
-    s3.create_bucket(client, bucket, "us-west-1")
+    aws.create_bucket(client, bucket, "us-west-1")
     store = s3.S3ObjectStore(client, bucket)
     store.put(SegmentKey("data", "us-east-1", topic, 0, 0, 0, 19).to_key(), b"x")
     cfg = tmp_path / "ingress.toml"

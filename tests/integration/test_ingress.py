@@ -31,15 +31,11 @@ from ingress.controller import Ingress
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, read_to_end
 from replicator.core.keys import SegmentKey, topic_meta_key
-from replicator.core.s3 import (
-    S3ObjectStore,
-    create_bucket,
-    make_s3_client,
-    set_bucket_notifications,
-)
+from replicator.core.s3 import S3ObjectStore, make_s3_client
 from replicator.core.settings import KafkaSettings, Settings, load_settings
-from replicator.core.sqs import SqsQueue, create_queue, make_sqs_client
+from replicator.core.sqs import SqsQueue, make_sqs_client
 from replicator.core.wire import Checkpoint
+from replicator.devstack.aws import create_bucket, create_queue, set_bucket_notifications
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
 REGION = "us-west-1"

@@ -16,6 +16,7 @@ from replicator.core import s3
 from replicator.core.kafka import Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
+from replicator.devstack import aws
 from tests.conftest import RECENT_MS, unique_name
 
 
@@ -23,7 +24,7 @@ def make_bucket(endpoint: str, region: str = "us-east-1") -> tuple[str, s3.S3Obj
     bucket = unique_name("bkt")
     client = s3.make_s3_client(endpoint_url=endpoint, region=region, access_key_id="test",
                                secret_access_key="test")
-    s3.create_bucket(client, bucket, region)
+    aws.create_bucket(client, bucket, region)
     return bucket, s3.S3ObjectStore(client, bucket)
 
 

@@ -12,13 +12,9 @@ import pyarrow as pa
 import pytest
 
 from compaction.controller import Compaction
+from compaction.executors import settings_from_payload, settings_payload
 from compaction.lock import LockState, RegionLock, lock_key
-from compaction.merge import (
-    TaskSpec,
-    merge_segments,
-    settings_from_payload,
-    settings_payload,
-)
+from compaction.merge import TaskSpec, merge_segments
 from formats.base import WriterOptions
 from formats.records import Record
 from formats.registry import get_format

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from replicator.cli.stores import store_for
-from replicator.core import s3
 from replicator.core.errors import ConfigError
 from replicator.core.kafka import Admin, Consumer, Producer
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import KafkaSettings, is_secret_setting, load_settings
+from replicator.devstack import aws
 from tests.conftest import unique_name
 
 SECRETS = {
@@ -223,7 +223,7 @@ def test_sse_kms_reaches_every_write(moto_endpoint: str) -> None:
                "part_size": "5MiB", "multipart_copy_threshold": "5MiB"},
         "kafka": {"brokers": "127.0.0.1:1"}}, environ={})
     store = S3ObjectStore.from_settings(settings)
-    s3.create_bucket(store.client, settings.s3.bucket, "us-east-1")
+    aws.create_bucket(store.client, settings.s3.bucket, "us-east-1")
     seen: list[tuple[str, str | None, str | None]] = []
 
     def capture(model: Any, params: dict[str, Any], **kw: Any) -> None:
