@@ -223,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args)
 
-    from replicator.core.processes import start_moto, start_tansu
     from replicator.core.s3 import make_s3_client
     from replicator.devstack.aws import create_bucket
+    from replicator.devstack.processes import start_moto, start_tansu
 
     partitions = [int(p) for p in args.partitions.split(",")]
     budgets = [parse_size(b) for b in args.budgets.split(",")]

@@ -33,11 +33,11 @@ import confluent_kafka as ck
 
 from egress.controller import Egress
 from replicator.core.kafka import Admin, Producer
-from replicator.core.processes import start_moto, start_tansu
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings, load_settings
 from replicator.core.storage import MemoryObjectStore, ObjectStore
 from replicator.devstack.aws import create_bucket
+from replicator.devstack.processes import start_moto, start_tansu
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lib import text_value  # also sets the AWS test environment

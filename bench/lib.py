@@ -286,7 +286,7 @@ class BenchStack:
     """``LocalStack`` (two Tansu brokers, moto S3+SQS) plus settings builders."""
 
     def __init__(self, directory: Path) -> None:
-        from replicator.core.local_stack import LocalStack
+        from replicator.devstack.stack import LocalStack
 
         self.dir = directory
         self.stack = LocalStack.start(directory / "stack", partitions=1)

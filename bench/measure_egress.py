@@ -211,8 +211,8 @@ def egress_processes(stack: BenchStack, workdir: Path, topic: str, partitions: i
     from lib import fill_topic
 
     from replicator.core.kafka import Admin, Consumer, TopicPartition
-    from replicator.core.processes import free_port
     from replicator.core.settings import KafkaSettings
+    from replicator.devstack.processes import free_port
 
     kafka = KafkaSettings(brokers=stack.source_kafka)
     Admin(kafka).create_topic(topic, partitions)

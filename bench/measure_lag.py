@@ -46,9 +46,9 @@ def e2e_lag(stack: BenchStack, workdir: Path, *, rate_mb: float = 10.0, seconds:
     import random
 
     from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
-    from replicator.core.local_stack import DEST_BUCKET
-    from replicator.core.processes import free_port
     from replicator.core.settings import KafkaSettings
+    from replicator.devstack.configs import DEST_BUCKET
+    from replicator.devstack.processes import free_port
 
     run = uuid.uuid4().hex[:6]
     topic, dest = f"bench.lag.{run}", f"bench.lag.{run}.copy"

@@ -35,7 +35,7 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from replicator.core.errors import FatalError
-from replicator.core.processes import (
+from replicator.devstack.processes import (
     KAFKA_HOME_ENV,
     BrokerKind,
     ServerProcess,

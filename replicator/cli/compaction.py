@@ -30,8 +30,8 @@ from replicator.cli.common import (
     load_or_exit,
     run_controller,
 )
+from replicator.cli.logs import setup_logging
 from replicator.core.errors import ConfigError, ReplicatorError
-from replicator.core.logs import setup_logging
 from replicator.core.settings import Settings
 
 log = logging.getLogger(__name__)

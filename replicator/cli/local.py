@@ -10,10 +10,12 @@ from types import FrameType
 import click
 
 from replicator.cli.common import EXIT_FAILURE, EXIT_OK, echo_json, fail, kafka_option
+from replicator.cli.logs import setup_logging
 from replicator.core.errors import ReplicatorError
-from replicator.core.local_stack import DEFAULT_DIR, PARTITIONS, TOPIC, LocalStack, StackError
-from replicator.core.logs import setup_logging
-from replicator.core.processes import BrokerKind
+from replicator.devstack.configs import PARTITIONS, TOPIC
+from replicator.devstack.processes import BrokerKind
+from replicator.devstack.servers import StackError
+from replicator.devstack.stack import DEFAULT_DIR, LocalStack
 
 dir_option = click.option(
     "--dir", "directory", type=click.Path(path_type=Path, file_okay=False),
@@ -170,7 +172,7 @@ def produce(directory: Path, records: int, topic: str | None, value_size: int,
             seed: int) -> None:
     """Produce sample records (keys, tombstones, headers) into the source topic."""
     from replicator.core.kafka import Admin
-    from replicator.ops.sample import produce_sample, sample_records
+    from replicator.devstack.sample import produce_sample, sample_records
 
     stack = _load(directory)
     if stack is None or not stack.is_up():

@@ -12,9 +12,9 @@ from types import FrameType
 import click
 
 from replicator.cli.common import EXIT_FAILURE, echo_json, fail, load_or_exit
+from replicator.cli.logs import setup_logging
 from replicator.cli.stores import store_for
 from replicator.core.errors import ReplicatorError
-from replicator.core.logs import setup_logging
 from replicator.core.units import format_size
 from replicator.ops.sync import BucketSync, SyncReport
 

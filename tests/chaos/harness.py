@@ -41,7 +41,10 @@ from typing import Any, Literal
 from replicator.core import s3, sqs
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, DeliveryReport, Producer, read_to_end
-from replicator.core.processes import (
+from replicator.core.s3 import S3ObjectStore
+from replicator.core.settings import KafkaSettings
+from replicator.devstack import aws
+from replicator.devstack.processes import (
     BrokerKind,
     ServerProcess,
     free_port,
@@ -49,10 +52,7 @@ from replicator.core.processes import (
     start_moto,
     stop_seconds,
 )
-from replicator.core.s3 import S3ObjectStore
-from replicator.core.settings import KafkaSettings
-from replicator.devstack import aws
-from replicator.ops.sample import SampleRecord
+from replicator.devstack.sample import SampleRecord
 from replicator.ops.sync import BucketSync
 from replicator.ops.verify import digest, read_partition, record_view
 from tests.chaos.fault_proxy import FaultProxy

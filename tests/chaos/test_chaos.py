@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from replicator.ops.sample import sample_records
+from replicator.devstack.sample import sample_records
 from replicator.ops.verify import classify
 from tests.chaos.fault_proxy import KINDS, NO_FAULTS, FaultProfile, Trigger
 from tests.chaos.harness import (

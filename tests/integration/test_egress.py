@@ -20,11 +20,11 @@ from formats.registry import get_format
 from formats.segment_io import open_segment
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
-from replicator.core.processes import free_port
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings, load_settings
 from replicator.core.storage import ObjectStore
 from replicator.devstack.aws import create_bucket
+from replicator.devstack.processes import free_port
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
 REGION = "us-east-1"

@@ -27,7 +27,7 @@ import pytest
 from formats.base import TIMESTAMP_CREATE_TIME
 from formats.records import Record
 from ingress.delivery import PIPELINE_DEPTH
-from replicator.core.processes import free_port
+from replicator.devstack.processes import free_port
 from tests.conftest import RECENT_MS
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 

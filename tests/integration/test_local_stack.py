@@ -17,15 +17,15 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from replicator.core.local_stack import (
+from replicator.core.settings import load_settings
+from replicator.devstack.configs import (
     DEST_BUCKET,
     DEST_REGION,
     QUEUE,
     SOURCE_BUCKET,
     SOURCE_REGION,
-    LocalStack,
 )
-from replicator.core.settings import load_settings
+from replicator.devstack.stack import LocalStack
 
 REPLICATOR = str(Path(sys.executable).parent / "replicator")
 

@@ -11,11 +11,11 @@ from urllib.parse import unquote_plus
 import pytest
 
 from replicator.core.errors import ObjectNotFound, StorageError
-from replicator.core.processes import free_port
 from replicator.core.s3 import S3ObjectStore, make_s3_client
 from replicator.core.settings import load_settings
 from replicator.core.sqs import QueueMessage, SqsQueue, make_sqs_client
 from replicator.devstack.aws import create_bucket, create_queue, set_bucket_notifications
+from replicator.devstack.processes import free_port
 from tests.conftest import unique_name
 
 MiB = 1024**2

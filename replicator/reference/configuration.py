@@ -1,6 +1,6 @@
 """The configuration reference, generated from the settings models.
 
-``python -m replicator.core.settings_reference > docs/configuration.md`` rewrites it; a test
+``python -m replicator.reference.configuration > docs/configuration.md`` rewrites it; a test
 fails when the committed file and the models disagree, so the reference is never stale.
 """
 
@@ -104,7 +104,7 @@ def render_reference() -> str:
         "# Configuration reference",
         "",
         "Generated from `replicator/core/settings/` by "
-        "`python -m replicator.core.settings_reference`; do not edit by hand.",
+        "`python -m replicator.reference.configuration`; do not edit by hand.",
         "",
         "Every key can be overridden by an environment variable "
         "`REPLICATOR_<SECTION>__<KEY>` (for example `REPLICATOR_S3__BUCKET`, "

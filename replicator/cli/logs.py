@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 
 class JsonFormatter(logging.Formatter):
@@ -36,3 +37,22 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     root.setLevel(level)
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "py4j", "werkzeug"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+def configure_demo_logging(path: Path) -> None:
+    """INFO and up into ``path``; warnings and errors also on stderr."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    root.handlers[:] = []
+    fh = logging.FileHandler(path)
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(threadName)s "
+                                      "%(name)s: %(message)s"))
+    fh.setLevel(logging.INFO)
+    eh = logging.StreamHandler(sys.stderr)
+    eh.setLevel(logging.ERROR)
+    eh.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(fh)
+    root.addHandler(eh)
+    root.setLevel(logging.INFO)
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
