@@ -99,7 +99,8 @@ def decide_start(expected: int | None, first_offset: int,
     assignment, the previous segment's end + 1, or the rewind point after a failure), or
     ``None`` when the group has no commit for the partition.
 
-    * No expected position: the segment starts at the first message (SPEC 3.1).
+    * No expected position: the segment starts at the first message
+      (docs/architecture.md, "S3 layout").
     * The message is at or after the expected position: the segment starts at the expected
       position, so consecutive segments touch even across offset holes (transaction
       markers, aborted or compacted-away records).

@@ -1,4 +1,5 @@
-"""The ``SegmentFormat`` seam (SPEC 3.2): schema, footer metadata, writer and reader.
+"""The ``SegmentFormat`` seam (docs/architecture.md, "Segment format"): schema, footer
+metadata, writer and reader.
 
 A format writes Arrow record batches of ``SEGMENT_SCHEMA`` onto any binary stream and reads
 them back in batches. The footer metadata is written at ``finish`` (its end offset and
@@ -48,7 +49,7 @@ _FOOTER_KEYS = ("region", "topic", "partition", "level", "start_offset", "end_of
 
 @dataclass(frozen=True)
 class SegmentMetadata:
-    """The footer of a segment (SPEC 3.2)."""
+    """The footer of a segment (docs/architecture.md, "Segment format")."""
 
     region: str
     topic: str

@@ -10,7 +10,7 @@ of a kind start on first use, both regions at once, and live for the session.
 Integration tests use unique topic, bucket and prefix names (``unique_name``), so the
 session-scoped servers are shared safely; Apache Kafka creates no topic by accident
 (``auto.create.topics.enable=false``), so tests create theirs explicitly. Settings follow
-TEST-INFRA.md: short session timeouts (or every rebalance waits ~session.timeout.ms / 2 on
+docs/testing.md: short session timeouts (or every rebalance waits ~session.timeout.ms / 2 on
 Tansu, and a killed member holds its partitions that long on Kafka), explicit AWS
 credentials.
 """
@@ -44,7 +44,7 @@ from replicator.devstack.processes import (
     stop_seconds,
 )
 
-# librdkafka settings that make group joins and rebalances fast (TEST-INFRA.md).
+# librdkafka settings that make group joins and rebalances fast (docs/testing.md).
 FAST_GROUP_CONFIG = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 500,

@@ -110,4 +110,4 @@ def echo_json(data: Any) -> None:
 
 config_option = click.option(
     "--config", "config", type=click.Path(path_type=Path, dir_okay=False), required=True,
-    envvar="REPLICATOR_CONFIG", help="TOML settings file (SPEC 3.4).")
+    envvar="REPLICATOR_CONFIG", help="TOML settings file (keys: docs/configuration.md).")

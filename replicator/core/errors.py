@@ -50,7 +50,7 @@ class ConfigErrors(ConfigError):
 
 
 class KeyFormatError(FatalError, ValueError):
-    """A string is not a key of the expected layout (SPEC 3.1)."""
+    """A string is not a key of the expected layout (docs/architecture.md, "S3 layout")."""
 
 
 class SegmentCorrupt(FatalError):

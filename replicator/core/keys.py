@@ -1,4 +1,4 @@
-"""The one module that owns the S3 key layout (SPEC 3.1).
+"""The one module that owns the S3 key layout (docs/architecture.md, "S3 layout").
 
 * final segment: ``{prefix}/{region}/{topic}/{partition}/{level}/{start:020d}-{end:020d}``
 * temporary object: ``{temp_prefix}/{uuid}``

@@ -24,7 +24,7 @@ TEMP_PREFIX = "temp"
 
 
 # Short group timeouts: a consumer's first assignment waits about session.timeout.ms / 2 on
-# Tansu, so the librdkafka default of 45 s would make every start wait 23 s (TEST-INFRA.md);
+# Tansu, so the librdkafka default of 45 s would make every start wait 23 s (docs/testing.md);
 # on Apache Kafka a killed member holds its partitions for session.timeout.ms.
 FAST_GROUP_CONFIG: dict[str, int] = {
     "session.timeout.ms": 6000,
@@ -43,7 +43,7 @@ def _toml_table(d: Mapping[str, Any]) -> str:
 
 def render_config(role: Role, endpoints: Mapping[str, str], *, topic: str = TOPIC,
                   metrics_port: int = 0) -> str:
-    """The TOML config of one controller on the local stack (SPEC 3.4).
+    """The TOML config of one controller on the local stack (keys: docs/configuration.md).
 
     Thresholds are small so a demo sees segments within seconds: segments close after 2 s,
     ingress waits seconds (not the production hour) for late segments, and compaction

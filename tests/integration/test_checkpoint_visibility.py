@@ -80,7 +80,7 @@ def test_load_after_an_aborted_transaction_returns_the_committed_checkpoint(
     store = KafkaCheckpointStore(kafka, topic, Metrics(), timeout=20)
     loaded = store.load(key)
     assert loaded is not None
-    # Tansu shows aborted records to read_committed readers (TEST-INFRA.md), so only the
+    # Tansu shows aborted records to read_committed readers (docs/testing.md), so only the
     # committed value is certain on a real Kafka; here either is what the broker returns.
     assert loaded.offset in (5, 7)
     assert store.load("us-east-1:t:9") is None

@@ -89,7 +89,7 @@ def test_transactional_source_segments_touch_and_nothing_is_lost(
     if broker_kind == "apache":
         # read_committed really hides the aborted transaction: only committed records.
         assert values(got) == committed_values
-    # Tansu hands aborted records to read_committed consumers too (TEST-INFRA); what must
+    # Tansu hands aborted records to read_committed consumers too (docs/testing.md); what must
     # hold is that every committed record is there, in order, and nothing is called lost.
     assert [v for v in values(got) if not (v or b"").startswith(b"x-")] == committed_values
     # Markers take offsets: the last segment ends at the last record, and the committed

@@ -4,7 +4,7 @@ reordered records in the destination (both delivery modes).
 On Apache Kafka, exactly-once is measured directly: a read_committed reader of the
 destination sees every record exactly once (0 duplicates) and the committed checkpoints
 strictly increase. Tansu shows records of aborted transactions to read_committed readers
-(TEST-INFRA.md), so there the records of the transaction open at the kill may be visible
+(docs/testing.md), so there the records of the transaction open at the kill may be visible
 twice; on Tansu the test checks exactly-once through the checkpoints (committed with the
 records, at most one aborted one visible, ending at the last offset) and bounds the visible
 duplicates by one transaction (``batch_size`` records), re-produced right after the kill.

@@ -112,7 +112,7 @@ def test_s3_notifications_reach_the_queue(s3_client: Any, queue: SqsQueue) -> No
     got = events(msgs)
     assert sorted(got) == sorted([
         ("ObjectCreated:Put", key),
-        # moto sends two events for one CompleteMultipartUpload (TEST-INFRA.md).
+        # moto sends two events for one CompleteMultipartUpload (docs/testing.md).
         ("ObjectCreated:Put", "data/a b/multi+part"),
         ("ObjectCreated:CompleteMultipartUpload", "data/a b/multi+part"),
         ("ObjectRemoved:Delete", key),

@@ -1,4 +1,5 @@
-"""Round trips and refusals of the built-in segment formats (SPEC 3.2), over both formats."""
+"""Round trips and refusals of the built-in segment formats (docs/architecture.md, "Segment
+format"), over both formats."""
 
 from __future__ import annotations
 

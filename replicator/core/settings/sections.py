@@ -22,7 +22,8 @@ class S3Settings(Model):
     """Where segments live (``[s3]``)."""
 
     bucket: str = Field(description="Bucket of this region's segments.")
-    prefix: str = Field("data", description="Key prefix of final segments (SPEC 3.1).")
+    prefix: str = Field("data", description="Key prefix of final segments "
+                                            "(docs/architecture.md, S3 layout).")
     temp_prefix: str = Field("temp", description="Key prefix of objects still being written.")
     endpoint_url: str | None = Field(None, description="Endpoint of an S3-compatible store.")
     region: str | None = Field(
