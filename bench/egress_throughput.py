@@ -114,14 +114,14 @@ def run_egress(settings: Settings, store: ObjectStore, topic: str, partitions: i
     t0, cpu0 = time.perf_counter(), time.process_time()
     while consumed() < records:
         time.sleep(0.02)
-    consumed = time.perf_counter() - t0
+    consume_seconds = time.perf_counter() - t0
     eg.stop()   # closes the open segments (reason shutdown) and commits them
     t.join()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     eg.close()
     stored = eg.metrics.total("egress_segment_bytes_total")
     segments = eg.metrics.total("egress_segments_total")
-    return {"seconds": wall, "consume_seconds": consumed, "cpu_seconds": cpu,
+    return {"seconds": wall, "consume_seconds": consume_seconds, "cpu_seconds": cpu,
             "raw_bytes": raw, "records": records, "stored_bytes": stored,
             "segments": segments}
 

@@ -93,7 +93,8 @@ def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentK
                    batch_size: int, stopped: Callable[[], bool], where: str,
                    ) -> Iterator[pa.RecordBatch]:
     """Every record batch of ``inputs`` in order, each input verified (step 3, per input):
-    it yields its footer's record count, all inside its own key range."""
+    it yields its footer's record count, all inside its own key range.
+    """
     for k in inputs:
         if stopped():
             raise InterruptedError(f"{where}: merge cancelled before reading {k}")

@@ -1,5 +1,6 @@
 """Compaction metrics (docs/metrics.md): runs by outcome, duration, segments and bytes,
-last success."""
+last success.
+"""
 
 from __future__ import annotations
 

@@ -100,8 +100,9 @@ class PartitionPlan:
         return not self.tasks and not self.covered_to_delete
 
 
-def plan(segments: Sequence[Listed] | Sequence[tuple[SegmentKey, int, datetime]],
-         cfg: CompactionTopicSettings, now: datetime) -> PartitionPlan:
+def plan(  # noqa: C901 - one ordered pass over the segments; its rules read as a list
+        segments: Sequence[Listed] | Sequence[tuple[SegmentKey, int, datetime]],
+        cfg: CompactionTopicSettings, now: datetime) -> PartitionPlan:
     """Plan the compaction of one partition.
 
     Args:

@@ -1,5 +1,6 @@
 """What a compaction run looked at and did: ``RunScope``, ``PlannedTask``, ``RunReport``
-(printed by ``replicator-compaction --once`` and ``--dry-run``)."""
+(printed by ``replicator-compaction --once`` and ``--dry-run``).
+"""
 
 from __future__ import annotations
 
@@ -58,5 +59,6 @@ class RunReport:
 
 
 def planned(t: CompactionTask) -> PlannedTask:
+    """The report entry of a planned task."""
     return PlannedTask(t.output.topic, t.output.partition, [k.to_key() for k in t.inputs],
                        t.output.to_key(), t.bytes, [k.to_key() for k in t.covered])

@@ -280,7 +280,8 @@ class Egress:
 
     def _release(self, keys: Sequence[tuple[str, int]], reason: CloseReason) -> None:
         """Close the partitions' open segments durably within ``shutdown_timeout``, abort
-        what cannot make it, and forget the partitions."""
+        what cannot make it, and forget the partitions.
+        """
         writers = [self._writers[k] for k in keys if k in self._writers]
         loop = self._loop
         if not writers or loop is None:

@@ -1,5 +1,6 @@
 """One segment of a partition, from its first message until it is committed or aborted,
-and what a worker reports about it (``SegmentOutcome``)."""
+and what a worker reports about it (``SegmentOutcome``).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
 
 
 class SegmentState(StrEnum):
+    """Where a segment is in its life."""
+
     OPEN = "open"
     CLOSING = "closing"
     COMMITTED = "committed"

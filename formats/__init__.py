@@ -1,5 +1,6 @@
 """Segment formats, chosen by name (docs/architecture.md, "Segment format"): ``parquet``
-(default) and ``arrow``."""
+(default) and ``arrow``.
+"""
 
 from __future__ import annotations
 

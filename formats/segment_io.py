@@ -229,6 +229,11 @@ def publish_segment(store: ObjectStore, temp: str, key: SegmentKey,
     copied it and died before or after deleting), the final object's info is returned.
 
     Args:
+        store: the bucket.
+        temp: the finished temp object's key.
+        key: the segment's final key.
+        storage_class: the storage class of the final object (the bucket's default if
+            ``None``).
         attempt: runs each request (``attempt(fn, what)``), e.g. with retries; once by
             default.
 

@@ -57,7 +57,8 @@ class MemoryCheckpointStore(CheckpointStore):
 
 def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> Checkpoint | None:
     """The last decodable value of ``values`` (in log order); bad ones are logged and
-    skipped, a tombstone (``None``) clears what came before."""
+    skipped, a tombstone (``None``) clears what came before.
+    """
     best: Checkpoint | None = None
     for v in values:
         if v is None:
@@ -134,7 +135,8 @@ class KafkaCheckpointStore(CheckpointStore):
               ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, int]]:
         """Read the topic to its end; return matching records and, per partition, the
         offset after the last matching record. With ``need``, a partition counts as read
-        only once its end-of-partition offset reaches ``need[p]``."""
+        only once its end-of-partition offset reaches ``need[p]``.
+        """
         values: list[tuple[bytes, bytes | None]] = []
         last: dict[int, int] = {}
         try:

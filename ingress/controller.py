@@ -322,7 +322,8 @@ class Ingress:
 
     def positions(self) -> dict[WorkerId, int | None]:
         """Newest checkpoint of each running worker (sent after its records were
-        acknowledged, or committed with them)."""
+        acknowledged, or committed with them).
+        """
         return {wid: w.checkpointed for wid, w in self.workers.items()}
 
     def healthy(self) -> bool:

@@ -77,7 +77,8 @@ class SegmentInventory:
     def mark_gone(self, seg: SegmentKey) -> None:
         """``seg`` was missing when read: reload, and do not try it again before a new
         "created" event or a paced reload, even if a stale listing still shows it (a
-        missing object is not retried in a loop)."""
+        missing object is not retried in a loop).
+        """
         self.reload(retry_gone=False)
         self.gone = {s for s in self.gone if s in self.known}
         self.gone.add(seg)

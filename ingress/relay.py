@@ -34,7 +34,8 @@ BODY_LOG_LIMIT = 2000
 
 def relay_backoff() -> Backoff:
     """Waits after a failed receive/publish/delete: from 200 ms, growing to 10 s so an outage
-    is not hammered."""
+    is not hammered.
+    """
     return Backoff(multiplier=2.0, jitter=0.2)
 
 

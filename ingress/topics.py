@@ -174,7 +174,8 @@ def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: Topi
 def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
             items: list[tuple[SourceState, TopicMetadata]]) -> None:
     """Give ``dest`` the partitions of its largest source (several sources may feed one
-    topic); a source it cannot serve is stopped, the others go on."""
+    topic); a source it cannot serve is stopped, the others go on.
+    """
     largest = max(items, key=lambda it: it[1].partitions)[1]
     try:
         ensure_destination(admin, dest, largest.partitions, largest.configs)

@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 def session_backoff() -> Backoff:
     """Restart delays after a failed replay session: short first (a broker blip), capped so
     a persistent failure (a missing topic) is retried about once a minute, never in a hot
-    loop."""
+    loop.
+    """
     return Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
                    maximum=timedelta(seconds=60), jitter=0.2)
 

@@ -47,7 +47,8 @@ KAFKA_OPTION_HELP = (
 
 def kafka_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--kafka tansu|apache`` (the embedded stack's brokers), checked before anything runs:
-    ``apache`` without a usable ``$KAFKA_HOME`` exits 2 naming it."""
+    ``apache`` without a usable ``$KAFKA_HOME`` exits 2 naming it.
+    """
     from replicator.devstack.processes import BROKER_KINDS, DEFAULT_BROKER, check_broker_kind
 
     def check(ctx: click.Context, param: click.Parameter, value: str) -> str:

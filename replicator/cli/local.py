@@ -60,8 +60,9 @@ def local() -> None:
 @kafka_option
 @json_option
 @verbose_option
-def up(directory: Path, topic: str, partitions: int, kafka: BrokerKind, as_json: bool,
-       verbose: bool) -> None:
+def up(  # noqa: C901 - one command's cases (already up, stale, start, interrupted)
+        directory: Path, topic: str, partitions: int, kafka: BrokerKind, as_json: bool,
+        verbose: bool) -> None:
     """Start the stack in the background and write ready-to-use configs.
 
     Exits 0 when the stack is up (also when it already was), 1 when it cannot start or a

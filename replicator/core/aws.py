@@ -1,6 +1,7 @@
 """What the S3 and SQS seams share: the botocore client configuration and the translation
 of botocore errors into the suite's error tree (the only place that reads an AWS error
-code)."""
+code).
+"""
 
 from __future__ import annotations
 

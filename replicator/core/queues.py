@@ -1,6 +1,7 @@
 """Hand-offs between threads: ``put_unless_stopped`` (a bounded queue), ``read_ahead`` (an
 iterator run ahead of its consumer in a helper thread) and ``SerialQueue`` (one owner's
-tasks in order on a shared pool)."""
+tasks in order on a shared pool).
+"""
 
 from __future__ import annotations
 

@@ -92,7 +92,8 @@ class TopicMetadata:
     def of(cls, topic: str, region: str, partitions: int, configs: Mapping[str, str],
            now: datetime) -> TopicMetadata:
         """The metadata egress writes: only the configs ingress may copy
-        (``TOPIC_META_CONFIGS``)."""
+        (``TOPIC_META_CONFIGS``).
+        """
         return cls(partitions, {k: configs[k] for k in sorted(TOPIC_META_CONFIGS)
                                 if k in configs}, topic, region, now)
 
@@ -143,7 +144,8 @@ class TopicMetadata:
 
 def checkpoint_key(region: str, topic: str, partition: int) -> str:
     """``{region}:{topic}:{partition}``: the Kafka key of a source partition's checkpoint
-    (and of its segment events)."""
+    (and of its segment events).
+    """
     return f"{region}:{topic}:{partition}"
 
 

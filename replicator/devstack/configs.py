@@ -1,5 +1,6 @@
 """What the embedded stack offers (regions, buckets, queue, topic, credentials) and the
-TOML config of each controller on it (``render_config``)."""
+TOML config of each controller on it (``render_config``).
+"""
 
 from __future__ import annotations
 

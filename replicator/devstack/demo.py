@@ -62,6 +62,8 @@ class DemoOptions:
 
 
 class Controller(Protocol):
+    """What the demo runs on a thread (the three controllers and the bucket sync)."""
+
     def start(self) -> None: ...
     def run(self) -> None: ...
     def stop(self) -> None: ...
@@ -193,7 +195,7 @@ class Demo:
                 "max_segment_size": "1GiB", "batch_size": 10_000, "delete": True}}
         return validate_settings(raw)
 
-    def _run_pipeline(self, stack: LocalStack) -> None:
+    def _run_pipeline(self, stack: LocalStack) -> None:  # noqa: C901 - the demo's one loop
         r, o = self.result, self.o
         eg_settings = self._settings(stack, "egress")
         in_settings = self._settings(stack, "ingress")

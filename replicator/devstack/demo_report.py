@@ -46,6 +46,7 @@ class DemoResult:
 
 
 def levels_text(levels: dict[int, int]) -> str:
+    """``L0: 18, L1: 6``: segments per level."""
     return ", ".join(f"L{lv}: {n}" for lv, n in sorted(levels.items())) or "none"
 
 

@@ -106,7 +106,8 @@ class ServerProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` (Tansu takes 2-5 s to exit, Kafka 3-10 s);
-        then remove ``data_dir``."""
+        then remove ``data_dir``.
+        """
         if not self.alive():
             self._remove_data()
             return
@@ -388,7 +389,8 @@ def start_broker(kind: BrokerKind, name: str, log_dir: Path, *,
                  extra_properties: Mapping[str, str] | None = None) -> ServerProcess:
     """Start one broker of ``kind`` on a free loopback port (see ``start_tansu`` and
     ``start_kafka``; ``extra_properties`` only apply to Apache Kafka: Tansu has no such
-    settings)."""
+    settings).
+    """
     if kind == "apache":
         return start_kafka(name, log_dir, extra_properties=extra_properties)
     return start_tansu(name, log_dir)

@@ -1,5 +1,6 @@
 """The server processes of a running stack as recorded in its state file, and stopping
-them (only PIDs whose command line still matches the one recorded)."""
+them (only PIDs whose command line still matches the one recorded).
+"""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def _type_name(name: str, annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation)).replace("SecretStr", "string (secret)")
 
 
-def _default(name: str, field: FieldInfo) -> str:
+def _default(name: str, field: FieldInfo) -> str:  # noqa: C901 - one case per value kind
     if field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):

@@ -70,7 +70,7 @@ BATCH_SIZE = 100  # records per ingress transaction: small, so kills land mid-se
 # A SIGKILLed member holds its partitions until its session expires: keep that short.
 GROUP_CONFIG = {"session.timeout.ms": 4000, "heartbeat.interval.ms": 400,
                 "topic.metadata.refresh.interval.ms": 1000}
-CREDS = {"access_key_id": "test", "secret_access_key": "test"}
+CREDS: dict[str, Any] = {"access_key_id": "test", "secret_access_key": "test"}
 
 
 def toml_value(v: object) -> str:

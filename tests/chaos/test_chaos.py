@@ -26,6 +26,7 @@ run: ``CHAOS_ROUNDS=40 CHAOS_BUDGET=3600``. ``CHAOS_REPORT`` names a JSON file f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -318,7 +319,7 @@ def run_round(stack: ChaosStack, producer: SourceProducer, n: int) -> RoundResul
         events.append((plan.outage[0], lambda: proxy.outage(secs)))
     for t, name, down, how in plan.kills:
         proc = stack.process(name)
-        events.append((t, lambda proc=proc, how=how: arm_kill(stack, proc, how)))
+        events.append((t, functools.partial(arm_kill, stack, proc, how)))
         events.append((min(t + KILL_POINT_WAIT + down, WINDOW), proc.ensure_running))
     if plan.freeze:
         t, broker, dur = plan.freeze

@@ -97,9 +97,11 @@ def test_bad_events_are_logged_counted_and_dropped_while_segments_flow(
                          b"\x00garbage event", b"not-a-key", partition=0)
         producer.flush(10)
         for p, last in ((0, 99), (1, 49)):
-            wait_for(lambda p=p, last=last: ing.metrics.value(
-                "replicator_ingress_checkpoint_offset", lbl(env, p)) == last, 30,
-                f"partition {p} replayed")
+            def replayed(p: int = p, last: int = last) -> bool:
+                return ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                         lbl(env, p)) == last
+
+            wait_for(replayed, 30, f"partition {p} replayed")
         m = ing.metrics
         wait_for(lambda: sum(m.value("replicator_ingress_sqs_events_invalid_total",
                                      {"reason": r}) or 0 for r in bad_bodies) == 3, 20,
@@ -182,8 +184,10 @@ def test_checkpoint_record_that_is_not_json_is_skipped_loudly(
     with caplog.at_level(logging.INFO), running(settings) as ing:
         m = ing.metrics
         for p in (0, 1):
-            wait_for(lambda p=p: m.value("replicator_ingress_checkpoint_offset",
-                                         lbl(env, p)) == 99, 30, f"partition {p}")
+            def done(p: int = p) -> bool:
+                return m.value("replicator_ingress_checkpoint_offset", lbl(env, p)) == 99
+
+            wait_for(done, 30, f"partition {p}")
         assert (m.value("replicator_ingress_checkpoints_invalid_total", {"key": key0})
                 or 0) >= 1
         assert m.total("replicator_ingress_worker_errors_total") == 0

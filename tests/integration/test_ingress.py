@@ -353,9 +353,11 @@ def test_destination_with_too_few_partitions(env: Env, broker_kind: str,
             assert not any(w[1] == env.source for w in ing.workers)
         else:
             for p in range(4):
-                wait_for(lambda p=p: ing.metrics.value("replicator_ingress_checkpoint_offset",
-                                                       {**lbl, "partition": str(p)}) == 29,
-                         30, f"partition {p} replayed")
+                def replayed(p: int = p) -> bool:
+                    return ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                             {**lbl, "partition": str(p)}) == 29
+
+                wait_for(replayed, 30, f"partition {p} replayed")
             assert ing.metrics.total("replicator_ingress_source_errors_total") == 0
     if broker_kind == "tansu":
         stopped = [r.getMessage() for r in caplog.records if "STOPPED" in r.getMessage()]

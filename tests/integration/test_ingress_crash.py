@@ -118,8 +118,8 @@ def test_kill9_mid_replay_then_restart(env: Env, tmp_path: Path, delivery: str,
         if first.poll() is None:
             first.kill()
     progress = checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])
-    key = f"us-east-1:{env.source}:0"
-    at_kill = progress[key][-1].offset
+    cp_key = f"us-east-1:{env.source}:0"
+    at_kill = progress[cp_key][-1].offset
     assert at_kill < total - 1, "the kill came too late to test anything"
     second = start(cfg, log)
     try:
@@ -142,7 +142,7 @@ def test_kill9_mid_replay_then_restart(env: Env, tmp_path: Path, delivery: str,
     assert lost == 0
     assert reordered == 0
     assert len(first_order) == total
-    cps = [c.offset for c in checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])[key]]
+    cps = [c.offset for c in checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])[cp_key]]
     assert cps[-1] == total - 1
     dup_offsets = sorted(int(k[1:]) for k, n in counts.items() if n > 1)  # type: ignore[index]
     if delivery == "exactly-once" and broker_kind == "apache":

@@ -56,7 +56,7 @@ def local(*args: str, cwd: Path | None = None, timeout: float = 120
 def gone(pid: int) -> bool:
     """True if ``pid`` no longer runs (a zombie waiting for its parent counts as gone)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 

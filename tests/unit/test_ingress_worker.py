@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -63,9 +64,9 @@ class Harness:
         self.metrics = Metrics()
         self.m = IngressMetrics.create(self.metrics)
         src = IngressSourceSettings(region="us-east-1", topic="t",
-                                    lost_segment_timeout=timeout,  # type: ignore[arg-type]
+                                    lost_segment_timeout=timeout,
                                     late_segment_retries=retries,
-                                    first_segment_delay=first_delay)  # type: ignore[arg-type]
+                                    first_segment_delay=first_delay)
         self.cfg = WorkerConfig(source=src, ref=REF, destination_topic="copy",
                                 delivery=delivery_for("exactly-once" if exactly_once
                                                       else "at-least-once"),
@@ -418,7 +419,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
     class CountingStore(MemoryObjectStore):
         def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
             raw = TrackedRange(self, key, self.head(key).size)
-            return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+            return io.BufferedReader(raw, buffer_size=buffer_size)
 
     store = CountingStore("dest")
     permits = threading.Semaphore(1)
@@ -434,7 +435,8 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
                            delivery=delivery_for("exactly-once"), batch_size=7,
                            rescan_interval=timedelta(seconds=5))
         w = ReplayWorker(cfg, store=store, fmt=FMT, checkpoints=h.checkpoints,
-                         make_sink=lambda s=sink: s, metrics=h.m, permits=permits)
+                         make_sink=functools.partial(lambda s: s, sink), metrics=h.m,
+                         permits=permits)
         workers.append(w)
         sinks.append(sink)
     for w in workers:

@@ -173,7 +173,8 @@ class Producer:
 
     def outstanding(self, timeout: float = 0.0) -> int:
         """Records not yet acknowledged, after serving callbacks for up to ``timeout``
-        (returning early once one arrives)."""
+        (returning early once one arrives).
+        """
         self._p.poll(timeout)
         return len(self._p)
 

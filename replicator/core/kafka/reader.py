@@ -65,15 +65,8 @@ def read_to_end(kafka: KafkaSettings, topic: str, *,
         need = ends_at_least or {}
         started = idle_since = time.monotonic()
         while pending:
-            now = time.monotonic()
-            if timeout is not None and now - started > timeout:
-                raise KafkaRetriableError(
-                    f"{what} {topic}: partitions {sorted(pending)} not read to their end "
-                    f"within {timeout:.0f}s")
-            if idle_timeout is not None and now - idle_since > idle_timeout:
-                raise KafkaRetriableError(
-                    f"{what} {topic}: partitions {sorted(pending)}: no data and no end of "
-                    f"partition within {idle_timeout:.0f}s")
+            _check_time(f"{what} {topic}: partitions {sorted(pending)}", started, timeout,
+                        idle_since, idle_timeout)
             fetched = consumer.fetch(1000, poll_timeout)
             if fetched:
                 idle_since = time.monotonic()
@@ -88,3 +81,13 @@ def read_to_end(kafka: KafkaSettings, topic: str, *,
                     pending.discard(p)
     finally:
         consumer.close()
+
+
+def _check_time(where: str, started: float, timeout: float | None, idle_since: float,
+                idle_timeout: float | None) -> None:
+    now = time.monotonic()
+    if timeout is not None and now - started > timeout:
+        raise KafkaRetriableError(f"{where} not read to their end within {timeout:.0f}s")
+    if idle_timeout is not None and now - idle_since > idle_timeout:
+        raise KafkaRetriableError(f"{where}: no data and no end of partition within "
+                                  f"{idle_timeout:.0f}s")

@@ -1,5 +1,6 @@
 """The building blocks of the settings models: the frozen base model, duration and size
-fields, and which Kafka settings are secrets."""
+fields, and which Kafka settings are secrets.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The sections every process has: ``[s3]``, ``[kafka]``, ``[format]``, ``[metrics]``,
-``[log]``."""
+``[log]``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The service sections: ``[egress]``, ``[ingress]``, ``[compaction]`` and their per-topic
-and per-source tables."""
+and per-source tables.
+"""
 
 from __future__ import annotations
 
