@@ -10,7 +10,7 @@ from types import FrameType
 import click
 
 from replicator.cli.common import EXIT_FAILURE, EXIT_OK, echo_json, fail, kafka_option
-from replicator.cli.logs import setup_logging
+from replicator.cli.logs import setup_command_logging
 from replicator.core.errors import ReplicatorError
 from replicator.devstack.configs import PARTITIONS, TOPIC
 from replicator.devstack.processes import BrokerKind
@@ -69,7 +69,8 @@ def up(  # noqa: C901 - one command's cases (already up, stale, start, interrupt
     previous stack in --dir died (its leftovers are then cleaned up; run `up` again), 2 on
     bad usage (e.g. --kafka apache without $KAFKA_HOME).
     """
-    setup_logging("INFO" if verbose else "WARNING")
+    setup_command_logging("INFO" if verbose else "WARNING",
+                          log_file=directory / "logs" / "replicator.log")
     existing = _load(directory)
     if existing is not None:
         running = existing.running()
@@ -120,7 +121,8 @@ def down(directory: Path, verbose: bool) -> None:
     A recorded PID is only signalled while its command line is still the one recorded at
     start, so a PID reused by another program is left alone.
     """
-    setup_logging("INFO" if verbose else "WARNING")
+    setup_command_logging("INFO" if verbose else "WARNING",
+                          log_file=directory / "logs" / "replicator.log")
     stack = _load(directory)
     if stack is None:
         click.echo(f"Nothing to stop: no local stack state in {directory.absolute()}.")
@@ -175,6 +177,7 @@ def produce(directory: Path, records: int, topic: str | None, value_size: int,
     from replicator.core.kafka import Admin
     from replicator.devstack.sample import produce_sample, sample_records
 
+    setup_command_logging(log_file=directory / "logs" / "replicator.log")
     stack = _load(directory)
     if stack is None or not stack.is_up():
         fail(f"no running local stack in {directory.absolute()} (run `replicator local up`)",

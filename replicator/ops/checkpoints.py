@@ -1,8 +1,9 @@
 """``replicator checkpoints show``: how far ingress has replayed each source partition.
 
-For every configured source and partition: the checkpoint (last source offset produced),
-the end of the newest segment in the destination bucket, and the lag between them in
-offset positions.
+For every configured source and partition: every field of the checkpoint (the last source
+offset produced, its segment, when, the last range declared lost, where the first replay
+started), the end of the newest segment in the destination bucket, and the lag between
+them in offset positions.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class CheckpointRow:
     updated_at: str | None
     latest_segment_end: int | None
     lost: tuple[int, int] | None
+    segment: str | None = None
+    origin: int | None = None
 
     @property
     def lag(self) -> int | None:
@@ -43,7 +46,7 @@ class CheckpointRow:
                 "destination_topic": self.destination_topic, "checkpoint": self.checkpoint,
                 "updated_at": self.updated_at, "latest_segment_end": self.latest_segment_end,
                 "lag": self.lag, "last_lost_range": None if self.lost is None
-                else list(self.lost)}
+                else list(self.lost), "segment": self.segment, "origin": self.origin}
 
 
 def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
@@ -64,5 +67,6 @@ def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
                 src.region, src.topic, p, src.destination,
                 None if cp is None else cp.offset,
                 None if cp is None else cp.updated_at.isoformat(),
-                ends.get(p), None if cp is None else cp.lost))
+                ends.get(p), None if cp is None else cp.lost,
+                None if cp is None else cp.segment, None if cp is None else cp.origin))
     return rows

@@ -60,3 +60,8 @@ topic = "{topic}"
     rows = json.loads(res.output[res.output.index("["):])
     assert [(r["partition"], r["checkpoint"], r["latest_segment_end"], r["lag"])
             for r in rows] == [(0, 9, 19, 10), (1, 3, None, None)]
+    assert [r["segment"] for r in rows] == ["b", "c"]
+    table = CliRunner().invoke(main, ["checkpoints", "show", "--config", str(cfg)])
+    assert table.exit_code == 0, table.output
+    header = table.output.splitlines()[0].split()
+    assert header[-3:] == ["lost", "origin", "segment"]

@@ -11,7 +11,7 @@ from confluent_kafka.admin._config import ConfigResource, ConfigSource
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from replicator.core.errors import KafkaRetriableError, TopicError
-from replicator.core.kafka.config import CONSUMER_ONLY, PRODUCER_ONLY, client_config
+from replicator.core.kafka.config import CLIENT_LOG, CONSUMER_ONLY, PRODUCER_ONLY, client_config
 from replicator.core.kafka.errors import construct, is_code, translate
 from replicator.core.settings import KafkaSettings
 
@@ -34,6 +34,7 @@ class Admin:
     def __init__(self, kafka: KafkaSettings, *, timeout: float = 30.0,
                  overrides: Mapping[str, Any] | None = None) -> None:
         conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
+        conf["logger"] = CLIENT_LOG
         self._admin: cka.AdminClient = construct("admin", cka.AdminClient, conf)
         self.timeout = timeout
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,6 +53,12 @@ PRODUCER_ONLY = frozenset({
     "acks", "request.required.acks", "request.timeout.ms", "message.timeout.ms",
     "delivery.timeout.ms", "partitioner", "queuing.strategy",
 })
+
+
+CLIENT_LOG = logging.getLogger("librdkafka")
+"""Where the clients' own log lines go (the ``logger`` setting of every client the seam
+builds): through Python logging, so each entry point decides where they appear, instead of
+librdkafka writing to the process's stderr."""
 
 
 def client_config(kafka: KafkaSettings, defaults: Mapping[str, Any],

@@ -18,6 +18,7 @@ import confluent_kafka as ck
 
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
 from replicator.core.kafka.config import (
+    CLIENT_LOG,
     CONSUMER_DEFAULTS,
     PRODUCER_ONLY,
     client_config,
@@ -86,6 +87,7 @@ class Consumer:
                  overrides: Mapping[str, Any] | None = None) -> None:
         conf = client_config(kafka, {**CONSUMER_DEFAULTS, "group.id": group_id}, overrides,
                              drop=PRODUCER_ONLY)
+        conf["logger"] = CLIENT_LOG
         self.group_id = group_id
         self._c: ck.Consumer = construct("consumer", ck.Consumer, conf)
 

@@ -22,7 +22,12 @@ from typing import Any, NewType, cast
 
 import confluent_kafka as ck
 
-from replicator.core.kafka.config import CONSUMER_ONLY, PRODUCER_DEFAULTS, client_config
+from replicator.core.kafka.config import (
+    CLIENT_LOG,
+    CONSUMER_ONLY,
+    PRODUCER_DEFAULTS,
+    client_config,
+)
 from replicator.core.kafka.errors import construct, delivery_error, translate
 from replicator.core.kafka.types import DeliveryReport, Headers, TopicPartition, to_client
 from replicator.core.settings import KafkaSettings
@@ -63,6 +68,7 @@ class Producer:
             # Successful deliveries raise no callback at all: nothing to do per record.
             extra.setdefault("delivery.report.only.error", True)
         extra["on_delivery"] = self._delivered
+        extra["logger"] = CLIENT_LOG
         self.transactional_id = transactional_id
         self.name = name or transactional_id or "producer"
         self._listener = on_delivery
