@@ -17,6 +17,9 @@ delivery modes replay the same source topic at the same time under the same faul
 traffic of egress and ingress goes through the fault proxy; SQS and the bucket syncs talk
 to moto directly (SQS faults are injected by a competing consumer that re-sends,
 duplicates and delays messages).
+
+Longer than 400 lines: the stack, the managed processes, the SQS and broker faults and the
+verification are one harness that the chaos rounds drive.
 """
 
 from __future__ import annotations

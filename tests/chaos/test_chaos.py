@@ -22,6 +22,9 @@ the rounds may take: no round starts that would probably end past it, so the def
 the 4-minute CI budget on a loaded 2-core machine (at least one round always runs). For a long
 run: ``CHAOS_ROUNDS=40 CHAOS_BUDGET=3600``. ``CHAOS_REPORT`` names a JSON file for the figures
 (default: ``chaos-report.json`` next to the logs, whose directory is printed).
+
+Longer than 400 lines: the round plans, their execution and the per-round verdicts belong
+together; the processes and faults themselves are in ``harness.py`` and ``fault_proxy.py``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Segments are written straight into the destination bucket with ``formats.segment_io``
 (egress is not needed here); S3 notifications reach ingress through a real SQS queue.
+
+Longer than 400 lines: one test per ingress behaviour against the real servers, sharing
+the harness at the top (bucket, queue, topics), which other test modules import.
 """
 
 from __future__ import annotations

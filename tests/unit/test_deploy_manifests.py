@@ -2,6 +2,8 @@
 with the region configs, the images are real Dockerfile targets, the IAM policies are least
 privilege (a small policy evaluator answers "may egress delete a segment?"), and the S3/SQS
 settings behave as documented on moto. Nothing here needs a cluster, Docker or AWS.
+
+Longer than 400 lines: one test per property of deploy/, with its small evaluators.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The replay worker against in-memory seams: order, overlap, redo, missing, corrupt, late."""
+"""The replay worker against in-memory seams: order, overlap, redo, missing, corrupt, late.
+
+Longer than 400 lines: one test per worker behaviour, sharing the in-memory harness.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Settings: the documented file (docs/configuration.md), defaults, validation naming keys,
-environment overrides."""
+environment overrides.
+
+Longer than 400 lines: one short test per setting rule and override case.
+"""
 
 from __future__ import annotations
 
