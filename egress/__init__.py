@@ -1,4 +1,5 @@
-"""Egress: source topics into level-0 segments on S3 (docs/architecture.md, "Egress").
+"""Egress: source topics into level-0 segments on S3 (docs/architecture.md, "The pipeline"
+and "Durability").
 
 Modules:
 
