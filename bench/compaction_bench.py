@@ -39,9 +39,10 @@ from formats.records import Record, records_to_batch
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.core.keys import SegmentKey
-from replicator.core.processes import start_moto
-from replicator.core.s3 import S3ObjectStore, create_bucket, make_s3_client
+from replicator.core.s3 import S3ObjectStore, make_s3_client
 from replicator.core.settings import Settings, load_settings
+from replicator.devstack.aws import create_bucket
+from replicator.devstack.processes import start_moto
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

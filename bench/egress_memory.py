@@ -189,22 +189,17 @@ def child(args: argparse.Namespace) -> int:
 
 
 def fill(brokers: str, topic: str, partitions: int, records: int) -> None:
-    from replicator.core.kafka import Admin, make_producer
+    from replicator.core.kafka import Admin, Producer
     from replicator.core.settings import KafkaSettings
 
     kafka = KafkaSettings(brokers=brokers)
     Admin(kafka).create_topic(topic, partitions)
     rng = random.Random(3)
     values = [text_value(rng, 1000) for _ in range(499)]
-    p = make_producer(kafka, overrides={"linger.ms": 20})
+    p = Producer(kafka, overrides={"linger.ms": 20})
     for i in range(records):
-        while True:
-            try:
-                p.produce(topic, value=values[i % 499], key=b"k%06d" % (i % 100_000),
-                          partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
+        p.produce(topic, value=values[i % 499], key=b"k%06d" % (i % 100_000),
+                  partition=i % partitions)
         if i % 5000 == 0:
             p.poll(0)
     assert p.flush(300) == 0
@@ -228,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args)
 
-    from replicator.core.processes import start_moto, start_tansu
-    from replicator.core.s3 import create_bucket, make_s3_client
+    from replicator.core.s3 import make_s3_client
+    from replicator.devstack.aws import create_bucket
+    from replicator.devstack.processes import start_moto, start_tansu
 
     partitions = [int(p) for p in args.partitions.split(",")]
     budgets = [parse_size(b) for b in args.budgets.split(",")]

@@ -32,11 +32,12 @@ from typing import Any
 import confluent_kafka as ck
 
 from egress.controller import Egress
-from replicator.core.kafka import Admin, make_producer
-from replicator.core.processes import start_moto, start_tansu
-from replicator.core.s3 import S3ObjectStore, create_bucket
+from replicator.core.kafka import Admin, Producer
+from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings, load_settings
 from replicator.core.storage import MemoryObjectStore, ObjectStore
+from replicator.devstack.aws import create_bucket
+from replicator.devstack.processes import start_moto, start_tansu
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lib import text_value  # also sets the AWS test environment
@@ -64,18 +65,13 @@ def produce(brokers: str, topic: str, partitions: int, records: int, value_size:
             settings: Settings) -> int:
     rng = random.Random(1)
     values = [text_value(rng, value_size) for _ in range(997)]
-    p = make_producer(settings.kafka, overrides={"linger.ms": 20})
+    p = Producer(settings.kafka, overrides={"linger.ms": 20})
     raw = 0
     for i in range(records):
         key = b"device-%d" % (i % 5000)
         v = values[i % len(values)]
         raw += len(key) + len(v)
-        while True:
-            try:
-                p.produce(topic, value=v, key=key, partition=i % partitions)
-                break
-            except BufferError:
-                p.poll(0.05)
+        p.produce(topic, value=v, key=key, partition=i % partitions)
         if i % 5000 == 0:
             p.poll(0)
     assert p.flush(120) == 0
@@ -118,14 +114,14 @@ def run_egress(settings: Settings, store: ObjectStore, topic: str, partitions: i
     t0, cpu0 = time.perf_counter(), time.process_time()
     while consumed() < records:
         time.sleep(0.02)
-    consumed = time.perf_counter() - t0
+    consume_seconds = time.perf_counter() - t0
     eg.stop()   # closes the open segments (reason shutdown) and commits them
     t.join()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     eg.close()
     stored = eg.metrics.total("egress_segment_bytes_total")
     segments = eg.metrics.total("egress_segments_total")
-    return {"seconds": wall, "consume_seconds": consumed, "cpu_seconds": cpu,
+    return {"seconds": wall, "consume_seconds": consume_seconds, "cpu_seconds": cpu,
             "raw_bytes": raw, "records": records, "stored_bytes": stored,
             "segments": segments}
 

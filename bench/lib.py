@@ -259,25 +259,18 @@ def wait_until(pred: Callable[[], bool], timeout: float, what: str,
 def fill_topic(kafka: Any, topic: str, partitions: int, records: int, value_size: int,
                *, seed: int = 1, timestamp_ms: int | None = None) -> int:
     """Produce ``records`` keyed text-like records round-robin; returns raw key+value bytes."""
-    from replicator.core.kafka import make_producer
+    from replicator.core.kafka import Producer
 
     rng = random.Random(seed)
     values = [text_value(rng, value_size) for _ in range(997)]
-    p = make_producer(kafka, overrides={"linger.ms": 20})
+    p = Producer(kafka, overrides={"linger.ms": 20})
     raw = 0
     for i in range(records):
         key = b"device-%05d" % (i % 5000)
         v = values[i % len(values)]
         raw += len(key) + len(v)
-        while True:
-            try:
-                if timestamp_ms is None:
-                    p.produce(topic, v, key, i % partitions)
-                else:
-                    p.produce(topic, v, key, i % partitions, timestamp=timestamp_ms + i)
-                break
-            except BufferError:
-                p.poll(0.05)
+        p.produce(topic, v, key, partition=i % partitions,
+                  timestamp=0 if timestamp_ms is None else timestamp_ms + i)
         if i % 5000 == 0:
             p.poll(0)
     left = p.flush(180)
@@ -293,7 +286,7 @@ class BenchStack:
     """``LocalStack`` (two Tansu brokers, moto S3+SQS) plus settings builders."""
 
     def __init__(self, directory: Path) -> None:
-        from replicator.core.local_stack import LocalStack
+        from replicator.devstack.stack import LocalStack
 
         self.dir = directory
         self.stack = LocalStack.start(directory / "stack", partitions=1)
@@ -365,7 +358,7 @@ class BenchStack:
         return store
 
     def create_bucket(self, name: str, region: str = "us-east-1") -> None:
-        from replicator.core.s3 import create_bucket
+        from replicator.devstack.aws import create_bucket
 
         create_bucket(self.stack.s3_client(region), name, region)
 

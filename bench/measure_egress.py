@@ -17,9 +17,21 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka as ck
 from lib import GB, MB, BenchStack, S3Counter, cpu_of, parse_prometheus, wait_until, write_toml
 
 CONSUME_BATCH = 1000
+
+
+def bare_consumer(brokers: str, group: str) -> ck.Consumer:
+    """The raw client, with the configuration ``replicator.core.kafka.Consumer`` gives
+    egress (the baseline must not run through our wrapper)."""
+    from replicator.core.kafka import CONSUMER_DEFAULTS, PRODUCER_ONLY, client_config
+    from replicator.core.settings import KafkaSettings
+
+    return ck.Consumer(client_config(KafkaSettings(brokers=brokers),
+                                     {**CONSUMER_DEFAULTS, "group.id": group},
+                                     drop=PRODUCER_ONLY))
 
 
 def bare_consume(brokers: str, topic: str, partitions: int, records: int) -> dict[str, Any]:
@@ -28,11 +40,8 @@ def bare_consume(brokers: str, topic: str, partitions: int, records: int) -> dic
     Same consumer defaults as the egress (read_committed, manual commits), no group join in
     the timing (``assign``).
     """
-    from replicator.core.kafka import TopicPartition, make_consumer
-    from replicator.core.settings import KafkaSettings
-
-    c = make_consumer(KafkaSettings(brokers=brokers), f"bare-{uuid.uuid4().hex[:6]}")
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    c = bare_consumer(brokers, f"bare-{uuid.uuid4().hex[:6]}")
+    c.assign([ck.TopicPartition(topic, p, 0) for p in range(partitions)])
     n = raw = 0
     t0 = cpu0 = 0.0
     while n < records:
@@ -64,11 +73,9 @@ def bare_consume_encode(brokers: str, topic: str, partitions: int, records: int,
     import pyarrow.parquet as pq
 
     from formats.base import SEGMENT_SCHEMA
-    from replicator.core.kafka import TopicPartition, make_consumer
-    from replicator.core.settings import KafkaSettings
 
-    c = make_consumer(KafkaSettings(brokers=brokers), f"bare-enc-{uuid.uuid4().hex[:6]}")
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    c = bare_consumer(brokers, f"bare-enc-{uuid.uuid4().hex[:6]}")
+    c.assign([ck.TopicPartition(topic, p, 0) for p in range(partitions)])
     header_type = SEGMENT_SCHEMA.field("headers").type
     writers = {p: pq.ParquetWriter(pa.BufferOutputStream(), SEGMENT_SCHEMA,
                                    compression=compression,
@@ -203,9 +210,9 @@ def egress_processes(stack: BenchStack, workdir: Path, topic: str, partitions: i
     """
     from lib import fill_topic
 
-    from replicator.core.kafka import Admin, TopicPartition, make_consumer
-    from replicator.core.processes import free_port
+    from replicator.core.kafka import Admin, Consumer, TopicPartition
     from replicator.core.settings import KafkaSettings
+    from replicator.devstack.processes import free_port
 
     kafka = KafkaSettings(brokers=stack.source_kafka)
     Admin(kafka).create_topic(topic, partitions)
@@ -243,7 +250,7 @@ def egress_processes(stack: BenchStack, workdir: Path, topic: str, partitions: i
             if time.monotonic() > deadline or any(p.poll() is not None for p, _ in procs):
                 raise RuntimeError(f"egress processes consumed {consumed:.0f} of {records}")
             time.sleep(0.05)
-        c = make_consumer(kafka, group)
+        c = Consumer(kafka, group)
 
         def committed() -> int:
             offs = c.committed([TopicPartition(topic, p) for p in range(partitions)],

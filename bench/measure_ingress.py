@@ -3,7 +3,7 @@
 Used by ``run_all.py``; ``--child-memory`` is the child process of the RSS measurement.
 
 * ``bare_produce``: the records of the same segments, decoded into Python lists before the
-  timing starts, produced by one producer built by ``make_producer`` with the sink's
+  timing starts, produced by one producer built by ``Producer`` with the sink's
   overrides: idempotent in at-least-once mode (produce everything, ``flush``);
   transactional in exactly-once mode (one transaction per ``ingress.batch_size`` records).
 * ``ingress_inproc``: ``Ingress`` in this process replaying the segments of the destination
@@ -69,32 +69,25 @@ def drop_topics(brokers: str, topics: list[str]) -> None:
 def bare_produce(brokers: str, topic: str, data: dict[int, tuple[list[int], list[Any],
                                                                  list[Any]]],
                  delivery: str) -> dict[str, Any]:
-    from replicator.core.kafka import Admin, make_producer
+    from replicator.core.kafka import Admin, Producer
     from replicator.core.settings import KafkaSettings
 
     kafka = KafkaSettings(brokers=brokers)
     Admin(kafka).create_topic(topic, len(data))
-    errors: list[Any] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-
-    overrides = {"on_delivery": on_delivery, "delivery.report.only.error": True}
     eos = delivery == "exactly-once"
-    p = make_producer(kafka, transactional_id=f"bare-{uuid.uuid4().hex[:6]}" if eos else None,
-                      overrides=overrides)
+    # Per record, Producer.produce_many is the client's own produce call and nothing else
+    # (the bare loop a user would write, full local queue included).
+    p = Producer(kafka, transactional_id=f"bare-{uuid.uuid4().hex[:6]}" if eos else None)
     if eos:
         p.init_transactions(30)
     records = sum(len(v[0]) for v in data.values())
     raw = sum(len(k or b"") + len(v or b"") for d in data.values()
               for k, v in zip(d[1], d[2], strict=True))
-    produce = p.produce
     # Warm up: metadata of the new topic and a first delivery to every partition.
     if eos:
         p.begin_transaction()
     for part in data:
-        produce(topic, b"warm-up", None, part)
+        p.produce(topic, b"warm-up", None, partition=part)
     if eos:
         p.commit_transaction(30)
     p.flush(30)
@@ -103,21 +96,17 @@ def bare_produce(brokers: str, topic: str, data: dict[int, tuple[list[int], list
         for start in range(0, len(ts), BATCH):
             if eos:
                 p.begin_transaction()
-            for t, k, v in zip(ts[start:start + BATCH], keys[start:start + BATCH],
-                               values[start:start + BATCH], strict=True):
-                try:
-                    produce(topic, v, k, part, timestamp=t, headers=None)
-                except BufferError:
-                    p.poll(0.05)
-                    produce(topic, v, k, part, timestamp=t, headers=None)
-            p.poll(0)
+            end = start + BATCH
+            p.produce_many(topic, part, ts[start:end], keys[start:end], values[start:end],
+                           [None] * len(ts[start:end]), ts[start:end])
             if eos:
                 p.commit_transaction(30)
     if not eos:
         left = p.flush(120)
         assert left == 0, f"{left} records not delivered"
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    assert not errors, errors[:3]
+    failed = p.take_failures()
+    assert not failed, failed[:3]
     drop_topics(brokers, [topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": records})
 
@@ -130,7 +119,7 @@ def bare_read_produce(endpoint: str, bucket: str, region: str, topic_src: str,
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
 
-    from replicator.core.kafka import Admin, make_producer
+    from replicator.core.kafka import Admin, Producer
     from replicator.core.settings import KafkaSettings
 
     kafka = KafkaSettings(brokers=brokers)
@@ -140,18 +129,10 @@ def bare_read_produce(endpoint: str, bucket: str, region: str, topic_src: str,
     files = {p: sorted(i.path for i in fs.get_file_info(pafs.FileSelector(
         f"{bucket}/data/{region}/{topic_src}/{p}/0/")) if i.type == pafs.FileType.File)
         for p in range(partitions)}
-    errors: list[Any] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(err)
-
-    p = make_producer(kafka, overrides={"on_delivery": on_delivery,
-                                        "delivery.report.only.error": True})
+    p = Producer(kafka)
     for part in range(partitions):
-        p.produce(topic, b"warm-up", None, part)
+        p.produce(topic, b"warm-up", None, partition=part)
     p.flush(30)
-    produce = p.produce
     n = raw = 0
     t0, cpu0 = time.perf_counter(), time.process_time()
     for part, paths in files.items():
@@ -161,18 +142,14 @@ def bare_read_produce(endpoint: str, bucket: str, region: str, topic_src: str,
                     ts = b.column("timestamp").cast("int64").to_pylist()
                     keys = b.column("key").to_pylist()
                     values = b.column("value").to_pylist()
-                    for t, k, v in zip(ts, keys, values, strict=True):
-                        try:
-                            produce(topic, v, k, part, timestamp=t, headers=None)
-                        except BufferError:
-                            p.poll(0.05)
-                            produce(topic, v, k, part, timestamp=t, headers=None)
-                        raw += len(k or b"") + len(v or b"")
+                    p.produce_many(topic, part, ts, keys, values, [None] * len(ts), ts)
+                    raw += sum(len(k or b"") + len(v or b"") for k, v in zip(keys, values,
+                                                                            strict=True))
                     n += len(ts)
-                    p.poll(0)
     left = p.flush(120)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    assert left == 0 and not errors, (left, errors[:3])
+    failed = p.take_failures()
+    assert left == 0 and not failed, (left, failed[:3])
     drop_topics(brokers, [topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": n})
 

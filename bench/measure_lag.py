@@ -45,10 +45,10 @@ def e2e_lag(stack: BenchStack, workdir: Path, *, rate_mb: float = 10.0, seconds:
             segment_age: str = "1s", delivery: str = "exactly-once") -> dict[str, Any]:
     import random
 
-    from replicator.core.kafka import Admin, TopicPartition, make_consumer, make_producer
-    from replicator.core.local_stack import DEST_BUCKET
-    from replicator.core.processes import free_port
+    from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
     from replicator.core.settings import KafkaSettings
+    from replicator.devstack.configs import DEST_BUCKET
+    from replicator.devstack.processes import free_port
 
     run = uuid.uuid4().hex[:6]
     topic, dest = f"bench.lag.{run}", f"bench.lag.{run}.copy"
@@ -83,16 +83,14 @@ def e2e_lag(stack: BenchStack, workdir: Path, *, rate_mb: float = 10.0, seconds:
         wait_until(lambda: Admin(dst_kafka).partition_count(dest) == partitions, 60,
                    "destination topic", 0.2)
 
-        consumer = make_consumer(dst_kafka, f"lag-reader-{run}",
-                                 {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1})
+        consumer = Consumer(dst_kafka, f"lag-reader-{run}",
+                            {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1})
         consumer.assign([TopicPartition(dest, p, 0) for p in range(partitions)])
         received = [0]
 
         def read() -> None:
             while not stop.is_set():
-                for m in consumer.consume(num_messages=1000, timeout=0.1):
-                    if m.error() is not None:
-                        continue
+                for m in (m for run in consumer.fetch(1000, 0.1).runs.values() for m in run):
                     now = time.time()
                     ts = m.timestamp()[1] / 1000.0
                     lat.append((ts, now - ts))
@@ -103,7 +101,7 @@ def e2e_lag(stack: BenchStack, workdir: Path, *, rate_mb: float = 10.0, seconds:
 
         rng = random.Random(3)
         values = [text_value(rng, value_size) for _ in range(997)]
-        producer = make_producer(src_kafka, overrides={"linger.ms": 5})
+        producer = Producer(src_kafka, overrides={"linger.ms": 5})
         per_record = value_size + 12
         per_tick = rate_mb * MB / per_record / 100.0   # 10 ms ticks
         t_start = time.time()
@@ -114,7 +112,7 @@ def e2e_lag(stack: BenchStack, workdir: Path, *, rate_mb: float = 10.0, seconds:
             while sent < target:
                 ms = int(time.time() * 1000)
                 producer.produce(topic, values[n % 997], b"device-%05d" % (n % 5000),
-                                 n % partitions, timestamp=ms)
+                                 partition=n % partitions, timestamp=ms)
                 n += 1
                 sent += 1
             producer.poll(0)

@@ -191,7 +191,7 @@ class Runner:
         self.results["egress"] = res
 
     def _sync_to_destination(self) -> None:
-        from replicator.core.local_stack import DEST_BUCKET
+        from replicator.devstack.configs import DEST_BUCKET
         from replicator.ops.sync import BucketSync
 
         st = self.stack
@@ -216,7 +216,7 @@ class Runner:
             read_segments,
         )
 
-        from replicator.core.local_stack import DEST_BUCKET
+        from replicator.devstack.configs import DEST_BUCKET
 
         st, p = self.stack, self.p
         assert st is not None

@@ -21,15 +21,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
+from compaction.executors import Executor, ExecutorFactory, default_executor
 from compaction.lock import RegionLock, lock_key
-from compaction.merge import Executor, LocalExecutor, TaskResult, TaskSpec
+from compaction.merge import TaskResult, TaskSpec
 from compaction.metrics import CompactionMetrics
-from compaction.planner import CompactionTask, Listed, PartitionPlan, plan_all
+from compaction.planner import Listed, PartitionPlan, plan_all
+from compaction.report import RunReport, RunScope, planned
 from formats.registry import get_format
+from replicator.core.clock import Clock, utc_now
 from replicator.core.cron import CronSchedule, parse_cron
 from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
@@ -38,83 +39,6 @@ from replicator.core.settings import CompactionSettings, CompactionTopicSettings
 from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
-
-INLINE_MASTER = "inline"
-"""``spark_master`` value that runs merge tasks in this process, without Spark."""
-
-
-def utcnow() -> datetime:
-    """The default clock."""
-    return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class RunScope:
-    """What a run looks at: the CLI's ``--topic/--partition/--min-level/--max-level``."""
-
-    topic: str | None = None
-    partition: int | None = None
-    min_level: int | None = None
-    max_level: int | None = None
-
-
-@dataclass
-class PlannedTask:
-    """One task of a report: segments in, segment out, bytes, and what became of it."""
-
-    topic: str
-    partition: int
-    inputs: list[str]
-    output: str
-    bytes: int
-    covered: list[str]
-    outcome: str = "planned"   # planned | merged | existing | failed | not-run
-    records: int = 0
-    bytes_out: int = 0
-    error: str | None = None
-
-
-@dataclass
-class RunReport:
-    """What one run did (printed by ``--once`` and ``--dry-run``)."""
-
-    region: str
-    started_at: str
-    outcome: str = "success"   # success | skipped | failed
-    dry_run: bool = False
-    reason: str | None = None
-    duration_seconds: float = 0.0
-    partitions: int = 0
-    tasks: list[PlannedTask] = field(default_factory=list)
-    covered_to_delete: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    holes: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-ExecutorFactory = Callable[[Settings, ObjectStore], Executor]
-
-
-def default_executor(settings: Settings, store: ObjectStore) -> Executor:
-    """``LocalExecutor`` for ``spark_master = "inline"``, else ``SparkExecutor``.
-
-    Raises:
-        ConfigError: Spark is asked for but pyspark is not installed.
-    """
-    cfg: CompactionSettings = settings.require("compaction")
-    if cfg.spark_master == INLINE_MASTER:
-        return LocalExecutor(store, settings, cfg.parallelism)
-    try:
-        from compaction.spark_job import SparkExecutor
-    except ImportError as e:
-        raise ConfigError("compaction.spark_master",
-                          f"pyspark is not installed ({e}); install the 'compaction' extra "
-                          f"or set spark_master = \"{INLINE_MASTER}\"") from e
-    return SparkExecutor(settings)
 
 
 class Compaction:
@@ -138,10 +62,10 @@ class Compaction:
     """
 
     def __init__(self, settings: Settings, *, store: ObjectStore | None = None,
-                 metrics: Metrics | None = None, clock: Callable[[], datetime] = utcnow,
+                 metrics: Metrics | None = None, clock: Clock = utc_now,
                  wait: Callable[[float], bool] | None = None,
                  executor_factory: ExecutorFactory = default_executor,
-                 scope: RunScope = RunScope(), serve_metrics: bool = True) -> None:
+                 scope: RunScope | None = None, serve_metrics: bool = True) -> None:
         self.settings = settings
         self.cfg: CompactionSettings = settings.require("compaction")
         self.schedule: CronSchedule = parse_cron(self.cfg.schedule)
@@ -152,7 +76,7 @@ class Compaction:
         self._stop = threading.Event()
         self._wait = wait or self._stop.wait
         self.executor_factory = executor_factory
-        self.scope = scope
+        self.scope = scope or RunScope()
         self.serve_metrics = serve_metrics
         self._server: MetricsServer | None = None
         self._executor: Executor | None = None
@@ -386,7 +310,7 @@ class Compaction:
                                 "covered by it; left in place", where, k)
                 for t in p.tasks:
                     log.info("%s: plan %s", where, t.describe())
-                    report.tasks.append(_planned(t))
+                    report.tasks.append(planned(t))
                 report.covered_to_delete.extend(k.to_key() for k in p.covered_to_delete)
                 if p.skipped_reason:
                     log.info("%s: not merged: %s", where, p.skipped_reason)
@@ -459,8 +383,3 @@ class Compaction:
 
 class _LockLost(ReplicatorError):
     """The region lock was taken over during the run."""
-
-
-def _planned(t: CompactionTask) -> PlannedTask:
-    return PlannedTask(t.output.topic, t.output.partition, [k.to_key() for k in t.inputs],
-                       t.output.to_key(), t.bytes, [k.to_key() for k in t.covered])

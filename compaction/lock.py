@@ -20,10 +20,10 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from replicator.core.clock import Clock
 from replicator.core.errors import ObjectNotFound, PreconditionFailed, ReplicatorError
 from replicator.core.keys import region_prefix
 from replicator.core.storage import ObjectStore
@@ -77,7 +77,7 @@ class RegionLock:
     """
 
     def __init__(self, store: ObjectStore, key: str, ttl: timedelta,
-                 clock: Callable[[], datetime], owner: str | None = None) -> None:
+                 clock: Clock, owner: str | None = None) -> None:
         self.store = store
         self.key = key
         self.ttl = ttl

@@ -1,9 +1,8 @@
 """One merge task: stream input segments into one output segment, verified, then published.
 
 This module is what runs *inside* a Spark task (and in-process with ``LocalExecutor``). It
-never imports pyspark: ``compaction.spark_job`` ships task descriptions (plain JSON dicts)
-to the executors and calls ``run_task_payload`` there, which builds its own object store
-from the settings payload.
+never imports pyspark: ``compaction.executors`` runs it in-process or, through
+``compaction.spark_job``, in Spark tasks that receive plain JSON task descriptions.
 
 Memory per task is bounded by configuration, not by segment size: one ``batch_size`` batch
 in flight, one read buffer, the format writer's row-group buffer and one upload part.
@@ -12,24 +11,19 @@ in flight, one read buffer, the format writer's row-group buffer and one upload 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats.base import SegmentFormat, SegmentMetadata, WriterOptions
-from formats.registry import get_format
 from formats.segment_io import SegmentUpload, open_segment, publish_segment
 from replicator.core.errors import ObjectNotFound, SegmentCorrupt, SegmentNotFound
 from replicator.core.keys import SegmentKey
-from replicator.core.queues import put_unless_stopped
-from replicator.core.settings import Settings
+from replicator.core.queues import read_ahead
 from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -81,22 +75,6 @@ class TaskResult:
         return cls(**d)
 
 
-class Executor(Protocol):
-    """Runs merge tasks somewhere (in-process, on Spark) and returns one result per task."""
-
-    def run(self, specs: list[TaskSpec]) -> list[TaskResult]:
-        """Run all tasks; a failed task gives a result with ``ok=False``, never raises."""
-        ...
-
-    def cancel(self) -> None:
-        """Ask running tasks to stop (signal-safe); their results come back as failures."""
-        ...
-
-    def close(self) -> None:
-        """Release resources; idempotent."""
-        ...
-
-
 def _drop_written(batch: pa.RecordBatch, last_written: int) -> pa.RecordBatch:
     """The rows of ``batch`` whose offset is after ``last_written`` (offsets ascend)."""
     offsets = batch.column("offset")
@@ -107,61 +85,16 @@ def _drop_written(batch: pa.RecordBatch, last_written: int) -> pa.RecordBatch:
 
 
 READ_AHEAD_BATCHES = 2
-"""Decoded input batches queued ahead of the writer. Reading and decoding (network, and
-Parquet decompression, which releases the GIL) overlap encoding and uploading; memory stays
-bounded: at most this many batches queued plus one being read and one being written."""
-
-_DONE = object()
-
-
-def read_ahead(items: Iterator[T], depth: int) -> Generator[T, None, None]:
-    """Iterate ``items`` in a helper thread, at most ``depth`` items ahead of the consumer.
-
-    An exception in the producer is raised to the consumer at the point it happened; if the
-    consumer stops early (an exception, ``close``), the producer is told to stop, the
-    iterator is closed in its own thread (its ``with`` blocks run) and the thread joined.
-    """
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
-    cancel = threading.Event()
-
-    def put(item: Any) -> bool:
-        return put_unless_stopped(q, item, cancel)
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put((True, item)):
-                    break
-        except Exception as e:  # noqa: BLE001 - not swallowed: raised again by the consumer
-            # Handed to the consumer, which raises it in its own thread.
-            put((False, e))
-            return
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-        put((True, _DONE))
-
-    t = threading.Thread(target=produce, name="merge-read-ahead", daemon=True)
-    t.start()
-    try:
-        while True:
-            ok, item = q.get()
-            if not ok:
-                raise item
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        cancel.set()
-        t.join()
-
+"""Decoded input batches queued ahead of the writer (``read_ahead``): reading and decoding
+overlap encoding and uploading; memory stays bounded: at most this many batches queued plus
+one being read and one being written."""
 
 def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentKey],
                    batch_size: int, stopped: Callable[[], bool], where: str,
                    ) -> Iterator[pa.RecordBatch]:
     """Every record batch of ``inputs`` in order, each input verified (step 3, per input):
-    it yields its footer's record count, all inside its own key range."""
+    it yields its footer's record count, all inside its own key range.
+    """
     for k in inputs:
         if stopped():
             raise InterruptedError(f"{where}: merge cancelled before reading {k}")
@@ -229,7 +162,7 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
         last = -1
         dropped = 0
         batches = _input_batches(store, fmt, inputs, spec.batch_size, stopped, where)
-        for batch in read_ahead(batches, READ_AHEAD_BATCHES):
+        for batch in read_ahead(batches, READ_AHEAD_BATCHES, name="merge-read-ahead"):
             fresh = _drop_written(batch, last)
             dropped += batch.num_rows - fresh.num_rows
             if fresh.num_rows:
@@ -250,7 +183,10 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
         _check_written(store, fmt, temp.key, output, count)
 
         # Step 5
-        final = publish_segment(store, temp.key, output, spec.storage_class)
+        published = publish_segment(store, temp.key, output, spec.storage_class)
+        if published.temp_error is not None:
+            raise published.temp_error
+        final = published.info
     except BaseException:
         upload.abort()
         raise
@@ -295,100 +231,3 @@ def _check_written(store: ObjectStore, fmt: SegmentFormat, temp_key: str, output
         stream.close()
     if n != count:
         raise SegmentCorrupt(f"{where}: footer says {n} records, {count} were written")
-
-
-def run_task(store: ObjectStore, settings: Settings, spec: TaskSpec,
-             stopped: Callable[[], bool] = lambda: False) -> TaskResult:
-    """``merge_segments`` with the settings' format, reporting any failure as a result."""
-    t0 = time.monotonic()
-    try:
-        fmt = get_format(settings.format.name)
-        return merge_segments(store, fmt, writer_options(settings), settings.s3.temp_prefix,
-                              spec, stopped)
-    except Exception as e:
-        # The task boundary: whatever went wrong is logged with its traceback and reported
-        # to the driver, which then keeps this task's inputs and counts the failure.
-        log.exception("merge into %s failed", spec.output)
-        return TaskResult(spec.output, False, segments_in=len(spec.inputs),
-                          seconds=time.monotonic() - t0, error=f"{type(e).__name__}: {e}")
-
-
-def writer_options(settings: Settings) -> WriterOptions:
-    """The writer options of ``[format]``."""
-    f = settings.format
-    return WriterOptions(compression=f.compression, compression_level=f.compression_level,
-                         created_by=f.created_by, row_group_size=f.row_group_size)
-
-
-# --- settings across the process boundary -------------------------------------------------
-
-
-def settings_payload(settings: Settings) -> dict[str, Any]:
-    """What a remote task needs of the settings, as JSON (secrets included, unmasked)."""
-    data = settings.model_dump(mode="json", include={"region", "s3", "kafka", "format"})
-    for name in ("access_key_id", "secret_access_key"):
-        secret = getattr(settings.s3, name)
-        data["s3"][name] = secret.get_secret_value() if secret is not None else None
-    return data
-
-
-def settings_from_payload(payload: dict[str, Any]) -> Settings:
-    """Rebuild ``Settings`` from ``settings_payload``."""
-    return Settings.model_validate(payload)
-
-
-_STORES: dict[str, tuple[Settings, ObjectStore]] = {}
-
-
-def run_task_payload(payload: dict[str, Any], spec_json: dict[str, Any]) -> dict[str, Any]:
-    """Entry point inside a remote (Spark) task: JSON in, JSON out.
-
-    The store is built once per worker process and settings (a boto3 client is thread-safe
-    and costs tens of milliseconds to build).
-    """
-    import json
-
-    from replicator.core.s3 import S3ObjectStore
-
-    cache_key = json.dumps(payload, sort_keys=True)
-    if cache_key not in _STORES:
-        s = settings_from_payload(payload)
-        _STORES[cache_key] = (s, S3ObjectStore.from_settings(s))
-    settings, store = _STORES[cache_key]
-    return run_task(store, settings, TaskSpec.from_json(spec_json)).to_json()
-
-
-# --- in-process executor --------------------------------------------------------------------
-
-
-class LocalExecutor:
-    """Runs merge tasks in this process on a thread pool (``spark_master = "inline"``, tests).
-
-    Args:
-        store: the region's bucket.
-        settings: the process settings (format, temp prefix).
-        parallelism: tasks at once.
-    """
-
-    def __init__(self, store: ObjectStore, settings: Settings, parallelism: int = 1) -> None:
-        self.store = store
-        self.settings = settings
-        self.parallelism = max(1, parallelism)
-        self._cancelled = False
-
-    def run(self, specs: list[TaskSpec]) -> list[TaskResult]:
-        self._cancelled = False
-
-        def one(spec: TaskSpec) -> TaskResult:
-            return run_task(self.store, self.settings, spec, lambda: self._cancelled)
-
-        if self.parallelism == 1 or len(specs) <= 1:
-            return [one(s) for s in specs]
-        with ThreadPoolExecutor(self.parallelism, thread_name_prefix="merge") as pool:
-            return list(pool.map(one, specs))
-
-    def cancel(self) -> None:
-        self._cancelled = True
-
-    def close(self) -> None:
-        return None

@@ -1,4 +1,6 @@
-"""Compaction metrics (SPEC 3.6): runs by outcome, duration, segments and bytes, last success."""
+"""Compaction metrics (docs/metrics.md): runs by outcome, duration, segments and bytes,
+last success.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Which segments to merge: a pure function of a partition's listing, the thresholds and now.
 
-The planner works on one (topic, partition) at a time. Its rules (issue 5):
+The planner works on one (topic, partition) at a time. Its rules:
 
 * **Inputs** are segments whose level lies in ``[min_level, max_level]`` and that are older
   than ``min_segment_age``. The walk stops at the first segment that is too young, so a
@@ -100,8 +100,9 @@ class PartitionPlan:
         return not self.tasks and not self.covered_to_delete
 
 
-def plan(segments: Sequence[Listed] | Sequence[tuple[SegmentKey, int, datetime]],
-         cfg: CompactionTopicSettings, now: datetime) -> PartitionPlan:
+def plan(  # noqa: C901 - one ordered pass over the segments; its rules read as a list
+        segments: Sequence[Listed] | Sequence[tuple[SegmentKey, int, datetime]],
+        cfg: CompactionTopicSettings, now: datetime) -> PartitionPlan:
     """Plan the compaction of one partition.
 
     Args:

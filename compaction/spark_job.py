@@ -2,7 +2,7 @@
 
 The driver (the ``replicator-compaction`` process) plans; this module ships the task
 descriptions as an RDD of JSON dicts cut into ``parallelism`` partitions, and each Spark
-task runs ``compaction.merge.run_task_payload`` inside the executor. That function builds
+task runs ``compaction.executors.run_task_payload`` inside the executor. That function builds
 its own ``S3ObjectStore`` from the settings payload carried in the closure, streams the
 inputs in ``batch_size`` batches into one output segment and returns a JSON result.
 
@@ -23,7 +23,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from compaction.merge import TaskResult, TaskSpec, run_task_payload, settings_payload
+from compaction.executors import run_task_payload, settings_payload
+from compaction.merge import TaskResult, TaskSpec
 from replicator.core.settings import CompactionSettings, Settings
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,18 @@
-"""Egress: source topics into level-0 segments on S3 (SPEC 1-3, issue 3).
+"""Egress: source topics into level-0 segments on S3 (docs/architecture.md, "The pipeline"
+and "Durability").
 
 Modules:
 
-* ``controller``: ``Egress`` (the consumer, the poll loop, assignment, metrics server).
+* ``controller``: ``Egress``: wiring, lifecycle, assignment (rebalance callbacks).
+* ``poll_loop``: the poll thread's turn: fetch, dispatch, ticks (age, flow, rewinds).
 * ``partition_writer``: one writer per assigned partition and its durability method
   (``PartitionWriter.make_durable``: finish → copy to the final key → delete temp →
-  commit ``end + 1``).
+  commit ``end + 1``); ``segment``: one segment's state and outcome.
+* ``commits``: step 4, offset commits served on the poll thread.
 * ``columns``: consumed messages into ``SEGMENT_SCHEMA`` batches (the hot path).
-* ``rotation``: pure decisions (close reasons, memory victims, segment starts).
-* ``topic_meta``: the ``_topic.json`` body. ``metrics``: the egress metrics.
+* ``rotation``: pure decisions (close reasons, segment starts); ``flow``: pure flow
+  control (memory budget, victims, pauses).
+* ``topic_meta``: writes ``_topic.json``. ``metrics``: the egress metrics.
 
 Decisions worth knowing:
 

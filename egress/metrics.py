@@ -1,4 +1,4 @@
-"""The egress metrics (SPEC 3.6), labelled by region/topic/partition, never by offset."""
+"""The egress metrics (docs/metrics.md), labelled by region/topic/partition, never by offset."""
 
 from __future__ import annotations
 

@@ -17,31 +17,29 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from datetime import datetime
-from enum import StrEnum
 from typing import TypeVar
 
 import pyarrow as pa
 
-from egress.columns import ColumnBuffer
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
-    SegmentStats,
     StartDecision,
     decide_start,
     should_rotate,
 )
+from egress.segment import Segment, SegmentOutcome, SegmentState
 from formats.base import SegmentFormat, SegmentMetadata, WriterOptions
-from formats.segment_io import SegmentUpload
+from formats.segment_io import SegmentUpload, publish_segment
+from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.kafka import Message
 from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.queues import SerialQueue
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectStore
 
@@ -49,120 +47,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+
+class Cancelled(ReplicatorError):
+    """A segment task was cancelled (revoke or shutdown timeout, lost partition)."""
+
 # Column lists become one Arrow batch at about this size: big enough that per-batch costs
 # (array construction, a GroupBuffer entry) vanish, small enough that a poll thread does not
 # hold much more than one batch per partition before the worker encodes it.
 FLUSH_ROWS = 8192
 FLUSH_BYTES = 4 * 1024**2
-
-
-class Cancelled(ReplicatorError):
-    """A segment task was cancelled (revoke or shutdown timeout, lost partition)."""
-
-
-class SegmentState(StrEnum):
-    OPEN = "open"
-    CLOSING = "closing"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-    FAILED = "failed"
-
-
-class Segment:
-    """One segment of a partition, from its first message until it is committed or aborted.
-
-    The poll thread owns ``count``/``raw_bytes``/``end``/``columns``/``submitted``; the worker
-    owns ``upload`` and ``written``. ``held_bytes`` reads both (plain int reads).
-    """
-
-    def __init__(self, start: int, first_at: float) -> None:
-        self.start = start
-        self.end = start - 1
-        self.count = 0
-        self.raw_bytes = 0
-        self.first_at = first_at
-        self.columns = ColumnBuffer()
-        self.submitted = 0
-        self.written = 0
-        self.upload: SegmentUpload | None = None
-        self.state = SegmentState.OPEN
-        self.reason: CloseReason | None = None
-        self.stored_bytes = 0
-
-    def stats(self) -> SegmentStats:
-        return SegmentStats(self.count, self.raw_bytes, self.first_at)
-
-    def held_bytes(self) -> int:
-        """Memory held: column lists, batches not yet encoded, writer and upload buffers."""
-        held = self.columns.raw_bytes + (self.submitted - self.written)
-        u = self.upload
-        if u is not None:
-            held += u.buffered_bytes
-        return held
-
-    @property
-    def temp_key(self) -> str | None:
-        return self.upload.temp_key if self.upload is not None else None
-
-    def backlog_bytes(self) -> int:
-        """Batches handed to the worker and not yet encoded."""
-        return self.submitted - self.written
-
-
-@dataclass(frozen=True)
-class SegmentOutcome:
-    """What a worker reports about a segment (drained by the poll thread)."""
-
-    writer: PartitionWriter
-    segment: Segment
-    state: SegmentState
-    key: SegmentKey | None = None
-    error: BaseException | None = None
-    step: str = ""
-
-
-class SerialQueue:
-    """Runs one partition's tasks in submission order on a shared pool, one at a time."""
-
-    def __init__(self, pool: Executor, name: str) -> None:
-        self._pool = pool
-        self._name = name
-        self._lock = threading.Lock()
-        self._tasks: deque[Callable[[], None]] = deque()
-        self._running = False
-        self._idle = threading.Event()
-        self._idle.set()
-
-    def submit(self, task: Callable[[], None]) -> None:
-        with self._lock:
-            self._tasks.append(task)
-            self._idle.clear()
-            if self._running:
-                return
-            self._running = True
-        self._pool.submit(self._drain)
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                if not self._tasks:
-                    self._running = False
-                    self._idle.set()
-                    return
-                task = self._tasks.popleft()
-            try:
-                task()
-            except Exception:
-                # Tasks handle their own errors; reaching here is a bug. Keep the queue
-                # alive for the partition's later tasks and make the failure loud.
-                log.exception("%s: unexpected error in a segment task", self._name)
-
-    @property
-    def idle(self) -> bool:
-        return self._idle.is_set()
-
-    def wait_idle(self, timeout: float) -> bool:
-        return self._idle.wait(max(0.0, timeout))
 
 
 @dataclass(frozen=True)
@@ -176,8 +69,8 @@ class WriterContext:
     storage_class: str | None
     pool: Executor
     report: Callable[[SegmentOutcome], None]
-    clock: Callable[[], float]
-    wall: Callable[[], datetime]
+    clock: Monotonic
+    wall: Clock
     retry_policy: RetryPolicy
 
 
@@ -388,6 +281,8 @@ class PartitionWriter:
            the segment is visible and complete.
         3. Delete the temp object. A failure only leaves garbage that the bucket's
            lifecycle rule for ``temp/`` expires; it does not stop the commit.
+           (Steps 2 and 3 are ``formats.segment_io.publish_segment``, which compaction
+           publishes its outputs with too.)
         4. Commit offset ``end + 1`` for this partition, synchronously.
 
         Nothing is committed earlier. Steps 1-3 retry ``RetriableError`` with the retry
@@ -414,12 +309,13 @@ class PartitionWriter:
                                f"{self.name}: finish {upload.temp_key}")
             seg.stored_bytes = info.size
             self._check_cancel()
-            # Step 2: copy to the final key with the level-0 storage class.
+            # Steps 2-3: copy to the final key with the level-0 storage class, then delete
+            # the temp object (its failure is returned, not raised).
             step = "copy"
             temp_key, final = upload.temp_key, key.to_key()
-            self._retry(lambda: self.ctx.store.copy(temp_key, final,
-                                                    storage_class=self.ctx.storage_class),
-                        f"{self.name}: copy {temp_key} to {final}")
+            published = publish_segment(
+                self.ctx.store, temp_key, key, self.ctx.storage_class,
+                attempt=lambda fn, what: self._retry(fn, f"{self.name}: {what}"))
         except Cancelled:
             self._abort(seg)
             return
@@ -431,13 +327,9 @@ class PartitionWriter:
                           seg.start)
             self._fail(seg, step, e)
             return
-        # Step 3: delete the temp object.
-        try:
-            self._retry(lambda: self.ctx.store.delete(temp_key),
-                        f"{self.name}: delete {temp_key}")
-        except ReplicatorError as e:
+        if published.temp_error is not None:
             log.warning("%s: temp object %s of segment %s stays behind (the lifecycle rule "
-                        "expires it): %s", self.name, temp_key, final, e)
+                        "expires it): %s", self.name, temp_key, final, published.temp_error)
             self.metrics.temp_leftovers.inc()
         # Step 4: commit end + 1, synchronously.
         try:

@@ -1,5 +1,5 @@
-"""Pure decisions of the egress: when a segment closes, which segments the memory budget
-closes early, and where a segment starts.
+"""Pure decisions of the egress: when a segment closes and where a segment starts (flow
+control, the memory budget and pauses, is next door in ``egress.flow``).
 
 Nothing here touches Kafka, S3 or a clock: callers pass ``now`` and the numbers, so every
 rule has a fast unit test (``tests/unit/egress/test_rotation.py``).
@@ -7,14 +7,10 @@ rule has a fast unit test (``tests/unit/egress/test_rotation.py``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
 
 from replicator.core.settings import EgressTopicSettings
-
-K = TypeVar("K", bound=Hashable)
 
 
 class CloseReason(StrEnum):
@@ -75,45 +71,6 @@ def room_for(stats: SegmentStats, limits: SegmentLimits) -> int:
     return max(0, limits.max_messages - stats.count)
 
 
-def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
-                        in_flight: int = 0, min_victim_bytes: int = 0) -> list[K]:
-    """Open segments to close so that what stays held fits the budget, largest first.
-
-    Args:
-        open_segments: bytes held per open segment (writer buffers, upload buffer, batches
-            not yet written).
-        budget: ``egress.max_buffered_bytes``.
-        in_flight: bytes held by segments already closing; they are freed once their close
-            completes, so they count against the budget but cannot be picked.
-        min_victim_bytes: do not close a segment holding less than this while closes are
-            in flight (closing tiny segments frees little and makes many small objects).
-            With nothing in flight the limit is ignored: memory must be freed by someone,
-            or a process paused for memory would wait forever.
-    """
-    total = sum(open_segments.values()) + in_flight
-    if total <= budget:
-        return []
-    floor = min_victim_bytes if in_flight > 0 else 0
-    victims: list[K] = []
-    for key, held in sorted(open_segments.items(), key=lambda kv: kv[1], reverse=True):
-        if total <= budget or held < floor or held <= 0:
-            break
-        victims.append(key)
-        total -= held
-    return victims
-
-
-def memory_pressure(held: int, budget: int, paused: bool, *, resume_ratio: float = 0.8) -> bool:
-    """Whether consumption should be paused for memory, with hysteresis.
-
-    Pauses once ``held`` exceeds the budget and resumes only below ``resume_ratio`` of it,
-    so a process at its limit does not flap between pause and resume every poll.
-    """
-    if paused:
-        return held > budget * resume_ratio
-    return held > budget
-
-
 # --- where segments start -------------------------------------------------------------
 
 
@@ -142,7 +99,8 @@ def decide_start(expected: int | None, first_offset: int,
     assignment, the previous segment's end + 1, or the rewind point after a failure), or
     ``None`` when the group has no commit for the partition.
 
-    * No expected position: the segment starts at the first message (SPEC 3.1).
+    * No expected position: the segment starts at the first message
+      (docs/architecture.md, "S3 layout").
     * The message is at or after the expected position: the segment starts at the expected
       position, so consecutive segments touch even across offset holes (transaction
       markers, aborted or compacted-away records).

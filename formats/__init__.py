@@ -1,4 +1,6 @@
-"""Segment formats, chosen by name (SPEC 3.2): ``parquet`` (default) and ``arrow``."""
+"""Segment formats, chosen by name (docs/architecture.md, "Segment format"): ``parquet``
+(default) and ``arrow``.
+"""
 
 from __future__ import annotations
 

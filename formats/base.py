@@ -1,4 +1,5 @@
-"""The ``SegmentFormat`` seam (SPEC 3.2): schema, footer metadata, writer and reader.
+"""The ``SegmentFormat`` seam (docs/architecture.md, "Segment format"): schema, footer
+metadata, writer and reader.
 
 A format writes Arrow record batches of ``SEGMENT_SCHEMA`` onto any binary stream and reads
 them back in batches. The footer metadata is written at ``finish`` (its end offset and
@@ -17,6 +18,8 @@ import pyarrow as pa
 
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.keys import SegmentKey
+from replicator.core.settings import FormatSettings
+from replicator.core.wire import parse_rfc3339, rfc3339
 
 FORMAT_VERSION = 1
 
@@ -46,7 +49,7 @@ _FOOTER_KEYS = ("region", "topic", "partition", "level", "start_offset", "end_of
 
 @dataclass(frozen=True)
 class SegmentMetadata:
-    """The footer of a segment (SPEC 3.2)."""
+    """The footer of a segment (docs/architecture.md, "Segment format")."""
 
     region: str
     topic: str
@@ -76,7 +79,7 @@ class SegmentMetadata:
             "start_offset": str(self.start_offset),
             "end_offset": str(self.end_offset),
             "message_count": str(self.message_count),
-            "created_at": self.created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "created_at": rfc3339(self.created_at),
             "format_version": str(self.format_version),
             "created_by": self.created_by,
         }
@@ -92,7 +95,7 @@ class SegmentMetadata:
         if missing:
             raise SegmentCorrupt(f"{where}: footer lacks {', '.join(missing)}")
         try:
-            created = datetime.fromisoformat(footer["created_at"].replace("Z", "+00:00"))
+            created = parse_rfc3339(footer["created_at"])
             return cls(footer["region"], footer["topic"], int(footer["partition"]),
                        int(footer["level"]), int(footer["start_offset"]),
                        int(footer["end_offset"]), int(footer["message_count"]), created,
@@ -130,6 +133,12 @@ class WriterOptions:
     created_by: str = "kafka-s3-replicator"
     row_group_size: int = 32 * 1024**2
     """Raw bytes buffered before a row group / IPC batch is written to the stream."""
+
+    @classmethod
+    def from_settings(cls, f: FormatSettings) -> WriterOptions:
+        """The writer options of ``[format]``."""
+        return cls(compression=f.compression, compression_level=f.compression_level,
+                   created_by=f.created_by, row_group_size=f.row_group_size)
 
 
 class SegmentWriter(ABC):

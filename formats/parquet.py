@@ -153,7 +153,7 @@ class ParquetSegmentReader(SegmentReader):
 
 
 class ParquetFormat(SegmentFormat):
-    """``parquet``: SPEC 3.2's columns, zstd by default, footer key/value metadata."""
+    """``parquet``: ``SEGMENT_SCHEMA``'s columns, zstd by default, footer key/value metadata."""
 
     name = "parquet"
 

@@ -8,6 +8,8 @@ call them as separate numbered steps::
     temp = upload.finish(metadata)                             # temp object complete
     publish_segment(store, temp.key, key, storage_class)       # copy to final key, drop temp
 
+Egress and compaction both publish through ``publish_segment``.
+
 A temp object is invisible to readers (nothing lists the temp prefix for segments); only a
 published key is a segment.
 """
@@ -16,19 +18,22 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import TracebackType
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats.base import SegmentFormat, SegmentMetadata, SegmentReader, WriterOptions
-from replicator.core.errors import ObjectNotFound, SegmentNotFound
+from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentNotFound
 from replicator.core.keys import SegmentKey, new_temp_key
 from replicator.core.storage import ObjectInfo, ObjectStore, Upload, UploadStream
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_READ_BUFFER = 8 * 1024**2
 """Bytes per ranged GET when reading a segment: few requests, bounded memory."""
@@ -193,25 +198,65 @@ class SegmentUpload:
             self.store.delete(self.temp_key)
 
 
+@dataclass(frozen=True)
+class Published:
+    """A published segment: its final object, and whether the temp object stayed behind.
+
+    ``temp_error`` is why the temp object could not be deleted (``None`` when it was): the
+    segment is complete and visible either way; the bucket's lifecycle rule for the temp
+    prefix removes a leftover.
+    """
+
+    info: ObjectInfo
+    temp_error: ReplicatorError | None = None
+
+
+def _once(fn: Callable[[], T], what: str) -> T:
+    return fn()
+
+
 def publish_segment(store: ObjectStore, temp: str, key: SegmentKey,
-                    storage_class: str | None = None) -> ObjectInfo:
-    """Copy the temp object to its final key, then delete the temp; returns the final info.
+                    storage_class: str | None = None, *,
+                    attempt: Callable[[Callable[[], Any], str], Any] = _once) -> Published:
+    """Make a finished temp object the segment ``key``: the one way segments appear.
+
+    a. Copy the temp object to the final key with ``storage_class`` (server-side;
+       multipart above the store's copy threshold). From here on the segment is visible
+       and complete.
+    b. Delete the temp object. A failure here is returned, not raised.
 
     Safe to repeat: if the temp object is gone but the final key exists (an earlier attempt
     copied it and died before or after deleting), the final object's info is returned.
 
+    Args:
+        store: the bucket.
+        temp: the finished temp object's key.
+        key: the segment's final key.
+        storage_class: the storage class of the final object (the bucket's default if
+            ``None``).
+        attempt: runs each request (``attempt(fn, what)``), e.g. with retries; once by
+            default.
+
     Raises:
         ObjectNotFound: neither the temp object nor the final key exists.
-        StorageError: retriable failure.
+        StorageError: the copy failed (retriable).
     """
     final = key.to_key()
+
+    def copy() -> ObjectInfo:
+        try:
+            return store.copy(temp, final, storage_class=storage_class)
+        except ObjectNotFound:
+            info = store.head(final)  # raises ObjectNotFound if the copy never happened
+            log.info("segment %s already published (temp %s gone)", final, temp)
+            return info
+
+    info: ObjectInfo = attempt(copy, f"copy {temp} to {final}")   # a
     try:
-        info = store.copy(temp, final, storage_class=storage_class)
-    except ObjectNotFound:
-        info = store.head(final)  # raises ObjectNotFound if the copy never happened
-        log.info("segment %s already published (temp %s gone)", final, temp)
-    store.delete(temp)
-    return info
+        attempt(lambda: store.delete(temp), f"delete {temp}")      # b
+    except ReplicatorError as e:
+        return Published(info, e)
+    return Published(info)
 
 
 class SegmentStreamReader(SegmentReader):

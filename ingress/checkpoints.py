@@ -1,10 +1,7 @@
-"""Checkpoints (SPEC 3.3): the last source position replayed per source partition.
+"""Reading checkpoints: the last source position replayed per source partition.
 
-Key ``{source_region}:{source_topic}:{partition}``, JSON value
-``{"offset": <last source offset produced>, "segment": "<key>", "updated_at": "<RFC 3339>"}``
-on a log-compacted topic. A declared-lost range also moves the checkpoint (to its last
-position) so that a restart does not wait for it again; such a record carries
-``"lost": [first, last]`` and the segment that follows the range.
+The key and JSON value (``Checkpoint``) are encoded in ``replicator.core.wire``
+(docs/architecture.md, "Checkpoints"); they live on a log-compacted topic.
 
 Only the replay worker's durability method writes checkpoints (through its producer, in
 the same transaction as the records in exactly-once mode). ``CheckpointStore`` reads them.
@@ -12,77 +9,18 @@ the same transaction as the records in exactly-once mode). ``CheckpointStore`` r
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import time
-import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from ingress.events import json_object
-from replicator.core import kafka
-from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.errors import KafkaRetriableError
+from replicator.core.kafka import read_to_end
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Progress of one source partition."""
-
-    offset: int
-    segment: str
-    updated_at: datetime
-    lost: tuple[int, int] | None = None
-    origin: int | None = None
-    """Where the partition's first replay started without a checkpoint (the start of the
-    earliest segment then known). A segment below it that arrives later was never
-    replayed: the worker reports it as skipped."""
-
-    def encode(self) -> bytes:
-        """The JSON value written to the checkpoint topic."""
-        doc: dict[str, Any] = {
-            "offset": self.offset,
-            "segment": self.segment,
-            "updated_at": self.updated_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        }
-        if self.lost is not None:
-            doc["lost"] = list(self.lost)
-        if self.origin is not None:
-            doc["origin"] = self.origin
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, value: bytes | None) -> Checkpoint:
-        """Parse a checkpoint value.
-
-        Raises:
-            ValueError: naming what is wrong.
-        """
-        doc = json_object(value, "checkpoint", if_null="checkpoint value is null (tombstone)")
-        offset = doc.get("offset")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"checkpoint offset must be a non-negative int, got {offset!r}")
-        segment = doc.get("segment", "")
-        if not isinstance(segment, str):
-            raise ValueError(f"checkpoint segment must be a string, got {segment!r}")
-        try:
-            updated = datetime.fromisoformat(str(doc.get("updated_at")).replace("Z", "+00:00"))
-        except ValueError as e:
-            raise ValueError(f"checkpoint updated_at is not RFC 3339: "
-                             f"{doc.get('updated_at')!r}") from e
-        lost = doc.get("lost")
-        lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
-            else None
-        origin = doc.get("origin")
-        origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
-            and origin >= 0 else None
-        return cls(offset, segment, updated, lost_t, origin_i)
 
 
 class CheckpointStore(ABC):
@@ -119,7 +57,8 @@ class MemoryCheckpointStore(CheckpointStore):
 
 def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> Checkpoint | None:
     """The last decodable value of ``values`` (in log order); bad ones are logged and
-    skipped, a tombstone (``None``) clears what came before."""
+    skipped, a tombstone (``None``) clears what came before.
+    """
     best: Checkpoint | None = None
     for v in values:
         if v is None:
@@ -190,51 +129,28 @@ class KafkaCheckpointStore(CheckpointStore):
         need = self._scan(want, "read_uncommitted")[1]
         return self._scan(want, "read_committed", need)[0]
 
-    def _scan(self, want: bytes | None, isolation: str, need: dict[int, int] | None = None
+    def _scan(self, want: bytes | None, isolation: Literal["read_committed",
+                                                           "read_uncommitted"],
+              need: dict[int, int] | None = None
               ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, int]]:
         """Read the topic to its end; return matching records and, per partition, the
         offset after the last matching record. With ``need``, a partition counts as read
-        only once its end-of-partition offset reaches ``need[p]``."""
-        consumer = kafka.make_consumer(
-            self.kafka_settings, f"replicator.checkpoint-reader.{uuid.uuid4().hex}",
-            {"enable.partition.eof": True, "isolation.level": isolation,
-             "fetch.wait.max.ms": 10})
+        only once its end-of-partition offset reaches ``need[p]``.
+        """
+        values: list[tuple[bytes, bytes | None]] = []
+        last: dict[int, int] = {}
         try:
-            md = consumer.list_topics(self.topic, timeout=self.timeout)
-            t = md.topics.get(self.topic)
-            if t is None or t.error is not None or not t.partitions:
-                raise TopicError(f"checkpoint topic {self.topic} is missing")
-            parts = sorted(t.partitions)
-            consumer.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING)
-                             for p in parts])
-            pending = set(parts)
-            values: list[tuple[bytes, bytes | None]] = []
-            last: dict[int, int] = {}
-            deadline = time.monotonic() + self.timeout
-            while pending:
-                if time.monotonic() > deadline:
-                    raise KafkaRetriableError(
-                        f"checkpoint topic {self.topic}: partitions {sorted(pending)} not read "
-                        f"to their end within {self.timeout:.0f}s (an open transaction of "
-                        f"another writer holds the stable offset back)")
-                for msg in consumer.consume(1000, 0.05):
-                    p = msg.partition()
-                    if kafka.is_partition_eof(msg):
-                        end = msg.offset()
-                        if need is None or (end is not None and p is not None
-                                            and end >= need.get(p, 0)):
-                            pending.discard(p)
-                        continue
-                    err = kafka.message_error(msg)
-                    if err is not None:
-                        log.warning("reading checkpoint topic: %s", err)
-                        continue
-                    key = msg.key()
-                    if key is not None and (want is None or key == want):
-                        values.append((key, msg.value()))
-                        off = msg.offset()
-                        if p is not None and off is not None:
-                            last[p] = max(last.get(p, 0), off + 1)
-            return values, last
-        finally:
-            consumer.close()
+            for msg in read_to_end(self.kafka_settings, self.topic, isolation=isolation,
+                                   ends_at_least=need, timeout=self.timeout, on_error="log",
+                                   what="checkpoint topic",
+                                   overrides={"fetch.wait.max.ms": 10}):
+                key = msg.key()
+                if key is not None and (want is None or key == want):
+                    values.append((key, msg.value()))
+                    p, off = msg.partition(), msg.offset()
+                    if p is not None and off is not None:
+                        last[p] = max(last.get(p, 0), off + 1)
+        except KafkaRetriableError as e:
+            raise KafkaRetriableError(f"{e} (an open transaction of another writer holds "
+                                      "the stable offset back)") from e
+        return values, last

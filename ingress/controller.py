@@ -20,28 +20,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from formats.base import SegmentFormat
 from formats.registry import get_format
 from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
+from ingress.delivery import Delivery, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import KafkaSink, ReplaySink
-from ingress.topics import (
-    TopicAdmin,
-    TopicMeta,
-    ensure_destination,
-    ensure_internal_topics,
-    existing_partitions,
-    read_topic_meta,
-)
-from ingress.worker import Clock, ReplayWorker, WorkerConfig, utc_now
-from replicator.core import kafka
-from replicator.core.errors import ConfigError, ReplicatorError, TopicError
+from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
+from ingress.worker import ReplayWorker, WorkerConfig
+from replicator.core.clock import Clock, utc_now
+from replicator.core.errors import ConfigError, ReplicatorError
+from replicator.core.kafka import Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import IngressSettings, IngressSourceSettings, Settings
@@ -54,14 +47,6 @@ PENDING_TOPIC_CHECK = 1.0
 
 WorkerId = tuple[str, str, int]
 """(source region, source topic, partition)."""
-
-
-@dataclass
-class _SourceState:
-    source: IngressSourceSettings
-    partitions: int | None = None
-    stopped: str | None = None
-    warned_missing: float = 0.0
 
 
 class Ingress:
@@ -100,14 +85,16 @@ class Ingress:
         self.clock = clock
         self.sleep = sleep
         self.format: SegmentFormat = get_format(settings.format.name)
-        self.sources = {(s.region, s.topic): _SourceState(s) for s in self.cfg.sources}
+        # The durability protocol of every worker of this process, chosen once.
+        self._delivery: type[Delivery] = delivery_for(self.cfg.delivery)
+        self.sources = {(s.region, s.topic): SourceState(s) for s in self.cfg.sources}
         self.workers: dict[WorkerId, ReplayWorker] = {}
         # Segments replayed at once, whatever the partition count: bounds memory.
         self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
         self.assigned: set[tuple[str, int]] = set()
         self.fenced: set[WorkerId] = set()
         self.subscribed: frozenset[str] = frozenset()
-        self.consumer: Any = None
+        self.consumer: Consumer | None = None
         self.relay: SqsRelay | None = None
         self._relay_thread: threading.Thread | None = None
         self._server: MetricsServer | None = None
@@ -140,7 +127,7 @@ class Ingress:
             self.queue = SqsQueue.from_settings(s)
         queue: EventQueue = self.queue
         if self.admin is None:
-            self.admin = kafka.Admin(s.kafka)
+            self.admin = Admin(s.kafka)
         ensure_internal_topics(self.admin, events_topic=self.cfg.segment_events_topic,
                                events_retention=self.cfg.segment_events_retention,
                                checkpoint_topic=self.cfg.checkpoint_topic)
@@ -151,8 +138,7 @@ class Ingress:
         if self.checkpoints is None:
             self.checkpoints = KafkaCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
                                                     self.metrics)
-        self.consumer = kafka.make_consumer(s.kafka, self.cfg.group_id,
-                                            {"enable.partition.eof": False})
+        self.consumer = Consumer(s.kafka, self.cfg.group_id, {"enable.partition.eof": False})
         self.relay = SqsRelay(
             queue, self.events, self.m, bucket=s.s3.bucket, prefix=s.s3.prefix,
             sources=list(self.sources), max_messages=self.cfg.sqs_max_messages,
@@ -174,18 +160,17 @@ class Ingress:
                 if time.monotonic() >= self._next_topic_check:
                     try:
                         self._check_topics()
-                    except (ReplicatorError, kafka.KafkaException) as e:
+                    except ReplicatorError as e:
                         # Broker or store unavailable: placement stays as it is; retried
                         # at the next check.
                         log.error("checking destination topics failed, retrying in %s: %s",
                                   self.cfg.topic_check_interval, e)
                     self._next_topic_check = time.monotonic() + self._topic_check_delay()
                 if self.subscribed:
-                    msg = self.consumer.poll(0.05)
-                    err = kafka.message_error(msg) if msg is not None else None
-                    if isinstance(err, ConfigError):
-                        raise err  # e.g. a session timeout the broker refuses: exit 2
-                    if err is not None:
+                    assert self.consumer is not None
+                    for err in self.consumer.poll(0.05).errors:
+                        if isinstance(err, ConfigError):
+                            raise err  # e.g. a session timeout the broker refuses: exit 2
                         log.warning("placement consumer: %s", err)
                 assert self.events is not None
                 for ev in self.events.poll(0.05 if self.subscribed else 0.2):
@@ -211,8 +196,8 @@ class Ingress:
         if self.consumer is not None:
             try:
                 self.consumer.close()
-            except kafka.KafkaException as e:
-                log.warning("closing the placement consumer: %s", kafka.translate(e, "close"))
+            except ReplicatorError as e:
+                log.warning("closing the placement consumer: %s", e)
             self.consumer = None
         if self._relay_thread is not None:
             # The relay may sit in a long poll of up to sqs_wait_time.
@@ -236,29 +221,10 @@ class Ingress:
     def _check_topics(self) -> None:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
-        prefix = self.settings.s3.prefix
-        by_dest: dict[str, list[tuple[_SourceState, TopicMeta]]] = {}
-        for st in self.sources.values():
-            src = st.source
-            try:
-                meta = read_topic_meta(self.store, prefix, src.region, src.topic)
-            except ReplicatorError as e:
-                log.error("source %s/%s: cannot read its _topic.json: %s", src.region,
-                          src.topic, e)
-                continue
-            if meta is None:
-                if time.monotonic() - st.warned_missing > 60 or not st.warned_missing:
-                    log.warning("source %s/%s: no %s/%s/%s/_topic.json yet (egress writes it); "
-                                "waiting before replay", src.region, src.topic, prefix,
-                                src.region, src.topic)
-                    st.warned_missing = time.monotonic()
-                continue
-            by_dest.setdefault(src.destination, []).append((st, meta))
-        for dest, items in by_dest.items():
-            self._ensure(dest, items)
-        ready = frozenset(st.source.destination for st in self.sources.values()
-                          if st.partitions is not None and not st.stopped)
+        ready = check_sources(self.sources.values(), self.store, self.admin,
+                              self.settings.s3.prefix, self.m)
         if ready != self.subscribed:
+            assert self.consumer is not None
             log.info("subscribing to destination topics %s", sorted(ready))
             self.subscribed = ready
             if ready:
@@ -267,45 +233,7 @@ class Ingress:
             else:
                 self.consumer.unsubscribe()
 
-    def _ensure(self, dest: str, items: list[tuple[_SourceState, TopicMeta]]) -> None:
-        """Give ``dest`` the partitions of its largest source (several sources may feed
-        one topic); a source it cannot serve is stopped, the others go on."""
-        assert self.admin is not None
-        largest = max(items, key=lambda it: it[1].partitions)[1]
-        try:
-            ensure_destination(self.admin, dest, largest.partitions, largest.configs)
-            have: int | None = largest.partitions
-            refused: TopicError | None = None
-        except TopicError as e:
-            have, refused = existing_partitions(self.admin, dest), e
-        except ReplicatorError as e:
-            log.error("cannot prepare destination topic %s, retrying: %s", dest, e)
-            return
-        for st, meta in items:
-            src = st.source
-            if refused is not None and (have is None or meta.partitions > have):
-                if st.stopped is None:
-                    # Checked again every topic_check_interval: it resumes once an operator
-                    # gave the topic enough partitions.
-                    log.error("source %s/%s STOPPED: destination topic %s has %s partition(s) "
-                              "but the source has %d: %s", src.region, src.topic, dest, have,
-                              meta.partitions, refused)
-                    self.m.source_errors.labels(region=src.region, topic=src.topic,
-                                                reason="partitions").inc()
-                    self.m.source_stopped.labels(region=src.region, topic=src.topic).set(1)
-                st.stopped = f"{dest} has {have} partition(s), the source {meta.partitions}"
-                continue
-            if st.stopped is not None:
-                log.info("source %s/%s resumed: %s has enough partitions now", src.region,
-                         src.topic, dest)
-                st.stopped = None
-                self.m.source_stopped.labels(region=src.region, topic=src.topic).set(0)
-            if st.partitions != meta.partitions:
-                log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
-                         meta.partitions, dest)
-            st.partitions = meta.partitions
-
-    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.assign(partitions)
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
@@ -313,7 +241,7 @@ class Ingress:
         self.fenced.clear()
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
-    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         gone = {(tp.topic, tp.partition) for tp in partitions}
         log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in sorted(gone)))
         self.assigned -= gone
@@ -352,7 +280,7 @@ class Ingress:
         src = self.sources[(wid[0], wid[1])].source
         ref = PartitionRef(self.settings.s3.prefix, src.region, src.topic, wid[2])
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
-                           exactly_once=self.cfg.delivery == "exactly-once",
+                           delivery=self._delivery,
                            batch_size=self.cfg.batch_size,
                            rescan_interval=self.cfg.rescan_interval)
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
@@ -394,7 +322,8 @@ class Ingress:
 
     def positions(self) -> dict[WorkerId, int | None]:
         """Newest checkpoint of each running worker (sent after its records were
-        acknowledged, or committed with them)."""
+        acknowledged, or committed with them).
+        """
         return {wid: w.checkpointed for wid, w in self.workers.items()}
 
     def healthy(self) -> bool:

@@ -7,7 +7,8 @@ keys that are not segment keys) and *invalid* (cannot be understood), each with 
 that the relay counts in a metric.
 
 On the segment-events topic an event is a JSON value keyed ``{region}:{topic}:{partition}``
-(the same key as its checkpoint), so the events of one source partition stay in order.
+(the same key as its checkpoint, ``replicator.core.wire.checkpoint_key``), so the events of
+one source partition stay in order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Literal
 from urllib.parse import unquote_plus
 
 from replicator.core.keys import TOPIC_META_NAME, PartitionRef, SegmentKey
+from replicator.core.wire import checkpoint_key, json_object
 
 EventKind = Literal["created", "removed"]
 
@@ -52,29 +54,6 @@ class SegmentEvent:
     def partition_ref(self) -> PartitionRef:
         """The source partition the segment belongs to."""
         return self.key.partition_ref
-
-
-def json_object(value: bytes | None, what: str, *, if_null: str) -> dict[str, Any]:
-    """Decode a Kafka record value that must be a JSON object.
-
-    Raises:
-        ValueError: ``if_null`` for a null value; otherwise naming ``what`` and showing the
-            first 200 bytes.
-    """
-    if value is None:
-        raise ValueError(if_null)
-    try:
-        doc = json.loads(value)
-    except ValueError as e:
-        raise ValueError(f"{what} is not JSON: {value[:200]!r}") from e
-    if not isinstance(doc, dict):
-        raise ValueError(f"{what} is not a JSON object: {value[:200]!r}")
-    return doc
-
-
-def partition_key(region: str, topic: str, partition: int) -> str:
-    """``{region}:{topic}:{partition}``: the Kafka key of events and checkpoints (SPEC 3.3)."""
-    return f"{region}:{topic}:{partition}"
 
 
 @dataclass
@@ -240,7 +219,7 @@ def encode_event(event: SegmentEvent) -> tuple[bytes, bytes]:
         "event_time": None if event.event_time is None else
         event.event_time.astimezone(UTC).isoformat().replace("+00:00", "Z"),
     }
-    return (partition_key(k.region, k.topic, k.partition).encode(),
+    return (checkpoint_key(k.region, k.topic, k.partition).encode(),
             json.dumps(value, separators=(",", ":")).encode())
 
 

@@ -1,4 +1,4 @@
-"""Ingress metrics (SPEC 3.6), created once per ``Metrics`` registry.
+"""Ingress metrics (docs/metrics.md), created once per ``Metrics`` registry.
 
 Per source partition (labels ``region``, ``topic``, ``partition`` of the *source*):
 messages produced, replication lag, checkpoint offset, segments waiting/late/lost,

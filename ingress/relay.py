@@ -25,14 +25,18 @@ from ingress.events import EventDeduper, SegmentEvent, parse_s3_message
 from ingress.metrics import IngressMetrics
 from ingress.segment_events import SegmentEvents
 from replicator.core.errors import FatalError, RetriableError
-from replicator.core.retry import RetryPolicy
+from replicator.core.retry import Backoff
 
 log = logging.getLogger(__name__)
 
 BODY_LOG_LIMIT = 2000
 
-# Waits after a failed receive/publish/delete: grow to 30 s so an outage is not hammered.
-RELAY_RETRY = RetryPolicy(attempts=1_000_000, multiplier=2.0, jitter=0.2)
+
+def relay_backoff() -> Backoff:
+    """Waits after a failed receive/publish/delete: from 200 ms, growing to 10 s so an outage
+    is not hammered.
+    """
+    return Backoff(multiplier=2.0, jitter=0.2)
 
 
 class QueueMessageLike(Protocol):
@@ -124,12 +128,12 @@ class SqsRelay:
             ) -> None:
         """Relay until ``stopping`` is set; failures wait with backoff and retry."""
         wait = sleep or stopping.wait
-        delays = RELAY_RETRY.delays()
+        backoff = relay_backoff()
         while not stopping.is_set():
             try:
                 self.run_once()
-                delays = RELAY_RETRY.delays()
+                backoff.reset()
             except (RetriableError, FatalError) as e:
-                delay = next(delays)
+                delay = backoff.next()
                 log.error("SQS relay failed, retrying in %.1fs: %s", delay, e)
                 wait(delay)

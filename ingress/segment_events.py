@@ -10,12 +10,11 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
 
 from ingress.events import SegmentEvent, decode_event, encode_event
 from ingress.metrics import IngressMetrics
-from replicator.core import kafka
 from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.kafka import Consumer, Producer
 from replicator.core.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -81,40 +80,23 @@ class KafkaSegmentEvents(SegmentEvents):
         self.topic = topic
         self.metrics = metrics
         self.timeout = timeout
-        self._producer: Any = None
-        self._consumer: Any = None
-        self._errors: list[Any] = []
-        self._lock = threading.Lock()
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            with self._lock:
-                self._errors.append(err)
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
 
     def publish(self, events: Sequence[SegmentEvent]) -> None:
         if not events:
             return
         if self._producer is None:
-            self._producer = kafka.make_producer(
-                self.kafka_settings, overrides={"on_delivery": self._on_delivery,
-                                                "delivery.report.only.error": True,
-                                                "linger.ms": 5})
+            self._producer = Producer(self.kafka_settings, overrides={"linger.ms": 5},
+                                      name=self.topic)
         p = self._producer
         for ev in events:
             key, value = encode_event(ev)
-            while True:
-                try:
-                    p.produce(self.topic, value, key)
-                    break
-                except BufferError:
-                    p.poll(0.05)
-                except kafka.KafkaException as e:
-                    raise kafka.translate(e, f"publish segment event to {self.topic}") from e
+            p.produce(self.topic, value, key)
         left = p.flush(self.timeout)
-        with self._lock:
-            errors, self._errors = self._errors, []
-        if left or errors:
-            detail = errors[0].str() if errors else f"{left} not acknowledged in time"
+        failed = p.take_failures()
+        if left or failed:
+            detail = failed[0].reason if failed else f"{left} not acknowledged in time"
             raise KafkaRetriableError(f"publish {len(events)} segment event(s) to "
                                       f"{self.topic}: {detail}")
 
@@ -124,39 +106,35 @@ class KafkaSegmentEvents(SegmentEvents):
         Raises:
             TopicError: the topic does not exist.
         """
-        c = kafka.make_consumer(self.kafka_settings,
-                                f"replicator.segment-events-reader.{uuid.uuid4().hex}",
-                                # Bounds how long a new event waits in a broker-side fetch.
-                                {"enable.partition.eof": False, "fetch.wait.max.ms": 100})
-        md = c.list_topics(self.topic, timeout=self.timeout)
-        t = md.topics.get(self.topic)
-        if t is None or t.error is not None or not t.partitions:
+        c = Consumer(self.kafka_settings,
+                     f"replicator.segment-events-reader.{uuid.uuid4().hex}",
+                     # Bounds how long a new event waits in a broker-side fetch.
+                     {"enable.partition.eof": False, "fetch.wait.max.ms": 100})
+        parts = c.partitions_of(self.topic, timeout=self.timeout)
+        if not parts:
             c.close()
             raise TopicError(f"segment events topic {self.topic} is missing")
-        c.assign([kafka.TopicPartition(self.topic, p, kafka.OFFSET_BEGINNING)
-                  for p in sorted(t.partitions)])
+        c.assign_from_beginning(self.topic, parts)
         self._consumer = c
         log.info("reading segment events from %s (%d partition(s)) from the beginning",
-                 self.topic, len(t.partitions))
+                 self.topic, len(parts))
 
     def poll(self, timeout: float) -> list[SegmentEvent]:
         if self._consumer is None:
             self.start_reader()
+        assert self._consumer is not None
+        fetched = self._consumer.fetch(1000, timeout)
+        for err in fetched.errors:
+            log.warning("reading segment events: %s", err)
         out: list[SegmentEvent] = []
-        for msg in self._consumer.consume(1000, timeout):
-            err = kafka.message_error(msg)
-            if err is not None:
-                log.warning("reading segment events: %s", err)
-                continue
-            if kafka.is_partition_eof(msg):
-                continue
-            try:
-                out.append(decode_event(msg.value()))
-            except ValueError as e:
-                log.error("invalid segment event at %s[%s]@%s ignored: %s", msg.topic(),
-                          msg.partition(), msg.offset(), e)
-                self.metrics.events_invalid.inc()
-                continue
+        for run in fetched.runs.values():
+            for msg in run:
+                try:
+                    out.append(decode_event(msg.value()))
+                except ValueError as e:
+                    log.error("invalid segment event at %s[%s]@%s ignored: %s", msg.topic(),
+                              msg.partition(), msg.offset(), e)
+                    self.metrics.events_invalid.inc()
         self.metrics.events_read.inc(len(out))
         return out
 

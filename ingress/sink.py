@@ -9,48 +9,22 @@ idempotent in at-least-once mode. ``MemorySink`` is its in-memory twin for unit 
 from __future__ import annotations
 
 import logging
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
 
-from ingress.checkpoints import Checkpoint, MemoryCheckpointStore
-from replicator.core import kafka
-from replicator.core.errors import KafkaFatalError, KafkaRetriableError, ProducerFenced
+from ingress.checkpoints import MemoryCheckpointStore
+from ingress.rows import Header, Rows
+from replicator.core.errors import (
+    KafkaRetriableError,
+    ProducerFenced,
+    ReplicatorError,
+    TransactionAbortable,
+)
+from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
-
-Header = tuple[str, bytes | None]
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Records to produce, column by column (no per-record objects on the hot path).
-
-    ``timestamps`` are milliseconds (``0`` lets the producer stamp the current time, for
-    sources without timestamps); ``headers`` entries are ``None`` for records without.
-    """
-
-    offsets: list[int]
-    timestamps: list[int]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    headers: list[list[Header] | None]
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    @property
-    def last_offset(self) -> int:
-        """Source offset of the last record."""
-        return self.offsets[-1]
-
-    def records(self) -> list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]]:
-        """``(offset, timestamp, key, value, headers)`` tuples (tests, fakes)."""
-        return list(zip(self.offsets, self.timestamps, self.keys, self.values, self.headers,
-                        strict=True))
-
 
 class ReplaySink(ABC):
     """Produces records to one destination partition and checkpoints to the checkpoint topic.
@@ -112,7 +86,7 @@ class ReplaySink(ABC):
 
 
 class KafkaSink(ReplaySink):
-    """A ``ReplaySink`` over one confluent-kafka producer."""
+    """A ``ReplaySink`` over one ``Producer`` of the Kafka seam."""
 
     def __init__(self, kafka_settings: KafkaSettings, *, topic: str, partition: int,
                  checkpoint_topic: str, transactional_id: str | None,
@@ -124,125 +98,71 @@ class KafkaSink(ReplaySink):
         self.transactional_id = transactional_id
         self.transactional = transactional_id is not None
         self.timeout = timeout
-        self._producer: Any = None
-        self._errors: list[Any] = []
-        self._lock = threading.Lock()
+        self._producer: Producer | None = None
         self._in_txn = False
         self.where = f"{topic}[{partition}]"
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            with self._lock:
-                self._errors.append(err)
+    @property
+    def producer(self) -> Producer:
+        """The producer (after ``start``)."""
+        assert self._producer is not None, "start() first"
+        return self._producer
 
     def start(self) -> None:
-        overrides: dict[str, Any] = {"on_delivery": self._on_delivery,
-                                     "delivery.report.only.error": True}
-        self._producer = kafka.make_producer(self.kafka_settings,
-                                             transactional_id=self.transactional_id,
-                                             overrides=overrides)
+        self._producer = Producer(self.kafka_settings, transactional_id=self.transactional_id,
+                                  name=self.where)
         if self.transactional:
-            try:
-                self._producer.init_transactions(self.timeout)
-            except kafka.KafkaException as e:
-                raise kafka.translate(e, f"init transactions of {self.transactional_id}") from e
+            self._producer.init_transactions(self.timeout)
 
     def begin(self) -> None:
-        try:
-            self._producer.begin_transaction()
-            self._in_txn = True
-        except kafka.KafkaException as e:
-            raise kafka.translate(e, f"begin transaction on {self.where}") from e
-
-    def _produce(self, topic: str, partition: int | None, key: bytes | None,
-                 value: bytes | None, headers: list[Header] | None, ts: int) -> None:
-        p = self._producer
-        while True:
-            try:
-                if partition is None:
-                    p.produce(topic, value, key, timestamp=ts, headers=headers)
-                else:
-                    p.produce(topic, value, key, partition, timestamp=ts, headers=headers)
-                return
-            except BufferError:
-                # The local queue is full: serve delivery reports until there is room.
-                p.poll(0.05)
-            except kafka.KafkaException as e:
-                raise kafka.translate(e, f"produce to {topic}") from e
+        self.producer.begin_transaction()
+        self._in_txn = True
 
     def produce(self, rows: Rows) -> None:
-        p = self._producer
-        produce = p.produce
-        topic, part = self.topic, self.partition
-        for i, (ts, k, v, h) in enumerate(zip(rows.timestamps, rows.keys, rows.values,
-                                              rows.headers, strict=True)):
-            try:
-                produce(topic, v, k, part, timestamp=ts, headers=h)
-            except BufferError:
-                p.poll(0.05)
-                self._produce(topic, part, k, v, h, ts)
-            except kafka.KafkaException as e:
-                raise kafka.translate(e, f"produce to {self.where}@{rows.offsets[i]}") from e
-        p.poll(0)
-        self._raise_delivery_errors()
+        p = self.producer
+        p.produce_many(self.topic, self.partition, rows.timestamps, rows.keys, rows.values,
+                       rows.headers, rows.offsets)
+        p.check_deliveries(self.where)
 
     def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
-        self._produce(self.checkpoint_topic, None, key.encode(), checkpoint.encode(), None, 0)
+        self.producer.produce(self.checkpoint_topic, checkpoint.encode(), key.encode())
 
     def commit(self) -> None:
         try:
-            self._producer.commit_transaction(self.timeout)
+            self.producer.commit_transaction(self.timeout)
             self._in_txn = False
-        except kafka.KafkaException as e:
-            err = kafka.translate(e, f"commit transaction on {self.where}")
-            if isinstance(err, ProducerFenced):
-                self._in_txn = False  # a fenced producer cannot abort; the new owner did
-            elif kafka.is_transaction_abortable(e):
-                self.abort()
-                raise KafkaRetriableError(str(err)) from e
-            raise err from e
-        self._raise_delivery_errors()
+        except ProducerFenced:
+            self._in_txn = False  # a fenced producer cannot abort; the new owner did
+            raise
+        except TransactionAbortable:
+            self.abort()
+            raise
+        self.producer.check_deliveries(self.where)
 
     def outstanding(self, timeout: float = 0.0) -> int:
-        p = self._producer
-        p.poll(timeout)
-        self._raise_delivery_errors()
-        return len(p)
+        p = self.producer
+        n = p.outstanding(timeout)
+        p.check_deliveries(self.where)
+        return n
 
     def flush(self) -> None:
-        left = self._producer.flush(self.timeout)
+        left = self.producer.flush(self.timeout)
         if left:
             raise KafkaRetriableError(f"{self.where}: {left} record(s) not acknowledged within "
                                       f"{self.timeout:.0f}s")
-        self._raise_delivery_errors()
-
-    def _raise_delivery_errors(self) -> None:
-        with self._lock:
-            errors, self._errors = self._errors, []
-        if not errors:
-            return
-        first = errors[0]
-        msg = f"{self.where}: {len(errors)} record(s) failed: {first.str()}"
-        if first.code() in (kafka.ERR_FENCED, kafka.ERR_PRODUCER_FENCED):
-            raise ProducerFenced(msg)
-        if first.fatal():
-            raise KafkaFatalError(msg)
-        raise KafkaRetriableError(msg)
+        self.producer.check_deliveries(self.where)
 
     def abort(self) -> None:
         if not (self.transactional and self._in_txn and self._producer is not None):
             return
         try:
             self._producer.abort_transaction(self.timeout)
-        except kafka.KafkaException as e:
+        except ReplicatorError as e:
             # A fenced or fatally failed producer cannot abort; the broker aborts its
             # transaction when the next owner initialises (or on transaction timeout).
-            log.warning("abort transaction on %s failed: %s", self.where,
-                        kafka.translate(e, "abort"))
+            log.warning("abort transaction on %s failed: %s", self.where, e)
         finally:
             self._in_txn = False
-            with self._lock:
-                self._errors.clear()
 
     def close(self) -> None:
         p, self._producer = self._producer, None

@@ -1,6 +1,7 @@
 """Topics ingress needs in the destination cluster: the copies, the events and checkpoints.
 
-A destination topic is created from the source's ``_topic.json`` (written by egress) with
+A destination topic is created from the source's ``_topic.json`` (written by egress, parsed
+by ``replicator.core.wire.TopicMetadata``) with
 the same partition count and the copied configs, or grown when it has fewer partitions.
 When the broker refuses to grow it, the source is stopped with an error naming both counts
 (nothing is silently left unreplicated).
@@ -8,16 +9,19 @@ When the broker refuses to grow it, the source is stopped with an error naming b
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal, Protocol
 
-from replicator.core.errors import ObjectNotFound, TopicError
-from replicator.core.keys import TOPIC_META_CONFIGS, topic_meta_key
+from ingress.metrics import IngressMetrics
+from replicator.core.errors import ObjectNotFound, ReplicatorError, TopicError
+from replicator.core.keys import topic_meta_key
+from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
+from replicator.core.wire import TOPIC_META_CONFIGS, TopicMetadata
 
 log = logging.getLogger(__name__)
 
@@ -27,44 +31,15 @@ log = logging.getLogger(__name__)
 COPIED_CONFIGS = TOPIC_META_CONFIGS - {"message.timestamp.type"}
 
 
-@dataclass(frozen=True)
-class TopicMeta:
-    """What ``_topic.json`` says about a source topic."""
-
-    partitions: int
-    configs: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, data: bytes, *, where: str) -> TopicMeta:
-        """Parse ``_topic.json``.
-
-        Raises:
-            TopicError: not JSON, or no positive ``partitions``.
-        """
-        try:
-            doc = json.loads(data)
-        except ValueError as e:
-            raise TopicError(f"{where} is not JSON: {e}") from e
-        parts = doc.get("partitions") if isinstance(doc, dict) else None
-        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
-            raise TopicError(f"{where}: 'partitions' must be a positive int, got {parts!r}")
-        configs = doc.get("configs", {})
-        if configs is None:
-            configs = {}
-        if not isinstance(configs, dict):
-            raise TopicError(f"{where}: 'configs' must be an object")
-        return cls(parts, {str(k): str(v) for k, v in configs.items()})
-
-
 def read_topic_meta(store: ObjectStore, prefix: str, region: str, topic: str
-                    ) -> TopicMeta | None:
+                    ) -> TopicMetadata | None:
     """The source's ``_topic.json``, or ``None`` while egress has not written it."""
     key = topic_meta_key(prefix, region, topic)
     try:
         data = store.get(key)
     except ObjectNotFound:
         return None
-    return TopicMeta.parse(data, where=f"s3://{store.bucket}/{key}")
+    return TopicMetadata.parse(data, where=f"s3://{store.bucket}/{key}")
 
 
 def copied_configs(configs: Mapping[str, str]) -> dict[str, str]:
@@ -145,3 +120,92 @@ def ensure_internal_topics(admin: TopicAdmin, *, events_topic: str,
                  events_retention)
     if admin.create_topic(checkpoint_topic, 1, {"cleanup.policy": "compact"}):
         log.info("created checkpoint topic %s (compacted)", checkpoint_topic)
+
+
+# --- sources and their destinations -----------------------------------------------------
+
+
+@dataclass
+class SourceState:
+    """One configured source as the controller sees it.
+
+    ``partitions`` is ``None`` until its ``_topic.json`` was read; ``stopped`` says why the
+    source is not replayed (its destination cannot get enough partitions).
+    """
+
+    source: IngressSourceSettings
+    partitions: int | None = None
+    stopped: str | None = None
+    warned_missing: float = 0.0
+
+
+def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: TopicAdmin,
+                  prefix: str, metrics: IngressMetrics) -> frozenset[str]:
+    """Read each source's ``_topic.json``, create or grow its destination topic.
+
+    Returns:
+        The destination topics whose sources are known and not stopped (the topics the
+        placement consumer subscribes to).
+    """
+    states = list(states)
+    by_dest: dict[str, list[tuple[SourceState, TopicMetadata]]] = {}
+    for st in states:
+        src = st.source
+        try:
+            meta = read_topic_meta(store, prefix, src.region, src.topic)
+        except ReplicatorError as e:
+            log.error("source %s/%s: cannot read its _topic.json: %s", src.region,
+                      src.topic, e)
+            continue
+        if meta is None:
+            if time.monotonic() - st.warned_missing > 60 or not st.warned_missing:
+                log.warning("source %s/%s: no %s/%s/%s/_topic.json yet (egress writes it); "
+                            "waiting before replay", src.region, src.topic, prefix,
+                            src.region, src.topic)
+                st.warned_missing = time.monotonic()
+            continue
+        by_dest.setdefault(src.destination, []).append((st, meta))
+    for dest, items in by_dest.items():
+        _ensure(admin, metrics, dest, items)
+    return frozenset(st.source.destination for st in states
+                     if st.partitions is not None and not st.stopped)
+
+
+def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
+            items: list[tuple[SourceState, TopicMetadata]]) -> None:
+    """Give ``dest`` the partitions of its largest source (several sources may feed one
+    topic); a source it cannot serve is stopped, the others go on.
+    """
+    largest = max(items, key=lambda it: it[1].partitions)[1]
+    try:
+        ensure_destination(admin, dest, largest.partitions, largest.configs)
+        have: int | None = largest.partitions
+        refused: TopicError | None = None
+    except TopicError as e:
+        have, refused = existing_partitions(admin, dest), e
+    except ReplicatorError as e:
+        log.error("cannot prepare destination topic %s, retrying: %s", dest, e)
+        return
+    for st, meta in items:
+        src = st.source
+        if refused is not None and (have is None or meta.partitions > have):
+            if st.stopped is None:
+                # Checked again every topic_check_interval: it resumes once an operator
+                # gave the topic enough partitions.
+                log.error("source %s/%s STOPPED: destination topic %s has %s partition(s) "
+                          "but the source has %d: %s", src.region, src.topic, dest, have,
+                          meta.partitions, refused)
+                metrics.source_errors.labels(region=src.region, topic=src.topic,
+                                             reason="partitions").inc()
+                metrics.source_stopped.labels(region=src.region, topic=src.topic).set(1)
+            st.stopped = f"{dest} has {have} partition(s), the source {meta.partitions}"
+            continue
+        if st.stopped is not None:
+            log.info("source %s/%s resumed: %s has enough partitions now", src.region,
+                     src.topic, dest)
+            st.stopped = None
+            metrics.source_stopped.labels(region=src.region, topic=src.topic).set(0)
+        if st.partitions != meta.partitions:
+            log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
+                     meta.partitions, dest)
+        st.partitions = meta.partitions

@@ -5,28 +5,29 @@ It loads the checkpoint, lists the partition's segments (all levels), and loops:
 ``planner.next_action`` decides, the worker acts (replay a segment, wait for a late one,
 declare a range lost, idle until an event). Segment events from the controller wake it.
 
-The durability order lives in ``_deliver`` and nowhere else.
+Records and checkpoints are made durable by the session's delivery protocol
+(``ingress.delivery``); ``_deliver`` is the only way to it.
+
+Why this module is longer than 400 lines: the loop, the replay of one segment and the
+late/lost/skipped reports all read and move the same state (position, origin, the segment
+inventory, the session's delivery); the decisions are elsewhere already (``planner``,
+``inventory``, ``delivery``, ``rows``), and what is left is the worker itself.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from datetime import datetime, timedelta
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from formats.base import TIMESTAMP_NOT_AVAILABLE, SegmentFormat
+from formats.base import SegmentFormat
 from formats.segment_io import open_segment
-from ingress.checkpoints import Checkpoint, CheckpointStore
-from ingress.events import SegmentEvent, partition_key
+from ingress.checkpoints import CheckpointStore
+from ingress.delivery import Delivery
+from ingress.events import SegmentEvent
+from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.planner import (
     DeclareLost,
@@ -37,139 +38,54 @@ from ingress.planner import (
     WaitLate,
     next_action,
 )
-from ingress.sink import Header, ReplaySink, Rows
+from ingress.rows import Rows, batch_rows
+from ingress.sink import ReplaySink
+from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
     FatalError,
-    KafkaRetriableError,
     ProducerFenced,
     RetriableError,
     SegmentCorrupt,
     SegmentNotFound,
 )
 from replicator.core.keys import PartitionRef, SegmentKey
-from replicator.core.queues import put_unless_stopped
-from replicator.core.retry import RetryPolicy
+from replicator.core.queues import read_ahead
+from replicator.core.retry import Backoff
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
+from replicator.core.wire import Checkpoint, checkpoint_key
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], datetime]
-T = TypeVar("T")
 
-# Restart delays after a failed replay session: short first (a broker blip), capped so a
-# persistent failure (a missing topic) is retried about once a minute, never in a hot loop.
-SESSION_RETRY = RetryPolicy(attempts=1_000_000, initial=timedelta(milliseconds=500),
-                            multiplier=2.0, maximum=timedelta(seconds=60), jitter=0.2)
-
-
-PIPELINE_DEPTH = 2
-"""At-least-once: batches produced and not yet acknowledged while the next one is produced
-(memory: about ``(PIPELINE_DEPTH + 1) * batch_size`` records in the producer)."""
-ACK_POLL = 0.005
-"""Seconds one wait for acknowledgements lasts before the worker counts again (successful
-deliveries raise no event that would end the wait early: keep it short)."""
-ACK_TIMEOUT = 120.0
-"""Seconds a batch may stay unacknowledged (librdkafka's delivery timeout is 300 s, but a
-worker this far behind restarts from its checkpoint instead)."""
+def session_backoff() -> Backoff:
+    """Restart delays after a failed replay session: short first (a broker blip), capped so
+    a persistent failure (a missing topic) is retried about once a minute, never in a hot
+    loop.
+    """
+    return Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
+                   maximum=timedelta(seconds=60), jitter=0.2)
 
 
-def utc_now() -> datetime:
-    """The wall clock (injected elsewhere in tests)."""
-    return datetime.now(UTC)
+PREFETCH_BATCHES = 1
+"""Batches read and decoded ahead while the current one is delivered (memory: about two
+batches per active replay)."""
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What a worker needs besides its seams."""
+    """What a worker needs besides its seams.
+
+    ``delivery`` is the protocol the controller chose for the process
+    (``ingress.delivery.delivery_for``).
+    """
 
     source: IngressSourceSettings
     ref: PartitionRef
     destination_topic: str
-    exactly_once: bool
+    delivery: type[Delivery]
     batch_size: int
     rescan_interval: timedelta
-
-
-def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
-    """The records of ``batch`` with offsets above ``after``, column by column."""
-    n = batch.num_rows
-    if n == 0:
-        return None
-    offsets = batch.column("offset")
-    if after is not None:
-        if offsets[n - 1].as_py() <= after:
-            return None
-        if offsets[0].as_py() <= after:
-            batch = batch.filter(pc.greater(offsets, pa.scalar(after, pa.int64())))
-            offsets = batch.column("offset")
-    ts = batch.column("timestamp").cast(pa.int64()).to_pylist()
-    types = batch.column("timestamp_type")
-    if pc.any(pc.equal(types, TIMESTAMP_NOT_AVAILABLE)).as_py():
-        ts = [0 if t == TIMESTAMP_NOT_AVAILABLE else x
-              for x, t in zip(ts, types.to_pylist(), strict=True)]
-    hcol = batch.column("headers")
-    flat = hcol.flatten()  # respects slicing, unlike .values
-    headers: list[list[Header] | None]
-    if len(flat) == 0:
-        headers = [None] * batch.num_rows
-    else:
-        # Column-wise: no dict per header (to_pylist of a list<struct> builds one).
-        hkeys = flat.field("key").to_pylist()
-        hvals = flat.field("value").to_pylist()
-        headers = []
-        i = 0
-        for n in pc.list_value_length(hcol).to_pylist():
-            if n:
-                headers.append(list(zip(hkeys[i:i + n], hvals[i:i + n], strict=True)))
-                i += n
-            else:
-                headers.append(None)
-    return Rows(offsets.to_pylist(), ts, batch.column("key").to_pylist(),
-                batch.column("value").to_pylist(), headers)
-
-
-class Prefetcher(Iterator[T]):
-    """Runs an iterator one item ahead in a thread (memory: ``depth`` items).
-
-    Errors of the source iterator are raised by ``__next__`` in the consumer's thread.
-    ``close`` stops the thread and waits for it, so the source may be released after.
-    """
-
-    _DONE = object()
-
-    def __init__(self, source: Iterator[T], *, name: str, depth: int = 1) -> None:
-        self._source = source
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        return put_unless_stopped(self._queue, item, self._closed)
-
-    def _run(self) -> None:
-        try:
-            for item in self._source:
-                if not self._put((item, None)):
-                    return
-            self._put((self._DONE, None))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer thread
-            self._put((None, e))
-
-    def __next__(self) -> T:
-        item, error = self._queue.get()
-        if error is not None:
-            raise error
-        if item is self._DONE:
-            self._queue.put((self._DONE, None))  # stay exhausted
-            raise StopIteration
-        return cast(T, item)
-
-    def close(self) -> None:
-        """Stop reading ahead and wait for the thread."""
-        self._closed.set()
-        self._thread.join()
 
 
 class ReplayWorker:
@@ -190,7 +106,7 @@ class ReplayWorker:
         self.clock = clock
         self._sleep = sleep
         ref = cfg.ref
-        self.key = partition_key(ref.region, ref.topic, ref.partition)
+        self.key = checkpoint_key(ref.region, ref.topic, ref.partition)
         self.where = f"{ref.region}/{ref.topic}[{ref.partition}] -> " \
                      f"{cfg.destination_topic}[{ref.partition}]"
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
@@ -205,18 +121,15 @@ class ReplayWorker:
         """Replayed through: the records up to here are produced (the planner's view)."""
         self.checkpointed: int | None = None
         """The newest checkpoint sent after its records were acknowledged/committed."""
-        self._sent = 0
-        self._unsettled: deque[tuple[int, Checkpoint]] = deque()
         self.origin: int | None = None
         """See ``Checkpoint.origin``; carried in every checkpoint once set."""
         self._reported_below: int | None = None
         """Positions from here up to ``origin`` were reported as skipped (this worker)."""
-        self.segments: set[SegmentKey] = set()
-        self.bad: set[SegmentKey] = set()
-        self.gone: set[SegmentKey] = set()
+        self.inventory = SegmentInventory(store, ref, self.where)
         self.late: LateGap | None = None
         self.first_seen: datetime | None = None
         self.sink: ReplaySink | None = None
+        self._delivery: Delivery | None = None
         self.fenced = False
         self.failed: BaseException | None = None
         self._inbox: list[SegmentEvent] = []
@@ -265,7 +178,7 @@ class ReplayWorker:
 
     def run(self) -> None:
         """Replay sessions until stopped or fenced; errors restart a session after a delay."""
-        delays = SESSION_RETRY.delays()
+        backoff = session_backoff()
         while not self.stopping:
             try:
                 self._session()
@@ -278,10 +191,10 @@ class ReplayWorker:
                 return
             except (RetriableError, FatalError) as e:
                 kind = "retriable" if isinstance(e, RetriableError) else "fatal"
-                self._session_failed(e, kind, next(delays))
+                self._session_failed(e, kind, backoff.next())
             except Exception as e:  # a bug must not become a restart hot loop
                 log.exception("%s: unexpected error in the replay session", self.where)
-                self._session_failed(e, "unexpected", next(delays))
+                self._session_failed(e, "unexpected", backoff.next())
 
     def _session_failed(self, e: BaseException, kind: str, delay: float) -> None:
         log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
@@ -311,21 +224,23 @@ class ReplayWorker:
             # Fence first: once init_transactions returns, an older owner's open
             # transaction is aborted, so the checkpoint read below is the committed truth.
             sink.start()
+            self._delivery = self.cfg.delivery(
+                sink, self.key, self.where, on_checkpointed=self._checkpointed,
+                on_aborted=self.metrics.transactions_aborted.labels(**self._labels).inc)
             cp = self.checkpoints.load(self.key)
             self.position = self.checkpointed = None if cp is None else cp.offset
             self.origin = None if cp is None else cp.origin
-            self._sent = 0
-            self._unsettled.clear()
             if cp is not None:
                 self._m_checkpoint.set(cp.offset)
             log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
                      "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
             self.late = None
             self._drain_inbox()
-            self._reload()
-            self._loop(sink)
-            self._settle_all(sink)
+            self.inventory.reload()
+            self._loop()
+            self._delivery.settle()
         finally:
+            self._delivery = None
             try:
                 sink.abort()
             finally:
@@ -335,45 +250,20 @@ class ReplayWorker:
     def _drain_inbox(self) -> bool:
         with self._cond:
             events, self._inbox = self._inbox, []
-        for ev in events:
-            if ev.kind == "created":
-                self.segments.add(ev.key)
-                self.bad.discard(ev.key)
-                self.gone.discard(ev.key)
-            else:
-                self.segments.discard(ev.key)
+        self.inventory.apply(events)
         return bool(events)
 
-    def _reload(self, *, retry_gone: bool = True) -> None:
-        """List the partition's segments (all levels).
-
-        With ``retry_gone`` (the periodic and late reloads, which are paced), segments
-        that were missing when read get one more chance if the listing still shows them.
-        """
-        if retry_gone:
-            self.gone.clear()
-        ref = self.cfg.ref
-        found: set[SegmentKey] = set()
-        for info in self.store.list(ref.segments_prefix()):
-            seg = SegmentKey.try_parse(info.key)
-            if seg is not None and seg.partition_ref == ref:
-                found.add(seg)
-            else:
-                log.debug("%s: ignoring non-segment object %s", self.where, info.key)
-        self.segments = found
-        log.debug("%s: %d segment(s) listed", self.where, len(found))
-
-    def _loop(self, sink: ReplaySink) -> None:
+    def _loop(self) -> None:
         src = self.cfg.source
+        inventory = self.inventory
+        assert self._delivery is not None
         while not self.stopping:
             self._drain_inbox()
-            usable = self.segments - self.bad - self.gone
+            usable = inventory.usable()
             self._report_below_origin(usable)
             now = self.clock()
-            excluded = (self.bad | self.gone) & self.segments
-            floor = min((s.start for s in excluded), default=None)
             action = next_action(self.position, usable, now, src, late=self.late,
-                                 first_seen=self.first_seen, floor=floor)
+                                 first_seen=self.first_seen, floor=inventory.floor())
             pos = -1 if self.position is None else self.position
             self._m_waiting.set(sum(1 for s in usable if s.end > pos))
             if isinstance(action, Produce):
@@ -384,13 +274,13 @@ class ReplayWorker:
                     self.late = None
                     self._m_late.set(0)
                 self.first_seen = None
-                self._replay(sink, action.segment, action.skip_through)
+                self._replay(action.segment, action.skip_through)
                 continue
             if isinstance(action, DeclareLost):
-                self._declare_lost(sink, action)
+                self._declare_lost(action)
                 continue
             # Nothing to produce now: every checkpoint out before the worker waits.
-            self._settle_all(sink)
+            self._delivery.settle()
             if isinstance(action, WaitFirst):
                 if self.first_seen is None:
                     log.info("%s: no checkpoint; waiting %s (first_segment_delay) for earlier "
@@ -402,7 +292,7 @@ class ReplayWorker:
             else:
                 assert isinstance(action, Idle)
                 if not self._wait_until(now + self.cfg.rescan_interval):
-                    self._reload()
+                    inventory.reload()
 
     def _report_below_origin(self, usable: set[SegmentKey]) -> None:
         """Log and count positions of segments that lie below ``origin``.
@@ -442,40 +332,39 @@ class ReplayWorker:
         self.late = late
         self._m_late.set(late.size)
         if not self._wait_until(action.until):
-            self._reload()
+            self.inventory.reload()
             self.late = replace(late, reloads=late.reloads + 1)
 
-    def _declare_lost(self, sink: ReplaySink, action: DeclareLost) -> None:
+    def _declare_lost(self, action: DeclareLost) -> None:
         log.error("%s: positions %d-%d (%d) declared LOST after %s: no segment covering them "
                   "arrived", self.where, action.first, action.last, action.size,
                   self.cfg.source.lost_segment_timeout)
         self.metrics.segments_lost.labels(**self._labels).inc()
         self.metrics.messages_lost.labels(**self._labels).inc(action.size)
-        usable = self.segments - self.bad - self.gone
+        usable = self.inventory.usable()
         following = min((s for s in usable if s.start == action.last + 1),
                         key=lambda s: -s.end, default=None)
         cp = Checkpoint(action.last, "" if following is None else following.to_key(),
                         self.clock(), lost=(action.first, action.last))
-        self._deliver(sink, None, cp)
+        self._deliver(None, cp)
         self.late = None
         self._m_late.set(0)
 
-    def _replay(self, sink: ReplaySink, seg: SegmentKey, skip_through: int | None) -> None:
+    def _replay(self, seg: SegmentKey, skip_through: int | None) -> None:
         """Replay one segment while holding a permit (memory: one per active replay)."""
         permits = self.permits
         if permits is None:
-            self._replay_segment(sink, seg, skip_through)
+            self._replay_segment(seg, skip_through)
             return
         while not permits.acquire(timeout=0.2):
             if self.stopping:
                 return
         try:
-            self._replay_segment(sink, seg, skip_through)
+            self._replay_segment(seg, skip_through)
         finally:
             permits.release()
 
-    def _replay_segment(self, sink: ReplaySink, seg: SegmentKey, skip_through: int | None
-                        ) -> None:
+    def _replay_segment(self, seg: SegmentKey, skip_through: int | None) -> None:
         name = seg.to_key()
         try:
             reader = open_segment(self.store, self.fmt, seg)
@@ -493,17 +382,17 @@ class ReplayWorker:
             self._reported_below = None
             log.info("%s: first replay, no checkpoint: starts at %d; a segment arriving later "
                      "below it will be reported as skipped", self.where, seg.start)
-        # The next batch is read and decoded while the current one is committed.
-        batches = Prefetcher((batch_rows(b, after)
+        # The next batch is read and decoded while the current one is delivered.
+        batches = read_ahead((batch_rows(b, after)
                               for b in reader.iter_batches(self.cfg.batch_size)),
-                             name=f"prefetch-{self.key}")
+                             PREFETCH_BATCHES, name=f"prefetch-{self.key}")
         try:
             for rows in batches:
                 if self.stopping:
                     return
                 if rows is None:
                     continue
-                self._deliver(sink, rows, Checkpoint(rows.last_offset, name, self.clock()))
+                self._deliver(rows, Checkpoint(rows.last_offset, name, self.clock()))
         except SegmentNotFound:
             self._missing(seg)
             return
@@ -517,7 +406,7 @@ class ReplayWorker:
             # The footer vouches for the range: positions after the last record are holes.
             log.warning("%s: segment %s ends at %d but its last record is %s; checkpointing "
                         "its end", self.where, name, seg.end, self.position)
-            self._deliver(sink, None, Checkpoint(seg.end, name, self.clock()))
+            self._deliver(None, Checkpoint(seg.end, name, self.clock()))
         self.metrics.segments_replayed.labels(**self._labels).inc()
         log.info("%s: segment %s done, checkpoint %d", self.where, name, self.position)
 
@@ -525,70 +414,33 @@ class ReplayWorker:
         log.warning("%s: segment %s is gone (compacted or deleted); reloading the segment "
                     "list", self.where, seg.to_key())
         self.metrics.segments_missing.labels(**self._labels).inc()
-        self._reload(retry_gone=False)
-        # Even if a stale listing still shows it, do not try it again before a new
-        # "created" event or a paced reload: a missing object is not retried in a loop.
-        self.gone = {s for s in self.gone if s in self.segments}
-        self.gone.add(seg)
+        self.inventory.mark_gone(seg)
 
     def _corrupt(self, seg: SegmentKey, e: SegmentCorrupt) -> None:
         log.error("%s: segment %s cannot be read and is skipped (its range waits for another "
                   "segment, then counts as lost): %s", self.where, seg.to_key(), e)
         self.metrics.segments_corrupt.labels(**self._labels).inc()
-        self.bad.add(seg)
+        self.inventory.mark_bad(seg)
 
-    def _deliver(self, sink: ReplaySink, rows: Rows | None, cp: Checkpoint) -> None:
-        """Make ``rows`` durable in the destination, then the checkpoint ``cp``.
+    def _deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+        """Make ``rows`` and then the checkpoint ``cp`` durable, then move the position.
 
-        Exactly-once (one Kafka transaction per batch, done when this returns):
-          1. begin a transaction;
-          2. produce the records to the destination partition;
-          3. flush: the records are in the destination log before the checkpoint is sent,
-             so no broker ever holds this checkpoint without its records (a broker that
-             shows aborted records to read_committed readers, like the embedded one,
-             would otherwise let a successor skip records that were never written);
-          4. produce the checkpoint record to the checkpoint topic, same transaction, and
-             commit: records and checkpoint become visible together or not at all.
-        At-least-once (idempotent producer, pipelined: up to ``PIPELINE_DEPTH`` batches
-        are unacknowledged while the next one is produced):
-          1. no transaction;
-          2. produce the records;
-          3. once every record of the batch is acknowledged (acks=all; ``_settle``),
-          4. produce its checkpoint. A checkpoint is never sent before its records are
-             acknowledged; it is flushed itself before the worker waits or stops.
+        Steps 1-4 are the session's delivery protocol (``ingress.delivery``: one
+        transaction per batch in exactly-once mode; pipelined acknowledgements, then the
+        checkpoint, in at-least-once mode).
         5. Advance the in-memory position (the planner's) and metrics; ``checkpointed``
-           follows at step 4.
+           follows when the protocol reports the checkpoint durable.
 
-        A failure before step 4 completes aborts the transaction (exactly-once) and raises;
-        the session restarts from the last committed checkpoint. Checkpoints only move
-        forward: ``cp.offset`` is always above the position.
+        A failure raises; the session restarts from the last committed checkpoint.
+        Checkpoints only move forward: ``cp.offset`` is always above the position.
         """
         if self.position is not None and cp.offset <= self.position:
             raise FatalError(f"{self.where}: checkpoint {cp.offset} would not move forward "
                              f"from {self.position}")
         if cp.origin is None and self.origin is not None:
             cp = replace(cp, origin=self.origin)
-        if self.cfg.exactly_once:
-            try:
-                sink.begin()                        # step 1
-                if rows is not None:
-                    sink.produce(rows)              # step 2
-                    sink.flush()                    # step 3
-                sink.produce_checkpoint(self.key, cp)   # step 4
-                sink.commit()
-            except ProducerFenced:
-                raise
-            except (RetriableError, FatalError):
-                self.metrics.transactions_aborted.labels(**self._labels).inc()
-                sink.abort()
-                raise
-            self._checkpointed(cp)
-        else:
-            if rows is not None:
-                sink.produce(rows)                  # step 2
-                self._sent += len(rows)
-            self._unsettled.append((self._sent, cp))
-            self._settle(sink, depth=PIPELINE_DEPTH)    # steps 3-4
+        assert self._delivery is not None
+        self._delivery.deliver(rows, cp)            # Steps 1-4
         # Step 5
         self.position = cp.offset
         if rows is not None:
@@ -596,43 +448,6 @@ class ReplayWorker:
             last_ts = rows.timestamps[-1]
             if last_ts > 0:
                 self._m_lag.set(max(0.0, self.clock().timestamp() - last_ts / 1000.0))
-
-    def _settle(self, sink: ReplaySink, *, depth: int) -> None:
-        """At-least-once steps 3-4: checkpoint the newest batch whose records are all
-        acknowledged; wait until at most ``depth`` batches are not.
-
-        The sink's outstanding count covers records and checkpoints, and one partition's
-        records are acknowledged in the order they were produced: so every record but the
-        last ``outstanding`` ones is acknowledged (a bound that can only understate).
-
-        Raises:
-            KafkaRetriableError: a record failed, or was not acknowledged within
-                ``ACK_TIMEOUT`` seconds.
-        """
-        deadline = time.monotonic() + ACK_TIMEOUT
-        while True:
-            wait = 0.0 if len(self._unsettled) <= depth else ACK_POLL
-            acknowledged = self._sent - sink.outstanding(wait)
-            ready: Checkpoint | None = None
-            while self._unsettled and self._unsettled[0][0] <= acknowledged:
-                ready = self._unsettled.popleft()[1]
-            if ready is not None:
-                sink.produce_checkpoint(self.key, ready)
-                self._checkpointed(ready)
-            if len(self._unsettled) <= depth:
-                return
-            if time.monotonic() > deadline:
-                raise KafkaRetriableError(f"{self.where}: records up to offset "
-                                          f"{self._unsettled[0][1].offset} not acknowledged "
-                                          f"within {ACK_TIMEOUT:.0f}s")
-
-    def _settle_all(self, sink: ReplaySink) -> None:
-        """At-least-once: every checkpoint sent and acknowledged (before waiting/stopping)."""
-        if self.cfg.exactly_once:
-            return
-        self._settle(sink, depth=0)
-        if sink.outstanding():   # the checkpoints just sent (the records are acknowledged)
-            sink.flush()
 
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset

@@ -10,7 +10,7 @@ of a kind start on first use, both regions at once, and live for the session.
 Integration tests use unique topic, bucket and prefix names (``unique_name``), so the
 session-scoped servers are shared safely; Apache Kafka creates no topic by accident
 (``auto.create.topics.enable=false``), so tests create theirs explicitly. Settings follow
-TEST-INFRA.md: short session timeouts (or every rebalance waits ~session.timeout.ms / 2 on
+docs/testing.md: short session timeouts (or every rebalance waits ~session.timeout.ms / 2 on
 Tansu, and a killed member holds its partitions that long on Kafka), explicit AWS
 credentials.
 """
@@ -35,7 +35,7 @@ os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from replicator.core.errors import FatalError
-from replicator.core.processes import (
+from replicator.devstack.processes import (
     KAFKA_HOME_ENV,
     BrokerKind,
     ServerProcess,
@@ -44,7 +44,7 @@ from replicator.core.processes import (
     stop_seconds,
 )
 
-# librdkafka settings that make group joins and rebalances fast (TEST-INFRA.md).
+# librdkafka settings that make group joins and rebalances fast (docs/testing.md).
 FAST_GROUP_CONFIG = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 500,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create the two topics ingress uses in a destination region's Kafka cluster (SPEC 3.3).
+# Create the two topics ingress uses in a destination region's Kafka cluster (docs/architecture.md, "Checkpoints" and "Segment events").
 # Ingress creates them itself when its principal may (CreateTopics); run this where topic
 # creation is reserved to operators, before the first ingress start.
 #

@@ -26,10 +26,12 @@ def checkpoints() -> None:
 @click.option("--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
 def show(config: Path, output: str) -> None:
-    """Checkpoint, newest segment end and lag of every replicated source partition.
+    """Every checkpoint field, newest segment end and lag of each source partition.
 
     Reads the checkpoint topic of the ingress config's Kafka cluster and lists the
-    destination bucket.
+    destination bucket. Columns: the checkpoint (last source offset replayed), the segment
+    it came from, when it was written, the last range declared lost, the origin (where the
+    first replay started without a checkpoint), the newest segment's end and the lag.
     """
     settings, store = settings_store(config)
     ingress: IngressSettings | None = settings.ingress
@@ -48,8 +50,10 @@ def show(config: Path, output: str) -> None:
         click.echo("no segments and no checkpoints for the configured sources yet")
         return
     print_table(["source", "partition", "destination", "checkpoint", "segments to", "lag",
-                 "updated"],
+                 "updated", "lost", "origin", "segment"],
                 [[f"{r.region}/{r.topic}", r.partition, r.destination_topic,
                   "-" if r.checkpoint is None else r.checkpoint,
                   "-" if r.latest_segment_end is None else r.latest_segment_end,
-                  "-" if r.lag is None else r.lag, r.updated_at or "-"] for r in rows])
+                  "-" if r.lag is None else r.lag, r.updated_at or "-",
+                  "-" if r.lost is None else f"{r.lost[0]}-{r.lost[1]}",
+                  "-" if r.origin is None else r.origin, r.segment or "-"] for r in rows])

@@ -13,8 +13,8 @@ from typing import Any, NoReturn, Protocol
 
 import click
 
+from replicator.cli.logs import setup_logging
 from replicator.core.errors import ConfigError, FatalError, ReplicatorError
-from replicator.core.logs import setup_logging
 from replicator.core.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,9 @@ KAFKA_OPTION_HELP = (
 
 def kafka_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--kafka tansu|apache`` (the embedded stack's brokers), checked before anything runs:
-    ``apache`` without a usable ``$KAFKA_HOME`` exits 2 naming it."""
-    from replicator.core.processes import BROKER_KINDS, DEFAULT_BROKER, check_broker_kind
+    ``apache`` without a usable ``$KAFKA_HOME`` exits 2 naming it.
+    """
+    from replicator.devstack.processes import BROKER_KINDS, DEFAULT_BROKER, check_broker_kind
 
     def check(ctx: click.Context, param: click.Parameter, value: str) -> str:
         try:
@@ -110,4 +111,4 @@ def echo_json(data: Any) -> None:
 
 config_option = click.option(
     "--config", "config", type=click.Path(path_type=Path, dir_okay=False), required=True,
-    envvar="REPLICATOR_CONFIG", help="TOML settings file (SPEC 3.4).")
+    envvar="REPLICATOR_CONFIG", help="TOML settings file (keys: docs/configuration.md).")

@@ -30,8 +30,8 @@ from replicator.cli.common import (
     load_or_exit,
     run_controller,
 )
+from replicator.cli.logs import setup_logging
 from replicator.core.errors import ConfigError, ReplicatorError
-from replicator.core.logs import setup_logging
 from replicator.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,9 @@ log = logging.getLogger(__name__)
                                               "(implies --once).")
 def main(config: Path, once: bool, topic: str | None, partition: int | None,
          min_level: int | None, max_level: int | None, dry_run: bool) -> None:
-    """Merge small segments of this region into higher levels (SPEC 3.5)."""
-    from compaction.controller import Compaction, RunScope
+    """Merge small segments of this region into higher levels (see the README's "Compaction")."""
+    from compaction.controller import Compaction
+    from compaction.report import RunScope
 
     scope = RunScope(topic, partition, min_level, max_level)
     if not (once or dry_run):

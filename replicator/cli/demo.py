@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 from replicator.cli.common import kafka_option
-from replicator.core.processes import BrokerKind
-from replicator.demo import Demo, DemoOptions, configure_demo_logging, render_summary
+from replicator.cli.logs import configure_demo_logging
+from replicator.devstack.demo import Demo, DemoOptions
+from replicator.devstack.demo_report import render_summary
+from replicator.devstack.processes import BrokerKind
 
 
 class _StatusLine:

@@ -10,10 +10,12 @@ from types import FrameType
 import click
 
 from replicator.cli.common import EXIT_FAILURE, EXIT_OK, echo_json, fail, kafka_option
+from replicator.cli.logs import setup_command_logging
 from replicator.core.errors import ReplicatorError
-from replicator.core.local_stack import DEFAULT_DIR, PARTITIONS, TOPIC, LocalStack, StackError
-from replicator.core.logs import setup_logging
-from replicator.core.processes import BrokerKind
+from replicator.devstack.configs import PARTITIONS, TOPIC
+from replicator.devstack.processes import BrokerKind
+from replicator.devstack.servers import StackError
+from replicator.devstack.stack import DEFAULT_DIR, LocalStack
 
 dir_option = click.option(
     "--dir", "directory", type=click.Path(path_type=Path, file_okay=False),
@@ -58,15 +60,17 @@ def local() -> None:
 @kafka_option
 @json_option
 @verbose_option
-def up(directory: Path, topic: str, partitions: int, kafka: BrokerKind, as_json: bool,
-       verbose: bool) -> None:
+def up(  # noqa: C901 - one command's cases (already up, stale, start, interrupted)
+        directory: Path, topic: str, partitions: int, kafka: BrokerKind, as_json: bool,
+        verbose: bool) -> None:
     """Start the stack in the background and write ready-to-use configs.
 
     Exits 0 when the stack is up (also when it already was), 1 when it cannot start or a
     previous stack in --dir died (its leftovers are then cleaned up; run `up` again), 2 on
     bad usage (e.g. --kafka apache without $KAFKA_HOME).
     """
-    setup_logging("INFO" if verbose else "WARNING")
+    setup_command_logging("INFO" if verbose else "WARNING",
+                          log_file=directory / "logs" / "replicator.log")
     existing = _load(directory)
     if existing is not None:
         running = existing.running()
@@ -117,7 +121,8 @@ def down(directory: Path, verbose: bool) -> None:
     A recorded PID is only signalled while its command line is still the one recorded at
     start, so a PID reused by another program is left alone.
     """
-    setup_logging("INFO" if verbose else "WARNING")
+    setup_command_logging("INFO" if verbose else "WARNING",
+                          log_file=directory / "logs" / "replicator.log")
     stack = _load(directory)
     if stack is None:
         click.echo(f"Nothing to stop: no local stack state in {directory.absolute()}.")
@@ -170,8 +175,9 @@ def produce(directory: Path, records: int, topic: str | None, value_size: int,
             seed: int) -> None:
     """Produce sample records (keys, tombstones, headers) into the source topic."""
     from replicator.core.kafka import Admin
-    from replicator.ops.sample import produce_sample, sample_records
+    from replicator.devstack.sample import produce_sample, sample_records
 
+    setup_command_logging(log_file=directory / "logs" / "replicator.log")
     stack = _load(directory)
     if stack is None or not stack.is_up():
         fail(f"no running local stack in {directory.absolute()} (run `replicator local up`)",

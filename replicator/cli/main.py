@@ -7,6 +7,7 @@ import click
 from replicator.cli.checkpoints import checkpoints
 from replicator.cli.demo import demo
 from replicator.cli.local import local
+from replicator.cli.logs import setup_command_logging
 from replicator.cli.segments import segments
 from replicator.cli.sync import sync
 from replicator.cli.verify import verify
@@ -16,6 +17,9 @@ from replicator.cli.verify import verify
 @click.version_option(package_name="kafka-s3-replicator")
 def main() -> None:
     """kafka-s3-replicator: replicate Kafka topics between regions through S3."""
+    # Warnings and errors of our own code on stderr; the Kafka client's and Spark's lines
+    # never on the terminal (commands with a log file send them there).
+    setup_command_logging()
 
 
 main.add_command(local)

@@ -12,9 +12,9 @@ from types import FrameType
 import click
 
 from replicator.cli.common import EXIT_FAILURE, echo_json, fail, load_or_exit
+from replicator.cli.logs import setup_command_logging
 from replicator.cli.stores import store_for
 from replicator.core.errors import ReplicatorError
-from replicator.core.logs import setup_logging
 from replicator.core.units import format_size
 from replicator.ops.sync import BucketSync, SyncReport
 
@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 @click.command()
 @click.option("--from-bucket", required=True, help="Bucket to copy from.")
 @click.option("--to-bucket", required=True, help="Bucket to copy to.")
-@click.option("--prefix", default="data", show_default=True, help="Data prefix (SPEC 3.1).")
+@click.option("--prefix", default="data", show_default=True,
+              help="Data prefix (s3.prefix; docs/architecture.md, \"S3 layout\").")
 @click.option("--endpoint-url", default=None, help="Endpoint of both buckets (S3-compatible).")
 @click.option("--from-endpoint-url", default=None, help="Endpoint of the source bucket.")
 @click.option("--to-endpoint-url", default=None, help="Endpoint of the destination bucket.")
@@ -46,7 +47,7 @@ def sync(from_bucket: str, to_bucket: str, prefix: str, endpoint_url: str | None
     objects. Each pass copies before it deletes, so readers of the destination always
     find a segment covering every range. Running it again changes nothing.
     """
-    setup_logging("INFO" if follow else "WARNING")
+    setup_command_logging("INFO" if follow else "WARNING")
     settings = load_or_exit(config) if config is not None else None
     default_endpoint = endpoint_url or (settings.s3.endpoint_url if settings else None)
     src = store_for(from_bucket, endpoint_url=from_endpoint_url or default_endpoint,

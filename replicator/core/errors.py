@@ -50,7 +50,7 @@ class ConfigErrors(ConfigError):
 
 
 class KeyFormatError(FatalError, ValueError):
-    """A string is not a key of the expected layout (SPEC 3.1)."""
+    """A string is not a key of the expected layout (docs/architecture.md, "S3 layout")."""
 
 
 class SegmentCorrupt(FatalError):
@@ -93,6 +93,10 @@ class KafkaFatalError(FatalError):
 
 class ProducerFenced(KafkaFatalError):
     """Another producer with the same ``transactional.id`` took over this partition."""
+
+
+class TransactionAbortable(KafkaRetriableError):
+    """A transactional call failed in a way that needs ``abort`` before the batch is redone."""
 
 
 class TopicError(FatalError):

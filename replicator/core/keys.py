@@ -1,8 +1,8 @@
-"""The one module that owns the S3 key layout (SPEC 3.1).
+"""The one module that owns the S3 key layout (docs/architecture.md, "S3 layout").
 
 * final segment: ``{prefix}/{region}/{topic}/{partition}/{level}/{start:020d}-{end:020d}``
 * temporary object: ``{temp_prefix}/{uuid}``
-* topic metadata: ``{prefix}/{region}/{topic}/_topic.json``
+* topic metadata: ``{prefix}/{region}/{topic}/_topic.json`` (its body: ``replicator.core.wire``)
 
 Nothing else formats or splits key strings.
 """
@@ -18,24 +18,6 @@ from replicator.core.errors import KeyFormatError
 MAX_OFFSET = 2**63 - 1
 OFFSET_DIGITS = 20
 TOPIC_META_NAME = "_topic.json"
-
-# Source topic configs recorded in ``_topic.json`` (egress writes them, ingress copies what
-# it can to the destination topic), when they are set on the source topic itself (cluster
-# defaults stay behind: the destination cluster has its own).
-TOPIC_META_CONFIGS = frozenset({
-    "cleanup.policy",
-    "compression.type",
-    "delete.retention.ms",
-    "max.compaction.lag.ms",
-    "max.message.bytes",
-    "message.timestamp.type",
-    "min.cleanable.dirty.ratio",
-    "min.compaction.lag.ms",
-    "retention.bytes",
-    "retention.ms",
-    "segment.bytes",
-    "segment.ms",
-})
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _REGION = re.compile(r"[a-zA-Z0-9._-]+")

@@ -59,6 +59,41 @@ class RetryPolicy:
             yield jittered(self.nominal_delay(i), self.jitter, rand)
 
 
+class Backoff:
+    """Unbounded exponential backoff with multiplicative jitter, for loops that retry until
+    stopped (a replay session, the SQS relay); ``reset`` after a success starts over.
+
+    Args:
+        initial: the first delay.
+        multiplier: growth of the delay per failure.
+        maximum: cap of a single delay (before jitter).
+        jitter: the ``j`` of ``d * (1 ± j)``, in ``[0, 1)``.
+        rand: injected for tests.
+    """
+
+    def __init__(self, initial: timedelta = timedelta(milliseconds=200),
+                 multiplier: float = 2.0, maximum: timedelta = timedelta(seconds=10),
+                 jitter: float = 0.2, rand: Callable[[], float] = random.random) -> None:
+        # The same checks and delays as a RetryPolicy without an attempt limit.
+        self._policy = RetryPolicy(attempts=1, initial=initial, multiplier=multiplier,
+                                   maximum=maximum, jitter=jitter)
+        self._rand = rand
+        self._failures = 0
+
+    def next(self) -> float:
+        """Seconds to wait after one more failure."""
+        nominal = self._policy.nominal_delay(self._failures)
+        if nominal < self._policy.maximum.total_seconds():
+            # Stop counting at the cap: the exponent would overflow a float after about
+            # a thousand failures, and a loop that retries until stopped gets there.
+            self._failures += 1
+        return jittered(nominal, self._policy.jitter, self._rand)
+
+    def reset(self) -> None:
+        """Start again from ``initial`` (after a success)."""
+        self._failures = 0
+
+
 def jittered(delay: float, jitter: float, rand: Callable[[], float] = random.random) -> float:
     """Return ``delay * (1 ± jitter)`` drawn uniformly (``rand`` gives ``[0, 1)``)."""
     return delay * (1.0 + jitter * (2.0 * rand() - 1.0))

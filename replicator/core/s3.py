@@ -1,12 +1,12 @@
-"""The S3 implementation of ``ObjectStore`` — the only module that talks to S3 through boto3.
+"""The S3 implementation of ``ObjectStore``: the only module that talks to S3 through boto3
+(with ``s3_upload``, its streaming uploads).
 
 Everything S3-specific stays here: client construction (timeouts, retries, connection pool),
-multipart streaming uploads, multipart server-side copy above 5 GiB, conditional create
-(``If-None-Match: *``), paginated listing, batched deletes, server-side encryption, and the
-translation of botocore errors into the suite's error tree (``translate``), which
-``replicator.core.sqs`` reuses. Bucket administration used by the embedded stack and the
-tests (``create_bucket``, ``set_bucket_notifications``, ``set_lifecycle_for_temp``) lives
-here too, so no other module needs boto3.
+multipart server-side copy above 5 GiB, conditional create (``If-None-Match: *``), paginated
+listing, batched deletes and server-side encryption. botocore errors are translated by
+``replicator.core.aws`` (shared with SQS). Bucket administration for the embedded stack
+(create, notifications, lifecycle) lives in ``replicator.devstack.aws``: production never
+creates buckets.
 """
 
 from __future__ import annotations
@@ -14,25 +14,23 @@ from __future__ import annotations
 import builtins
 import logging
 import math
-import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, IncompleteReadError
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from replicator.core.errors import (
-    ObjectNotFound,
-    PreconditionFailed,
-    ReplicatorError,
-    StorageError,
-    StorageFatalError,
+from replicator.core.aws import (
+    RETRIABLE_CODES,
+    aws_errors,
+    client_config,
+    error_code,
+    http_status,
+    translate,
 )
+from replicator.core.errors import ReplicatorError, StorageError, StorageFatalError
 from replicator.core.storage import STANDARD, ObjectInfo, ObjectStore, Upload
 
 if TYPE_CHECKING:
@@ -49,104 +47,6 @@ MAX_PART_SIZE = 5 * GiB
 MAX_PARTS = 10_000
 #: DeleteObjects takes at most 1000 keys per request.
 DELETE_BATCH = 1000
-
-#: Error codes that name a missing object, bucket or queue.
-NOT_FOUND_CODES = frozenset({
-    "NoSuchKey", "404", "NotFound", "NoSuchBucket",
-    "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist",
-})
-#: Error codes of a failed precondition (conditional create lost the race).
-PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
-#: Error codes worth trying again: throttling, timeouts, and S3's "try again" answers.
-RETRIABLE_CODES = frozenset({
-    "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeTooSkewed",
-    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
-    "RequestThrottledException", "RequestLimitExceeded", "TooManyRequestsException",
-    "BandwidthLimitExceeded", "ProvisionedThroughputExceededException", "OperationAborted",
-    "PriorRequestNotComplete", "EC2ThrottledException", "ConditionalRequestConflict",
-    "AWS.SimpleQueueService.RequestThrottled", "KMS.ThrottlingException", "503", "500",
-})
-
-
-# --- errors --------------------------------------------------------------------------
-
-
-def error_code(e: ClientError) -> str:
-    """The AWS error code of a ``ClientError`` ("" when absent)."""
-    return str(e.response.get("Error", {}).get("Code", ""))
-
-
-def http_status(e: ClientError) -> int:
-    """The HTTP status of a ``ClientError`` (0 when absent)."""
-    return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-
-
-def translate(e: BaseException, what: str) -> ReplicatorError:
-    """Sort a botocore error into the suite's error tree (the caller raises it ``from e``).
-
-    ``what`` names the request and its target, e.g. ``"get s3://bucket/key"``.
-
-    * missing object/bucket/queue (NoSuchKey, 404, NoSuchBucket, NonExistentQueue) →
-      ``ObjectNotFound``;
-    * 412 / PreconditionFailed → ``PreconditionFailed``;
-    * 5xx, throttling (SlowDown, Throttling, ...), RequestTimeout, connection and read
-      timeouts → ``StorageError`` (retriable);
-    * anything else (access denied, invalid request, missing credentials) →
-      ``StorageFatalError``.
-    """
-    if isinstance(e, ReplicatorError):
-        return e
-    if isinstance(e, ClientError):
-        code, status = error_code(e), http_status(e)
-        msg = e.response.get("Error", {}).get("Message") or str(e)
-        text = f"{what}: {code or status} {msg}".rstrip()
-        if code in NOT_FOUND_CODES or (status == 404 and code != "NoSuchUpload"):
-            return ObjectNotFound(f"{what}: does not exist ({code or status})")
-        if code in PRECONDITION_CODES or status == 412:
-            return PreconditionFailed(f"{what}: precondition failed ({code or status})")
-        if code in RETRIABLE_CODES or status >= 500 or status == 429:
-            return StorageError(text)
-        return StorageFatalError(text)
-    if isinstance(e, BotoConnectionError | HTTPClientError | IncompleteReadError):
-        # Endpoint unreachable, connect/read timeouts, connection reset mid-body.
-        return StorageError(f"{what}: {type(e).__name__}: {e}")
-    if isinstance(e, BotoCoreError):
-        return StorageFatalError(f"{what}: {type(e).__name__}: {e}")
-    return StorageFatalError(f"{what}: {type(e).__name__}: {e}")
-
-
-@contextmanager
-def aws_errors(what: str) -> Iterator[None]:
-    """Translate botocore errors raised inside the block (``raise ... from e``)."""
-    try:
-        yield
-    except (ClientError, BotoCoreError) as e:
-        raise translate(e, what) from e
-
-
-# --- client --------------------------------------------------------------------------
-
-
-def client_config(*, max_pool_connections: int = 32, connect_timeout: float = 5.0,
-                  read_timeout: float = 60.0, max_attempts: int = 3,
-                  addressing_style: str | None = None) -> Config:
-    """The botocore ``Config`` shared by S3 and SQS clients.
-
-    ``read_timeout`` must exceed the SQS long-poll wait (at most 20 s). botocore's
-    "standard" retry mode retries throttling and 5xx with jittered backoff within one call;
-    the suite's own ``RetryPolicy`` retries whole operations above that.
-    """
-    s3_opts: dict[str, Any] = {}
-    if addressing_style:
-        s3_opts["addressing_style"] = addressing_style
-    return Config(
-        retries={"mode": "standard", "max_attempts": max_attempts},
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_pool_connections=max_pool_connections,
-        tcp_keepalive=True,
-        s3=cast(Any, s3_opts or None),
-    )
 
 
 def make_s3_client(*, endpoint_url: str | None, region: str, access_key_id: str | None,
@@ -255,6 +155,8 @@ class S3ObjectStore(ObjectStore):
                           storage_class or STANDARD)
 
     def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
+        from replicator.core.s3_upload import S3Upload
+
         return S3Upload(self, key, storage_class)
 
     def get(self, key: str) -> bytes:
@@ -421,187 +323,3 @@ class S3ObjectStore(ObjectStore):
                     Bucket=self.bucket, Prefix=prefix):
                 out.extend((u["Key"], u["UploadId"]) for u in page.get("Uploads", []))
         return out
-
-
-class S3Upload(Upload):
-    """A streaming upload: parts of ``part_size`` are sent as they fill.
-
-    Memory held is at most one part. The multipart upload is created with the first full
-    part; an object that stays below one part is sent with one PutObject at ``complete``.
-    A failed part send leaves the upload open but unusable: the caller must ``abort``.
-    ``complete`` may be called again after a retriable failure; once it succeeded it
-    returns the same ``ObjectInfo``. ``abort`` may raise ``StorageError`` when S3 cannot be
-    reached (call it again, or leave it to the bucket's abort-incomplete-uploads rule).
-    """
-
-    def __init__(self, store: S3ObjectStore, key: str, storage_class: str | None) -> None:
-        self.store = store
-        self.key = key
-        self.storage_class = storage_class
-        self.upload_id: str | None = None
-        self._parts: list[dict[str, Any]] = []
-        self._buf = bytearray()
-        self._written = 0
-        self._state = "open"  # open | failed | complete | aborted
-        self._result: ObjectInfo | None = None
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"S3Upload({self.store.url(self.key)}, {self._state}, {len(self._parts)} parts)"
-
-    def _check_open(self, action: str) -> None:
-        if self._state != "open":
-            raise StorageFatalError(f"cannot {action} upload to {self.store.url(self.key)}: it "
-                                    f"is {self._state}")
-
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        with self._lock:
-            self._check_open("write to")
-            view = memoryview(data).cast("B")
-            total = len(view)
-            part_size = self.store.part_size
-            while view:
-                # Fill the buffer up to one part only: memory stays bounded by part_size
-                # whatever the caller's write size.
-                take = min(len(view), part_size - len(self._buf))
-                self._buf += view[:take]
-                view = view[take:]
-                self._written += take
-                if len(self._buf) >= part_size:
-                    try:
-                        self._send_part()
-                    except BaseException:
-                        self._state = "failed"
-                        raise
-            return total
-
-    def _send_part(self) -> None:
-        """Send the buffer as the next part (creating the multipart upload first)."""
-        s = self.store
-        if self.upload_id is None:
-            with aws_errors(f"create multipart upload {s.url(self.key)}"):
-                self.upload_id = s.client.create_multipart_upload(
-                    Bucket=s.bucket, Key=self.key,
-                    **s.write_args(self.storage_class))["UploadId"]
-        number = len(self._parts) + 1
-        with aws_errors(f"upload part {number} of {s.url(self.key)}"):
-            resp = s.client.upload_part(Bucket=s.bucket, Key=self.key, UploadId=self.upload_id,
-                                        PartNumber=number, Body=bytes(self._buf))
-        self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
-        self._buf.clear()
-
-    def complete(self) -> ObjectInfo:
-        with self._lock:
-            if self._result is not None:
-                return self._result
-            self._check_open("complete")
-            s = self.store
-            if self.upload_id is None:
-                # Below one part: a single PutObject is cheaper than a multipart upload.
-                info = s.put(self.key, bytes(self._buf), storage_class=self.storage_class)
-            else:
-                if self._buf:
-                    self._send_part()  # the last part may be short
-                info = self._complete_multipart()
-            self._buf = bytearray()
-            self._state = "complete"
-            self._result = info
-            return info
-
-    def _complete_multipart(self) -> ObjectInfo:
-        s = self.store
-        what = f"complete multipart upload {self.upload_id} of {s.url(self.key)}"
-        try:
-            resp = s.client.complete_multipart_upload(
-                Bucket=s.bucket, Key=self.key, UploadId=self.upload_id,
-                MultipartUpload={"Parts": self._parts})
-        except ClientError as e:
-            # A retry after a lost response: the first call did complete the upload.
-            if error_code(e) == "NoSuchUpload":
-                try:
-                    info = s.head(self.key)
-                except ObjectNotFound:
-                    info = None
-                if info is not None and info.size == self._written:
-                    log.info("%s: already completed by an earlier attempt", what)
-                    return info
-            raise translate(e, what) from e
-        except BotoCoreError as e:
-            raise translate(e, what) from e
-        return ObjectInfo(self.key, self._written, datetime.now(UTC), _etag(resp.get("ETag")),
-                          self.storage_class or STANDARD)
-
-    def abort(self) -> None:
-        with self._lock:
-            if self._state in ("complete", "aborted"):
-                return
-            self._buf = bytearray()
-            if self.upload_id is not None:
-                self.store.abort_multipart(self.key, self.upload_id)
-            self._state = "aborted"
-
-    @property
-    def bytes_written(self) -> int:
-        return self._written
-
-    @property
-    def buffered_bytes(self) -> int:
-        return len(self._buf)
-
-
-# --- bucket administration (embedded stack, tests) -----------------------------------
-
-
-def create_bucket(client: Any, bucket: str, region: str) -> None:
-    """Create ``bucket`` in ``region``; an existing bucket we own is fine."""
-    args: dict[str, Any] = {"Bucket": bucket}
-    if region != "us-east-1":
-        # us-east-1 refuses an explicit LocationConstraint; every other region needs one.
-        args["CreateBucketConfiguration"] = {"LocationConstraint": region}
-    try:
-        client.create_bucket(**args)
-    except ClientError as e:
-        if error_code(e) != "BucketAlreadyOwnedByYou":
-            raise translate(e, f"create bucket s3://{bucket} in {region}") from e
-        log.debug("bucket s3://%s already exists", bucket)
-    except BotoCoreError as e:
-        raise translate(e, f"create bucket s3://{bucket} in {region}") from e
-
-
-def set_bucket_notifications(client: Any, bucket: str, queue_arn: str, *,
-                             prefix: str | None = None) -> None:
-    """Send ``s3:ObjectCreated:*`` and ``s3:ObjectRemoved:*`` of ``bucket`` to an SQS queue.
-
-    Replaces the bucket's notification configuration. S3 then sends an ``s3:TestEvent``
-    message to the queue first.
-    """
-    config: dict[str, Any] = {
-        "Id": "replicator-segment-events",
-        "QueueArn": queue_arn,
-        "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"],
-    }
-    if prefix:
-        config["Filter"] = {"Key": {"FilterRules": [{"Name": "prefix", "Value": prefix}]}}
-    with aws_errors(f"set notifications of s3://{bucket} to {queue_arn}"):
-        client.put_bucket_notification_configuration(
-            Bucket=bucket, NotificationConfiguration={"QueueConfigurations": [config]})
-
-
-def set_lifecycle_for_temp(client: Any, bucket: str, temp_prefix: str, days: int = 1) -> None:
-    """Expire ``temp_prefix/`` objects and abort incomplete multipart uploads after ``days``.
-
-    Temporary objects left by a crashed writer, and multipart uploads (streamed temp objects,
-    multipart copies to final keys) left open by a crash, cost money until removed. Replaces
-    the bucket's lifecycle configuration.
-    """
-    rules = [
-        {"ID": "replicator-expire-temp", "Status": "Enabled",
-         "Filter": {"Prefix": temp_prefix.rstrip("/") + "/"},
-         "Expiration": {"Days": days}},
-        {"ID": "replicator-abort-incomplete-multipart", "Status": "Enabled",
-         "Filter": {"Prefix": ""},
-         "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": days}},
-    ]
-    with aws_errors(f"set lifecycle of s3://{bucket}"):
-        client.put_bucket_lifecycle_configuration(
-            Bucket=bucket, LifecycleConfiguration={"Rules": rules})

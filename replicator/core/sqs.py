@@ -2,14 +2,13 @@
 
 Ingress polls the queue that receives the destination bucket's S3 event notifications
 (``SqsQueue.receive`` with long polling), and deletes messages only after their events are
-published. botocore errors are translated with ``replicator.core.s3.translate``: a missing
+published. botocore errors are translated with ``replicator.core.aws.translate``: a missing
 queue is ``ObjectNotFound``, throttling/5xx/timeouts are ``StorageError`` (retriable),
 anything else ``StorageFatalError``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -17,9 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import boto3
-from botocore.exceptions import BotoCoreError, ClientError
 
-from replicator.core.s3 import aws_errors, client_config, error_code, translate
+from replicator.core.aws import aws_errors, client_config
 
 if TYPE_CHECKING:
     from replicator.core.settings import Settings
@@ -174,39 +172,3 @@ class SqsQueue:
             self.client.change_message_visibility(
                 QueueUrl=self.url, ReceiptHandle=message.receipt_handle,
                 VisibilityTimeout=seconds)
-
-
-def s3_send_policy(queue_arn: str, source_bucket: str | None = None) -> str:
-    """A queue policy allowing S3 (optionally only ``source_bucket``) to send messages."""
-    statement: dict[str, Any] = {
-        "Sid": "AllowS3BucketNotifications",
-        "Effect": "Allow",
-        "Principal": {"Service": "s3.amazonaws.com"},
-        "Action": "sqs:SendMessage",
-        "Resource": queue_arn,
-    }
-    if source_bucket:
-        statement["Condition"] = {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{source_bucket}"}}
-    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
-
-
-def create_queue(client: Any, name: str, *, source_bucket: str | None = None) -> str:
-    """Create queue ``name`` (an existing one is reused) allowing S3 to send; return its URL."""
-    what = f"create SQS queue {name}"
-    try:
-        url = str(client.create_queue(QueueName=name)["QueueUrl"])
-    except ClientError as e:
-        if error_code(e) not in ("QueueAlreadyExists", "QueueNameExists"):
-            raise translate(e, what) from e
-        # Exists with other attributes: reuse it, the policy is (re)set below.
-        with aws_errors(what):
-            url = str(client.get_queue_url(QueueName=name)["QueueUrl"])
-    except BotoCoreError as e:
-        raise translate(e, what) from e
-    with aws_errors(f"{what}: set policy"):
-        arn = client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
-            "Attributes"]["QueueArn"]
-        client.set_queue_attributes(
-            QueueUrl=url, Attributes={"Policy": s3_send_policy(arn, source_bucket)})
-    return url
-

@@ -63,7 +63,7 @@ def parse_size(value: int | str) -> int:
     """Parse a byte count: an int, or a string like ``"100MiB"``, ``"1GiB"``, ``"64KB"``.
 
     Raises:
-        ValueError: with the offending value, for negative or unparseable sizes.
+        ValueError: with the offending value, for negative or unparsable sizes.
     """
     if isinstance(value, bool):
         raise ValueError(f"invalid size {value!r}")

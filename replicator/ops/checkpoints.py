@@ -1,8 +1,9 @@
 """``replicator checkpoints show``: how far ingress has replayed each source partition.
 
-For every configured source and partition: the checkpoint (last source offset produced),
-the end of the newest segment in the destination bucket, and the lag between them in
-offset positions.
+For every configured source and partition: every field of the checkpoint (the last source
+offset produced, its segment, when, the last range declared lost, where the first replay
+started), the end of the newest segment in the destination bucket, and the lag between
+them in offset positions.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ingress.checkpoints import Checkpoint
-from ingress.events import partition_key
 from replicator.core.keys import SegmentKey, topic_prefix
 from replicator.core.settings import IngressSettings
 from replicator.core.storage import ObjectStore
+from replicator.core.wire import Checkpoint, checkpoint_key, parse_checkpoint_key
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class CheckpointRow:
     updated_at: str | None
     latest_segment_end: int | None
     lost: tuple[int, int] | None
+    segment: str | None = None
+    origin: int | None = None
 
     @property
     def lag(self) -> int | None:
@@ -44,7 +46,7 @@ class CheckpointRow:
                 "destination_topic": self.destination_topic, "checkpoint": self.checkpoint,
                 "updated_at": self.updated_at, "latest_segment_end": self.latest_segment_end,
                 "lag": self.lag, "last_lost_range": None if self.lost is None
-                else list(self.lost)}
+                else list(self.lost), "segment": self.segment, "origin": self.origin}
 
 
 def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
@@ -57,14 +59,14 @@ def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
             k = SegmentKey.try_parse(info.key)
             if k is not None:
                 ends[k.partition] = max(ends.get(k.partition, -1), k.end)
-        head = partition_key(src.region, src.topic, 0)[:-1]  # "{region}:{topic}:"
-        with_checkpoint = {int(k[len(head):]) for k in checkpoints
-                           if k.startswith(head) and k[len(head):].isdigit()}
+        with_checkpoint = {parsed[2] for parsed in map(parse_checkpoint_key, checkpoints)
+                           if parsed is not None and parsed[:2] == (src.region, src.topic)}
         for p in sorted(set(ends) | with_checkpoint):
-            cp = checkpoints.get(partition_key(src.region, src.topic, p))
+            cp = checkpoints.get(checkpoint_key(src.region, src.topic, p))
             rows.append(CheckpointRow(
                 src.region, src.topic, p, src.destination,
                 None if cp is None else cp.offset,
                 None if cp is None else cp.updated_at.isoformat(),
-                ends.get(p), None if cp is None else cp.lost))
+                ends.get(p), None if cp is None else cp.lost,
+                None if cp is None else cp.segment, None if cp is None else cp.origin))
     return rows

@@ -13,23 +13,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from replicator.core.errors import KafkaRetriableError, TopicError
-from replicator.core.kafka import (
-    OFFSET_BEGINNING,
-    Admin,
-    Message,
-    TopicPartition,
-    is_partition_eof,
-    make_consumer,
-    message_error,
-)
+from replicator.core.errors import TopicError
+from replicator.core.kafka import Admin, Message, read_to_end
 from replicator.core.settings import KafkaSettings
 
 RecordView = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
@@ -62,30 +52,10 @@ def read_partition(kafka: KafkaSettings, topic: str, partition: int, *,
     Raises:
         KafkaRetriableError: nothing (not even EOF) arrived within ``idle_timeout``.
     """
-    consumer = make_consumer(kafka, f"replicator-verify-{uuid.uuid4().hex[:8]}", {
-        "enable.partition.eof": True, "auto.offset.reset": "earliest"})
-    try:
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        idle_since = time.monotonic()
-        while True:
-            # A short timeout: consume() waits for the full batch or the timeout, and the
-            # end-of-partition event alone does not end that wait.
-            msgs = consumer.consume(num_messages=1000, timeout=0.2)
-            if not msgs:
-                if time.monotonic() - idle_since > idle_timeout:
-                    raise KafkaRetriableError(f"{topic}[{partition}]: no data and no end of "
-                                              f"partition within {idle_timeout:.0f}s")
-                continue
-            idle_since = time.monotonic()
-            for m in msgs:
-                if is_partition_eof(m):
-                    return
-                err = message_error(m)
-                if err is not None:
-                    raise err
-                yield m
-    finally:
-        consumer.close()
+    # A short consume timeout: a consume call waits for the full batch or the timeout, and
+    # the end-of-partition event alone does not end that wait.
+    return read_to_end(kafka, topic, partitions=[partition], idle_timeout=idle_timeout,
+                       poll_timeout=0.2, overrides={"auto.offset.reset": "earliest"})
 
 
 def count_reordered(positions: list[int]) -> int:

@@ -186,7 +186,7 @@ class FaultProxy:
                 self.injected[kind] += 1
             return kind, self.profile
 
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:  # noqa: C901 - one case per fault
         body = _read_body(h)
         trigger = self._take_trigger(h)
         if trigger is not None:

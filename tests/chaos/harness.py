@@ -17,6 +17,9 @@ delivery modes replay the same source topic at the same time under the same faul
 traffic of egress and ingress goes through the fault proxy; SQS and the bucket syncs talk
 to moto directly (SQS faults are injected by a competing consumer that re-sends,
 duplicates and delays messages).
+
+Longer than 400 lines: the stack, the managed processes, the SQS and broker faults and the
+verification are one harness that the chaos rounds drive.
 """
 
 from __future__ import annotations
@@ -32,25 +35,19 @@ import sys
 import threading
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from replicator.core import s3, sqs
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import (
-    OFFSET_BEGINNING,
-    Admin,
-    TopicPartition,
-    is_partition_eof,
-    make_consumer,
-    make_producer,
-    message_error,
-)
-from replicator.core.processes import (
+from replicator.core.kafka import Admin, DeliveryReport, Producer, read_to_end
+from replicator.core.s3 import S3ObjectStore
+from replicator.core.settings import KafkaSettings
+from replicator.devstack import aws
+from replicator.devstack.processes import (
     BrokerKind,
     ServerProcess,
     free_port,
@@ -58,9 +55,7 @@ from replicator.core.processes import (
     start_moto,
     stop_seconds,
 )
-from replicator.core.s3 import S3ObjectStore
-from replicator.core.settings import KafkaSettings
-from replicator.ops.sample import SampleRecord
+from replicator.devstack.sample import SampleRecord
 from replicator.ops.sync import BucketSync
 from replicator.ops.verify import digest, read_partition, record_view
 from tests.chaos.fault_proxy import FaultProxy
@@ -78,7 +73,7 @@ BATCH_SIZE = 100  # records per ingress transaction: small, so kills land mid-se
 # A SIGKILLed member holds its partitions until its session expires: keep that short.
 GROUP_CONFIG = {"session.timeout.ms": 4000, "heartbeat.interval.ms": 400,
                 "topic.metadata.refresh.interval.ms": 1000}
-CREDS = {"access_key_id": "test", "secret_access_key": "test"}
+CREDS: dict[str, Any] = {"access_key_id": "test", "secret_access_key": "test"}
 
 
 def toml_value(v: object) -> str:
@@ -303,26 +298,20 @@ class SourceProducer:
 
     def produce(self, records: Iterator[SampleRecord], chunks: int, pause: float) -> None:
         recs = list(records)
-        producer = make_producer(self.kafka, overrides={"linger.ms": 5})
 
-        def delivered(err: Any, msg: Any) -> None:
-            if err is not None:
-                self.errors.append(f"{self.topic}[{msg.partition()}]: {err.str()}")
+        def delivered(report: DeliveryReport) -> None:
+            if report.error is not None:
+                self.errors.append(f"{self.topic}[{report.partition}]: {report.reason}")
                 return
-            p = msg.partition()
-            self.last_offsets[p] = max(self.last_offsets.get(p, -1), msg.offset())
+            p = report.partition
+            self.last_offsets[p] = max(self.last_offsets.get(p, -1), report.offset)
 
+        producer = Producer(self.kafka, overrides={"linger.ms": 5}, on_delivery=delivered)
         size = max(1, -(-len(recs) // chunks))
         for i in range(0, len(recs), size):
             for r in recs[i:i + size]:
-                while True:
-                    try:
-                        producer.produce(self.topic, r.value, r.key, partition=r.partition,
-                                         timestamp=r.timestamp_ms, headers=r.headers,
-                                         on_delivery=delivered)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
+                producer.produce(self.topic, r.value, r.key, partition=r.partition,
+                                 timestamp=r.timestamp_ms, headers=r.headers)
             producer.poll(0)
             time.sleep(pause)
         left = producer.flush(120)
@@ -387,7 +376,7 @@ class ChaosStack:
         Admin(self.dest_kafka, timeout=20).list_topics()
 
         src_client = s3.make_s3_client(endpoint_url=self.moto_url, region=SOURCE_REGION, **CREDS)
-        s3.create_bucket(src_client, "chaos-source", SOURCE_REGION)
+        aws.create_bucket(src_client, "chaos-source", SOURCE_REGION)
         self.source_store = S3ObjectStore(src_client, "chaos-source")
         self.egress = self._egress_process(logs)
         for mode in MODES:
@@ -445,12 +434,12 @@ class ChaosStack:
         short = "eo" if mode == "exactly-once" else "alo"
         bucket, queue_name = f"chaos-dest-{short}", f"chaos-queue-{short}"
         client = s3.make_s3_client(endpoint_url=self.moto_url, region=DEST_REGION, **CREDS)
-        s3.create_bucket(client, bucket, DEST_REGION)
+        aws.create_bucket(client, bucket, DEST_REGION)
         sqs_client = sqs.make_sqs_client(endpoint_url=self.moto_url, region=DEST_REGION,
                                          **CREDS)
-        sqs.create_queue(sqs_client, queue_name, source_bucket=bucket)
+        aws.create_queue(sqs_client, queue_name, source_bucket=bucket)
         queue = sqs.SqsQueue(sqs_client, queue_name)
-        s3.set_bucket_notifications(client, bucket, queue.arn, prefix=f"{PREFIX}/")
+        aws.set_bucket_notifications(client, bucket, queue.arn, prefix=f"{PREFIX}/")
         port = free_port()
         cfg = self.dir / f"ingress-{short}.toml"
         dest_topic = f"{TOPIC}.copy-{short}"
@@ -510,28 +499,12 @@ class ChaosStack:
 
 
 def partition_digests(kafka: KafkaSettings, topic: str, partition: int,
-                      isolation: str = "read_committed") -> list[bytes]:
+                      isolation: Literal["read_committed", "read_uncommitted"]
+                      = "read_committed") -> list[bytes]:
     """Record digests of one partition up to its end (``isolation`` as the consumer's)."""
-    consumer = make_consumer(kafka, f"chaos-verify-{uuid.uuid4().hex[:8]}", {
-        "enable.partition.eof": True, "isolation.level": isolation})
-    out: list[bytes] = []
-    try:
-        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        idle = time.monotonic()
-        while True:
-            msgs = consumer.consume(num_messages=1000, timeout=0.2)
-            if not msgs and time.monotonic() - idle > 30:
-                raise AssertionError(f"{topic}[{partition}]: no end of partition in 30 s")
-            for m in msgs:
-                idle = time.monotonic()
-                if is_partition_eof(m):
-                    return out
-                err = message_error(m)
-                if err is not None:
-                    raise err
-                out.append(digest(record_view(m)))
-    finally:
-        consumer.close()
+    return [digest(record_view(m))
+            for m in read_to_end(kafka, topic, partitions=[partition], isolation=isolation,
+                                 idle_timeout=30, poll_timeout=0.2)]
 
 
 def missing_ranges(source: list[bytes], destination: list[bytes]) -> list[tuple[int, int]]:

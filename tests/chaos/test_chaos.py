@@ -22,10 +22,14 @@ the rounds may take: no round starts that would probably end past it, so the def
 the 4-minute CI budget on a loaded 2-core machine (at least one round always runs). For a long
 run: ``CHAOS_ROUNDS=40 CHAOS_BUDGET=3600``. ``CHAOS_REPORT`` names a JSON file for the figures
 (default: ``chaos-report.json`` next to the logs, whose directory is printed).
+
+Longer than 400 lines: the round plans, their execution and the per-round verdicts belong
+together; the processes and faults themselves are in ``harness.py`` and ``fault_proxy.py``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -38,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from replicator.ops.sample import sample_records
+from replicator.devstack.sample import sample_records
 from replicator.ops.verify import classify
 from tests.chaos.fault_proxy import KINDS, NO_FAULTS, FaultProfile, Trigger
 from tests.chaos.harness import (
@@ -318,7 +322,7 @@ def run_round(stack: ChaosStack, producer: SourceProducer, n: int) -> RoundResul
         events.append((plan.outage[0], lambda: proxy.outage(secs)))
     for t, name, down, how in plan.kills:
         proc = stack.process(name)
-        events.append((t, lambda proc=proc, how=how: arm_kill(stack, proc, how)))
+        events.append((t, functools.partial(arm_kill, stack, proc, how)))
         events.append((min(t + KILL_POINT_WAIT + down, WINDOW), proc.ensure_running))
     if plan.freeze:
         t, broker, dur = plan.freeze

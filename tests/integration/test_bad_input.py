@@ -26,9 +26,9 @@ import pytest
 from formats.base import SegmentMetadata, WriterOptions
 from formats.records import records_to_batch
 from formats.segment_io import SegmentUpload, publish_segment
-from ingress.checkpoints import Checkpoint
-from replicator.core.kafka import Admin, make_producer
+from replicator.core.kafka import Admin, Producer
 from replicator.core.sqs import SqsQueue
+from replicator.core.wire import Checkpoint
 from tests.integration.test_ingress import (
     FMT,
     SOURCE_REGION,
@@ -92,14 +92,16 @@ def test_bad_events_are_logged_counted_and_dropped_while_segments_flow(
     settings = env.settings()
     with caplog.at_level(logging.INFO), running(settings) as ing:
         # Garbage on the segment-events topic itself (another writer, a bad tool).
-        producer = make_producer(settings.kafka)
+        producer = Producer(settings.kafka)
         producer.produce(settings.ingress.segment_events_topic,  # type: ignore[union-attr]
                          b"\x00garbage event", b"not-a-key", partition=0)
         producer.flush(10)
         for p, last in ((0, 99), (1, 49)):
-            wait_for(lambda p=p, last=last: ing.metrics.value(
-                "replicator_ingress_checkpoint_offset", lbl(env, p)) == last, 30,
-                f"partition {p} replayed")
+            def replayed(p: int = p, last: int = last) -> bool:
+                return ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                         lbl(env, p)) == last
+
+            wait_for(replayed, 30, f"partition {p} replayed")
         m = ing.metrics
         wait_for(lambda: sum(m.value("replicator_ingress_sqs_events_invalid_total",
                                      {"reason": r}) or 0 for r in bad_bodies) == 3, 20,
@@ -172,7 +174,7 @@ def test_checkpoint_record_that_is_not_json_is_skipped_loudly(
     Admin(settings.kafka).create_topic(topic, 1, {"cleanup.policy": "compact"})
     key0 = f"{SOURCE_REGION}:{env.source}:0"
     seg0 = env.segment_key(0, 0, 99)
-    producer = make_producer(settings.kafka)
+    producer = Producer(settings.kafka)
     valid = Checkpoint(49, seg0.to_key(), datetime.now(UTC)).encode()
     producer.produce(topic, valid, key0.encode(), partition=0)
     producer.produce(topic, b"{'offset': 99", key0.encode(), partition=0)   # not JSON
@@ -182,8 +184,10 @@ def test_checkpoint_record_that_is_not_json_is_skipped_loudly(
     with caplog.at_level(logging.INFO), running(settings) as ing:
         m = ing.metrics
         for p in (0, 1):
-            wait_for(lambda p=p: m.value("replicator_ingress_checkpoint_offset",
-                                         lbl(env, p)) == 99, 30, f"partition {p}")
+            def done(p: int = p) -> bool:
+                return m.value("replicator_ingress_checkpoint_offset", lbl(env, p)) == 99
+
+            wait_for(done, 30, f"partition {p}")
         assert (m.value("replicator_ingress_checkpoints_invalid_total", {"key": key0})
                 or 0) >= 1
         assert m.total("replicator_ingress_worker_errors_total") == 0

@@ -13,7 +13,7 @@ import threading
 import time
 
 from ingress.checkpoints import KafkaCheckpointStore
-from replicator.core.kafka import Admin, make_producer
+from replicator.core.kafka import Admin, Producer
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
 from tests.conftest import unique_name
@@ -30,19 +30,19 @@ def test_load_waits_for_an_open_transaction_ahead_of_the_newest_checkpoint(
     Admin(kafka).create_topic(topic, 1, {"cleanup.policy": "compact"})
     key = "us-east-1:t:0"
 
-    old = make_producer(kafka)
+    old = Producer(kafka)
     old.produce(topic, cp(10), key.encode())
     assert old.flush(10) == 0
 
     # Another worker opens a transaction on the same partition and keeps it open.
-    other = make_producer(kafka, transactional_id=unique_name("other"))
+    other = Producer(kafka, transactional_id=unique_name("other"))
     other.init_transactions(10)
     other.begin_transaction()
     other.produce(topic, cp(999), b"us-east-1:t:1")
     other.flush(10)
 
     # This partition's worker commits a newer checkpoint behind it.
-    mine = make_producer(kafka, transactional_id=unique_name("mine"))
+    mine = Producer(kafka, transactional_id=unique_name("mine"))
     mine.init_transactions(10)
     mine.begin_transaction()
     mine.produce(topic, cp(20), key.encode())
@@ -69,7 +69,7 @@ def test_load_after_an_aborted_transaction_returns_the_committed_checkpoint(
     topic = unique_name("cp")
     Admin(kafka).create_topic(topic, 1, {"cleanup.policy": "compact"})
     key = "us-east-1:t:0"
-    p = make_producer(kafka, transactional_id=unique_name("w"))
+    p = Producer(kafka, transactional_id=unique_name("w"))
     p.init_transactions(10)
     p.begin_transaction()
     p.produce(topic, cp(5), key.encode())
@@ -80,7 +80,7 @@ def test_load_after_an_aborted_transaction_returns_the_committed_checkpoint(
     store = KafkaCheckpointStore(kafka, topic, Metrics(), timeout=20)
     loaded = store.load(key)
     assert loaded is not None
-    # Tansu shows aborted records to read_committed readers (TEST-INFRA.md), so only the
+    # Tansu shows aborted records to read_committed readers (docs/testing.md), so only the
     # committed value is certain on a real Kafka; here either is what the broker returns.
     assert loaded.offset in (5, 7)
     assert store.load("us-east-1:t:9") is None

@@ -24,9 +24,10 @@ from formats.records import records_to_batch
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload
 from replicator.core.keys import SegmentKey
-from replicator.core.processes import free_port
-from replicator.core.s3 import S3ObjectStore, create_bucket, make_s3_client
+from replicator.core.s3 import S3ObjectStore, make_s3_client
 from replicator.core.settings import Settings
+from replicator.devstack.aws import create_bucket
+from replicator.devstack.processes import free_port
 from tests.conftest import unique_name
 from tests.unit.test_compaction_helpers import (
     compaction_settings,

@@ -18,12 +18,13 @@ from egress.controller import Egress
 from formats.records import Record, read_all_records
 from formats.registry import get_format
 from formats.segment_io import open_segment
-from replicator.core.kafka import Admin, TopicPartition, make_consumer, make_producer
+from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
-from replicator.core.processes import free_port
-from replicator.core.s3 import S3ObjectStore, create_bucket
+from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings, load_settings
 from replicator.core.storage import ObjectStore
+from replicator.devstack.aws import create_bucket
+from replicator.devstack.processes import free_port
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
 REGION = "us-east-1"
@@ -80,7 +81,7 @@ def sample_records(partition: int, n: int) -> list[Record]:
 
 def produce(brokers: str, topic: str, partition: int, records: list[Record],
             producer: Any = None) -> None:
-    p = producer or make_producer(kafka_settings(brokers))
+    p = producer or Producer(kafka_settings(brokers))
     for r in records:
         p.produce(topic, value=r.value, key=r.key, partition=partition,
                   timestamp=r.timestamp_ms, headers=list(r.headers) or None)
@@ -104,7 +105,7 @@ def read_partition(store: ObjectStore, topic: str, partition: int) -> list[Recor
 
 
 def committed(brokers: str, group: str, topic: str, partitions: int) -> list[int]:
-    c = make_consumer(kafka_settings(brokers), group)
+    c = Consumer(kafka_settings(brokers), group)
     try:
         tps = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
         return [tp.offset for tp in tps]

@@ -15,7 +15,7 @@ from typing import Any
 from egress.controller import Egress
 from formats.records import Record
 from replicator.core.errors import StorageError
-from replicator.core.kafka import make_producer
+from replicator.core.kafka import Producer
 from replicator.core.retry import RetryPolicy
 from replicator.core.storage import ObjectInfo, ObjectStore, Upload
 from tests.conftest import FAST_GROUP_CONFIG, unique_name
@@ -46,7 +46,7 @@ def test_transactional_source_segments_touch_and_nothing_is_lost(
         source_brokers: str, moto_endpoint: str, broker_kind: str) -> None:
     bucket, store = new_bucket(moto_endpoint)
     topic = create_topic(source_brokers, 1)
-    p = make_producer(kafka_settings(source_brokers), transactional_id=unique_name("tx"))
+    p = Producer(kafka_settings(source_brokers), transactional_id=unique_name("tx"))
     p.init_transactions(30)
 
     def txn(tag: str, n: int, commit: bool) -> None:
@@ -89,7 +89,7 @@ def test_transactional_source_segments_touch_and_nothing_is_lost(
     if broker_kind == "apache":
         # read_committed really hides the aborted transaction: only committed records.
         assert values(got) == committed_values
-    # Tansu hands aborted records to read_committed consumers too (TEST-INFRA); what must
+    # Tansu hands aborted records to read_committed consumers too (docs/testing.md); what must
     # hold is that every committed record is there, in order, and nothing is called lost.
     assert [v for v in values(got) if not (v or b"").startswith(b"x-")] == committed_values
     # Markers take offsets: the last segment ends at the last record, and the committed
@@ -108,7 +108,7 @@ def test_two_instances_split_partitions_without_overlap(
     settings = egress_settings(source_brokers, moto_endpoint, bucket,
                                {topic: {"max_segment_messages": 40, "max_segment_age": "300ms"}})
     recs = {p: sample_records(p, 300) for p in range(parts)}
-    producer = make_producer(kafka_settings(source_brokers))
+    producer = Producer(kafka_settings(source_brokers))
 
     def produce_slice(lo: int, hi: int) -> None:
         for p in range(parts):

@@ -2,6 +2,9 @@
 
 Segments are written straight into the destination bucket with ``formats.segment_io``
 (egress is not needed here); S3 notifications reach ingress through a real SQS queue.
+
+Longer than 400 lines: one test per ingress behaviour against the real servers, sharing
+the harness at the top (bucket, queue, topics), which other test modules import.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import confluent_kafka as ck
 import pytest
 
 from formats.base import (
@@ -28,18 +30,15 @@ from formats.base import (
 from formats.records import Record, records_to_batch
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
-from ingress.checkpoints import Checkpoint
 from ingress.controller import Ingress
-from replicator.core.kafka import Admin
+from replicator.core.errors import ReplicatorError
+from replicator.core.kafka import Admin, read_to_end
 from replicator.core.keys import SegmentKey, topic_meta_key
-from replicator.core.s3 import (
-    S3ObjectStore,
-    create_bucket,
-    make_s3_client,
-    set_bucket_notifications,
-)
-from replicator.core.settings import Settings, load_settings
-from replicator.core.sqs import SqsQueue, create_queue, make_sqs_client
+from replicator.core.s3 import S3ObjectStore, make_s3_client
+from replicator.core.settings import KafkaSettings, Settings, load_settings
+from replicator.core.sqs import SqsQueue, make_sqs_client
+from replicator.core.wire import Checkpoint
+from replicator.devstack.aws import create_bucket, create_queue, set_bucket_notifications
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 
 REGION = "us-west-1"
@@ -182,29 +181,17 @@ Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int
 def read_topic(brokers: str, topic: str, *, timeout: float = 20) -> dict[int, list[Row]]:
     """Every record of ``topic`` (read_committed) by partition: (partition, key, value,
     headers, timestamp, timestamp type)."""
-    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("verify"),
-                     "enable.partition.eof": True, "isolation.level": "read_committed",
-                     "enable.auto.commit": False})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
-        parts = sorted(md.partitions)
-        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
-        out: dict[int, list[Row]] = {p: [] for p in parts}
-        pending = set(parts)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.05):
-                if m.error():
-                    if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                        pending.discard(m.partition())
-                    continue
-                ts_type, ts = m.timestamp()
-                out[m.partition()].append((m.partition(), m.key(), m.value(),
-                                           list(m.headers() or []), ts, ts_type))
-        assert not pending, f"partitions {pending} of {topic} not read to the end"
-        return out
-    finally:
-        c.close()
+    kafka = KafkaSettings(brokers=brokers)
+    n = Admin(kafka).partition_count(topic)
+    if n is None:
+        raise KeyError(topic)
+    out: dict[int, list[Row]] = {p: [] for p in range(n)}
+    for m in read_to_end(kafka, topic, partitions=list(out), timeout=timeout):
+        ts_type, ts = m.timestamp()
+        p = m.partition()
+        assert p is not None
+        out[p].append((p, m.key(), m.value(), list(m.headers() or []), ts, ts_type))
+    return out
 
 
 def expected_rows(partition: int, records: list[Record]) -> list[Row]:
@@ -216,29 +203,17 @@ def expected_rows(partition: int, records: list[Record]) -> list[Row]:
 def count(brokers: str, topic: str) -> int:
     try:
         return sum(len(v) for v in read_topic(brokers, topic, timeout=5).values())
-    except (AssertionError, KeyError, ck.KafkaException):
+    except (AssertionError, KeyError, ReplicatorError):
         return -1
 
 
 def checkpoints(brokers: str, topic: str) -> dict[str, list[Checkpoint]]:
-    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("verify"),
-                     "enable.partition.eof": True, "isolation.level": "read_committed"})
-    try:
-        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        c.assign([ck.TopicPartition(topic, p, ck.OFFSET_BEGINNING) for p in parts])
-        out: dict[str, list[Checkpoint]] = {}
-        pending = set(parts)
-        deadline = time.monotonic() + 15
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(1000, 0.05):
-                if m.error():
-                    if m.error().code() == ck.KafkaError._PARTITION_EOF:
-                        pending.discard(m.partition())
-                    continue
-                out.setdefault(m.key().decode(), []).append(Checkpoint.decode(m.value()))
-        return out
-    finally:
-        c.close()
+    out: dict[str, list[Checkpoint]] = {}
+    for m in read_to_end(KafkaSettings(brokers=brokers), topic, timeout=15):
+        key = m.key()
+        assert key is not None
+        out.setdefault(key.decode(), []).append(Checkpoint.decode(m.value()))
+    return out
 
 
 def send_fake_event(env: Env, key: SegmentKey) -> None:
@@ -381,9 +356,11 @@ def test_destination_with_too_few_partitions(env: Env, broker_kind: str,
             assert not any(w[1] == env.source for w in ing.workers)
         else:
             for p in range(4):
-                wait_for(lambda p=p: ing.metrics.value("replicator_ingress_checkpoint_offset",
-                                                       {**lbl, "partition": str(p)}) == 29,
-                         30, f"partition {p} replayed")
+                def replayed(p: int = p) -> bool:
+                    return ing.metrics.value("replicator_ingress_checkpoint_offset",
+                                             {**lbl, "partition": str(p)}) == 29
+
+                wait_for(replayed, 30, f"partition {p} replayed")
             assert ing.metrics.total("replicator_ingress_source_errors_total") == 0
     if broker_kind == "tansu":
         stopped = [r.getMessage() for r in caplog.records if "STOPPED" in r.getMessage()]
@@ -437,7 +414,8 @@ def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None
     ProducerFenced (the worker then gives the partition up) and nothing of it is committed
     after the fence (on Apache Kafka a read_committed reader sees only the new owner's
     record; Tansu shows aborted transactions' records too)."""
-    from ingress.sink import KafkaSink, Rows
+    from ingress.rows import Rows
+    from ingress.sink import KafkaSink
     from replicator.core.errors import ProducerFenced
 
     settings = env.settings()

@@ -4,7 +4,7 @@ reordered records in the destination (both delivery modes).
 On Apache Kafka, exactly-once is measured directly: a read_committed reader of the
 destination sees every record exactly once (0 duplicates) and the committed checkpoints
 strictly increase. Tansu shows records of aborted transactions to read_committed readers
-(TEST-INFRA.md), so there the records of the transaction open at the kill may be visible
+(docs/testing.md), so there the records of the transaction open at the kill may be visible
 twice; on Tansu the test checks exactly-once through the checkpoints (committed with the
 records, at most one aborted one visible, ending at the last offset) and bounds the visible
 duplicates by one transaction (``batch_size`` records), re-produced right after the kill.
@@ -26,8 +26,8 @@ import pytest
 
 from formats.base import TIMESTAMP_CREATE_TIME
 from formats.records import Record
-from ingress.worker import PIPELINE_DEPTH
-from replicator.core.processes import free_port
+from ingress.delivery import PIPELINE_DEPTH
+from replicator.devstack.processes import free_port
 from tests.conftest import RECENT_MS
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 
@@ -118,8 +118,8 @@ def test_kill9_mid_replay_then_restart(env: Env, tmp_path: Path, delivery: str,
         if first.poll() is None:
             first.kill()
     progress = checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])
-    key = f"us-east-1:{env.source}:0"
-    at_kill = progress[key][-1].offset
+    cp_key = f"us-east-1:{env.source}:0"
+    at_kill = progress[cp_key][-1].offset
     assert at_kill < total - 1, "the kill came too late to test anything"
     second = start(cfg, log)
     try:
@@ -142,7 +142,7 @@ def test_kill9_mid_replay_then_restart(env: Env, tmp_path: Path, delivery: str,
     assert lost == 0
     assert reordered == 0
     assert len(first_order) == total
-    cps = [c.offset for c in checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])[key]]
+    cps = [c.offset for c in checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])[cp_key]]
     assert cps[-1] == total - 1
     dup_offsets = sorted(int(k[1:]) for k, n in counts.items() if n > 1)  # type: ignore[index]
     if delivery == "exactly-once" and broker_kind == "apache":

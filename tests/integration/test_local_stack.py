@@ -17,15 +17,15 @@ import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from replicator.core.local_stack import (
+from replicator.core.settings import load_settings
+from replicator.devstack.configs import (
     DEST_BUCKET,
     DEST_REGION,
     QUEUE,
     SOURCE_BUCKET,
     SOURCE_REGION,
-    LocalStack,
 )
-from replicator.core.settings import load_settings
+from replicator.devstack.stack import LocalStack
 
 REPLICATOR = str(Path(sys.executable).parent / "replicator")
 
@@ -56,7 +56,7 @@ def local(*args: str, cwd: Path | None = None, timeout: float = 120
 def gone(pid: int) -> bool:
     """True if ``pid`` no longer runs (a zombie waiting for its parent counts as gone)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from replicator.core.local_stack import LocalStack
+from replicator.devstack.stack import LocalStack
 from tests.integration.test_local_stack import (
     gone,
     local,

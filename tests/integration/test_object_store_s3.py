@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
+from replicator.core.aws import translate
 from replicator.core.errors import (
     ObjectNotFound,
     PreconditionFailed,
@@ -18,15 +19,10 @@ from replicator.core.errors import (
     StorageError,
     StorageFatalError,
 )
-from replicator.core.processes import free_port
-from replicator.core.s3 import (
-    S3ObjectStore,
-    create_bucket,
-    make_s3_client,
-    set_lifecycle_for_temp,
-    translate,
-)
+from replicator.core.s3 import S3ObjectStore, make_s3_client
 from replicator.core.settings import load_settings
+from replicator.devstack.aws import create_bucket, set_lifecycle_for_temp
+from replicator.devstack.processes import free_port
 from tests.conftest import unique_name
 from tests.contract.object_store import ObjectStoreContract
 

@@ -13,9 +13,10 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.cli.main import main
 from replicator.core import s3
-from replicator.core.kafka import make_producer
+from replicator.core.kafka import Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
+from replicator.devstack import aws
 from tests.conftest import RECENT_MS, unique_name
 
 
@@ -23,7 +24,7 @@ def make_bucket(endpoint: str, region: str = "us-east-1") -> tuple[str, s3.S3Obj
     bucket = unique_name("bkt")
     client = s3.make_s3_client(endpoint_url=endpoint, region=region, access_key_id="test",
                                secret_access_key="test")
-    s3.create_bucket(client, bucket, region)
+    aws.create_bucket(client, bucket, region)
     return bucket, s3.S3ObjectStore(client, bucket)
 
 
@@ -114,7 +115,7 @@ def test_sync_copies_segments_once_and_never_temp(moto_endpoint: str, tmp_path: 
 
 
 def produce(brokers: str, topic: str, values: list[bytes | None]) -> None:
-    p = make_producer(KafkaSettings(brokers=brokers))
+    p = Producer(KafkaSettings(brokers=brokers))
     for i, v in enumerate(values):
         p.produce(topic, v, b"k%d" % i, partition=0, timestamp=RECENT_MS + i)
     assert p.flush(10) == 0

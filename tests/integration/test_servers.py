@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import boto3
 import confluent_kafka as ck
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from tests.conftest import unique_name
 

@@ -11,15 +11,11 @@ from urllib.parse import unquote_plus
 import pytest
 
 from replicator.core.errors import ObjectNotFound, StorageError
-from replicator.core.processes import free_port
-from replicator.core.s3 import (
-    S3ObjectStore,
-    create_bucket,
-    make_s3_client,
-    set_bucket_notifications,
-)
+from replicator.core.s3 import S3ObjectStore, make_s3_client
 from replicator.core.settings import load_settings
-from replicator.core.sqs import QueueMessage, SqsQueue, create_queue, make_sqs_client
+from replicator.core.sqs import QueueMessage, SqsQueue, make_sqs_client
+from replicator.devstack.aws import create_bucket, create_queue, set_bucket_notifications
+from replicator.devstack.processes import free_port
 from tests.conftest import unique_name
 
 MiB = 1024**2
@@ -116,7 +112,7 @@ def test_s3_notifications_reach_the_queue(s3_client: Any, queue: SqsQueue) -> No
     got = events(msgs)
     assert sorted(got) == sorted([
         ("ObjectCreated:Put", key),
-        # moto sends two events for one CompleteMultipartUpload (TEST-INFRA.md).
+        # moto sends two events for one CompleteMultipartUpload (docs/testing.md).
         ("ObjectCreated:Put", "data/a b/multi+part"),
         ("ObjectCreated:CompleteMultipartUpload", "data/a b/multi+part"),
         ("ObjectRemoved:Delete", key),

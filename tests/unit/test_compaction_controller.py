@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,18 +12,13 @@ import pyarrow as pa
 import pytest
 
 from compaction.controller import Compaction
+from compaction.executors import settings_from_payload, settings_payload
 from compaction.lock import LockState, RegionLock, lock_key
-from compaction.merge import (
-    TaskSpec,
-    merge_segments,
-    read_ahead,
-    settings_from_payload,
-    settings_payload,
-)
+from compaction.merge import TaskSpec, merge_segments
 from formats.base import WriterOptions
 from formats.records import Record
 from formats.registry import get_format
-from replicator.core.errors import ConfigError, SegmentCorrupt, StorageError
+from replicator.core.errors import ConfigError, StorageError
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore, ObjectInfo
 from tests.unit.test_compaction_helpers import (
@@ -374,40 +368,6 @@ def test_stop_during_a_run_cancels_unfinished_merges_and_keeps_their_inputs() ->
     assert report.outcome == "failed" and "stopped" in (report.reason or "")
     assert {t.outcome for t in report.tasks} == {"failed"}
     assert listing(store) == before
-
-
-def test_read_ahead_keeps_order_forwards_errors_and_stops_its_producer() -> None:
-    assert list(read_ahead(iter(range(100)), 2)) == list(range(100))
-    closed: list[bool] = []
-
-    def failing() -> Iterator[int]:
-        try:
-            yield 1
-            raise SegmentCorrupt("boom")
-        finally:
-            closed.append(True)
-
-    with pytest.raises(SegmentCorrupt, match="boom"):
-        list(read_ahead(failing(), 2))
-    assert closed == [True]
-
-    produced: list[int] = []
-
-    def endless() -> Iterator[int]:
-        try:
-            i = 0
-            while True:
-                produced.append(i)
-                yield i
-                i += 1
-        finally:
-            closed.append(True)
-
-    it = read_ahead(endless(), 2)
-    assert [next(it) for _ in range(3)] == [0, 1, 2]
-    it.close()   # the consumer gives up: the producer stops and closes its iterator
-    assert closed == [True, True]
-    assert len(produced) <= 3 + 2 + 1   # never more than depth (+1 in hand) ahead
 
 
 def test_merge_memory_is_bounded_by_batches_and_row_groups_not_segment_size() -> None:

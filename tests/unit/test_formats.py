@@ -1,4 +1,8 @@
-"""Round trips and refusals of the built-in segment formats (SPEC 3.2), over both formats."""
+"""Round trips and refusals of the built-in segment formats (docs/architecture.md, "Segment
+format"), over both formats.
+
+Longer than 400 lines: the same round trips and refusals, for both formats.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from ingress.checkpoints import MemoryCheckpointStore
 from ingress.controller import Ingress
@@ -28,6 +28,10 @@ class FakeConsumer:
         return
 
 
+def subscriptions(ing: Ingress) -> list[list[str]]:
+    return cast(FakeConsumer, ing.consumer).subscriptions
+
+
 def make(sources: list[dict[str, Any]]) -> tuple[Ingress, MemoryObjectStore, FakeAdmin]:
     settings = load_settings(data={
         "region": "us-west-1", "s3": {"bucket": "b"}, "kafka": {"brokers": "x:1"},
@@ -39,7 +43,7 @@ def make(sources: list[dict[str, Any]]) -> tuple[Ingress, MemoryObjectStore, Fak
     checkpoints = MemoryCheckpointStore()
     ing = Ingress(settings, store=store, events=MemorySegmentEvents(), checkpoints=checkpoints,
                   admin=admin, make_sink=lambda src, topic, p: MemorySink(checkpoints))
-    ing.consumer = FakeConsumer()
+    ing.consumer = FakeConsumer()  # type: ignore[assignment]
     return ing, store, admin
 
 
@@ -54,13 +58,13 @@ def test_two_sources_aggregated_into_one_topic() -> None:
         {"region": "eu-west-1", "topic": "t", "destination_topic": "all"}])
     try:
         ing._check_topics()
-        assert ing.consumer.subscriptions == []  # nothing known yet: nothing subscribed
+        assert subscriptions(ing) == []  # nothing known yet: nothing subscribed
         meta(store, "us-east-1", "t", 2)
         meta(store, "eu-west-1", "t", 4)
         ing._check_topics()
         assert admin.topics == {"all": 4}  # created for the larger source
         assert not any(st.stopped for st in ing.sources.values())
-        assert ing.consumer.subscriptions == [["all"]]
+        assert subscriptions(ing) == [["all"]]
     finally:
         ing.close()
 
@@ -75,7 +79,7 @@ def test_placement_follows_assignment_and_partition_counts() -> None:
         meta(store, "us-east-1", "t", 2)
         meta(store, "eu-west-1", "u", 4)
         ing._check_topics()
-        assert ing.consumer.subscriptions == [["all"]]
+        assert subscriptions(ing) == [["all"]]
         ing.assigned = {("all", 1), ("all", 3)}
         ing._reconcile()
         assert sorted(ing.workers) == [("eu-west-1", "u", 1), ("eu-west-1", "u", 3),
@@ -99,10 +103,10 @@ def test_source_with_too_few_destination_partitions_stops_and_resumes() -> None:
         assert ing.metrics.value("replicator_ingress_source_errors_total",
                                  {"region": "us-east-1", "topic": "t",
                                   "reason": "partitions"}) == 1  # counted once
-        assert ing.consumer.subscriptions == []
+        assert subscriptions(ing) == []
         admin.topics["t"] = 3  # an operator added partitions
         ing._check_topics()
-        assert st.stopped is None and ing.consumer.subscriptions == [["t"]]
+        assert st.stopped is None and subscriptions(ing) == [["t"]]
         assert ing.metrics.value("replicator_ingress_source_stopped",
                                  {"region": "us-east-1", "topic": "t"}) == 0
     finally:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -33,7 +35,7 @@ class FakeQueue:
     def receive(self, max_messages: int = 10, wait_seconds: int = 20) -> list[Msg]:
         return [m for m in self.pending if m.message_id not in self.deleted][:max_messages]
 
-    def delete(self, messages: list[Msg]) -> list[str]:
+    def delete(self, messages: Sequence[Any]) -> list[str]:
         self.deleted.extend(m.message_id for m in messages)
         return []
 

@@ -10,7 +10,6 @@ from datetime import timedelta
 import pytest
 
 from ingress.topics import (
-    TopicMeta,
     destination_step,
     ensure_destination,
     ensure_internal_topics,
@@ -18,6 +17,7 @@ from ingress.topics import (
 )
 from replicator.core.errors import TopicError
 from replicator.core.storage import MemoryObjectStore
+from replicator.core.wire import TopicMetadata
 
 
 @dataclass
@@ -93,7 +93,7 @@ def test_topic_meta() -> None:
     store = MemoryObjectStore("b")
     assert read_topic_meta(store, "data", "r", "t") is None
     store.put("data/r/t/_topic.json", json.dumps({"partitions": 3, "configs": {"a": 1}}).encode())
-    assert read_topic_meta(store, "data", "r", "t") == TopicMeta(3, {"a": "1"})
+    assert read_topic_meta(store, "data", "r", "t") == TopicMetadata(3, {"a": "1"})
     for bad in (b"x", b"{}", b'{"partitions": 0}', b'{"partitions": 2, "configs": []}'):
         with pytest.raises(TopicError):
-            TopicMeta.parse(bad, where="here")
+            TopicMetadata.parse(bad, where="here")

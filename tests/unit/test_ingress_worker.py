@@ -1,7 +1,11 @@
-"""The replay worker against in-memory seams: order, overlap, redo, missing, corrupt, late."""
+"""The replay worker against in-memory seams: order, overlap, redo, missing, corrupt, late.
+
+Longer than 400 lines: one test per worker behaviour, sharing the in-memory harness.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -15,15 +19,18 @@ from formats.base import TIMESTAMP_LOG_APPEND_TIME, SegmentMetadata, WriterOptio
 from formats.records import Record, records_to_batch
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
-from ingress.checkpoints import Checkpoint, MemoryCheckpointStore
+from ingress.checkpoints import MemoryCheckpointStore
+from ingress.delivery import PIPELINE_DEPTH, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
-from ingress.sink import MemorySink, Rows
-from ingress.worker import PIPELINE_DEPTH, ReplayWorker, WorkerConfig
+from ingress.rows import Rows
+from ingress.sink import MemorySink
+from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import MemoryObjectStore, RangeReader
+from replicator.core.wire import Checkpoint
 
 FMT = get_format("parquet")
 REF = PartitionRef("data", "us-east-1", "t", 3)
@@ -60,11 +67,13 @@ class Harness:
         self.metrics = Metrics()
         self.m = IngressMetrics.create(self.metrics)
         src = IngressSourceSettings(region="us-east-1", topic="t",
-                                    lost_segment_timeout=timeout,  # type: ignore[arg-type]
+                                    lost_segment_timeout=timeout,
                                     late_segment_retries=retries,
-                                    first_segment_delay=first_delay)  # type: ignore[arg-type]
+                                    first_segment_delay=first_delay)
         self.cfg = WorkerConfig(source=src, ref=REF, destination_topic="copy",
-                                exactly_once=exactly_once, batch_size=batch_size,
+                                delivery=delivery_for("exactly-once" if exactly_once
+                                                      else "at-least-once"),
+                                batch_size=batch_size,
                                 rescan_interval=timedelta(milliseconds=100))
         self.worker: ReplayWorker | None = None
 
@@ -378,7 +387,7 @@ def test_unexpected_error_restarts_with_backoff_not_a_hot_loop() -> None:
 
 
 def test_batch_rows_keeps_every_field_and_respects_slices_and_skips() -> None:
-    from ingress.worker import batch_rows
+    from ingress.rows import batch_rows
 
     recs = [rec(o) for o in range(30)]
     batch = records_to_batch(recs)
@@ -413,7 +422,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
     class CountingStore(MemoryObjectStore):
         def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
             raw = TrackedRange(self, key, self.head(key).size)
-            return io.BufferedReader(raw, buffer_size=buffer_size)  # type: ignore[return-value]
+            return io.BufferedReader(raw, buffer_size=buffer_size)
 
     store = CountingStore("dest")
     permits = threading.Semaphore(1)
@@ -426,10 +435,11 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
         h = Harness()
         sink = MemorySink(h.checkpoints)
         cfg = WorkerConfig(source=h.cfg.source, ref=ref, destination_topic="copy",
-                           exactly_once=True, batch_size=7,
+                           delivery=delivery_for("exactly-once"), batch_size=7,
                            rescan_interval=timedelta(seconds=5))
         w = ReplayWorker(cfg, store=store, fmt=FMT, checkpoints=h.checkpoints,
-                         make_sink=lambda s=sink: s, metrics=h.m, permits=permits)
+                         make_sink=functools.partial(lambda s: s, sink), metrics=h.m,
+                         permits=permits)
         workers.append(w)
         sinks.append(sink)
     for w in workers:

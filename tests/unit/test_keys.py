@@ -1,4 +1,4 @@
-"""SegmentKey and the rest of the S3 key layout (SPEC 3.1)."""
+"""SegmentKey and the rest of the S3 key layout (docs/architecture.md, "S3 layout")."""
 
 from __future__ import annotations
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from replicator.metrics_reference import definitions, render_reference
+from replicator.reference.metrics import definitions, render_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_reference_matches_the_code() -> None:
     assert (ROOT / "docs" / "metrics.md").read_text() == render_reference(), (
-        "docs/metrics.md is stale: run `python -m replicator.metrics_reference > "
+        "docs/metrics.md is stale: run `python -m replicator.reference.metrics > "
         "docs/metrics.md`")
 
 

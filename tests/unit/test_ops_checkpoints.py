@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ingress.checkpoints import Checkpoint
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import IngressSettings
 from replicator.core.storage import MemoryObjectStore
+from replicator.core.wire import Checkpoint
 from replicator.ops.checkpoints import checkpoint_report
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
@@ -21,7 +21,7 @@ def test_rows_per_partition_with_lag() -> None:
     for p, start, end in ((0, 0, 99), (0, 100, 199), (1, 0, 49), (1, 0, 49)):
         store.put(SegmentKey("data", "us-east-1", "t", p, 0, start, end).to_key(), b"x")
     store.put(SegmentKey("data", "eu-west-1", "t", 5, 0, 0, 9).to_key(), b"other region")
-    cps = {"us-east-1:t:0": Checkpoint(149, "seg", NOW),
+    cps = {"us-east-1:t:0": Checkpoint(149, "seg", NOW, origin=7),
            "us-east-1:t:2": Checkpoint(9, "seg", NOW, lost=(3, 4)),
            "us-east-1:other:0": Checkpoint(1, "seg", NOW)}
     rows = checkpoint_report(ingress, "data", store, cps)
@@ -29,3 +29,9 @@ def test_rows_per_partition_with_lag() -> None:
         (0, 149, 199, 50), (1, None, 49, 50), (2, 9, None, None)]
     assert rows[0].destination_topic == "t.copy"
     assert rows[2].as_dict()["last_lost_range"] == [3, 4]
+    # Every checkpoint field is shown.
+    assert rows[0].as_dict() == {
+        "region": "us-east-1", "topic": "t", "partition": 0, "destination_topic": "t.copy",
+        "checkpoint": 149, "updated_at": NOW.isoformat(), "latest_segment_end": 199,
+        "lag": 50, "last_lost_range": None, "segment": "seg", "origin": 7}
+    assert (rows[1].segment, rows[1].origin) == (None, None)

@@ -63,6 +63,15 @@ class FakeMsg:
     def offset(self) -> int:
         return self._o
 
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return len(self._v)
+
 
 def msgs(values: list[int]) -> Any:
     return iter([FakeMsg(str(v).encode(), i) for i, v in enumerate(values)])

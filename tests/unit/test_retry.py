@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replicator.core.errors import FatalError, RetriableError, StorageError
-from replicator.core.retry import RetryPolicy, backoff_schedule, jittered, retry
+from replicator.core.retry import Backoff, RetryPolicy, backoff_schedule, jittered, retry
 
 ALMOST_ONE = 1.0 - 2**-53
 
@@ -121,3 +121,19 @@ def test_backoff_schedule_for_the_defaults() -> None:
     assert backoff_schedule(timedelta(minutes=5), 1) == [timedelta(minutes=5)]
     with pytest.raises(ValueError):
         backoff_schedule(timedelta(minutes=5), 0)
+
+
+def test_backoff_grows_to_its_cap_resets_and_never_overflows() -> None:
+    b = Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
+                maximum=timedelta(seconds=60), jitter=0.0)
+    assert [b.next() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 32, 60, 60]
+    for _ in range(5000):   # a loop that retries for days: the exponent stays bounded
+        assert b.next() == 60
+    b.reset()
+    assert b.next() == 0.5
+
+
+def test_backoff_jitter_is_multiplicative() -> None:
+    lo = Backoff(initial=timedelta(seconds=1), jitter=0.2, rand=lambda: 0.0)
+    hi = Backoff(initial=timedelta(seconds=1), jitter=0.2, rand=lambda: 0.999999)
+    assert lo.next() == pytest.approx(0.8) and hi.next() == pytest.approx(1.2, rel=1e-5)

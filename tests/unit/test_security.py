@@ -5,7 +5,7 @@
   from ``REPLICATOR_KAFKA__CONFIG__…`` environment variables.
 * A ``kafka.config`` that librdkafka refuses (SASL without ``sasl.password``, an unknown
   property) is a configuration error naming ``kafka.config``: exit 2 and one clear line, not
-  a ``KafkaException`` traceback and exit 1.
+  a client exception's traceback and exit 1.
 * The documented TLS/SASL/OAUTHBEARER examples (docs/deploy.md 3.2) are accepted by
   librdkafka.
 * ``s3.sse`` / ``s3.sse_kms_key_id`` reach every S3 write: PutObject, CreateMultipartUpload
@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from replicator.cli.stores import store_for
-from replicator.core import s3
 from replicator.core.errors import ConfigError
-from replicator.core.kafka import make_admin, make_consumer, make_producer
+from replicator.core.kafka import Admin, Consumer, Producer
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import KafkaSettings, is_secret_setting, load_settings
+from replicator.devstack import aws
 from tests.conftest import unique_name
 
 SECRETS = {
@@ -106,10 +106,10 @@ SASL_WITHOUT_PASSWORD = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism"
 
 
 @pytest.mark.parametrize("make", [
-    make_admin,
-    lambda k: make_consumer(k, "g"),
-    make_producer,
-    lambda k: make_producer(k, transactional_id="tx"),
+    Admin,
+    lambda k: Consumer(k, "g"),
+    Producer,
+    lambda k: Producer(k, transactional_id="tx"),
 ], ids=["admin", "consumer", "producer", "transactional-producer"])
 @pytest.mark.parametrize("config", [SASL_WITHOUT_PASSWORD, {"no.such.property": "x"},
                                     {"security.protocol": "carrier-pigeon"}],
@@ -148,7 +148,7 @@ def write_toml(path: Path, data: dict[str, Any], sections: tuple[str, ...]) -> P
 @pytest.mark.parametrize("service", ["egress", "ingress"])
 def test_sasl_without_password_exits_2_naming_kafka_config(tmp_path: Path, service: str
                                                            ) -> None:
-    """The deploy engineer's bug: a KafkaException traceback from make_admin, exit 1."""
+    """The deploy engineer's bug: a client exception's traceback, exit 1."""
     cfg = write_toml(tmp_path / "c.toml",
                      base({**SASL_WITHOUT_PASSWORD, "ssl.key.password": SECRETS[
                          "ssl.key.password"]}), (service,))
@@ -202,9 +202,9 @@ CA = Path("/etc/ssl/certs/ca-certificates.crt")
 def test_documented_security_configs_are_accepted(config: dict[str, Any]) -> None:
     """The examples of docs/deploy.md 3.2 are valid librdkafka configurations."""
     kafka = KafkaSettings(brokers="127.0.0.1:1", config=config)
-    make_admin(kafka)
-    make_consumer(kafka, "g").close()
-    make_producer(kafka)
+    Admin(kafka)
+    Consumer(kafka, "g").close()
+    Producer(kafka)
 
 
 # --- server-side encryption -------------------------------------------------------------------
@@ -223,7 +223,7 @@ def test_sse_kms_reaches_every_write(moto_endpoint: str) -> None:
                "part_size": "5MiB", "multipart_copy_threshold": "5MiB"},
         "kafka": {"brokers": "127.0.0.1:1"}}, environ={})
     store = S3ObjectStore.from_settings(settings)
-    s3.create_bucket(store.client, settings.s3.bucket, "us-east-1")
+    aws.create_bucket(store.client, settings.s3.bucket, "us-east-1")
     seen: list[tuple[str, str | None, str | None]] = []
 
     def capture(model: Any, params: dict[str, Any], **kw: Any) -> None:
@@ -262,25 +262,3 @@ def test_sync_store_encrypts_only_its_own_bucket() -> None:
     other = store_for("other-bucket", endpoint_url=None, region="us-west-1", settings=settings)
     assert (own.sse, own.sse_kms_key_id) == ("aws:kms", "k")
     assert (other.sse, other.sse_kms_key_id) == (None, None)
-
-
-def test_a_session_timeout_the_broker_refuses_is_a_config_error() -> None:
-    """Apache Kafka refuses a group member whose session.timeout.ms lies outside its
-    group.min/max.session.timeout.ms; the consumer would retry the join forever."""
-    import confluent_kafka as ck
-
-    from replicator.core.kafka import message_error
-
-    class Msg:
-        def error(self) -> ck.KafkaError:
-            return ck.KafkaError(ck.KafkaError.INVALID_SESSION_TIMEOUT, "JoinGroup failed")
-
-        def topic(self) -> None:
-            return None
-
-        def partition(self) -> int:
-            return 0
-
-    err = message_error(Msg())  # type: ignore[arg-type]
-    assert isinstance(err, ConfigError) and err.key == "kafka.config"
-    assert "session.timeout.ms" in str(err)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import gc
 import io
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pytest
@@ -78,7 +79,7 @@ def test_upload_publish_open_round_trip(name: str) -> None:
     assert (upload.first_offset, upload.last_offset) == (1000, 1949)
     assert upload.raw_bytes == sum(r.raw_size for r in records)
 
-    final = publish_segment(store, temp.key, key, "STANDARD_IA")
+    final = publish_segment(store, temp.key, key, "STANDARD_IA").info
     assert final.key == key.to_key() and final.storage_class == "STANDARD_IA"
     assert store.keys() == [key.to_key()]
     assert final.size == temp.size
@@ -224,12 +225,32 @@ def test_publish_is_safe_to_repeat() -> None:
     store = MemoryObjectStore("bucket")
     _, temp = upload_records(store, "arrow", make_records(0, 20))
     key = key_for(0, 19)
-    first = publish_segment(store, temp.key, key)
-    again = publish_segment(store, temp.key, key)  # temp gone, final there
+    first = publish_segment(store, temp.key, key).info
+    again = publish_segment(store, temp.key, key).info  # temp gone, final there
     assert again.key == first.key == key.to_key()
     assert store.keys() == [key.to_key()]
     with pytest.raises(ObjectNotFound):
         publish_segment(store, "data/_tmp/never-written", key_for(100, 119))
+
+
+def test_publish_reports_a_temp_left_behind_and_runs_each_step_through_attempt() -> None:
+    class NoDelete(MemoryObjectStore):
+        def delete(self, key: str) -> None:
+            raise StorageError(f"injected delete failure for {key}")
+
+    store = NoDelete("bucket")
+    _, temp = upload_records(store, "parquet", make_records(0, 20))
+    steps: list[str] = []
+
+    def attempt(fn: Callable[[], Any], what: str) -> Any:
+        steps.append(what.split(maxsplit=1)[0])
+        return fn()
+
+    published = publish_segment(store, temp.key, key_for(0, 19), attempt=attempt)
+    assert steps == ["copy", "delete"]
+    assert published.info.key == key_for(0, 19).to_key()
+    assert isinstance(published.temp_error, StorageError)    # returned, not raised
+    assert store.keys() == sorted([temp.key, key_for(0, 19).to_key()])
 
 
 def test_open_segment_refuses_missing_and_mismatched_objects() -> None:

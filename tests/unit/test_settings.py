@@ -1,4 +1,8 @@
-"""Settings: the SPEC 3.4 file, defaults, validation naming keys, environment overrides."""
+"""Settings: the documented file (docs/configuration.md), defaults, validation naming keys,
+environment overrides.
+
+Longer than 400 lines: one short test per setting rule and override case.
+"""
 
 from __future__ import annotations
 
@@ -66,7 +70,8 @@ max_segment_size = "4GiB"
 batch_size = 10000
 delete = true
 """
-# The SPEC's example names us-east-1 as both the process region and the ingress source, which
+# The original specification's example names us-east-1 as both the process region and the
+# ingress source, which
 # the settings rightly refuse (a source must be remote); the copy above uses us-west-1.
 
 MINIMAL: dict[str, Any] = {

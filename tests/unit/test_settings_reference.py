@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from replicator.core.settings import Settings
-from replicator.core.settings_reference import SECTIONS, render_reference
+from replicator.reference.configuration import SECTIONS, render_reference
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -13,7 +13,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 def test_committed_reference_matches_the_models() -> None:
     assert DOC.read_text() == render_reference(), (
         "docs/configuration.md is stale: run "
-        "`python -m replicator.core.settings_reference > docs/configuration.md`")
+        "`python -m replicator.reference.configuration > docs/configuration.md`")
 
 
 def test_every_key_is_documented_with_a_description() -> None:

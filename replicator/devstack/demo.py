@@ -16,34 +16,28 @@ from __future__ import annotations
 
 import logging
 import resource
-import sys
 import tempfile
 import threading
 import time
 import tomllib
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from replicator.core.kafka import Admin
 from replicator.core.keys import SegmentKey, topic_prefix
-from replicator.core.local_stack import (
-    DATA_PREFIX,
-    DEFAULT_DIR,
-    DEST_REGION,
-    SOURCE_REGION,
-    LocalStack,
-    Role,
-)
-from replicator.core.processes import DEFAULT_BROKER, BrokerKind
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings, validate_settings
 from replicator.core.storage import ObjectStore
-from replicator.ops.sample import ProduceResult, produce_sample, sample_records
+from replicator.devstack.configs import DATA_PREFIX, DEST_REGION, SOURCE_REGION, Role
+from replicator.devstack.demo_report import DemoResult, levels_text
+from replicator.devstack.processes import DEFAULT_BROKER, BrokerKind
+from replicator.devstack.sample import produce_sample, sample_records
+from replicator.devstack.stack import DEFAULT_DIR, LocalStack
 from replicator.ops.sync import BucketSync
-from replicator.ops.verify import VerifyReport, verify_topics
+from replicator.ops.verify import verify_topics
 
 log = logging.getLogger(__name__)
 
@@ -67,43 +61,9 @@ class DemoOptions:
     """The embedded stack's brokers when the demo starts one (``tansu`` or ``apache``)."""
 
 
-@dataclass
-class Stage:
-    """Start and end of one pipeline stage (monotonic seconds)."""
-
-    started: float | None = None
-    finished: float | None = None
-
-    @property
-    def seconds(self) -> float | None:
-        if self.started is None or self.finished is None:
-            return None
-        return max(self.finished - self.started, 1e-9)
-
-
-@dataclass
-class DemoResult:
-    """Everything the summary shows."""
-
-    topic: str = ""
-    destination_topic: str = ""
-    produced: ProduceResult = field(default_factory=ProduceResult)
-    stages: dict[str, Stage] = field(default_factory=lambda: {
-        n: Stage() for n in ("produce", "egress", "ingress", "compaction")})
-    segments_before: dict[int, int] = field(default_factory=dict)
-    segments_after: dict[int, int] = field(default_factory=dict)
-    compaction_outcome: str = "not run"
-    verify: VerifyReport | None = None
-    errors: list[str] = field(default_factory=list)
-    peak_rss_mib: float = 0.0
-    log_path: Path | None = None
-
-    @property
-    def passed(self) -> bool:
-        return not self.errors and self.verify is not None and self.verify.ok
-
-
 class Controller(Protocol):
+    """What the demo runs on a thread (the three controllers and the bucket sync)."""
+
     def start(self) -> None: ...
     def run(self) -> None: ...
     def stop(self) -> None: ...
@@ -235,7 +195,7 @@ class Demo:
                 "max_segment_size": "1GiB", "batch_size": 10_000, "delete": True}}
         return validate_settings(raw)
 
-    def _run_pipeline(self, stack: LocalStack) -> None:
+    def _run_pipeline(self, stack: LocalStack) -> None:  # noqa: C901 - the demo's one loop
         r, o = self.result, self.o
         eg_settings = self._settings(stack, "egress")
         in_settings = self._settings(stack, "ingress")
@@ -377,7 +337,7 @@ class Demo:
         if report.outcome != "success":
             r.errors.append(f"compaction {report.outcome}: {report.reason}")
         self.say(f"  compaction {report.outcome} in {stage.seconds or 0:.1f}s: segments "
-                 f"{_levels_text(r.segments_before)} → {_levels_text(r.segments_after)}")
+                 f"{levels_text(r.segments_before)} → {levels_text(r.segments_after)}")
 
     def _show(self, now: float, segmented: dict[int, int], replayed: dict[int, int]) -> None:
         r = self.result
@@ -386,74 +346,3 @@ class Demo:
         seg, rep = sum(segmented.values()), sum(replayed.values())
         self.status(f"  {el:6.1f}s  produced {self._produced:>10,} ({self._produced / el:>9,.0f}/s)"
                     f" | segmented {seg:>10,} | replayed {rep:>10,} of {self.o.records:,}")
-
-
-def _levels_text(levels: dict[int, int]) -> str:
-    return ", ".join(f"L{lv}: {n}" for lv, n in sorted(levels.items())) or "none"
-
-
-def render_summary(r: DemoResult) -> str:
-    """The table printed at the end of the demo."""
-    mb = r.produced.raw_bytes / 1e6
-    rows = [("stage", "records", "MB", "seconds", "records/s", "MB/s")]
-    for name in ("produce", "egress", "ingress"):
-        s = r.stages[name].seconds
-        if s is None:
-            rows.append((name, "-", "-", "-", "-", "-"))
-            continue
-        rows.append((name, f"{r.produced.records:,}", f"{mb:,.1f}", f"{s:,.1f}",
-                     f"{r.produced.records / s:,.0f}", f"{mb / s:,.1f}"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                       enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    prod, ing = r.stages["produce"], r.stages["ingress"]
-    lag = (ing.finished - prod.finished) if ing.finished and prod.finished else None
-    comp = r.stages["compaction"].seconds
-    lines += [
-        "",
-        f"segments (source region): before compaction {_levels_text(r.segments_before)}; "
-        f"after {_levels_text(r.segments_after)}"
-        + (f" ({r.compaction_outcome}, {comp:.1f}s incl. Spark start)" if comp else ""),
-        "end-to-end: last record produced → replayed in the destination: "
-        + (f"{lag:.1f}s" if lag is not None else "-"),
-        f"peak memory of the demo process (all controllers, Spark driver): "
-        f"{r.peak_rss_mib:,.0f} MiB",
-    ]
-    if r.verify is not None:
-        t = r.verify.totals()
-        lines.append(f"verify: source {t['source_records']:,} records, destination "
-                     f"{t['destination_records']:,}; lost {t['lost']}, duplicated "
-                     f"{t['duplicated']}, reordered {t['reordered']}")
-        for p in r.verify.problems:
-            lines.append(f"  problem: {p}")
-        for pv in r.verify.partitions:
-            if pv.first_difference is not None:
-                lines.append(f"  partition {pv.partition}: first difference "
-                             f"{pv.first_difference}")
-    for e in r.errors:
-        lines.append(f"error: {e}")
-    if r.log_path is not None:
-        lines.append(f"log: {r.log_path}")
-    lines.append("")
-    lines.append("PASS" if r.passed else "FAIL")
-    return "\n".join(lines)
-
-
-def configure_demo_logging(path: Path) -> None:
-    """INFO and up into ``path``; warnings and errors also on stderr."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    root = logging.getLogger()
-    root.handlers[:] = []
-    fh = logging.FileHandler(path)
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(threadName)s "
-                                      "%(name)s: %(message)s"))
-    fh.setLevel(logging.INFO)
-    eh = logging.StreamHandler(sys.stderr)
-    eh.setLevel(logging.ERROR)
-    eh.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    root.addHandler(fh)
-    root.addHandler(eh)
-    root.setLevel(logging.INFO)
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "py4j"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)

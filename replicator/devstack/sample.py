@@ -11,9 +11,9 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-from replicator.core.kafka import KafkaException, make_producer, translate
+from replicator.core.kafka import DeliveryReport, Producer
 from replicator.core.settings import KafkaSettings
 
 Header = tuple[str, bytes | None]
@@ -81,33 +81,26 @@ class ProduceResult:
 def produce_sample(kafka: KafkaSettings, topic: str, records: Iterator[SampleRecord], *,
                    on_progress: Callable[[int], None] | None = None,
                    overrides: dict[str, Any] | None = None) -> ProduceResult:
-    """Produce records and wait for every delivery report.
+    """Produce records and wait for every delivery report (failures land in ``errors``).
 
     Raises:
-        KafkaFatalError: a record could not be delivered (named in the message).
+        KafkaFatalError: the client refused a record.
     """
     result = ProduceResult()
-    producer = make_producer(kafka, overrides={"linger.ms": 20, **(overrides or {})})
 
-    def delivered(err: Any, msg: Any) -> None:
-        if err is not None:
-            result.errors.append(f"{topic}[{msg.partition()}]: {err.str()}")
+    def delivered(report: DeliveryReport) -> None:
+        if report.error is not None:
+            result.errors.append(f"{topic}[{report.partition}]: {report.reason}")
             return
-        p = msg.partition()
-        result.last_offsets[p] = max(result.last_offsets.get(p, -1), msg.offset())
+        p = report.partition
+        result.last_offsets[p] = max(result.last_offsets.get(p, -1), report.offset)
 
+    producer = Producer(kafka, overrides={"linger.ms": 20, **(overrides or {})},
+                        on_delivery=delivered)
     t0 = time.monotonic()
     for n, r in enumerate(records, 1):
-        while True:
-            try:
-                producer.produce(topic, r.value, r.key, partition=r.partition,
-                                 timestamp=r.timestamp_ms, headers=cast(Any, r.headers),
-                                 on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.05)  # local queue full: let deliveries drain
-            except KafkaException as e:
-                raise translate(e, f"produce to {topic}") from e
+        producer.produce(topic, r.value, r.key, partition=r.partition,
+                         timestamp=r.timestamp_ms, headers=r.headers)
         result.records += 1
         result.raw_bytes += r.raw_size
         if n % 1000 == 0:

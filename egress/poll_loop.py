@@ -1,0 +1,235 @@
+"""The egress poll thread: one ``turn`` fetches, hands runs to the partition writers, serves
+commits, applies outcomes, and every ``TICK_INTERVAL`` closes segments by age, applies flow
+control (``egress.flow``), rewinds failed partitions and updates gauges.
+
+Everything here runs on the poll thread, so it never blocks on S3: uploads, closes and
+commits of segments run on the upload pool (``egress.partition_writer``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable, Sequence
+
+from egress.commits import CommitService
+from egress.flow import (
+    MEMORY_RESUME_RATIO,
+    FlowLimits,
+    PartitionLoad,
+    memory_pressure,
+    paused_partitions,
+    pick_memory_victims,
+)
+from egress.metrics import EgressMetrics
+from egress.partition_writer import PartitionWriter
+from egress.rotation import CloseReason, should_rotate
+from egress.segment import SegmentOutcome
+from replicator.core.clock import Monotonic
+from replicator.core.errors import KafkaRetriableError, ReplicatorError
+from replicator.core.kafka import Consumer, Fetched, TopicPartition
+
+log = logging.getLogger(__name__)
+
+CONSUME_BATCH = 2000
+"""Messages per ``fetch`` call: large enough to amortise the call, small enough that one
+batch is a negligible addition to the memory budget."""
+POLL_TIMEOUT = 0.1
+"""Seconds a ``fetch`` call waits when idle; bounds how late an age rotation fires."""
+TICK_INTERVAL = 0.02
+"""Age, memory and pause decisions run at most this often (they walk every partition)."""
+GAUGE_INTERVAL = 1.0
+
+Writers = dict[tuple[str, int], PartitionWriter]
+
+
+class PollLoop:
+    """The poll thread's work for one consumer.
+
+    Args:
+        consumer: the group consumer.
+        writers: the writers of the assigned partitions (kept by the controller; the
+            rebalance callbacks add and remove them during ``fetch``).
+        commits: the commit service the writers wait on.
+        outcomes: where workers report segment outcomes.
+        metrics: the egress metrics.
+        region: this process's region (metric label).
+        limits: flow-control thresholds.
+        clock: monotonic seconds (segment ages, backoff).
+        periodic: called at every tick with ``now`` (topic metadata checks).
+    """
+
+    def __init__(self, consumer: Consumer, writers: Writers, commits: CommitService,
+                 outcomes: queue.SimpleQueue[SegmentOutcome], metrics: EgressMetrics,
+                 region: str, limits: FlowLimits, clock: Monotonic,
+                 periodic: Callable[[float], None]) -> None:
+        self.consumer = consumer
+        self.writers = writers
+        self.commits = commits
+        self.outcomes = outcomes
+        self.m = metrics
+        self.region = region
+        self.limits = limits
+        self.clock = clock
+        self.periodic = periodic
+        self.paused: set[tuple[str, int]] = set()
+        self.memory_paused = False
+        self.last_poll = 0.0
+        """``time.monotonic()`` of the last fetch (health), 0 before the first."""
+        self._last_tick = 0.0
+        self._last_gauges = 0.0
+
+    def turn(self) -> None:
+        """One fetch and what follows it."""
+        fetched = self.consumer.fetch(CONSUME_BATCH, POLL_TIMEOUT)
+        now = self.clock()
+        self.last_poll = time.monotonic()
+        if fetched:
+            self._dispatch(fetched, now)
+        self.commits.serve(self.consumer)
+        self.drain_outcomes(now)
+        if now - self._last_tick >= TICK_INTERVAL:
+            self._last_tick = now
+            self._tick(now)
+
+    # --- records ----------------------------------------------------------------------
+
+    def _dispatch(self, fetched: Fetched, now: float) -> None:
+        for err in fetched.errors:
+            self._consume_error(err)
+        for (topic, partition), run in fetched.runs.items():
+            w = self.writers.get((topic, partition))
+            if w is None:
+                # Delivered just before a revoke took effect: the next owner reads them.
+                log.debug("%s[%s]: %d messages of a partition not assigned here dropped",
+                          topic, partition, len(run))
+                self.m.dropped.labels(self.region, str(topic), str(partition)).inc(len(run))
+                continue
+            w.append(run, now)
+
+    def _consume_error(self, err: ReplicatorError) -> None:
+        self.m.consume_errors.labels(self.region).inc()
+        if isinstance(err, KafkaRetriableError):
+            log.warning("consumer: %s", err)
+            return
+        raise err
+
+    def drain_outcomes(self, now: float) -> None:
+        """Apply the workers' segment outcomes to their writers."""
+        while True:
+            try:
+                o = self.outcomes.get_nowait()
+            except queue.Empty:
+                return
+            o.writer.outcome(o, now)
+
+    def wait_idle(self, writers: Sequence[PartitionWriter], deadline: float) -> None:
+        """Wait for the writers' queues while serving their commits."""
+        while time.monotonic() < deadline:
+            self.commits.serve(self.consumer)
+            if all(w.queue.idle for w in writers):
+                break
+            time.sleep(0.005)
+        self.commits.serve(self.consumer)
+
+    # --- the tick ---------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        writers = list(self.writers.values())
+        for w in writers:
+            seg = w.segment
+            if seg is not None:
+                reason = should_rotate(seg.stats(), w.limits, now)
+                if reason is not None:
+                    w.close(reason)
+        self._apply_memory_budget(writers)
+        for w in writers:
+            if w.ready_to_rewind(now):
+                self._rewind(w)
+        self._apply_pauses(writers)
+        if now - self._last_gauges >= GAUGE_INTERVAL:
+            self._last_gauges = now
+            self._update_gauges(writers)
+        self.periodic(now)
+
+    def _apply_memory_budget(self, writers: Sequence[PartitionWriter]) -> None:
+        budget = self.limits.budget
+        open_held: dict[PartitionWriter, int] = {}
+        in_flight = 0
+        for w in writers:
+            o, c = w.held_bytes()
+            if w.segment is not None:
+                open_held[w] = o
+            in_flight += c
+        # While paused for memory, close down to the resume level, or the pause (which
+        # stops the growth that would otherwise trigger closes) could never end.
+        target = int(budget * MEMORY_RESUME_RATIO) if self.memory_paused else budget
+        victims = pick_memory_victims(open_held, target, in_flight=in_flight,
+                                      min_victim_bytes=self.limits.min_victim)
+        for w in victims:
+            log.info("%s: closing the open segment early (holds %d bytes; %d held in all, "
+                     "budget %d)", w.name, open_held[w], sum(open_held.values()) + in_flight,
+                     budget)
+            w.close(CloseReason.MEMORY)
+        held = sum(open_held.values()) + in_flight
+        self.memory_paused = memory_pressure(held, budget, self.memory_paused)
+        self.m.buffered.labels(self.region).set(held)
+
+    def _apply_pauses(self, writers: Sequence[PartitionWriter]) -> None:
+        want = paused_partitions(
+            {(w.ref.topic, w.ref.partition): PartitionLoad(
+                len(w.closing), w.backlog_bytes(), w.failed is not None or w.broken.is_set())
+             for w in writers}, self.limits, memory_paused=self.memory_paused)
+        pause, resume = want - self.paused, self.paused - want
+        if pause:
+            self.consumer.pause([TopicPartition(t, p) for t, p in sorted(pause)])
+            log.debug("paused %s", sorted(pause))
+        if resume:
+            self.consumer.resume([TopicPartition(t, p) for t, p in sorted(resume)])
+            log.debug("resumed %s", sorted(resume))
+        self.paused = want
+        self.m.paused.labels(self.region).set(len(want))
+
+    def forget_pauses(self, keys: Sequence[tuple[str, int]]) -> None:
+        """Resume partitions that are being released.
+
+        A pause survives a reassignment in librdkafka: resume while still assigned, or a
+        partition coming back to this member would never be fetched again.
+        """
+        paused = [k for k in keys if k in self.paused]
+        if not paused:
+            return
+        self.paused.difference_update(paused)
+        try:
+            self.consumer.resume([TopicPartition(t, p) for t, p in paused])
+        except ReplicatorError as e:
+            log.warning("resuming %s before release failed: %s", paused, e)
+
+    def _rewind(self, w: PartitionWriter) -> None:
+        offset = w.rewind()
+        try:
+            self.consumer.seek(TopicPartition(w.ref.topic, w.ref.partition, offset))
+        except ReplicatorError as e:
+            # Not fatal: the partition stays where it is and is rewound again later.
+            log.warning("%s: %s", w.name, e)
+            return
+        log.info("%s: rewound to offset %d after a failed segment", w.name, offset)
+
+    def _update_gauges(self, writers: Sequence[PartitionWriter]) -> None:
+        self.m.assigned.labels(self.region).set(len(writers))
+        self.m.open_segments.labels(self.region).set(
+            sum(len(w.closing) + (w.segment is not None) for w in writers))
+        for w in writers:
+            if w.next_offset is None:
+                continue
+            try:
+                # The cached watermark comes from the last fetch response, which is right
+                # even on brokers whose ListOffsets "latest" is not (Tansu).
+                _, high = self.consumer.watermarks(
+                    TopicPartition(w.ref.topic, w.ref.partition), cached=True)
+            except ReplicatorError as e:
+                log.debug("%s: no cached watermark: %s", w.name, e)
+                continue
+            if high >= 0:
+                w.metrics.lag.set(max(0, high - w.next_offset))

@@ -1,0 +1,173 @@
+"""The two ways a replay makes records and their checkpoint durable (``ingress.delivery``).
+
+The controller chooses one for the process from ``ingress.delivery`` (``delivery_for``);
+each worker session builds one over its sink. ``deliver`` runs the numbered steps of its
+class and nothing else in ingress produces checkpoints. The worker then moves its position
+(``ReplayWorker._deliver``); a failure raises, and the session restarts from the last
+committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable
+from typing import Literal
+
+from ingress.rows import Rows
+from ingress.sink import ReplaySink
+from replicator.core.errors import FatalError, KafkaRetriableError, ProducerFenced, RetriableError
+from replicator.core.wire import Checkpoint
+
+PIPELINE_DEPTH = 2
+"""At-least-once: batches produced and not yet acknowledged while the next one is produced
+(memory: about ``(PIPELINE_DEPTH + 1) * batch_size`` records in the producer)."""
+ACK_POLL = 0.005
+"""Seconds one wait for acknowledgements lasts before the worker counts again (successful
+deliveries raise no event that would end the wait early: keep it short)."""
+ACK_TIMEOUT = 120.0
+"""Seconds a batch may stay unacknowledged (librdkafka's delivery timeout is 300 s, but a
+worker this far behind restarts from its checkpoint instead)."""
+
+
+class Delivery(ABC):
+    """Makes a batch and its checkpoint durable in the destination cluster.
+
+    Args:
+        sink: the session's producer seam (destination partition + checkpoint topic).
+        key: the checkpoint key of the source partition.
+        where: names the partition in errors.
+        on_checkpointed: called with each checkpoint once it is durable (sent after its
+            records were acknowledged, or committed with them).
+        on_aborted: called when a transaction is aborted (a metric).
+    """
+
+    def __init__(self, sink: ReplaySink, key: str, where: str, *,
+                 on_checkpointed: Callable[[Checkpoint], None],
+                 on_aborted: Callable[[], None]) -> None:
+        self.sink = sink
+        self.key = key
+        self.where = where
+        self.on_checkpointed = on_checkpointed
+        self.on_aborted = on_aborted
+
+    @abstractmethod
+    def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+        """Produce ``rows`` (if any) and, once they are durable, the checkpoint ``cp``.
+
+        Raises:
+            ProducerFenced: another owner took the partition over.
+            RetriableError / FatalError: redo from the last committed checkpoint.
+        """
+
+    def settle(self) -> None:  # noqa: B027 - nothing to do unless pipelined
+        """Make every checkpoint of delivered batches durable (before waiting or stopping)."""
+
+
+class ExactlyOnce(Delivery):
+    """One Kafka transaction per batch, records and checkpoint together.
+
+    1. Begin a transaction.
+    2. Produce the records to the destination partition.
+    3. Flush: the records are in the destination log before the checkpoint is sent, so no
+       broker ever holds this checkpoint without its records (a broker that shows aborted
+       records to read_committed readers, like the embedded one, would otherwise let a
+       successor skip records that were never written).
+    4. Produce the checkpoint record to the checkpoint topic in the same transaction, and
+       commit: records and checkpoint become visible together or not at all.
+
+    A failure before step 4 completes aborts the transaction and raises. The worker fences
+    older owners before it reads its checkpoint (``ReplaySink.start``), so an older owner's
+    open transaction is already aborted then.
+    """
+
+    def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+        sink = self.sink
+        try:
+            sink.begin()                            # Step 1
+            if rows is not None:
+                sink.produce(rows)                  # Step 2
+                sink.flush()                        # Step 3
+            sink.produce_checkpoint(self.key, cp)   # Step 4
+            sink.commit()
+        except ProducerFenced:
+            raise
+        except (RetriableError, FatalError):
+            self.on_aborted()
+            sink.abort()
+            raise
+        self.on_checkpointed(cp)
+
+
+class AtLeastOnce(Delivery):
+    """An idempotent producer, pipelined: up to ``PIPELINE_DEPTH`` batches are
+    unacknowledged while the next one is produced.
+
+    1. No transaction.
+    2. Produce the records.
+    3. Once every record of the batch is acknowledged (acks=all; ``_settle``),
+    4. produce its checkpoint. A checkpoint is never sent before its records are
+       acknowledged; it is flushed itself before the worker waits or stops (``settle``).
+
+    A crash therefore repeats at most ``PIPELINE_DEPTH + 2`` batches: the pipelined ones, the
+    one being produced, and one whose checkpoint was in flight.
+    """
+
+    def __init__(self, sink: ReplaySink, key: str, where: str, *,
+                 on_checkpointed: Callable[[Checkpoint], None],
+                 on_aborted: Callable[[], None]) -> None:
+        super().__init__(sink, key, where, on_checkpointed=on_checkpointed,
+                         on_aborted=on_aborted)
+        self._sent = 0
+        self._unsettled: deque[tuple[int, Checkpoint]] = deque()
+
+    def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+        if rows is not None:
+            self.sink.produce(rows)                 # Step 2
+            self._sent += len(rows)
+        self._unsettled.append((self._sent, cp))
+        self._settle(depth=PIPELINE_DEPTH)          # Steps 3-4
+
+    def settle(self) -> None:
+        self._settle(depth=0)
+        if self.sink.outstanding():  # the checkpoints just sent (the records are acknowledged)
+            self.sink.flush()
+
+    def _settle(self, *, depth: int) -> None:
+        """Steps 3-4: checkpoint the newest batch whose records are all acknowledged; wait
+        until at most ``depth`` batches are not.
+
+        The sink's outstanding count covers records and checkpoints, and one partition's
+        records are acknowledged in the order they were produced: so every record but the
+        last ``outstanding`` ones is acknowledged (a bound that can only understate).
+
+        Raises:
+            KafkaRetriableError: a record failed, or was not acknowledged within
+                ``ACK_TIMEOUT`` seconds.
+        """
+        sink = self.sink
+        deadline = time.monotonic() + ACK_TIMEOUT
+        while True:
+            wait = 0.0 if len(self._unsettled) <= depth else ACK_POLL
+            acknowledged = self._sent - sink.outstanding(wait)
+            ready: Checkpoint | None = None
+            while self._unsettled and self._unsettled[0][0] <= acknowledged:
+                ready = self._unsettled.popleft()[1]
+            if ready is not None:
+                sink.produce_checkpoint(self.key, ready)
+                self.on_checkpointed(ready)
+            if len(self._unsettled) <= depth:
+                return
+            if time.monotonic() > deadline:
+                raise KafkaRetriableError(f"{self.where}: records up to offset "
+                                          f"{self._unsettled[0][1].offset} not acknowledged "
+                                          f"within {ACK_TIMEOUT:.0f}s")
+
+
+DeliveryMode = Literal["exactly-once", "at-least-once"]
+
+
+def delivery_for(mode: DeliveryMode) -> type[Delivery]:
+    """The protocol of an ``ingress.delivery`` setting."""
+    return ExactlyOnce if mode == "exactly-once" else AtLeastOnce

@@ -1,0 +1,121 @@
+"""The ``Admin`` wrapper: the topic administration the suite needs, errors translated."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import confluent_kafka as ck
+import confluent_kafka.admin as cka
+from confluent_kafka.admin._config import ConfigResource, ConfigSource
+from confluent_kafka.cimpl import NewPartitions, NewTopic
+
+from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.kafka.config import CLIENT_LOG, CONSUMER_ONLY, PRODUCER_ONLY, client_config
+from replicator.core.kafka.errors import construct, is_code, translate
+from replicator.core.settings import KafkaSettings
+
+# A config describe entry that was set on the topic itself.
+_TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
+
+
+class Admin:
+    """Topic administration of one cluster.
+
+    Args:
+        kafka: the cluster.
+        timeout: seconds each request may take.
+        overrides: librdkafka settings over ``kafka.config``.
+
+    Raises:
+        ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
+    """
+
+    def __init__(self, kafka: KafkaSettings, *, timeout: float = 30.0,
+                 overrides: Mapping[str, Any] | None = None) -> None:
+        conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
+        conf["logger"] = CLIENT_LOG
+        self._admin: cka.AdminClient = construct("admin", cka.AdminClient, conf)
+        self.timeout = timeout
+
+    def _metadata(self) -> Any:
+        try:
+            return self._admin.list_topics(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, "list topics") from e
+
+    def partition_count(self, topic: str) -> int | None:
+        """Number of partitions of ``topic``, or ``None`` if it does not exist.
+
+        Asks for the metadata of every topic: a metadata request naming a missing topic
+        makes brokers with auto-creation on (Tansu always) create it as a side effect.
+        """
+        t = self._metadata().topics.get(topic)
+        if t is None or (t.error is not None
+                         and t.error.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return None
+        if t.error is not None:
+            raise KafkaRetriableError(f"metadata of {topic}: {t.error.str()}")
+        return len(t.partitions)
+
+    def list_topics(self) -> list[str]:
+        """All topic names."""
+        return sorted(self._metadata().topics)
+
+    def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
+                     *, replication_factor: int = -1) -> bool:
+        """Create a topic; returns ``False`` if it already existed."""
+        fut = self._admin.create_topics(
+            [NewTopic(topic, partitions, replication_factor, config=dict(config or {}))],
+            operation_timeout=self.timeout)[topic]
+        try:
+            fut.result()
+            return True
+        except ck.KafkaException as e:
+            if is_code(e, "TOPIC_ALREADY_EXISTS"):
+                return False
+            raise translate(e, f"create topic {topic} ({partitions} partitions)") from e
+
+    def grow_topic(self, topic: str, partitions: int) -> None:
+        """Raise the partition count of ``topic`` to ``partitions``.
+
+        Raises:
+            TopicError: the broker refuses (e.g. it does not support CreatePartitions).
+        """
+        fut = self._admin.create_partitions([NewPartitions(topic, partitions)],
+                                            operation_timeout=self.timeout)[topic]
+        try:
+            fut.result()
+        except ck.KafkaException as e:
+            raise TopicError(f"cannot grow {topic} to {partitions} partitions: "
+                             f"{e.args[0].str()}") from e
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        """The configs set on the topic itself (its overrides), not the cluster's defaults.
+
+        Apache Kafka describes every config with its source (topic, broker, cluster
+        default). Only topic-level entries count, so a copy of the topic in another cluster
+        takes that cluster's defaults for the rest instead of having the source cluster's
+        defaults pinned as overrides. (Tansu describes only the configs set on a topic but
+        marks them as defaults, so there this returns nothing.)
+        """
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"describe configs of {topic}") from e
+        return {k: v.value for k, v in entries.items()
+                if v.value is not None
+                and getattr(v.source, "value", v.source) in _TOPIC_LEVEL_SOURCES}
+
+    def delete_topics(self, topics: Sequence[str]) -> None:
+        """Delete topics (missing ones are ignored)."""
+        if not topics:
+            return
+        for t, fut in self._admin.delete_topics(list(topics),
+                                                operation_timeout=self.timeout).items():
+            try:
+                fut.result()
+            except ck.KafkaException as e:
+                if not is_code(e, "UNKNOWN_TOPIC_OR_PART"):
+                    raise translate(e, f"delete topic {t}") from e

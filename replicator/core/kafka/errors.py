@@ -1,0 +1,126 @@
+"""librdkafka's errors sorted into the suite's error tree: the one place that reads an error
+code or flag of the Kafka client.
+
+The rules (docs/architecture.md, "Errors"):
+
+* fenced (``_FENCED``, ``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``) → ``ProducerFenced``:
+  another owner took the partition over; stop owning it;
+* ``txn_requires_abort()`` → ``TransactionAbortable``: abort the transaction, redo the batch;
+* ``retriable()`` → ``KafkaRetriableError``: the same call may pass later;
+* anything else → ``KafkaFatalError``: the client (or the process) has to restart.
+
+A configuration librdkafka refuses when a client is built, or a group setting the broker
+refuses (``session.timeout.ms``), is a ``ConfigError`` naming ``kafka.config``: the CLI exits
+2 with one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import confluent_kafka as ck
+
+from replicator.core.errors import (
+    ConfigError,
+    KafkaFatalError,
+    KafkaRetriableError,
+    ProducerFenced,
+    ReplicatorError,
+    TransactionAbortable,
+)
+
+C = TypeVar("C")
+
+_FENCED_CODES = frozenset({
+    ck.KafkaError._FENCED,                                # librdkafka's local "fenced"
+    getattr(ck.KafkaError, "PRODUCER_FENCED", -999),      # the broker's (newer clients)
+    ck.KafkaError.INVALID_PRODUCER_EPOCH,
+})
+# A delivery report of a fenced producer carries one of these (not INVALID_PRODUCER_EPOCH,
+# which the client retries itself).
+_FENCED_DELIVERY_CODES = frozenset({ck.KafkaError._FENCED,
+                                    getattr(ck.KafkaError, "PRODUCER_FENCED", -999)})
+
+KafkaException = ck.KafkaException
+"""The client's exception type (seam-internal: nothing outside this package catches it)."""
+
+
+def client_error(e: BaseException) -> ck.KafkaError | None:
+    """The ``KafkaError`` carried by a ``KafkaException``, if any."""
+    return e.args[0] if e.args and isinstance(e.args[0], ck.KafkaError) else None
+
+
+def classify(err: ck.KafkaError, what: str) -> ReplicatorError:
+    """Sort one ``KafkaError`` into the error tree (see the module docstring)."""
+    if err.code() in _FENCED_CODES:
+        return ProducerFenced(f"{what}: producer fenced by a newer instance: {err.str()}")
+    if err.txn_requires_abort():
+        return TransactionAbortable(f"{what}: {err.str()}")
+    if err.retriable():
+        return KafkaRetriableError(f"{what}: {err.str()}")
+    return KafkaFatalError(f"{what}: {err.str()}")
+
+
+def translate(e: BaseException, what: str) -> ReplicatorError:
+    """Turn a ``KafkaException`` into the error tree, naming ``what`` failed."""
+    err = client_error(e)
+    if err is None:
+        return KafkaFatalError(f"{what}: {e}")
+    return classify(err, what)
+
+
+def delivery_error(err: ck.KafkaError, what: str) -> ReplicatorError:
+    """The error of a failed delivery report: fenced, fatal, or retriable (redo the batch)."""
+    if err.code() in _FENCED_DELIVERY_CODES:
+        return ProducerFenced(f"{what}: {err.str()}")
+    if err.fatal():
+        return KafkaFatalError(f"{what}: {err.str()}")
+    return KafkaRetriableError(f"{what}: {err.str()}")
+
+
+def is_end_event(err: ck.KafkaError) -> bool:
+    """True for the end-of-partition event of ``enable.partition.eof`` (not an error)."""
+    return err.code() == ck.KafkaError._PARTITION_EOF
+
+
+def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
+    """The error of an error event returned by ``consume``/``poll``.
+
+    A group setting the broker refuses (``session.timeout.ms`` outside the broker's
+    ``group.min.session.timeout.ms``..``group.max.session.timeout.ms``) is a
+    ``ConfigError`` naming ``kafka.config``: the consumer would otherwise retry its join
+    forever and never own a partition.
+    """
+    if err.code() == ck.KafkaError.INVALID_SESSION_TIMEOUT:
+        return ConfigError("kafka.config", "the broker refuses the consumer group's "
+                           "session.timeout.ms (it must lie within the broker's "
+                           "group.min.session.timeout.ms and group.max.session.timeout.ms, "
+                           f"6 s to 30 min by default): {err.str()}")
+    if err.retriable() or not err.fatal():
+        return KafkaRetriableError(f"{where}: {err.str()}")
+    return KafkaFatalError(f"{where}: {err.str()}")
+
+
+def is_code(e: BaseException, name: str) -> bool:
+    """True if ``e`` carries the error code called ``name`` (``"TOPIC_ALREADY_EXISTS"``)."""
+    err = client_error(e)
+    return err is not None and err.code() == getattr(ck.KafkaError, name, None)
+
+
+def construct(kind: str, factory: Callable[[dict[str, Any]], C], conf: dict[str, Any]) -> C:
+    """Build a client; a configuration librdkafka refuses is a ``ConfigError``.
+
+    librdkafka checks its whole configuration when a client is created (unknown property,
+    invalid value, SASL without ``sasl.password``, ...) and raises with ``_INVALID_ARG``.
+    That is a mistake in ``kafka.config``, not a runtime failure, so it must reach the CLI
+    as a configuration error (exit 2), not as a traceback (exit 1).
+    """
+    try:
+        return factory(conf)
+    except ck.KafkaException as e:
+        err = client_error(e)
+        if err is not None and err.code() == ck.KafkaError._INVALID_ARG:
+            raise ConfigError("kafka.config", f"the Kafka {kind} client refuses the "
+                              f"configuration: {err.str()}") from e
+        raise translate(e, f"create Kafka {kind} client") from e

@@ -1,0 +1,254 @@
+"""The ``Producer`` wrapper: one librdkafka producer with its sharp edges handled once.
+
+* A full local queue (``BufferError``) is waited out by serving delivery callbacks, then the
+  record is produced again: callers never see it.
+* Failed deliveries are collected per ``(topic, partition)`` and surfaced as one typed error
+  (``check_deliveries``) or as reports (``take_failures``); successful ones reach an
+  ``on_delivery`` listener when one is given.
+* Transactions are explicit steps (``init_transactions``, ``begin_transaction``, produce,
+  ``send_offsets_to_transaction``, ``commit_transaction`` / ``abort_transaction``), each
+  translating the client's errors: ``ProducerFenced``, ``TransactionAbortable`` (abort,
+  then redo the batch), ``KafkaRetriableError``, ``KafkaFatalError``.
+
+One producer may serve many partitions and topics in one transaction; delivery failures
+name their partition.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NewType, cast
+
+import confluent_kafka as ck
+
+from replicator.core.kafka.config import (
+    CLIENT_LOG,
+    CONSUMER_ONLY,
+    PRODUCER_DEFAULTS,
+    client_config,
+)
+from replicator.core.kafka.errors import construct, delivery_error, translate
+from replicator.core.kafka.types import DeliveryReport, Headers, TopicPartition, to_client
+from replicator.core.settings import KafkaSettings
+
+_ClientHeaders = list[tuple[str, str | bytes | None]]
+
+QUEUE_FULL_WAIT = 0.05
+"""Seconds of serving delivery callbacks before producing again into a full local queue."""
+
+GroupMetadata = NewType("GroupMetadata", object)
+"""A consumer's group metadata (``Consumer.group_metadata``), for
+``send_offsets_to_transaction``."""
+
+
+class Producer:
+    """An idempotent producer (``acks=all``); transactional when given ``transactional_id``.
+
+    Args:
+        kafka: the cluster.
+        transactional_id: makes the producer transactional; a newer producer with the same
+            id fences this one.
+        overrides: librdkafka settings over ``kafka.config``.
+        name: how error messages name what this producer writes (default: its id).
+        on_delivery: called (on the thread that polls) with every delivery report; without
+            it only failures are reported, and collected for ``check_deliveries``.
+
+    Raises:
+        ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
+    """
+
+    def __init__(self, kafka: KafkaSettings, *, transactional_id: str | None = None,
+                 overrides: Mapping[str, Any] | None = None, name: str | None = None,
+                 on_delivery: Callable[[DeliveryReport], None] | None = None) -> None:
+        extra: dict[str, Any] = dict(overrides or {})
+        if transactional_id is not None:
+            extra["transactional.id"] = transactional_id
+        if on_delivery is None:
+            # Successful deliveries raise no callback at all: nothing to do per record.
+            extra.setdefault("delivery.report.only.error", True)
+        extra["on_delivery"] = self._delivered
+        extra["logger"] = CLIENT_LOG
+        self.transactional_id = transactional_id
+        self.name = name or transactional_id or "producer"
+        self._listener = on_delivery
+        self._failed: list[tuple[str, int, ck.KafkaError]] = []
+        self._lock = threading.Lock()
+        conf = client_config(kafka, PRODUCER_DEFAULTS, extra, drop=CONSUMER_ONLY)
+        self._p: ck.Producer = construct("producer", ck.Producer, conf)
+
+    @property
+    def transactional(self) -> bool:
+        """True when the producer has a ``transactional.id``."""
+        return self.transactional_id is not None
+
+    # --- delivery reports ---------------------------------------------------------------
+
+    def _delivered(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        topic, partition = msg.topic() or "", msg.partition()
+        p = -1 if partition is None else partition
+        if err is not None:
+            with self._lock:
+                self._failed.append((topic, p, err))
+        if self._listener is not None:
+            offset = msg.offset()
+            self._listener(DeliveryReport(
+                topic, p, -1 if err is not None or offset is None else offset,
+                None if err is None else delivery_error(err, f"{topic}[{p}]"),
+                "" if err is None else err.str()))
+
+    def check_deliveries(self, where: str) -> None:
+        """Raise the first failed delivery since the last check, as one typed error.
+
+        Raises:
+            ProducerFenced: the producer was fenced.
+            KafkaFatalError: the client failed for good.
+            KafkaRetriableError: records were not delivered (redo them).
+        """
+        with self._lock:
+            failed, self._failed = self._failed, []
+        if failed:
+            raise delivery_error(failed[0][2], f"{where}: {len(failed)} record(s) failed")
+
+    def take_failures(self, topic: str | None = None,
+                      partition: int | None = None) -> list[DeliveryReport]:
+        """Failed deliveries since the last check (of one topic/partition if given)."""
+        with self._lock:
+            keep: list[tuple[str, int, ck.KafkaError]] = []
+            out: list[tuple[str, int, ck.KafkaError]] = []
+            for t, p, err in self._failed:
+                mine = topic in (None, t) and partition in (None, p)
+                (out if mine else keep).append((t, p, err))
+            self._failed = keep
+        return [DeliveryReport(t, p, -1, delivery_error(err, f"{t}[{p}]"), err.str())
+                for t, p, err in out]
+
+    # --- producing ----------------------------------------------------------------------
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None, *,
+                partition: int | None = None, timestamp: int = 0,
+                headers: Headers | None = None) -> None:
+        """Enqueue one record (waiting while the local queue is full).
+
+        ``partition`` ``None`` lets the partitioner choose; ``timestamp`` ``0`` lets the
+        client stamp the current time.
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: the client refused the record.
+        """
+        p = self._p
+        part = -1 if partition is None else partition
+        while True:
+            try:
+                p.produce(topic, value, key, part, timestamp=timestamp,
+                          headers=cast("_ClientHeaders", headers))
+                return
+            except BufferError:
+                p.poll(QUEUE_FULL_WAIT)
+            except ck.KafkaException as e:
+                raise translate(e, f"produce to {topic}") from e
+
+    def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
+                     keys: Sequence[bytes | None], values: Sequence[bytes | None],
+                     headers: Sequence[Headers | None], ids: Sequence[int]) -> None:
+        """Enqueue records column by column to one partition, then serve callbacks once.
+
+        The hot path of a replay: one client call per record and nothing else. ``ids``
+        name the records in an error (``topic[partition]@id``: the source offsets).
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: the client refused a record.
+        """
+        p = self._p
+        # The client's own signature, typed for our headers (the same list at run time).
+        produce = cast("Callable[..., None]", p.produce)
+        for i, (ts, k, v, h) in enumerate(zip(timestamps, keys, values, headers,
+                                              strict=True)):
+            try:
+                produce(topic, v, k, partition, timestamp=ts, headers=h)
+            except BufferError:
+                p.poll(QUEUE_FULL_WAIT)
+                self.produce(topic, v, k, partition=partition, timestamp=ts, headers=h)
+            except ck.KafkaException as e:
+                raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
+        p.poll(0)
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery callbacks for up to ``timeout`` seconds; returns how many ran."""
+        return self._p.poll(timeout)
+
+    def outstanding(self, timeout: float = 0.0) -> int:
+        """Records not yet acknowledged, after serving callbacks for up to ``timeout``
+        (returning early once one arrives).
+        """
+        self._p.poll(timeout)
+        return len(self._p)
+
+    def flush(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for every record; returns how many are left."""
+        return self._p.flush(timeout)
+
+    # --- transactions -------------------------------------------------------------------
+
+    def init_transactions(self, timeout: float) -> None:
+        """Register the ``transactional.id``: fences older producers with the same id and
+        aborts their open transaction.
+
+        Raises:
+            ProducerFenced / KafkaRetriableError / KafkaFatalError.
+        """
+        try:
+            self._p.init_transactions(timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"init transactions of {self.transactional_id}") from e
+
+    def begin_transaction(self) -> None:
+        """Start a transaction.
+
+        Raises:
+            ProducerFenced / KafkaFatalError.
+        """
+        try:
+            self._p.begin_transaction()
+        except ck.KafkaException as e:
+            raise translate(e, f"begin transaction on {self.name}") from e
+
+    def send_offsets_to_transaction(self, offsets: Sequence[TopicPartition],
+                                    group: GroupMetadata, timeout: float) -> None:
+        """Commit consumer ``offsets`` of ``group`` as part of the open transaction.
+
+        Raises:
+            ProducerFenced / TransactionAbortable / KafkaRetriableError / KafkaFatalError.
+        """
+        try:
+            self._p.send_offsets_to_transaction([to_client(tp) for tp in offsets], group,
+                                                timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"send offsets to the transaction on {self.name}") from e
+
+    def commit_transaction(self, timeout: float) -> None:
+        """Commit the open transaction: everything produced in it becomes visible.
+
+        Raises:
+            ProducerFenced: a newer owner fenced this producer (do not abort).
+            TransactionAbortable: ``abort_transaction``, then redo the batch.
+            KafkaRetriableError / KafkaFatalError.
+        """
+        try:
+            self._p.commit_transaction(timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"commit transaction on {self.name}") from e
+
+    def abort_transaction(self, timeout: float) -> None:
+        """Abort the open transaction; failed deliveries of its records are forgotten.
+
+        Raises:
+            ProducerFenced / KafkaRetriableError / KafkaFatalError.
+        """
+        try:
+            self._p.abort_transaction(timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"abort transaction on {self.name}") from e
+        finally:
+            with self._lock:
+                self._failed.clear()

@@ -1,0 +1,74 @@
+"""``Settings``: everything one process needs (the root of the configuration file)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from replicator.core.errors import ConfigError, KeyFormatError
+from replicator.core.keys import check_region
+from replicator.core.settings.fields import KeyedValueError, Model
+from replicator.core.settings.sections import (
+    FormatSettings,
+    KafkaSettings,
+    LogSettings,
+    MetricsSettings,
+    S3Settings,
+)
+from replicator.core.settings.services import (
+    CompactionSettings,
+    EgressSettings,
+    IngressSettings,
+)
+
+
+class Settings(Model):
+    """Everything one process needs. Sections not used by a process may be absent."""
+
+    region: str = Field(description="This process's region (segments are written under it).")
+    s3: S3Settings
+    kafka: KafkaSettings
+    format: FormatSettings = Field(default_factory=FormatSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    egress: EgressSettings | None = None
+    ingress: IngressSettings | None = None
+    compaction: CompactionSettings | None = None
+
+    @field_validator("region")
+    @classmethod
+    def _region_ok(cls, v: str) -> str:
+        try:
+            return check_region(v)
+        except KeyFormatError as e:
+            raise ValueError(str(e)) from e
+
+    @model_validator(mode="after")
+    def _sources_remote(self) -> Settings:
+        if self.ingress is not None:
+            for i, s in enumerate(self.ingress.sources):
+                if s.region == self.region:
+                    raise KeyedValueError(
+                        f"ingress.sources.{i}.region",
+                        f"source region {s.region!r} is this process's own region; ingress "
+                        "replays segments of other regions")
+        return self
+
+    @property
+    def s3_region(self) -> str:
+        """AWS region of the S3 client."""
+        return self.s3.region or self.region
+
+    def require(self, section: Literal["egress", "ingress", "compaction"]) -> Any:
+        """Return a service section or raise ``ConfigError`` naming it."""
+        value = getattr(self, section)
+        if value is None:
+            raise ConfigError(section, f"section [{section}] is required by this command")
+        return value
+
+    def masked(self) -> dict[str, Any]:
+        """A JSON-able dump with secrets masked, for the start-up log line."""
+        data = self.model_dump(mode="json")
+        data["kafka"]["config"] = self.kafka.masked_config()
+        return data

@@ -1,0 +1,226 @@
+"""The service sections: ``[egress]``, ``[ingress]``, ``[compaction]`` and their per-topic
+and per-source tables.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from replicator.core.errors import KeyFormatError
+from replicator.core.keys import check_region, check_topic
+from replicator.core.settings.fields import Duration, Model, Size
+
+# --- egress --------------------------------------------------------------------------
+
+
+class EgressTopicSettings(Model):
+    """Segment thresholds of one source topic (``[egress.topics."name"]``)."""
+
+    max_segment_messages: int = Field(1_000_000, ge=1, description="Close after N messages.")
+    max_segment_size: Size = Field(100 * 1024**2, description="Close after N raw record bytes.")
+    max_segment_age: Duration = Field(
+        timedelta(minutes=5), description="Close this long after the segment's first message.")
+
+    @field_validator("max_segment_size")
+    @classmethod
+    def _size_ok(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be at least 1 byte")
+        return v
+
+    @field_validator("max_segment_age")
+    @classmethod
+    def _age_ok(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be positive")
+        return v
+
+
+class EgressSettings(Model):
+    """The egress controller (``[egress]``)."""
+
+    group_id: str = Field("replicator.egress", description="Consumer group of egress workers.")
+    topics: dict[str, EgressTopicSettings] = Field(description="Source topics to replicate.")
+    max_buffered_bytes: Size = Field(
+        256 * 1024**2, description="Memory budget of all open segments of this process.")
+    shutdown_timeout: Duration = Field(
+        timedelta(seconds=30), description="On revoke/SIGTERM, open segments that cannot be made "
+                                           "durable within this time are aborted.")
+    topic_metadata_interval: Duration = Field(
+        timedelta(minutes=1), description="How often partition counts are checked for "
+                                          "_topic.json.")
+    upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")
+    memory_pool: Literal["system", "mimalloc", "jemalloc"] = Field(
+        "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
+                              "close to max_buffered_bytes whatever the partition count; "
+                              "mimalloc keeps freed memory per thread.")
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_ok(cls, v: dict[str, EgressTopicSettings]) -> dict[str, EgressTopicSettings]:
+        if not v:
+            raise ValueError("name at least one topic")
+        for t in v:
+            try:
+                check_topic(t)
+            except KeyFormatError as e:
+                raise ValueError(str(e)) from e
+        return v
+
+
+# --- ingress -------------------------------------------------------------------------
+
+
+class IngressSourceSettings(Model):
+    """One replicated source (``[[ingress.sources]]``)."""
+
+    region: str = Field(description="Region the source topic lives in.")
+    topic: str = Field(description="Source topic name.")
+    destination_topic: str | None = Field(None, description="Destination topic (default: same).")
+    lost_segment_timeout: Duration = Field(
+        timedelta(hours=1), description="How long a gap waits before it is declared lost.")
+    late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
+    first_segment_delay: Duration = Field(
+        timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists.")
+
+    @field_validator("late_segment_retries")
+    @classmethod
+    def _retries_ok(cls, v: int) -> int:
+        if not 1 <= v <= 50:
+            raise ValueError(f"must be between 1 and 50, got {v}")
+        return v
+
+    @field_validator("topic", "destination_topic")
+    @classmethod
+    def _topic_ok(cls, v: str | None) -> str | None:
+        try:
+            return None if v is None else check_topic(v)
+        except KeyFormatError as e:
+            raise ValueError(str(e)) from e
+
+    @field_validator("region")
+    @classmethod
+    def _region_ok(cls, v: str) -> str:
+        try:
+            return check_region(v)
+        except KeyFormatError as e:
+            raise ValueError(str(e)) from e
+
+    @property
+    def destination(self) -> str:
+        """The destination topic name."""
+        return self.destination_topic or self.topic
+
+
+class IngressSettings(Model):
+    """The ingress controller (``[ingress]``)."""
+
+    group_id: str = Field("replicator.ingress", description="Consumer group of ingress workers.")
+    sqs_queue: str = Field(description="SQS queue (name or URL) receiving the bucket's events.")
+    sqs_endpoint_url: str | None = Field(None, description="SQS endpoint (default: AWS / "
+                                                           "s3.endpoint_url).")
+    segment_events_topic: str = Field("replicator.segmentevents", description="Events topic.")
+    segment_events_retention: Duration = Field(timedelta(hours=1), description="Its retention.")
+    checkpoint_topic: str = Field("replicator.checkpoint", description="Checkpoint topic.")
+    delivery: Literal["exactly-once", "at-least-once"] = Field(
+        "exactly-once", description="Transactional or idempotent replay.")
+    batch_size: int = Field(10_000, ge=1, description="Records per produced batch/transaction.")
+    sources: list[IngressSourceSettings] = Field(description="Sources to replay.")
+    sqs_wait_time: Duration = Field(
+        timedelta(seconds=20), description="SQS long-poll wait per receive (at most 20s).")
+    sqs_max_messages: int = Field(10, ge=1, le=10, description="SQS messages per receive.")
+    topic_check_interval: Duration = Field(
+        timedelta(seconds=30), description="How often _topic.json of each source is read to "
+                                           "create or grow its destination topic.")
+    rescan_interval: Duration = Field(
+        timedelta(minutes=5), description="An idle worker re-lists its segments this often "
+                                          "(a safety net for lost S3 events).")
+    revoke_timeout: Duration = Field(
+        timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
+                                           "finish their current batch.")
+    max_parallel_replays: int = Field(
+        8, ge=1, description="Segments replayed at once by this process (each holds about "
+                             "two batches in memory), whatever the number of partitions.")
+
+    @field_validator("sqs_wait_time")
+    @classmethod
+    def _sqs_wait_ok(cls, v: timedelta) -> timedelta:
+        # SQS long polls 1-20 whole seconds; 0 would make the relay spin on short polls.
+        if not timedelta(seconds=1) <= v <= timedelta(seconds=20) or v.microseconds:
+            raise ValueError(f"must be whole seconds between 1s and 20s, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_sources(self) -> IngressSettings:
+        seen: set[tuple[str, str]] = set()
+        for s in self.sources:
+            if (s.region, s.topic) in seen:
+                raise ValueError(f"source {s.region}/{s.topic} is listed twice")
+            seen.add((s.region, s.topic))
+        if not self.sources:
+            raise ValueError("sources: name at least one source")
+        return self
+
+
+# --- compaction ----------------------------------------------------------------------
+
+
+class CompactionTopicSettings(Model):
+    """Compaction thresholds of one topic (``[compaction.topics."name"]``)."""
+
+    min_level: int = Field(0, ge=0, description="Lowest input level.")
+    max_level: int = Field(0, ge=0, description="Highest input level.")
+    min_segment_age: Duration = Field(timedelta(hours=1), description="Only older inputs.")
+    min_segment_count: int = Field(10, ge=1, description="Skip runs with fewer inputs.")
+    min_segment_size: Size = Field(1024**3, description="Skip runs with fewer bytes.")
+    max_segment_count: int = Field(1000, ge=1, description="Inputs per output, at most.")
+    max_segment_size: Size = Field(4 * 1024**3, description="Bytes per output, at most.")
+    batch_size: int = Field(10_000, ge=1, description="Records per streamed batch.")
+    delete: bool = Field(True, description="Delete inputs after the output is durable.")
+
+    @model_validator(mode="after")
+    def _combination_ok(self) -> CompactionTopicSettings:
+        if self.min_level > self.max_level:
+            raise ValueError(f"min_level ({self.min_level}) > max_level ({self.max_level})")
+        if self.min_segment_count > self.max_segment_count:
+            raise ValueError(f"min_segment_count ({self.min_segment_count}) > "
+                             f"max_segment_count ({self.max_segment_count})")
+        if self.min_segment_size > self.max_segment_size:
+            raise ValueError(f"min_segment_size ({self.min_segment_size}) > "
+                             f"max_segment_size ({self.max_segment_size})")
+        return self
+
+
+class CompactionSettings(Model):
+    """The compaction job (``[compaction]``)."""
+
+    schedule: str = Field("0 1 * * *", description="Cron: 5 fields, or 6 fields seconds-first.")
+    parallelism: int = Field(8, ge=1, description="Merge tasks run at once.")
+    spark_master: str = Field(
+        "local[*]", description="Spark master URL (local[*], spark://..., k8s://...); "
+                                "\"inline\" merges in this process without Spark; \"\" "
+                                "takes the master from spark-submit.")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+    lock_ttl: Duration = Field(timedelta(hours=2), description="Expiry of the region lock.")
+    topics: dict[str, CompactionTopicSettings] = Field(description="Topics to compact.")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron_ok(cls, v: str) -> str:
+        from replicator.core.cron import parse_cron  # local: croniter only when validating
+
+        parse_cron(v)
+        return v
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_ok(cls, v: dict[str, CompactionTopicSettings]) -> dict[str, Any]:
+        for t in v:
+            try:
+                check_topic(t)
+            except KeyFormatError as e:
+                raise ValueError(str(e)) from e
+        return v

@@ -1,0 +1,219 @@
+"""The formats egress, ingress and the operator tools exchange, encoded and parsed here only.
+
+* ``_topic.json`` (``TopicMetadata``): written by egress next to a topic's segments, read by
+  ingress to create the destination topic (docs/architecture.md, "Topic metadata").
+* Checkpoints (``Checkpoint``, ``checkpoint_key``): the key
+  ``{source_region}:{source_topic}:{partition}`` and JSON value on the checkpoint topic,
+  written by ingress, read by ingress and ``replicator checkpoints show``
+  (docs/architecture.md, "Checkpoints").
+
+Every type round-trips: ``parse(encode(x)) == x`` (``tests/unit/test_wire.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from replicator.core.errors import TopicError
+
+# Source topic configs recorded in ``_topic.json`` (egress writes them, ingress copies what
+# it can to the destination topic), when they are set on the source topic itself (cluster
+# defaults stay behind: the destination cluster has its own).
+TOPIC_META_CONFIGS = frozenset({
+    "cleanup.policy",
+    "compression.type",
+    "delete.retention.ms",
+    "max.compaction.lag.ms",
+    "max.message.bytes",
+    "message.timestamp.type",
+    "min.cleanable.dirty.ratio",
+    "min.compaction.lag.ms",
+    "retention.bytes",
+    "retention.ms",
+    "segment.bytes",
+    "segment.ms",
+})
+
+
+def rfc3339(t: datetime) -> str:
+    """``t`` in UTC as ``2026-01-02T03:04:05.000000Z`` (the form every format here uses)."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Parse what ``rfc3339`` writes (and any ISO 8601 time with a zone or ``Z``).
+
+    Raises:
+        ValueError: not such a time.
+    """
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def json_object(value: bytes | None, what: str, *, if_null: str) -> dict[str, Any]:
+    """Decode a value that must be a JSON object.
+
+    Raises:
+        ValueError: ``if_null`` for a null value; otherwise naming ``what`` and showing the
+            first 200 bytes.
+    """
+    if value is None:
+        raise ValueError(if_null)
+    try:
+        doc = json.loads(value)
+    except ValueError as e:
+        raise ValueError(f"{what} is not JSON: {value[:200]!r}") from e
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what} is not a JSON object: {value[:200]!r}")
+    return doc
+
+
+# --- _topic.json ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicMetadata:
+    """What ``{prefix}/{region}/{topic}/_topic.json`` says about a source topic.
+
+    ``partitions`` and ``configs`` are what ingress needs; ``topic``, ``region`` and
+    ``updated_at`` are written for people and tools (a reader does not require them).
+    """
+
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+    topic: str = ""
+    region: str = ""
+    updated_at: datetime | None = None
+
+    @classmethod
+    def of(cls, topic: str, region: str, partitions: int, configs: Mapping[str, str],
+           now: datetime) -> TopicMetadata:
+        """The metadata egress writes: only the configs ingress may copy
+        (``TOPIC_META_CONFIGS``).
+        """
+        return cls(partitions, {k: configs[k] for k in sorted(TOPIC_META_CONFIGS)
+                                if k in configs}, topic, region, now)
+
+    def encode(self) -> bytes:
+        """The JSON body (keys: topic, region, partitions, configs, updated_at)."""
+        body: dict[str, Any] = {
+            "topic": self.topic,
+            "region": self.region,
+            "partitions": self.partitions,
+            "configs": dict(self.configs),
+        }
+        if self.updated_at is not None:
+            body["updated_at"] = rfc3339(self.updated_at)
+        return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def parse(cls, data: bytes, *, where: str) -> TopicMetadata:
+        """Parse ``_topic.json``.
+
+        Raises:
+            TopicError: naming ``where``: not JSON, no positive ``partitions``, or
+                ``configs`` not an object.
+        """
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise TopicError(f"{where} is not JSON: {e}") from e
+        parts = doc.get("partitions") if isinstance(doc, dict) else None
+        if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+            raise TopicError(f"{where}: 'partitions' must be a positive int, got {parts!r}")
+        configs = doc.get("configs", {})
+        if configs is None:
+            configs = {}
+        if not isinstance(configs, dict):
+            raise TopicError(f"{where}: 'configs' must be an object")
+        updated: datetime | None = None
+        if isinstance(doc.get("updated_at"), str):
+            try:
+                updated = parse_rfc3339(doc["updated_at"])
+            except ValueError:
+                updated = None  # informational only: never a reason to refuse the file
+        return cls(parts, {str(k): str(v) for k, v in configs.items()},
+                   str(doc.get("topic") or ""), str(doc.get("region") or ""), updated)
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+
+def checkpoint_key(region: str, topic: str, partition: int) -> str:
+    """``{region}:{topic}:{partition}``: the Kafka key of a source partition's checkpoint
+    (and of its segment events).
+    """
+    return f"{region}:{topic}:{partition}"
+
+
+def parse_checkpoint_key(key: str) -> tuple[str, str, int] | None:
+    """``(region, topic, partition)`` of a checkpoint key, or ``None`` for another key.
+
+    A topic name may not contain ``:``, a region neither; so the split is unambiguous.
+    """
+    parts = key.split(":")
+    if len(parts) != 3 or not parts[2].isdigit() or not parts[0] or not parts[1]:
+        return None
+    return parts[0], parts[1], int(parts[2])
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Progress of one source partition: the last source offset replayed.
+
+    A declared-lost range also moves the checkpoint (to its last position), so a restart
+    does not wait for it again; such a record carries ``lost`` and the segment that follows
+    the range.
+    """
+
+    offset: int
+    segment: str
+    updated_at: datetime
+    lost: tuple[int, int] | None = None
+    origin: int | None = None
+    """Where the partition's first replay started without a checkpoint (the start of the
+    earliest segment then known). A segment below it that arrives later was never
+    replayed: the worker reports it as skipped."""
+
+    def encode(self) -> bytes:
+        """The JSON value written to the checkpoint topic."""
+        doc: dict[str, Any] = {
+            "offset": self.offset,
+            "segment": self.segment,
+            "updated_at": rfc3339(self.updated_at),
+        }
+        if self.lost is not None:
+            doc["lost"] = list(self.lost)
+        if self.origin is not None:
+            doc["origin"] = self.origin
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> Checkpoint:
+        """Parse a checkpoint value.
+
+        Raises:
+            ValueError: naming what is wrong.
+        """
+        doc = json_object(value, "checkpoint", if_null="checkpoint value is null (tombstone)")
+        offset = doc.get("offset")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"checkpoint offset must be a non-negative int, got {offset!r}")
+        segment = doc.get("segment", "")
+        if not isinstance(segment, str):
+            raise ValueError(f"checkpoint segment must be a string, got {segment!r}")
+        try:
+            updated = parse_rfc3339(str(doc.get("updated_at")))
+        except ValueError as e:
+            raise ValueError(f"checkpoint updated_at is not RFC 3339: "
+                             f"{doc.get('updated_at')!r}") from e
+        lost = doc.get("lost")
+        lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
+            else None
+        origin = doc.get("origin")
+        origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
+            and origin >= 0 else None
+        return cls(offset, segment, updated, lost_t, origin_i)

@@ -1,0 +1,148 @@
+"""The Kafka seam without a broker: error translation, event sorting, delivery reports.
+
+These tests build the client's own error values (``KafkaError``): the seam is the one place
+allowed to look at them, and these rules are what every service relies on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+
+from replicator.core.errors import (
+    ConfigError,
+    KafkaFatalError,
+    KafkaRetriableError,
+    ProducerFenced,
+    TransactionAbortable,
+)
+from replicator.core.kafka import Producer, TopicPartition
+from replicator.core.kafka.consumer import _sort
+from replicator.core.kafka.errors import classify, delivery_error, event_error
+from replicator.core.kafka.types import Fetched, from_client, to_client
+from replicator.core.settings import KafkaSettings
+
+KAFKA = KafkaSettings(brokers="127.0.0.1:1")
+
+
+@pytest.mark.parametrize("code", [ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED,
+                                  ck.KafkaError.INVALID_PRODUCER_EPOCH])
+def test_fenced_codes_are_producer_fenced(code: int) -> None:
+    # Fenced wins even over the abortable flag: a fenced producer must not abort.
+    err = classify(ck.KafkaError(code, "fenced", txn_requires_abort=True), "commit t[0]")
+    assert isinstance(err, ProducerFenced)
+    assert "commit t[0]" in str(err)
+
+
+def test_abortable_retriable_fatal() -> None:
+    abortable = classify(ck.KafkaError(ck.KafkaError._STATE, "x", txn_requires_abort=True),
+                         "commit")
+    assert isinstance(abortable, TransactionAbortable)
+    assert isinstance(abortable, KafkaRetriableError)   # callers that only retry still do
+    retriable = classify(ck.KafkaError(ck.KafkaError._TRANSPORT, "x", retriable=True), "c")
+    assert type(retriable) is KafkaRetriableError
+    fatal = classify(ck.KafkaError(ck.KafkaError._FATAL, "x", fatal=True), "c")
+    assert type(fatal) is KafkaFatalError
+
+
+def test_delivery_errors() -> None:
+    assert isinstance(delivery_error(ck.KafkaError(ck.KafkaError._FENCED), "w"),
+                      ProducerFenced)
+    assert type(delivery_error(ck.KafkaError(ck.KafkaError._FATAL, fatal=True), "w")) \
+        is KafkaFatalError
+    assert type(delivery_error(ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT), "w")) \
+        is KafkaRetriableError
+
+
+def test_a_session_timeout_the_broker_refuses_is_a_config_error() -> None:
+    """Apache Kafka refuses a group member whose session.timeout.ms lies outside its
+    group.min/max.session.timeout.ms; the consumer would retry the join forever."""
+    err = event_error(ck.KafkaError(ck.KafkaError.INVALID_SESSION_TIMEOUT, "JoinGroup failed"),
+                      "t[0]")
+    assert isinstance(err, ConfigError) and err.key == "kafka.config"
+    assert "session.timeout.ms" in str(err)
+
+
+class Event:
+    """A consumed event with the client's accessors."""
+
+    def __init__(self, topic: str, partition: int, offset: int,
+                 error: ck.KafkaError | None = None) -> None:
+        self._t, self._p, self._o, self._e = topic, partition, offset, error
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def error(self) -> ck.KafkaError | None:
+        return self._e
+
+
+def test_fetch_sorts_records_errors_and_ends_in_one_pass() -> None:
+    events: list[Any] = [
+        Event("a", 0, 5), Event("b", 1, 7), Event("a", 0, 6),
+        Event("a", 1, 3, ck.KafkaError(ck.KafkaError._PARTITION_EOF)),
+        Event("b", 1, -1, ck.KafkaError(ck.KafkaError._TRANSPORT, "down", retriable=True)),
+        Event("b", 1, 8),
+    ]
+    f = _sort(events, Fetched())
+    assert {k: [m.offset() for m in run] for k, run in f.runs.items()} == {
+        ("a", 0): [5, 6], ("b", 1): [7, 8]}
+    assert f.ends == {("a", 1): 3}
+    assert len(f.errors) == 1 and isinstance(f.errors[0], KafkaRetriableError)
+    assert "b[1]" in str(f.errors[0])
+    assert f.records == 4 and f
+    assert not Fetched()
+
+
+def test_topic_partitions_round_trip_through_the_client() -> None:
+    tp = TopicPartition("t", 3, 42)
+    assert from_client(to_client(tp)) == tp
+    assert str(tp) == "t[3]" and tp.key == ("t", 3)
+
+
+class Delivered:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._t, self._p, self._o = topic, partition, offset
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+def test_delivery_failures_are_kept_per_partition_and_raised_as_one_error() -> None:
+    p = Producer(KAFKA, name="dest[0]")
+    p._delivered(None, Delivered("dest", 0, 1))  # type: ignore[arg-type]
+    p._delivered(ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT, "timed out"),
+                 Delivered("dest", 0, -1))  # type: ignore[arg-type]
+    p._delivered(ck.KafkaError(ck.KafkaError._MSG_TIMED_OUT, "timed out"),
+                 Delivered("cp", 2, -1))  # type: ignore[arg-type]
+    cp = p.take_failures("cp", 2)
+    assert [(r.topic, r.partition, r.offset) for r in cp] == [("cp", 2, -1)]
+    assert isinstance(cp[0].error, KafkaRetriableError) and "timed out" in cp[0].reason
+    with pytest.raises(KafkaRetriableError, match=r"dest\[0\]: 1 record\(s\) failed"):
+        p.check_deliveries("dest[0]")
+    p.check_deliveries("dest[0]")  # reported once
+
+
+def test_delivery_listener_sees_successes_and_failures() -> None:
+    seen: list[tuple[int, int, bool]] = []
+    p = Producer(KAFKA, on_delivery=lambda r: seen.append((r.partition, r.offset,
+                                                            r.error is None)))
+    p._delivered(None, Delivered("t", 1, 10))  # type: ignore[arg-type]
+    p._delivered(ck.KafkaError(ck.KafkaError._FENCED), Delivered("t", 1, -1))  # type: ignore[arg-type]
+    assert seen == [(1, 10, True), (1, -1, False)]
+    with pytest.raises(ProducerFenced):
+        p.check_deliveries("t[1]")

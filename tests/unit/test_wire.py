@@ -1,0 +1,84 @@
+"""The formats both halves exchange round-trip: ``_topic.json`` and checkpoints."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replicator.core.errors import TopicError
+from replicator.core.wire import (
+    TOPIC_META_CONFIGS,
+    Checkpoint,
+    TopicMetadata,
+    checkpoint_key,
+    parse_checkpoint_key,
+    rfc3339,
+)
+
+names = st.from_regex(r"[a-zA-Z0-9._-]{1,40}", fullmatch=True)
+# Microsecond precision in UTC: what rfc3339 writes.
+times = st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(9999, 1, 1),
+                     timezones=st.just(UTC))
+offsets = st.integers(min_value=0, max_value=2**63 - 1)
+
+
+@given(names, names, st.integers(min_value=1, max_value=100_000),
+       st.dictionaries(st.sampled_from(sorted(TOPIC_META_CONFIGS)), st.text(max_size=20)),
+       times)
+def test_topic_metadata_round_trips(topic: str, region: str, partitions: int,
+                                    configs: dict[str, str], now: datetime) -> None:
+    meta = TopicMetadata.of(topic, region, partitions, configs, now)
+    assert TopicMetadata.parse(meta.encode(), where="t") == meta
+
+
+def test_topic_metadata_body_and_old_files() -> None:
+    meta = TopicMetadata.of("t", "r1", 3, {"retention.ms": "5", "other": "x"},
+                            datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    assert json.loads(meta.encode()) == {
+        "topic": "t", "region": "r1", "partitions": 3, "configs": {"retention.ms": "5"},
+        "updated_at": "2026-01-02T03:04:05.000000Z"}
+    # Only partitions (and configs) are required of a file.
+    assert TopicMetadata.parse(b'{"partitions": 2}', where="x") == TopicMetadata(2)
+    with pytest.raises(TopicError, match="x: 'partitions'"):
+        TopicMetadata.parse(b'{"partitions": true}', where="x")
+
+
+@given(offsets, st.text(max_size=80), times,
+       st.one_of(st.none(), st.tuples(offsets, offsets)), st.one_of(st.none(), offsets))
+def test_checkpoint_round_trips(offset: int, segment: str, now: datetime,
+                                lost: tuple[int, int] | None, origin: int | None) -> None:
+    cp = Checkpoint(offset, segment, now, lost, origin)
+    assert Checkpoint.decode(cp.encode()) == cp
+
+
+def test_checkpoint_value_layout() -> None:
+    cp = Checkpoint(41, "data/r/t/0/0/x", datetime(2026, 1, 1, tzinfo=UTC) + timedelta(
+        microseconds=5), lost=(3, 9))
+    assert json.loads(cp.encode()) == {"offset": 41, "segment": "data/r/t/0/0/x",
+                                       "updated_at": "2026-01-01T00:00:00.000005Z",
+                                       "lost": [3, 9]}
+    for bad in (None, b"[]", b"{}", b'{"offset": -1, "updated_at": "2026-01-01T00:00:00Z"}',
+                b'{"offset": 1, "updated_at": "yesterday"}'):
+        with pytest.raises(ValueError):
+            Checkpoint.decode(bad)
+
+
+@given(names, names, st.integers(min_value=0, max_value=10**6))
+def test_checkpoint_key_round_trips(region: str, topic: str, partition: int) -> None:
+    key = checkpoint_key(region, topic, partition)
+    assert key == f"{region}:{topic}:{partition}"
+    assert parse_checkpoint_key(key) == (region, topic, partition)
+
+
+def test_other_keys_are_not_checkpoint_keys() -> None:
+    for key in ("r:t", "r:t:x", ":t:0", "r::0", "a:b:c:0"):
+        assert parse_checkpoint_key(key) is None
+
+
+def test_rfc3339_is_utc_with_microseconds() -> None:
+    t = datetime(2026, 5, 6, 7, 8, 9, 10, tzinfo=UTC)
+    assert rfc3339(t) == "2026-05-06T07:08:09.000010Z"
