@@ -306,7 +306,10 @@ class Ingress:
             st.partitions = meta.partitions
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
-        consumer.assign(partitions)
+        # With cooperative-sticky only the added partitions arrive here, to be added with
+        # incremental_assign; eager assignment replaces the whole set.
+        kafka.assign_in_rebalance(consumer, partitions,
+                                  cooperative=kafka.is_cooperative(self.settings.kafka))
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))

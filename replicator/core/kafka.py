@@ -194,6 +194,23 @@ def make_consumer(kafka: KafkaSettings, group_id: str,
     return consumer
 
 
+def is_cooperative(kafka: KafkaSettings, overrides: Mapping[str, Any] | None = None) -> bool:
+    """True if a consumer built with these settings rebalances incrementally
+    (``partition.assignment.strategy`` names ``cooperative-sticky``): a rebalance callback
+    must then add partitions with ``incremental_assign``, ``assign`` fails with _STATE."""
+    conf = client_config(kafka, CONSUMER_DEFAULTS, overrides)
+    return "cooperative" in str(conf.get("partition.assignment.strategy", ""))
+
+
+def assign_in_rebalance(consumer: ck.Consumer, partitions: list[Any], *,
+                        cooperative: bool) -> None:
+    """Take ``partitions`` from inside an ``on_assign`` callback, for either protocol."""
+    if cooperative:
+        consumer.incremental_assign(partitions)
+    else:
+        consumer.assign(partitions)
+
+
 def make_producer(kafka: KafkaSettings, *, transactional_id: str | None = None,
                   overrides: Mapping[str, Any] | None = None) -> ck.Producer:
     """An idempotent producer; transactional when ``transactional_id`` is given.

@@ -284,3 +284,15 @@ def test_a_session_timeout_the_broker_refuses_is_a_config_error() -> None:
     err = message_error(Msg())  # type: ignore[arg-type]
     assert isinstance(err, ConfigError) and err.key == "kafka.config"
     assert "session.timeout.ms" in str(err)
+
+
+def test_cooperative_assignment_is_recognised_from_kafka_config() -> None:
+    """Ingress adds partitions with incremental_assign under cooperative-sticky (assign
+    fails there with _STATE), with assign under the eager default."""
+    from replicator.core.kafka import is_cooperative
+
+    assert not is_cooperative(KafkaSettings(brokers="x:1"))
+    assert is_cooperative(KafkaSettings(brokers="x:1", config={
+        "partition.assignment.strategy": "cooperative-sticky"}))
+    assert not is_cooperative(KafkaSettings(brokers="x:1", config={
+        "partition.assignment.strategy": "roundrobin"}))
