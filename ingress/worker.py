@@ -545,8 +545,10 @@ class ReplayWorker:
           2. produce the records to the destination partition;
           3. flush: the records are in the destination log before the checkpoint is sent,
              so no broker ever holds this checkpoint without its records (a broker that
-             shows aborted records to read_committed readers, like the embedded one,
-             would otherwise let a successor skip records that were never written);
+             shows aborted records to read_committed readers, like the embedded Tansu,
+             would otherwise let a successor skip records that were never written). Kept
+             on Apache Kafka, which hides aborted records: commit flushes anyway, so this
+             only moves that wait before the checkpoint's send;
           4. produce the checkpoint record to the checkpoint topic, same transaction, and
              commit: records and checkpoint become visible together or not at all.
         At-least-once (idempotent producer, pipelined: up to ``PIPELINE_DEPTH`` batches

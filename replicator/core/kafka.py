@@ -59,6 +59,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",       # a new group starts from the oldest record
     "isolation.level": "read_committed",   # never replicate open/aborted transactions
+    # Eager range assignment; cooperative-sticky also works when set in kafka.config
+    # (tests/integration/test_kafka_group_members.py runs both on Apache Kafka).
     "partition.assignment.strategy": "range",
     # When the prefetch queue is full (queued.max.messages.kbytes), librdkafka postpones
     # the partition's next fetch by this long; its default (1000 ms) idles a consumer that
@@ -248,7 +250,9 @@ class Admin:
         """Number of partitions of ``topic``, or ``None`` if it does not exist.
 
         Asks for the metadata of every topic: a metadata request naming a missing topic
-        makes brokers with auto-creation on (Tansu always) create it as a side effect.
+        makes brokers with auto-creation on create it as a side effect (Tansu always;
+        Apache Kafka with ``auto.create.topics.enable``, the broker's default, so this is
+        needed there too).
         """
         md = self._admin.list_topics(timeout=self.timeout)
         t = md.topics.get(topic)
