@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--s3", action="store_true", help="upload to moto instead of discarding")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments)")
+    ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu",
+                    help="the broker: tansu (embedded) or apache (from $KAFKA_HOME)")
     # child mode
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("brokers", "endpoint", "bucket", "topic"):
@@ -225,13 +227,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from replicator.core.s3 import make_s3_client
     from replicator.devstack.aws import create_bucket
-    from replicator.devstack.processes import start_moto, start_tansu
+    from replicator.devstack.processes import start_broker, start_moto, stop_seconds
 
     partitions = [int(p) for p in args.partitions.split(",")]
     budgets = [parse_size(b) for b in args.budgets.split(",")]
     records = parse_size(args.total) // 1008   # 1000 B value + 8 B key
     work = Path(tempfile.mkdtemp(prefix="egress-mem-"))
-    tansu, moto = start_tansu("tansu-mem", work), start_moto(work)
+    tansu = start_broker(args.kafka, f"{args.kafka}-mem", work)
+    moto = start_moto(work)
     rows: list[dict[str, Any]] = []
     try:
         endpoint = f"http://{moto.address}"
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {n} partitions, budget {format_size(budget)}: done in "
                       f"{r['seconds']:.1f}s", file=sys.stderr)
     finally:
-        tansu.stop()
+        tansu.stop(stop_seconds(args.kafka))
         moto.stop()
     print(f"\n{format_size(records * 1008)} raw per topic, 1 KiB records, segment limit "
           f"100 MiB, {'moto S3' if args.s3 else 'discarding store'}")

@@ -283,13 +283,19 @@ def fill_topic(kafka: Any, topic: str, partitions: int, records: int, value_size
 
 
 class BenchStack:
-    """``LocalStack`` (two Tansu brokers, moto S3+SQS) plus settings builders."""
+    """``LocalStack`` (two Kafka brokers, moto S3+SQS) plus settings builders.
 
-    def __init__(self, directory: Path) -> None:
+    ``kafka``: ``tansu`` (the embedded default) or ``apache`` (Apache Kafka from
+    ``$KAFKA_HOME``, the broker production runs).
+    """
+
+    def __init__(self, directory: Path, kafka: str = "tansu") -> None:
+        from replicator.devstack.processes import check_broker_kind
         from replicator.devstack.stack import LocalStack
 
         self.dir = directory
-        self.stack = LocalStack.start(directory / "stack", partitions=1)
+        self.kafka = check_broker_kind(kafka)
+        self.stack = LocalStack.start(directory / "stack", partitions=1, kafka=self.kafka)
         ep = self.stack.endpoints
         self.source_kafka = ep["source_kafka"]
         self.dest_kafka = ep["destination_kafka"]
@@ -300,6 +306,13 @@ class BenchStack:
 
     def pid(self, name: str) -> int:
         return self.stack.servers[name].pid
+
+    def broker_pid(self, region: str) -> int:
+        """PID of the ``source`` or ``destination`` broker, whatever its kind."""
+        from replicator.devstack.servers import broker_names
+
+        source, destination = broker_names(self.kafka)
+        return self.pid(source if region == "source" else destination)
 
     def raw_config(self, role: str) -> dict[str, Any]:
         return tomllib.loads(self.stack.config_paths[role].read_text())  # type: ignore[index]

@@ -58,8 +58,8 @@ def read_segments(store: Any, region: str, topic: str, partitions: int
 
 
 def drop_topics(brokers: str, topics: list[str]) -> None:
-    """Delete what a run wrote: Tansu keeps every record in memory, and a bench that
-    writes gigabytes would otherwise slow down (and grow) run after run."""
+    """Delete what a run wrote: Tansu keeps every record in memory (Apache Kafka on disk),
+    and a bench that writes gigabytes would otherwise slow down (and grow) run after run."""
     from replicator.core.kafka import Admin
     from replicator.core.settings import KafkaSettings
 
@@ -167,7 +167,7 @@ def ingress_inproc(stack: BenchStack, topic: str, partitions: int, records: int,
     ing = Ingress(settings, store=stack.store(settings, counter))
     ing.start()
     runner = threading.Thread(target=ing.run, daemon=True)
-    moto_pid, dest_pid = stack.pid("moto"), stack.pid("tansu-destination")
+    moto_pid, dest_pid = stack.pid("moto"), stack.broker_pid("destination")
     per_part = {p: len(range(p, records, partitions)) - 1 for p in range(partitions)}
 
     def produced() -> float:
@@ -177,7 +177,7 @@ def ingress_inproc(stack: BenchStack, topic: str, partitions: int, records: int,
         pos = {wid[2]: v for wid, v in ing.positions().items() if wid[1] == topic}
         return all((pos.get(p) or -1) >= last for p, last in per_part.items())
 
-    moto0, tansu0 = cpu_of(moto_pid), cpu_of(dest_pid)
+    moto0, broker0 = cpu_of(moto_pid), cpu_of(dest_pid)
     with CpuTimeline() as timeline:
         runner.start()
         # The clock starts when the first segment is read (first GetObject): group join,
@@ -187,14 +187,14 @@ def ingress_inproc(stack: BenchStack, topic: str, partitions: int, records: int,
         t1, cpu1 = time.perf_counter(), time.process_time()
     t0 = counter.first_call["GetObject:segment"]
     wall, cpu = t1 - t0, cpu1 - timeline.cpu_at(t0)
-    moto_cpu, tansu_cpu = cpu_of(moto_pid) - moto0, cpu_of(dest_pid) - tansu0
+    moto_cpu, broker_cpu = cpu_of(moto_pid) - moto0, cpu_of(dest_pid) - broker0
     ing.stop()
     runner.join(60)
     ing.close()
     drop_topics(stack.dest_kafka, [dest, settings.ingress.checkpoint_topic,
                                    settings.ingress.segment_events_topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": records,
-                  "moto_cpu_seconds": moto_cpu, "tansu_cpu_seconds": tansu_cpu})
+                  "moto_cpu_seconds": moto_cpu, "broker_cpu_seconds": broker_cpu})
 
 
 # --- memory: replaying big segments in a child process ------------------------------

@@ -3,8 +3,10 @@
     .venv/bin/python bench/run_all.py --quick      # about 3 minutes
     .venv/bin/python bench/run_all.py --full       # bigger data, Spark, 1 GiB segment
     .venv/bin/python bench/run_all.py --quick --only egress,ingress
+    KAFKA_HOME=../shared/kafka .venv/bin/python bench/run_all.py --full --kafka apache
 
-Starts its own stack (``LocalStack``: Tansu source + destination, moto S3+SQS), then:
+Starts its own stack (``LocalStack``: a source and a destination broker, Tansu by default
+or Apache Kafka with ``--kafka apache``; moto S3+SQS), then:
 
 1. egress: bare ``consume`` loop vs ``Egress`` (discarding store: zstd, lz4; moto S3);
 2. ingress: bare produce loop (same producer settings) vs ``Ingress``, exactly-once and
@@ -74,8 +76,10 @@ def log(msg: str) -> None:
 
 
 class Runner:
-    def __init__(self, profile: dict[str, Any], workdir: Path, repeat: int) -> None:
+    def __init__(self, profile: dict[str, Any], workdir: Path, repeat: int,
+                 kafka: str = "tansu") -> None:
         self.p = profile
+        self.kafka = kafka
         self.work = workdir
         self.repeat = repeat
         self.results: dict[str, Any] = {}
@@ -105,7 +109,7 @@ class Runner:
         ``ratios[variant][name]`` names the variant's baseline for ratio ``name``. Ratios
         are computed within a round, where the variant and its baseline ran back to back,
         and the median of those paired ratios is reported: the shared machine drifts
-        between rounds (Tansu keeps every record in memory, neighbours come and go), which
+        between rounds (a broker's state grows, neighbours come and go), which
         a ratio of two separate medians would mix in.
         """
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k, _, _ in variants}
@@ -130,7 +134,7 @@ class Runner:
         from replicator.core.settings import KafkaSettings
 
         t0 = time.perf_counter()
-        self.stack = BenchStack(self.work)
+        self.stack = BenchStack(self.work, self.kafka)
         log(f"stack up in {time.perf_counter() - t0:.1f}s")
         self.topic = f"bench.events.{uuid.uuid4().hex[:6]}"
         kafka = KafkaSettings(brokers=self.stack.source_kafka)
@@ -345,12 +349,13 @@ class Runner:
         log(f"  ingress replaying a {r['raw_bytes'] / 2**20:.0f} MiB segment: peak RSS "
             f"{r['peak_rss'] / 2**20:.0f} MiB (baseline {r['baseline_rss'] / 2**20:.0f} MiB)")
         res["ingress_big_segment"] = r
-        # bench/egress_memory.py (the egress engineer's) starts its own Tansu + moto.
+        # bench/egress_memory.py starts its own broker (of the same kind) + moto.
         out = self.work / "egress_memory.json"
         t0 = time.perf_counter()
         run_bounded([sys.executable, str(HERE / "egress_memory.py"), "--partitions",
                      p["mem_partitions"], "--budgets", p["mem_budgets"], "--total",
-                     p["mem_total"], "--json", str(out)], p["mem_timeout"])
+                     p["mem_total"], "--json", str(out), "--kafka", self.kafka],
+                    p["mem_timeout"])
         res["egress"] = json.loads(out.read_text())
         log(f"  egress memory in {time.perf_counter() - t0:.0f}s")
 
@@ -461,9 +466,11 @@ def _ok(cond: bool | None) -> str:
 
 
 def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = [f"kafka-s3-replicator benchmarks ({meta['profile']}, {meta['records']:,} records "
-             f"x {meta['value_size']} B text-like values, {meta['partitions']} partitions, "
-             f"{meta['cpus']} cores shared, medians of {meta['repeat']} runs)", ""]
+    brokers = "Apache Kafka" if meta.get("kafka") == "apache" else "Tansu"
+    lines = [f"kafka-s3-replicator benchmarks ({meta['profile']}, {brokers} brokers, "
+             f"{meta['records']:,} records x {meta['value_size']} B text-like values, "
+             f"{meta['partitions']} partitions, {meta['cpus']} cores shared, medians of "
+             f"{meta['repeat']} runs)", ""]
     lines_after: list[str] = []
     rows: list[tuple[str, ...]] = [("measurement", "records/s", "MB/s", "MB/CPU-s",
                                     "CPU s/GB", "ratio", "target", "")]
@@ -611,7 +618,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(STAGES), help="comma-separated stages")
     ap.add_argument("--repeat", type=int, default=None, help="runs per timed variant")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu",
+                    help="brokers of the stack: tansu (embedded, default) or apache (Apache "
+                         "Kafka from $KAFKA_HOME)")
     args = ap.parse_args(argv)
+    if args.kafka == "apache" and not os.environ.get("KAFKA_HOME"):
+        ap.error("--kafka apache needs KAFKA_HOME (an Apache Kafka distribution, e.g. "
+                 "../shared/kafka)")
     name = "full" if args.full else "quick"
     profile = dict(PROFILES[name])
     repeat = args.repeat or profile["repeat"]
@@ -620,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         if s not in STAGES:
             ap.error(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
     work = Path(tempfile.mkdtemp(prefix="bench-all-"))
-    runner = Runner(profile, work, repeat)
+    runner = Runner(profile, work, repeat, args.kafka)
     failures: dict[str, str] = {}
     t_all = time.perf_counter()
     try:
@@ -639,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if runner.stack is not None:
             runner.stack.stop()
-    meta = {"profile": name, "repeat": repeat, "cpus": os.cpu_count(),
+    meta = {"profile": name, "kafka": args.kafka, "repeat": repeat, "cpus": os.cpu_count(),
             "python": platform.python_version(), "stages": stages,
             "command": "bench/run_all.py " + " ".join(argv if argv is not None else
                                                        sys.argv[1:]),

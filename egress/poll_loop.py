@@ -220,16 +220,29 @@ class PollLoop:
         self.m.assigned.labels(self.region).set(len(writers))
         self.m.open_segments.labels(self.region).set(
             sum(len(w.closing) + (w.segment is not None) for w in writers))
+        # The consumer's position is past transaction markers; the writers' next offset
+        # is the last record's + 1. On a transactional source the high watermark ends with
+        # a commit marker, so lag from the next offset alone never reached 0 (seen on
+        # Apache Kafka: 1 per partition for good).
+        try:
+            positions = {(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(
+                [TopicPartition(w.ref.topic, w.ref.partition) for w in writers])}
+        except ReplicatorError as e:
+            log.debug("no consumer positions: %s", e)
+            positions = {}
         for w in writers:
             if w.next_offset is None:
                 continue
             try:
-                # The cached watermark comes from the last fetch response, which is right
-                # even on brokers whose ListOffsets "latest" is not (Tansu).
+                # The cached watermark comes from the last fetch response: no request, and
+                # for a read_committed consumer it is the last stable offset. (It is also
+                # right on brokers whose ListOffsets "latest" is not, like Tansu.)
                 _, high = self.consumer.watermarks(
                     TopicPartition(w.ref.topic, w.ref.partition), cached=True)
             except ReplicatorError as e:
                 log.debug("%s: no cached watermark: %s", w.name, e)
                 continue
             if high >= 0:
-                w.metrics.lag.set(max(0, high - w.next_offset))
+                position = max(w.next_offset,
+                               positions.get((w.ref.topic, w.ref.partition), -1))
+                w.metrics.lag.set(max(0, high - position))

@@ -234,7 +234,9 @@ class Ingress:
                 self.consumer.unsubscribe()
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consumer.assign(partitions)
+        # With cooperative-sticky only the added partitions arrive here (added with
+        # incremental_assign); eager assignment replaces the whole set.
+        consumer.assign_added(partitions)
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))

@@ -72,8 +72,10 @@ class ExactlyOnce(Delivery):
     2. Produce the records to the destination partition.
     3. Flush: the records are in the destination log before the checkpoint is sent, so no
        broker ever holds this checkpoint without its records (a broker that shows aborted
-       records to read_committed readers, like the embedded one, would otherwise let a
-       successor skip records that were never written).
+       records to read_committed readers, like the embedded Tansu, would otherwise let a
+       successor skip records that were never written). Kept on Apache Kafka, which hides
+       aborted records: commit flushes anyway, so this only moves that wait before the
+       checkpoint's send.
     4. Produce the checkpoint record to the checkpoint topic in the same transaction, and
        commit: records and checkpoint become visible together or not at all.
 

@@ -69,9 +69,9 @@ class TopicAdmin(Protocol):
 
 def existing_partitions(admin: TopicAdmin, topic: str) -> int | None:
     """Partition count of ``topic``, or ``None`` if it does not exist."""
-    # A metadata request naming an unknown topic makes some brokers (Tansu; Kafka with
-    # auto.create.topics.enable) create it with their default partition count, so look at
-    # the full topic list first.
+    # A metadata request naming an unknown topic makes some brokers (Tansu; Apache Kafka
+    # with auto.create.topics.enable, its default) create it with their default partition
+    # count, so look at the full topic list first: right on every broker.
     if topic not in admin.list_topics():
         return None
     return admin.partition_count(topic)

@@ -146,3 +146,20 @@ def test_delivery_listener_sees_successes_and_failures() -> None:
     assert seen == [(1, 10, True), (1, -1, False)]
     with pytest.raises(ProducerFenced):
         p.check_deliveries("t[1]")
+
+
+def test_cooperative_assignment_is_recognised_from_kafka_config() -> None:
+    """Ingress adds partitions with incremental_assign under cooperative-sticky (assign
+    fails there with _STATE), with assign under the eager default."""
+    from replicator.core.kafka import Consumer
+
+    def cooperative(config: dict[str, Any]) -> bool:
+        c = Consumer(KafkaSettings(brokers="127.0.0.1:1", config=config), "g")
+        try:
+            return c.cooperative
+        finally:
+            c.close()
+
+    assert not cooperative({})
+    assert cooperative({"partition.assignment.strategy": "cooperative-sticky"})
+    assert not cooperative({"partition.assignment.strategy": "roundrobin"})

@@ -48,7 +48,9 @@ class Admin:
         """Number of partitions of ``topic``, or ``None`` if it does not exist.
 
         Asks for the metadata of every topic: a metadata request naming a missing topic
-        makes brokers with auto-creation on (Tansu always) create it as a side effect.
+        makes brokers with auto-creation on create it as a side effect (Tansu always;
+        Apache Kafka with ``auto.create.topics.enable``, the broker's default, so this is
+        needed there too).
         """
         t = self._metadata().topics.get(topic)
         if t is None or (t.error is not None

@@ -14,6 +14,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",       # a new group starts from the oldest record
     "isolation.level": "read_committed",   # never replicate open/aborted transactions
+    # Eager range assignment; cooperative-sticky also works when set in kafka.config
+    # (tests/integration/test_kafka_group_members.py runs both on Apache Kafka).
     "partition.assignment.strategy": "range",
     # When the prefetch queue is full (queued.max.messages.kbytes), librdkafka postpones
     # the partition's next fetch by this long; its default (1000 ms) idles a consumer that

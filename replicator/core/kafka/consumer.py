@@ -89,6 +89,9 @@ class Consumer:
                              drop=PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
         self.group_id = group_id
+        # cooperative-sticky rebalances incrementally: an on_assign callback gets only the
+        # added partitions, and ``assign`` fails there with _STATE.
+        self.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
         self._c: ck.Consumer = construct("consumer", ck.Consumer, conf)
 
     # --- membership ---------------------------------------------------------------------
@@ -133,6 +136,15 @@ class Consumer:
             self._c.unassign()
         except ck.KafkaException as e:
             raise translate(e, "unassign") from e
+
+    def assign_added(self, partitions: Sequence[TopicPartition]) -> None:
+        """Take ``partitions`` from inside an ``on_assign`` callback, for either protocol:
+        added to the assignment when cooperative, replacing it when eager.
+        """
+        if self.cooperative:
+            self.incremental_assign(partitions)
+        else:
+            self.assign(partitions)
 
     def incremental_assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Add partitions to the assignment (cooperative rebalancing)."""

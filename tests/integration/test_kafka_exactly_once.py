@@ -1,0 +1,147 @@
+"""Exactly-once measured directly on Apache Kafka: SIGKILL ingress mid-transaction, three
+times, then count what a read_committed reader of the destination sees.
+
+Each kill lands while the worker replays a backlog of 500-record transactions (right after
+its produced counter moves): the records of the open transaction are in the destination
+log but never committed. A real broker hides them from read_committed readers (Tansu does
+not, which is why the Tansu runs count duplicates "shaped like a transaction" instead), so
+here every source record must be seen exactly once: duplicates = 0, lost = 0. The log
+itself must show that transactions really were cut: a read_uncommitted reader sees more
+records than a read_committed one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from replicator.devstack.processes import free_port
+from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
+from tests.integration.test_ingress_crash import (
+    checkpoint_offset,
+    plain_record,
+    start,
+    toml_value,
+    write_config,
+)
+
+__all__ = ["env"]  # the fixture, shared with test_ingress.py
+
+pytestmark = pytest.mark.apache
+
+BATCH = 500
+SEGMENTS = 4
+PER_SEGMENT = 15_000
+KILLS = 3
+
+
+def produced(port: int) -> float | None:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("replicator_ingress_messages_produced_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def uncommitted_count(brokers: str, topic: str) -> int:
+    import confluent_kafka as ck
+
+    from tests.conftest import unique_name
+
+    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("v"),
+                     "enable.partition.eof": True, "isolation.level": "read_uncommitted"})
+    try:
+        c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
+        n, deadline = 0, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for m in c.consume(1000, 0.1):
+                err = m.error()
+                if err is not None:
+                    if err.code() == ck.KafkaError._PARTITION_EOF:
+                        return n
+                    continue
+                n += 1
+        raise AssertionError("no end of partition")
+    finally:
+        c.close()
+
+
+def test_sigkill_mid_transaction_three_times_then_every_record_exactly_once(
+        env: Env, tmp_path: Path) -> None:
+    env.write_meta(1)
+    total = SEGMENTS * PER_SEGMENT
+    for i in range(SEGMENTS):
+        env.write(env.segment_key(0, i * PER_SEGMENT, (i + 1) * PER_SEGMENT - 1),
+                  make=plain_record)
+    port = free_port()
+    data = json.loads(json.dumps(env.data))
+    data["metrics"] = {"port": port, "host": "127.0.0.1"}
+    data["kafka"]["config"].update({"session.timeout.ms": 3000, "heartbeat.interval.ms": 300})
+    data["ingress"]["batch_size"] = BATCH
+    sources = data["ingress"].pop("sources")
+    cfg = tmp_path / "ingress.toml"
+    write_config(cfg, data)
+    with open(cfg, "a") as f:
+        for s in sources:
+            f.write("[[ingress.sources]]\n" + "".join(f"{k} = {toml_value(v)}\n"
+                                                     for k, v in s.items()))
+    log = tmp_path / "ingress.log"
+    rnd = random.Random(13)
+    kills_at: list[float | None] = []
+    for _ in range(KILLS):
+        proc = start(cfg, log)
+        try:
+            wait_for(lambda: (produced(port) or 0) > 0, 90, "the process to produce")
+            before = produced(port) or 0
+
+            def next_batch(b: float = before) -> bool:
+                return (produced(port) or 0) > b
+
+            wait_for(next_batch, 30, "the next batch")
+            time.sleep(rnd.uniform(0.0, 0.05))  # inside the next transaction
+            kills_at.append(checkpoint_offset(port))
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    last = start(cfg, log)
+    try:
+        wait_for(lambda: checkpoint_offset(port) == total - 1, 120, "the last run to finish")
+        last.send_signal(signal.SIGTERM)
+        assert last.wait(30) == 0
+    finally:
+        if last.poll() is None:
+            last.kill()
+    assert all(k is not None and k < total - 1 for k in kills_at), kills_at
+
+    got = [r[1] for r in read_topic(env.brokers, env.dest, timeout=60)[0]]
+    counts = Counter(got)
+    expected = {f"k{o}".encode() for o in range(total)}
+    lost = len(expected - set(got))
+    duplicated = len(got) - len(counts)
+    print(f"killed at checkpoints {kills_at}: {total} records, lost={lost} "
+          f"duplicated={duplicated}")
+    assert (lost, duplicated) == (0, 0)
+    assert got == [f"k{o}".encode() for o in range(total)]  # and in order
+    # The kills really cut transactions: their records are in the log, aborted.
+    assert uncommitted_count(env.brokers, env.dest) > total
+    cps = [c.offset for c in checkpoints(env.brokers,
+                                         data["ingress"]["checkpoint_topic"])[
+        f"us-east-1:{env.source}:0"]]
+    assert cps == sorted(set(cps)) and cps[-1] == total - 1
