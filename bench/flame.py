@@ -81,6 +81,16 @@ def shares(stacks: Sequence[Stack], *, skip_threads: bool = True
             {k: v / total for k, v in own.items()})
 
 
+def thread_names(stacks: Sequence[Stack]) -> dict[int, str]:
+    """OS thread id -> Python thread name, from ``thread (TID): name`` frames."""
+    out: dict[int, str] = {}
+    for frames, _ in stacks:
+        m = re.match(r"thread \((0x[0-9a-f]+|\d+)\): (.*)$", frames[0]) if frames else None
+        if m:
+            out[int(m.group(1), 0)] = m.group(2)
+    return out
+
+
 def by_thread(stacks: Sequence[Stack]) -> dict[str, float]:
     """Share of samples per thread name (``--threads`` stacks); digits folded to ``N``."""
     total = sum(n for _, n in stacks)

@@ -473,6 +473,45 @@ class ProcSampler:
 _THREAD_GROUPS = (("rdk:", "librdkafka"), ("python", "python"))
 
 
+def task_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread of a process: ``{tid: (name, seconds)}``."""
+    import os
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+def named_thread_cpu(start: Mapping[int, tuple[str, float]],
+                     end: Mapping[int, tuple[str, float]],
+                     names: Mapping[int, str]) -> dict[str, float]:
+    """CPU seconds between two ``task_cpu`` snapshots, by thread name.
+
+    ``names`` maps thread ids to Python thread names (py-spy's ``--threads`` frames);
+    other threads keep their OS name (librdkafka's ``rdk:*``). Digits are folded to
+    ``N`` so per-partition threads add up.
+    """
+    out: Counter[str] = Counter()
+    for tid, (os_name, cpu) in end.items():
+        before = start.get(tid, (os_name, 0.0))[1]
+        name = names.get(tid) or os_name
+        out[re.sub(r"\d+", "N", name)] += cpu - before
+    return {k: round(v, 2) for k, v in out.most_common()}
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of a live process's threads, grouped by thread name.
 

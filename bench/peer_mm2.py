@@ -66,12 +66,14 @@ from peer_lib import (
     medians,
     mm2_properties,
     moto_requests,
+    named_thread_cpu,
     ratio_verdict,
     render_table,
     request_cost_per_gb,
     round_ratios,
     steady_rate,
     steady_window,
+    task_cpu,
     thread_cpu,
     value_seq,
 )
@@ -90,7 +92,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     "full": {"rounds": 3, "sizes": [1024, 100], "partitions": [4, 64],
              "records": {1024: 1_000_000, 100: 3_000_000},
              "latency_seconds": 60.0, "latency_warmup": 5.0,
-             "latency_variants": ["mm2", "default", "low-latency", "low-latency+sync"]},
+             "latency_variants": ["mm2", "default", "default+sync", "low-latency",
+                                  "low-latency+sync"]},
 }
 
 SYSTEMS = ("mm2", "ours-eos", "ours-alo")
@@ -486,7 +489,7 @@ class Peer:
                      "endpoint_url": url, **CREDS},
               "kafka": {"brokers": self.src}, **common,
               "egress": {"group_id": f"peer-egress-{run}",
-                         "topics": {topic: {"max_segment_messages": SEGMENT_MESSAGES,
+                         "topics": {topic: {"max_segment_messages": self.args.segment_messages,
                                             "max_segment_size": SEGMENT_SIZE,
                                             "max_segment_age": segment_age}}}}
         eg["metrics"] = {"host": "127.0.0.1", "port": eg_port}
@@ -503,6 +506,8 @@ class Peer:
                                         # arrive late (the default waits 5 minutes).
                                         "first_segment_delay": "0s"}]}}
         ing["metrics"] = {"host": "127.0.0.1", "port": in_port}
+        apply_settings(eg, self.args.egress_set)
+        apply_settings(ing, self.args.ingress_set)
         return OurStack(run, d, moto, url, src_bucket, dst_bucket, eg_port, in_port,
                         write_toml(d / "egress.toml", eg), write_toml(d / "ingress.toml", ing),
                         sync_interval)
@@ -518,6 +523,7 @@ class Peer:
         timeout = self.copy_timeout(ds)
         spies: list[Proc] = []
         threads: dict[str, dict[str, float]] = {}
+        tasks: dict[str, Any] = {}
         egress_metrics: str | None = None
         try:
             with ProcSampler() as sampler, Arrivals(self.dst, dest, ds.partitions,
@@ -531,13 +537,18 @@ class Peer:
                                    "egress /healthz", 0.02, alive)
                 sampler.sample_now()
                 threads_ready = {p.name: thread_cpu(p.pid) for p in (egress, ingress)}
+                tasks_ready = {p.name: task_cpu(p.pid) for p in (egress, ingress)}
                 if profile_dir is not None:
                     spies = [self.py_spy(p, profile_dir, f"{ds.name}-{delivery}")
                              for p in (egress, ingress)]
                 self.wait_copied(arr, ds, timeout, alive, ingress_port=st.in_port)
                 sampler.sample_now()
+                for spy in spies:   # the profile ends with the copy, not with the shutdown
+                    spy.popen.send_signal(signal.SIGINT)
                 threads = {p.name: diff_threads(thread_cpu(p.pid), threads_ready[p.name])
                            for p in (egress, ingress)}
+                tasks = {p.name: (tasks_ready[p.name], task_cpu(p.pid))
+                         for p in (egress, ingress)}
                 egress_metrics = http_get(st.eg_port, "/metrics")
         finally:
             codes = st.stop()
@@ -580,7 +591,7 @@ class Peer:
             "peak_rss_mb": sampler.peak_rss(["egress", "ingress"]) / 2**20,
             "peak_rss_egress_mb": sampler.peak_rss(["egress"]) / 2**20,
             "peak_rss_ingress_mb": sampler.peak_rss(["ingress"]) / 2**20,
-            "thread_cpu": threads,
+            "thread_cpu": threads, "task_cpu": tasks,
             **whole_run(sampler, ["egress", "ingress"], t_launch, t_done, ds),
             **broker_cpu(sampler, t_ready, t_done, ds),
             "compression_ratio": ds.raw_bytes / stored if stored else None,
@@ -599,9 +610,10 @@ class Peer:
         out_dir.mkdir(parents=True, exist_ok=True)
         raw = out_dir / f"{target.name}-{label}.raw"
         argv = [str(exe), "record", "--pid", str(target.pid), "--rate", "100", "--format",
-                "raw", "--threads", "--nonblocking", "-o", str(raw)]
-        if self.args.profile_native:
-            argv.insert(-2, "--native")
+                "raw", "--threads", "-o", str(raw)]
+        # --native unwinds C frames too (zstd, Arrow, librdkafka calls); it needs to pause
+        # the process for each sample, so without it py-spy does not (--nonblocking).
+        argv.insert(-2, "--native" if self.args.profile_native else "--nonblocking")
         return spawn(f"py-spy-{target.name}", argv, out_dir / f"{target.name}-{label}.spy.log")
 
     # --- shared -----------------------------------------------------------------------
@@ -822,7 +834,8 @@ class Peer:
                              if "failed" not in o and "failed" not in m]
                     entry.setdefault("ratio", {})[s] = round_ratios(
                         [o for o, _ in pairs], [m for _, m in pairs],
-                        [m.key for m in PEER_METRICS])
+                        [m.key for m in PEER_METRICS]
+                        + ["whole_run_records_per_s", "whole_run_cpu_s_per_gb"])
 
     def latency(self) -> None:
         variants = [v for v in self.profile["latency_variants"]
@@ -879,14 +892,20 @@ class Peer:
                         if not raw.exists():
                             continue
                         stacks = flame.parse(raw.read_text().splitlines())
+                        start, end = r["task_cpu"][proc]
+                        entry[f"{proc}_thread_cpu_s"] = named_thread_cpu(
+                            start, end, flame.thread_names(stacks))
                         svg = out_dir / f"{proc}-{ds.name}-{short}.svg"
                         svg.write_text(flame.render_svg(
                             stacks, f"{proc}, {ds.name}, {delivery}: py-spy, {r['mb_per_s']:.0f}"
                                     f" MB/s, load {load_average()}"))
                         (out_dir / f"{proc}-{ds.name}-{short}.txt").write_text(
-                            flame.top_table(stacks, 40) + "\n\nby thread: " + ", ".join(
-                                f"{k} {v:.1%}" for k, v in flame.by_thread(stacks).items())
-                            + "\n")
+                            flame.top_table(stacks, 40) + "\n\npy-spy samples by thread: "
+                            + ", ".join(f"{k} {v:.1%}"
+                                        for k, v in flame.by_thread(stacks).items())
+                            + "\nCPU seconds by thread (/proc, ready -> last record): "
+                            + ", ".join(f"{k} {v}" for k, v in
+                                        entry[f"{proc}_thread_cpu_s"].items()) + "\n")
                         entry[proc] = str(svg)
                     res[f"{ds.name}-{short}"] = entry
                 self.admin("source").delete_topics([ds.topic])
@@ -905,13 +924,30 @@ class Peer:
                 "mm2": {"tasks.max": self.args.mm2_tasks, "heap": f"-Xmx{self.args.mm2_heap}",
                         "compression": self.args.mm2_compression,
                         "compression_level": self.args.mm2_compression_level},
-                "ours": {"segments": f"{SEGMENT_MESSAGES} messages / {SEGMENT_SIZE}",
-                         "profiles": OUR_PROFILES},
+                "ours": {"segments": f"{self.args.segment_messages} messages / {SEGMENT_SIZE}",
+                         "profiles": OUR_PROFILES, "egress_set": self.args.egress_set,
+                         "ingress_set": self.args.ingress_set},
+                "latency_rate_mb": self.args.latency_rate_mb,
                 "load_at_start": self.load_at_start, "load_now": load_average(),
                 "started": self.started}
 
     load_at_start: str = ""
     started: str = ""
+
+
+def apply_settings(cfg: dict[str, Any], assignments: list[str]) -> None:
+    """``a.b.c=value`` into a nested config (value: JSON if it parses, else a string)."""
+    for item in assignments:
+        key, _, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        *path, last = key.split(".")
+        node = cfg
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
 
 
 def diff_threads(end: dict[str, float], start: dict[str, float]) -> dict[str, float]:
@@ -1142,6 +1178,10 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
             cells += ["", _f(ratios.get("peak_rss_mb"), ".2f"), "", ""]
             rows.append(tuple(cells))
         lines += ["  " + x for x in render_table(rows)]
+        for s, ratios in entry.get("ratio", {}).items():
+            lines.append(f"  {s}/mm2 with start-up included (launch -> last record): rate "
+                         f"{_f(ratios.get('whole_run_records_per_s'), '.2f')}, CPU per GB "
+                         f"{_f(ratios.get('whole_run_cpu_s_per_gb'), '.2f')}")
         lines.append("")
     lat = results.get("latency", {}).get("median")
     if lat:
@@ -1180,14 +1220,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round, small data (smoke run)")
     ap.add_argument("--only", default="throughput,latency",
-                    help="comma-separated: throughput, latency")
+                    help="comma-separated: throughput, latency, profile (py-spy flame graphs "
+                         "of one exactly-once copy per dataset into --profile-dir)")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--sizes", default=None, help="value sizes, e.g. 1024,100")
     ap.add_argument("--partitions", default=None, help="partition counts, e.g. 4,64")
     ap.add_argument("--records", default=None,
                     help="records per size, e.g. 1024:1000000,100:3000000")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--latency-variants", default="mm2,default,low-latency,low-latency+sync")
+    ap.add_argument("--latency-variants",
+                    default="mm2,default,default+sync,low-latency,low-latency+sync",
+                    help="+sync: through `replicator sync --follow` between two buckets "
+                         "(otherwise egress writes into the destination bucket)")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the work folder (configs, logs) also when nothing failed")
     ap.add_argument("--latency-seconds", type=float, default=None)
     ap.add_argument("--latency-rate-mb", type=float, default=1.0)
     ap.add_argument("--kafka-home", default=None, help="default: $KAFKA_HOME, else "
@@ -1198,14 +1244,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="MM2 producer compression (default: ours, format.compression)")
     ap.add_argument("--mm2-compression-level", type=int, default=None,
                     help="default: ours (the codec's default in pyarrow: zstd 1)")
-    ap.add_argument("--profile-dir", type=Path, default=None,
-                    help="py-spy the egress and ingress of one exactly-once copy per dataset "
-                         "(after the timed rounds) into this folder")
+    ap.add_argument("--profile-dir", type=Path, default=HERE / "profiles",
+                    help="where --only profile writes raw stacks, SVGs and top-frame tables")
+    ap.add_argument("--segment-messages", type=int, default=SEGMENT_MESSAGES,
+                    help="our max_segment_messages (a settings experiment)")
+    ap.add_argument("--egress-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra egress setting, dotted (e.g. egress.upload_threads=2)")
+    ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra ingress setting, dotted (e.g. ingress.batch_size=50000)")
     ap.add_argument("--profile-native", action="store_true", help="py-spy --native")
     ap.add_argument("--profile-deliveries", default="exactly-once",
                     help="deliveries to profile: exactly-once,at-least-once")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON",
+                    help="print the table of an earlier run's JSON and exit")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        print(render(saved["results"], saved["meta"]))
+        return 0
     args.mode = "quick" if args.quick else "full"
     profile = dict(PROFILES[args.mode])
     if args.rounds:
@@ -1248,7 +1305,7 @@ def main(argv: list[str] | None = None) -> int:
             peer.throughput()
         if "latency" in stages:
             peer.latency()
-        if args.profile_dir is not None:
+        if "profile" in stages:
             peer.profile_runs(args.profile_dir)
     finally:
         peer.stop_all()
@@ -1259,6 +1316,12 @@ def main(argv: list[str] | None = None) -> int:
     print(render(peer.results, meta))
     if peer.failures:
         print("\nFAILURES:\n  " + "\n  ".join(peer.failures))
+    if peer.failures or args.keep_work:
+        print(f"work folder kept: {work}")
+    else:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
     print(f"\ntotal {meta['seconds']:.0f}s; results: {args.json}")
     return 1 if peer.failures else 0
 

@@ -183,3 +183,15 @@ def test_flame_shares_and_threads() -> None:
                                        "egress-upload_N": pytest.approx(0.1)}
     svg = flame.render_svg(stacks, "t")
     assert svg.startswith("<svg") and "append (egress/partition_writer.py)" in svg
+
+
+def test_thread_cpu_is_attributed_to_python_thread_names() -> None:
+    stacks = flame.parse(["thread (101): replay-us-east-1:t:3;f (a.py:1) 5",
+                          "thread (102): egress-upload_0;g (b.py:2) 1"])
+    names = flame.thread_names(stacks)
+    assert names == {101: "replay-us-east-1:t:3", 102: "egress-upload_0"}
+    start = {101: ("replicator-ingr", 1.0), 103: ("rdk:broker1", 0.5)}
+    end = {101: ("replicator-ingr", 4.0), 102: ("replicator-ingr", 2.0),
+           103: ("rdk:broker1", 1.5), 104: ("rdk:broker2", 0.25)}
+    assert pl.named_thread_cpu(start, end, names) == {
+        "replay-us-east-N:t:N": 3.0, "egress-upload_N": 2.0, "rdk:brokerN": 1.25}
