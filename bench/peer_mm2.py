@@ -823,19 +823,7 @@ class Peer:
         for ds in datasets:
             self.admin("source").delete_topics([ds.topic])
         for entry in out.values():
-            runs = entry["runs"]
-            entry["median"] = {s: medians([r for r in runs[s] if "failed" not in r])
-                               for s in systems}
-            if "mm2" in runs:
-                for s in systems:
-                    if s == "mm2":
-                        continue
-                    pairs = [(o, m) for o, m in zip(runs[s], runs["mm2"], strict=False)
-                             if "failed" not in o and "failed" not in m]
-                    entry.setdefault("ratio", {})[s] = round_ratios(
-                        [o for o, _ in pairs], [m for _, m in pairs],
-                        [m.key for m in PEER_METRICS]
-                        + ["whole_run_records_per_s", "whole_run_cpu_s_per_gb"])
+            summarize(entry)
 
     def latency(self) -> None:
         variants = [v for v in self.profile["latency_variants"]
@@ -933,6 +921,24 @@ class Peer:
 
     load_at_start: str = ""
     started: str = ""
+
+
+def summarize(entry: dict[str, Any]) -> None:
+    """Medians per system and the ours/MM2 ratios (paired by round) of one dataset."""
+    runs = entry["runs"]
+    entry["median"] = {s: medians([r for r in rs if "failed" not in r])
+                       for s, rs in runs.items()}
+    if "mm2" not in runs:
+        return
+    for s in runs:
+        if s == "mm2":
+            continue
+        pairs = [(o, m) for o, m in zip(runs[s], runs["mm2"], strict=False)
+                 if "failed" not in o and "failed" not in m]
+        entry.setdefault("ratio", {})[s] = round_ratios(
+            [o for o, _ in pairs], [m for _, m in pairs],
+            [m.key for m in PEER_METRICS] + ["whole_run_records_per_s",
+                                             "whole_run_cpu_s_per_gb"])
 
 
 def apply_settings(cfg: dict[str, Any], assignments: list[str]) -> None:
@@ -1154,6 +1160,8 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
         rows: list[tuple[str, ...]] = [("system", "records/s", "MB/s", "CPU s/GB", "CPU us/rec",
                                         "S3-side s/GB", "peak RSS MB", "start-up s",
                                         "complete")]
+        if "median" not in entry:   # a run saved before its last round ended
+            summarize(entry)
         med = entry["median"]
         for s, r in med.items():
             if not r.get("rounds"):
@@ -1184,6 +1192,9 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
                          f"{_f(ratios.get('whole_run_cpu_s_per_gb'), '.2f')}")
         lines.append("")
     lat = results.get("latency", {}).get("median")
+    if lat is None and results.get("latency", {}).get("runs"):
+        lat = {v: medians([r for r in rs if "failed" not in r])
+               for v, rs in results["latency"]["runs"].items()}
     if lat:
         lines.append(f"latency: {meta.get('latency_rate_mb', 1.0)} MB/s of 1 KiB records, "
                      "4 partitions, exactly-once; CreateTime -> read_committed reader")
