@@ -25,6 +25,7 @@ this machine; the machine is shared, so run it twice.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from peer_lib import DistinctText
+from peer_lib import DistinctText, raw_consumer, raw_producer
 
 
 def cpu_us_per_record(fn: Callable[[], int]) -> tuple[float, float]:
@@ -48,14 +49,14 @@ def cpu_us_per_record(fn: Callable[[], int]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     import pyarrow as pa
+    from confluent_kafka import TopicPartition
 
     from egress.columns import _TIMESTAMP, ColumnBuffer, _no_headers
     from formats.base import SEGMENT_SCHEMA
-    from ingress.sink import Rows
-    from ingress.worker import batch_rows
-    from replicator.core.kafka import Admin, TopicPartition, make_consumer, make_producer
-    from replicator.core.processes import start_kafka
+    from ingress.rows import Rows, batch_rows
+    from replicator.core.kafka import Admin
     from replicator.core.settings import KafkaSettings
+    from replicator.devstack.processes import start_kafka
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=300_000)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         topic = f"hot.{uuid.uuid4().hex[:6]}"
         Admin(kafka).create_topic(topic, 4)
         gen = DistinctText()
-        p = make_producer(kafka, overrides={"linger.ms": 20})
+        p = raw_producer(broker.address, {"linger.ms": 20})
         for i in range(args.records):
             while True:
                 try:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         p.flush(120)
 
         def consume_all(on_batch: Callable[[list[Any]], None]) -> int:
-            c = make_consumer(kafka, f"hot-{uuid.uuid4().hex[:6]}")
+            c = raw_consumer(broker.address, f"hot-{uuid.uuid4().hex[:6]}")
             c.assign([TopicPartition(topic, q, 0) for q in range(4)])
             n = 0
             while n < args.records:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                              ("consume + add + take (int64 view, constant type)",
                               add_take_fast)):
                 results.setdefault("egress: " + name, []).append(
-                    cpu_us_per_record(lambda fn=fn: consume_all(fn)))
+                    cpu_us_per_record(functools.partial(consume_all, fn)))
 
         # Ingress: the same records as Arrow batches of 10 000.
         b = ColumnBuffer()
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return sum(len(batch_rows(x, None) or ()) for x in batches)
 
         def produce_loop() -> int:
-            prod = make_producer(kafka, overrides={"delivery.report.only.error": True})
+            prod = raw_producer(broker.address, {"delivery.report.only.error": True})
             dest = f"hot.out.{uuid.uuid4().hex[:6]}"
             Admin(kafka).create_topic(dest, 1)
             n = 0

@@ -504,12 +504,13 @@ def named_thread_cpu(start: Mapping[int, tuple[str, float]],
     other threads keep their OS name (librdkafka's ``rdk:*``). Digits are folded to
     ``N`` so per-partition threads add up.
     """
-    out: Counter[str] = Counter()
+    out: dict[str, float] = {}
     for tid, (os_name, cpu) in end.items():
         before = start.get(tid, (os_name, 0.0))[1]
         name = names.get(tid) or os_name
-        out[re.sub(r"\d+", "N", name)] += cpu - before
-    return {k: round(v, 2) for k, v in out.most_common()}
+        group = re.sub(r"\d+", "N", name)
+        out[group] = out.get(group, 0.0) + cpu - before
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -521,7 +522,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
     """
     import os
 
-    out: Counter[str] = Counter()
+    out: dict[str, float] = {}
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     try:
@@ -535,7 +536,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
             fields = stat[stat.rindex(")") + 2:].split()
             cpu = (int(fields[11]) + int(fields[12])) / ticks
             group = next((g for prefix, g in _THREAD_GROUPS if name.startswith(prefix)), name)
-            out[group] += cpu
+            out[group] = out.get(group, 0.0) + cpu
             total += cpu
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -545,3 +546,27 @@ def thread_cpu(pid: int) -> dict[str, float]:
         return {}
     out["exited"] = max(0.0, proc_total - total)
     return dict(out)
+
+
+def raw_consumer(brokers: str, group: str, overrides: dict[str, Any] | None = None) -> Any:
+    """The bare client with the consumer defaults our services use: load generators and
+    readers of the benchmark must not run through our wrappers (they are what is measured)."""
+    import confluent_kafka as ck
+
+    from replicator.core.kafka import CONSUMER_DEFAULTS, PRODUCER_ONLY, client_config
+    from replicator.core.settings import KafkaSettings
+
+    return ck.Consumer(client_config(KafkaSettings(brokers=brokers),
+                                     {**CONSUMER_DEFAULTS, "group.id": group}, overrides,
+                                     drop=PRODUCER_ONLY))
+
+
+def raw_producer(brokers: str, overrides: dict[str, Any] | None = None) -> Any:
+    """The bare client with our producer defaults (idempotent, acks=all)."""
+    import confluent_kafka as ck
+
+    from replicator.core.kafka import CONSUMER_ONLY, PRODUCER_DEFAULTS, client_config
+    from replicator.core.settings import KafkaSettings
+
+    return ck.Producer(client_config(KafkaSettings(brokers=brokers), PRODUCER_DEFAULTS,
+                                     overrides, drop=CONSUMER_ONLY))

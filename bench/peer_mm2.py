@@ -5,7 +5,7 @@
     .venv/bin/python bench/peer_mm2.py --quick      # smoke run: one round, small data (~6 min)
     .venv/bin/python bench/peer_mm2.py --only latency --rounds 1
 
-Two single-node Apache Kafka clusters (KRaft, ``replicator.core.processes.start_kafka``
+Two single-node Apache Kafka clusters (KRaft, ``replicator.devstack.processes.start_kafka``
 from ``KAFKA_HOME``, default ``../shared/kafka`` beside the repository) on this machine.
 Each source topic is filled once with the same records (distinct text-like values, see
 ``peer_lib.DistinctText``); then, per round and back to back, it is copied
@@ -68,6 +68,8 @@ from peer_lib import (
     moto_requests,
     named_thread_cpu,
     ratio_verdict,
+    raw_consumer,
+    raw_producer,
     render_table,
     request_cost_per_gb,
     round_ratios,
@@ -81,7 +83,7 @@ from peer_lib import (
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 SOURCE_REGION, DEST_REGION = "us-east-1", "us-west-1"
-CREDS = {"access_key_id": "test", "secret_access_key": "test"}
+CREDS: dict[str, Any] = {"access_key_id": "test", "secret_access_key": "test"}
 GB = 1e9
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -107,7 +109,7 @@ OUR_PROFILES: dict[str, dict[str, Any]] = {
 SEGMENT_MESSAGES = 10_000
 SEGMENT_SIZE = "64MiB"
 
-# Goals of ours/MM2 (the issue's), by value size: (rate >=, CPU per GB or record <=).
+# Goals of ours/MM2 (the project's targets), by value size: (rate >=, CPU per GB or record <=).
 GOALS = {1024: {"records_per_s": 5.0, "cpu_s_per_gb": 0.2},
          100: {"records_per_s": 4.0, "cpu_us_per_record": 0.2}}
 LATENCY_GOALS = {"low-latency": 1.0, "default": 2.5}
@@ -126,7 +128,7 @@ def load_average() -> str:
 
 def resolve_kafka_home(value: str | None) -> Path:
     """``--kafka-home``, else ``$KAFKA_HOME``, else ``../shared/kafka`` beside the repo."""
-    from replicator.core.processes import kafka_home
+    from replicator.devstack.processes import kafka_home
 
     if value or os.environ.get("KAFKA_HOME"):
         return kafka_home(value)
@@ -223,20 +225,16 @@ class Arrivals:
     """
 
     def __init__(self, brokers: str, topic: str, partitions: int, interval: float) -> None:
-        from replicator.core.kafka import make_consumer
-        from replicator.core.settings import KafkaSettings
-
         self.topic, self.partitions, self.interval = topic, partitions, interval
-        self.consumer = make_consumer(KafkaSettings(brokers=brokers),
-                                      f"peer-arrivals-{uuid.uuid4().hex[:6]}",
-                                      {"isolation.level": "read_committed"})
+        self.consumer = raw_consumer(brokers, f"peer-arrivals-{uuid.uuid4().hex[:6]}",
+                                     {"isolation.level": "read_committed"})
         self.samples: list[Sample] = []
         self.ends = [0] * partitions
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="arrivals")
 
     def _sweep(self) -> None:
-        from replicator.core.kafka import KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         ends = []
         for p in range(self.partitions):
@@ -299,7 +297,7 @@ class Peer:
     # --- clusters ---------------------------------------------------------------------
 
     def start_clusters(self) -> None:
-        from replicator.core.processes import start_kafka
+        from replicator.devstack.processes import start_kafka
 
         t0 = time.perf_counter()
         for name in ("source", "destination"):
@@ -333,13 +331,11 @@ class Peer:
     # --- data -------------------------------------------------------------------------
 
     def fill(self, value_size: int, partitions: int, records: int) -> Dataset:
-        from replicator.core.kafka import make_producer
-
         name = f"{'1KiB' if value_size == 1024 else f'{value_size}B'}-{partitions}p"
         topic = f"peer.{name}.{uuid.uuid4().hex[:6]}"
         self.admin("source").create_topic(topic, partitions)
         t0 = time.perf_counter()
-        p = make_producer(self.kafka("source"), overrides={"linger.ms": 20})
+        p = raw_producer(self.src, {"linger.ms": 20})
         raw = 0
         counts = [0] * partitions
         value = self.data.value
@@ -463,23 +459,24 @@ class Peer:
         destination bucket (the bucket replication hop is left out).
         """
         from replicator.core import s3, sqs
-        from replicator.core.processes import free_port, start_moto
+        from replicator.devstack import aws
+        from replicator.devstack.processes import free_port, start_moto
 
         d = self.work / run
         moto = start_moto(d / "logs", name=f"moto-{run}")
         url = f"http://{moto.address}"
         src_bucket, dst_bucket = f"peer-src-{run}", f"peer-dst-{run}"
         dst_client = s3.make_s3_client(endpoint_url=url, region=DEST_REGION, **CREDS)
-        s3.create_bucket(dst_client, dst_bucket, DEST_REGION)
-        s3.set_lifecycle_for_temp(dst_client, dst_bucket, "temp", days=1)
+        aws.create_bucket(dst_client, dst_bucket, DEST_REGION)
+        aws.set_lifecycle_for_temp(dst_client, dst_bucket, "temp", days=1)
         if sync_interval is not None:
             src_client = s3.make_s3_client(endpoint_url=url, region=SOURCE_REGION, **CREDS)
-            s3.create_bucket(src_client, src_bucket, SOURCE_REGION)
-            s3.set_lifecycle_for_temp(src_client, src_bucket, "temp", days=1)
+            aws.create_bucket(src_client, src_bucket, SOURCE_REGION)
+            aws.set_lifecycle_for_temp(src_client, src_bucket, "temp", days=1)
         sqs_client = sqs.make_sqs_client(endpoint_url=url, region=DEST_REGION, **CREDS)
         queue = f"peer-q-{run}"
-        sqs.create_queue(sqs_client, queue, source_bucket=dst_bucket)
-        s3.set_bucket_notifications(dst_client, dst_bucket, sqs.SqsQueue(sqs_client, queue).arn,
+        aws.create_queue(sqs_client, queue, source_bucket=dst_bucket)
+        aws.set_bucket_notifications(dst_client, dst_bucket, sqs.SqsQueue(sqs_client, queue).arn,
                                     prefix="data/")
         eg_port, in_port = free_port(), free_port()
         common = {"metrics": {"host": "127.0.0.1", "port": 0},
@@ -667,7 +664,7 @@ class Peer:
 
     def trickle(self, variant: str) -> dict[str, Any]:
         """``rate`` MB/s of 1 KiB records through MM2 or one of our profiles."""
-        from replicator.core.kafka import TopicPartition, make_consumer, make_producer
+        from confluent_kafka import TopicPartition
 
         run = uuid.uuid4().hex[:6]
         partitions, size = 4, 1024
@@ -693,8 +690,8 @@ class Peer:
         seqs: dict[int, tuple[int, int, float]] = {}    # seq -> partition, offset, produced
         arrived: dict[int, float] = {}
         stop = threading.Event()
-        consumer = make_consumer(self.kafka("destination"), f"peer-lat-{run}",
-                                 {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1})
+        consumer = raw_consumer(self.dst, f"peer-lat-{run}",
+                                {"fetch.wait.max.ms": 10, "fetch.min.bytes": 1})
         t_start = 0.0
         log_marks: tuple[int, int] = (0, 0)
         try:
@@ -719,7 +716,7 @@ class Peer:
                     if s is not None and s in seqs:
                         seqs[s] = (msg.partition(), msg.offset(), seqs[s][2])
 
-            producer = make_producer(self.kafka("source"), overrides={"linger.ms": 5})
+            producer = raw_producer(self.src, {"linger.ms": 5})
             value = self.data.value
             # Probes, one per partition, until they arrive: the pipeline is up end to end.
             probe_seq = 10**11 + int(run, 16) % 10**9 * 10
@@ -758,8 +755,8 @@ class Peer:
                 log_marks = (log_marks[0], st.moto_log_size())
         finally:
             stop.set()
-            for p in procs:
-                p.stop()
+            for proc in procs:
+                proc.stop()
             codes = st.stop() if st is not None else None
             consumer.close()
         warm = t_start + self.profile["latency_warmup"]
