@@ -174,3 +174,22 @@ def test_registered_plugin_formats_are_recognised_too(monkeypatch: pytest.Monkey
         open_reader(io.BytesIO(b"payloadTAG9"), where="s3://b/k")
     with pytest.raises(SegmentCorrupt, match="tagged ends with b'TAG9'"):
         detect_format(b"unknown!", where="s3://b/k")
+
+
+def test_compaction_merges_inputs_of_any_format_into_the_configured_one() -> None:
+    """Compaction's call sites: inputs in parquet and arrow (a format change between them),
+    the output in the format compaction is configured with, read back by its bytes."""
+    from compaction.merge import TaskSpec, merge_segments
+
+    store = MemoryObjectStore("bucket")
+    inputs = [key_for(0, 9), key_for(10, 19), key_for(20, 29)]
+    for name, key in zip(["arrow", "parquet", "arrow"], inputs, strict=True):
+        publish(store, name, records(key.start, 10), key)
+    output = key_for(0, 29, level=1)
+    spec = TaskSpec([k.to_key() for k in inputs], [1, 1, 1], output.to_key(), 4)
+    result = merge_segments(store, get_format("parquet"), WriterOptions(), "temp", spec)
+    assert result.ok and result.records == 30
+    with open_segment(store, output) as reader:
+        assert reader.format is not None and reader.format.name == "parquet"
+        assert read_all_records(reader.iter_batches(100)) == [
+            r for k in inputs for r in records(k.start, 10)]
