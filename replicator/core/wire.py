@@ -210,10 +210,22 @@ class Checkpoint:
         except ValueError as e:
             raise ValueError(f"checkpoint updated_at is not RFC 3339: "
                              f"{doc.get('updated_at')!r}") from e
+        if updated.tzinfo is None:
+            raise ValueError(f"checkpoint updated_at has no time zone: "
+                             f"{doc.get('updated_at')!r}")
         lost = doc.get("lost")
-        lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
-            else None
+        lost_t: tuple[int, int] | None = None
+        if lost is not None:
+            if not (isinstance(lost, list) and len(lost) == 2
+                    and all(_position(x) for x in lost)):
+                raise ValueError(f"checkpoint lost must be [first, last] (non-negative ints), "
+                                 f"got {lost!r}")
+            lost_t = (lost[0], lost[1])
         origin = doc.get("origin")
         origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
             and origin >= 0 else None
         return cls(offset, segment, updated, lost_t, origin_i)
+
+
+def _position(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0

@@ -469,6 +469,26 @@ def test_checkpoint_store_latest_valid_and_tombstone() -> None:
     assert Checkpoint.decode(cp.encode()) == cp
 
 
+def test_malformed_checkpoint_is_counted_and_ignored_not_a_session_crash(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness()
+    try:
+        write(h.store, key(0, 19))
+        good = Checkpoint(9, key(0, 19).to_key(), datetime.now(UTC)).encode()
+        bad = b'{"offset": 15, "segment": "s", "updated_at": "2026-01-01T00:00:00Z", ' \
+              b'"lost": [null, 2]}'
+        h.checkpoints.append("us-east-1:t:3", good)
+        h.checkpoints.append("us-east-1:t:3", bad)
+        with caplog.at_level(logging.ERROR, logger="ingress.checkpoints"):
+            w = h.start()
+            h.wait(lambda: w.checkpointed == 19)
+        assert h.offsets() == list(range(10, 20))   # resumed after the valid one
+        assert w.failed is None
+        assert any("invalid checkpoint" in r.getMessage() for r in caplog.records)
+    finally:
+        h.stop()
+
+
 def test_checkpoint_origin_round_trips_and_old_values_have_none() -> None:
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     cp = Checkpoint(41, key(0, 99).to_key(), now, origin=7)

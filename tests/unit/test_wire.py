@@ -67,6 +67,23 @@ def test_checkpoint_value_layout() -> None:
             Checkpoint.decode(bad)
 
 
+@pytest.mark.parametrize("extra", [
+    '"lost": [null, 2]', '"lost": ["a", 2]', '"lost": [1]', '"lost": 3', '"lost": [true, 2]',
+    '"lost": [-1, 2]', '"lost": [1, 2.5]', '"segment": 5', '"offset": 1.5'])
+def test_malformed_checkpoint_fields_are_value_errors(extra: str) -> None:
+    # Any malformed field is a ValueError (the documented "invalid checkpoint": ERROR +
+    # metric, ignored), never a TypeError that would end the replay session in a loop.
+    body = '{"offset": 1, "segment": "s", "updated_at": "2026-01-01T00:00:00Z", ' + extra + "}"
+    with pytest.raises(ValueError):
+        Checkpoint.decode(body.encode())
+
+
+def test_checkpoint_time_without_zone_is_invalid() -> None:
+    # A naive time would raise TypeError later, when compared with the worker's clock.
+    with pytest.raises(ValueError, match="zone"):
+        Checkpoint.decode(b'{"offset": 1, "segment": "s", "updated_at": "2026-01-01T00:00:00"}')
+
+
 @given(names, names, st.integers(min_value=0, max_value=10**6))
 def test_checkpoint_key_round_trips(region: str, topic: str, partition: int) -> None:
     key = checkpoint_key(region, topic, partition)
