@@ -106,7 +106,9 @@ class ReplayWorker:
         self.clock = clock
         self._sleep = sleep
         ref = cfg.ref
-        self.key = checkpoint_key(ref.region, ref.topic, ref.partition)
+        self.key = checkpoint_key(ref.region, ref.topic, ref.partition, cfg.destination_topic)
+        # The key of earlier versions (no destination): read once on upgrade.
+        self.legacy_key = checkpoint_key(ref.region, ref.topic, ref.partition)
         self.where = f"{ref.region}/{ref.topic}[{ref.partition}] -> " \
                      f"{cfg.destination_topic}[{ref.partition}]"
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
@@ -227,9 +229,15 @@ class ReplayWorker:
             self._delivery = self.cfg.delivery(
                 sink, self.key, self.where, on_checkpointed=self._checkpointed,
                 on_aborted=self.metrics.transactions_aborted.labels(**self._labels).inc)
-            cp = self.checkpoints.load(self.key)
-            self.position = self.checkpointed = None if cp is None else cp.offset
+            cp, upgraded = self.checkpoints.load_for(self.key, self.legacy_key)
+            self.position = self.checkpointed = None
             self.origin = None if cp is None else cp.origin
+            if cp is not None and upgraded:
+                # Written under the key with the destination at once: the legacy key is
+                # read only until then (checkpoints.resolve).
+                self._deliver(None, replace(cp, updated_at=self.clock()))
+            elif cp is not None:
+                self.position = self.checkpointed = cp.offset
             if cp is not None:
                 self._m_checkpoint.set(cp.offset)
             log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,

@@ -3,8 +3,8 @@
 * ``_topic.json`` (``TopicMetadata``): written by egress next to a topic's segments, read by
   ingress to create the destination topic (docs/architecture.md, "Topic metadata").
 * Checkpoints (``Checkpoint``, ``checkpoint_key``): the key
-  ``{source_region}:{source_topic}:{partition}`` and JSON value on the checkpoint topic,
-  written by ingress, read by ingress and ``replicator checkpoints show``
+  ``{source_region}:{source_topic}:{partition}:{destination_topic}`` and JSON value on the
+  checkpoint topic, written by ingress, read by ingress and ``replicator checkpoints show``
   (docs/architecture.md, "Checkpoints").
 
 Every type round-trips: ``parse(encode(x)) == x`` (``tests/unit/test_wire.py``).
@@ -142,22 +142,33 @@ class TopicMetadata:
 # --- checkpoints ---------------------------------------------------------------------
 
 
-def checkpoint_key(region: str, topic: str, partition: int) -> str:
-    """``{region}:{topic}:{partition}``: the Kafka key of a source partition's checkpoint
-    (and of its segment events).
+def checkpoint_key(region: str, topic: str, partition: int,
+                   destination: str | None = None) -> str:
+    """``{region}:{topic}:{partition}:{destination}``: the Kafka key of a source partition's
+    checkpoint for one destination topic.
+
+    Without ``destination``: ``{region}:{topic}:{partition}``, the key of the segment
+    events and the checkpoint key of earlier versions (read once on upgrade,
+    docs/architecture.md, "Checkpoints").
     """
-    return f"{region}:{topic}:{partition}"
+    base = f"{region}:{topic}:{partition}"
+    return base if destination is None else f"{base}:{destination}"
 
 
-def parse_checkpoint_key(key: str) -> tuple[str, str, int] | None:
-    """``(region, topic, partition)`` of a checkpoint key, or ``None`` for another key.
+def parse_checkpoint_key(key: str) -> tuple[str, str, int, str | None] | None:
+    """``(region, topic, partition, destination)`` of a checkpoint key (``destination`` is
+    ``None`` for a key of earlier versions), or ``None`` for another key.
 
-    A topic name may not contain ``:``, a region neither; so the split is unambiguous.
+    Neither a topic name nor a region may contain ``:``; so the split is unambiguous.
     """
     parts = key.split(":")
-    if len(parts) != 3 or not parts[2].isdigit() or not parts[0] or not parts[1]:
+    if len(parts) not in (3, 4) or not parts[2].isdigit() or not parts[0] or not parts[1]:
         return None
-    return parts[0], parts[1], int(parts[2])
+    if len(parts) == 4:
+        if not parts[3]:
+            return None
+        return parts[0], parts[1], int(parts[2]), parts[3]
+    return parts[0], parts[1], int(parts[2]), None
 
 
 @dataclass(frozen=True)

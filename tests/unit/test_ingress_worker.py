@@ -60,7 +60,7 @@ def write(store: MemoryObjectStore, k: SegmentKey, offsets: Sequence[int] | None
 
 class Harness:
     def __init__(self, *, exactly_once: bool = True, timeout: str = "60s", retries: int = 2,
-                 first_delay: str = "0s", batch_size: int = 7) -> None:
+                 first_delay: str = "0s", batch_size: int = 7, dest: str = "copy") -> None:
         self.store = MemoryObjectStore("dest")
         self.checkpoints = MemoryCheckpointStore()
         self.sink = MemorySink(self.checkpoints, transactional=exactly_once)
@@ -70,7 +70,7 @@ class Harness:
                                     lost_segment_timeout=timeout,
                                     late_segment_retries=retries,
                                     first_segment_delay=first_delay)
-        self.cfg = WorkerConfig(source=src, ref=REF, destination_topic="copy",
+        self.cfg = WorkerConfig(source=src, ref=REF, destination_topic=dest,
                                 delivery=delivery_for("exactly-once" if exactly_once
                                                       else "at-least-once"),
                                 batch_size=batch_size,
@@ -122,7 +122,7 @@ def test_replays_overlapping_levels_once_in_order(h: Harness) -> None:
     for o in (0, 3, 7, 11, 15, 21):
         r = rec(o)
         assert got[o][1:] == (r.timestamp_ms, r.key, r.value, list(r.headers) or None)
-    cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+    cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
     assert cp.offset == 260 and cp.segment == key(251, 260).to_key()
     assert h.metric("replicator_ingress_messages_produced_total") == 261
     assert h.metric("replicator_ingress_checkpoint_offset") == 260
@@ -130,10 +130,10 @@ def test_replays_overlapping_levels_once_in_order(h: Harness) -> None:
 
 def test_starts_after_a_checkpoint_inside_a_segment(h: Harness) -> None:
     write(h.store, key(0, 99))
-    h.checkpoints.append("us-east-1:t:3", b"garbage")  # logged and ignored, never fatal
-    h.checkpoints.append("us-east-1:t:3", Checkpoint(41, key(0, 99).to_key(),
+    h.checkpoints.append("us-east-1:t:3:copy", b"garbage")  # logged and ignored, never fatal
+    h.checkpoints.append("us-east-1:t:3:copy", Checkpoint(41, key(0, 99).to_key(),
                                                      datetime.now(UTC)).encode())
-    h.checkpoints.append("us-east-1:t:3", b"{}")
+    h.checkpoints.append("us-east-1:t:3:copy", b"{}")
     h.start()
     h.wait(lambda: h.offsets()[-1:] == [99])
     assert h.offsets() == list(range(42, 100))
@@ -187,7 +187,7 @@ def test_at_least_once_pipelines_batches_and_checkpoints_only_acknowledged_recor
         # but never more than PIPELINE_DEPTH + 1 of them.
         assert 5 < h.sink.most_in_flight <= (PIPELINE_DEPTH + 1) * 5
         # Idle: the newest checkpoint went out although no later batch pushed it.
-        cps = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3"]]
+        cps = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
         assert cps[-1].offset == 149
         assert [c.offset for c in cps] == sorted(c.offset for c in cps)
         assert h.metric("replicator_ingress_checkpoint_offset") == 149
@@ -204,7 +204,7 @@ def test_at_least_once_stop_sends_the_last_checkpoint() -> None:
         h.wait(lambda: len(h.offsets()) > 20)
         h.stop()
         assert h.sink.early_checkpoints == []
-        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
         # Everything produced before the stop was acknowledged and checkpointed.
         assert last.offset == w.position == w.checkpointed == h.offsets()[-1]
     finally:
@@ -281,7 +281,7 @@ def test_first_segment_arriving_after_the_first_replay_is_reported_as_skipped(
         assert len(errors) == 1 and "positions 0-99 (100)" in errors[0], errors
         assert h.offsets() == list(range(100, 160))   # replay never goes back
         # The origin travels in every checkpoint, so a restarted worker still knows it.
-        cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+        cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
         assert (cp.offset, cp.origin) == (159, 100)
     finally:
         h.stop()
@@ -297,7 +297,7 @@ def test_replay_from_position_zero_has_nothing_to_skip(h: Harness) -> None:
     w.offer(SegmentEvent("created", key(50, 59)))
     h.wait(lambda: w.checkpointed == 59)
     assert h.metric("replicator_ingress_messages_skipped_total") == 0
-    assert Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1]).origin == 0
+    assert Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1]).origin == 0
 
 
 def test_never_arriving_segment_is_declared_lost_with_exact_range(
@@ -316,7 +316,7 @@ def test_never_arriving_segment_is_declared_lost_with_exact_range(
         assert h.metric("replicator_ingress_messages_lost_total") == 10
         lost = [r for r in caplog.records if r.levelno == logging.ERROR and "LOST" in r.message]
         assert len(lost) == 1 and "positions 10-19 (10)" in lost[0].message
-        values = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3"]]
+        values = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
         assert any(c.lost == (10, 19) and c.offset == 19 for c in values)
         assert [c.offset for c in values] == sorted(c.offset for c in values)  # forward only
     finally:
@@ -477,14 +477,67 @@ def test_malformed_checkpoint_is_counted_and_ignored_not_a_session_crash(
         good = Checkpoint(9, key(0, 19).to_key(), datetime.now(UTC)).encode()
         bad = b'{"offset": 15, "segment": "s", "updated_at": "2026-01-01T00:00:00Z", ' \
               b'"lost": [null, 2]}'
-        h.checkpoints.append("us-east-1:t:3", good)
-        h.checkpoints.append("us-east-1:t:3", bad)
+        h.checkpoints.append("us-east-1:t:3:copy", good)
+        h.checkpoints.append("us-east-1:t:3:copy", bad)
         with caplog.at_level(logging.ERROR, logger="ingress.checkpoints"):
             w = h.start()
             h.wait(lambda: w.checkpointed == 19)
         assert h.offsets() == list(range(10, 20))   # resumed after the valid one
         assert w.failed is None
         assert any("invalid checkpoint" in r.getMessage() for r in caplog.records)
+    finally:
+        h.stop()
+
+
+def test_two_destinations_of_one_source_keep_their_own_checkpoints() -> None:
+    # Two deployments replay the same source into different topics with one checkpoint
+    # topic: the second must not resume from the first one's progress.
+    a = Harness()
+    b = Harness(dest="other")
+    b.checkpoints = a.checkpoints
+    b.sink = MemorySink(a.checkpoints)
+    try:
+        write(a.store, key(0, 19))
+        b.store = a.store
+        wa = a.start()
+        a.wait(lambda: wa.checkpointed == 19)
+        a.stop()
+        wb = b.start()
+        b.wait(lambda: wb.checkpointed == 19)
+        assert b.offsets() == list(range(20))   # nothing skipped
+        assert set(a.checkpoints.values) == {"us-east-1:t:3:copy", "us-east-1:t:3:other"}
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_checkpoint_of_an_earlier_version_is_taken_over_once() -> None:
+    h = Harness()
+    try:
+        write(h.store, key(0, 19))
+        h.checkpoints.append("us-east-1:t:3",
+                             Checkpoint(9, key(0, 19).to_key(), datetime.now(UTC),
+                                        origin=0).encode())
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 19)
+        assert h.offsets() == list(range(10, 20))   # resumed: no duplicates after upgrade
+        new = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
+        # Written under the new key before anything else, so the legacy key is read once.
+        assert new[0].offset == 9 and new[0].origin == 0 and new[-1].offset == 19
+    finally:
+        h.stop()
+
+
+def test_legacy_checkpoint_is_not_taken_when_another_destination_shares_the_topic() -> None:
+    h = Harness()
+    try:
+        write(h.store, key(0, 19))
+        now = datetime.now(UTC)
+        h.checkpoints.append("us-east-1:t:3", Checkpoint(15, "s", now).encode())
+        h.checkpoints.append("us-east-1:t:3:elsewhere", Checkpoint(15, "s", now).encode())
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 19)
+        assert h.offsets() == list(range(20))   # may be another's progress: replay all
     finally:
         h.stop()
 

@@ -84,15 +84,19 @@ def test_checkpoint_time_without_zone_is_invalid() -> None:
         Checkpoint.decode(b'{"offset": 1, "segment": "s", "updated_at": "2026-01-01T00:00:00"}')
 
 
-@given(names, names, st.integers(min_value=0, max_value=10**6))
-def test_checkpoint_key_round_trips(region: str, topic: str, partition: int) -> None:
-    key = checkpoint_key(region, topic, partition)
-    assert key == f"{region}:{topic}:{partition}"
-    assert parse_checkpoint_key(key) == (region, topic, partition)
+@given(names, names, st.integers(min_value=0, max_value=10**6), names)
+def test_checkpoint_key_round_trips(region: str, topic: str, partition: int,
+                                    destination: str) -> None:
+    key = checkpoint_key(region, topic, partition, destination)
+    assert key == f"{region}:{topic}:{partition}:{destination}"
+    assert parse_checkpoint_key(key) == (region, topic, partition, destination)
+    legacy = checkpoint_key(region, topic, partition)
+    assert legacy == f"{region}:{topic}:{partition}"
+    assert parse_checkpoint_key(legacy) == (region, topic, partition, None)
 
 
 def test_other_keys_are_not_checkpoint_keys() -> None:
-    for key in ("r:t", "r:t:x", ":t:0", "r::0", "a:b:c:0"):
+    for key in ("r:t", "r:t:x", ":t:0", "r::0", "a:b:c:0", "r:t:0:", "r:t:0:d:e"):
         assert parse_checkpoint_key(key) is None
 
 
