@@ -133,6 +133,7 @@ class ReplayWorker:
         self.sink: ReplaySink | None = None
         self._delivery: Delivery | None = None
         self.fenced = False
+        self._last_cp: Checkpoint | None = None
         self.failed: BaseException | None = None
         self._inbox: list[SegmentEvent] = []
         self._cond = threading.Condition()
@@ -231,6 +232,7 @@ class ReplayWorker:
                 on_aborted=self.metrics.transactions_aborted.labels(**self._labels).inc)
             cp, upgraded = self.checkpoints.load_for(self.key, self.legacy_key)
             self.position = self.checkpointed = None
+            self._last_cp = None
             self.origin = None if cp is None else cp.origin
             if cp is not None and upgraded:
                 # Written under the key with the destination at once: the legacy key is
@@ -238,11 +240,18 @@ class ReplayWorker:
                 self._deliver(None, replace(cp, updated_at=self.clock()))
             elif cp is not None:
                 self.position = self.checkpointed = cp.offset
+                self._last_cp = cp
             if cp is not None:
                 self._m_checkpoint.set(cp.offset)
             log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
                      "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
             self.late = None
+            if cp is not None and cp.late is not None and cp.late[0] == cp.offset + 1:
+                # The gap's clock survives restarts: lost_segment_timeout counts from when
+                # it was first seen, not from this session's start.
+                self.late = LateGap(cp.late[0], cp.late[0], cp.late[1])
+                log.info("%s: positions from %d have been late since %s", self.where,
+                         cp.late[0], cp.late[1].isoformat())
             self._drain_inbox()
             self.inventory.reload()
             self._loop()
@@ -339,9 +348,24 @@ class ReplayWorker:
             self.metrics.late_gaps.labels(**self._labels).inc()
         self.late = late
         self._m_late.set(late.size)
+        self._persist_late(late)
         if not self._wait_until(action.until):
             self.inventory.reload()
             self.late = replace(late, reloads=late.reloads + 1)
+
+    def _persist_late(self, late: LateGap) -> None:
+        """Record when the gap after the checkpoint was first seen, in the checkpoint
+        itself (same offset), once per gap: a restart goes on counting from then.
+        """
+        last = self._last_cp
+        if last is None or last.offset != self.position or last.offset + 1 != late.first:
+            return
+        if last.late is not None and last.late[0] == late.first:
+            return
+        cp = replace(last, updated_at=self.clock(), late=(late.first, late.since))
+        assert self._delivery is not None
+        self._delivery.deliver(None, cp)
+        self._last_cp = cp
 
     def _declare_lost(self, action: DeclareLost) -> None:
         log.error("%s: positions %d-%d (%d) declared LOST after %s: no segment covering them "
@@ -451,6 +475,7 @@ class ReplayWorker:
         self._delivery.deliver(rows, cp)            # Steps 1-4
         # Step 5
         self.position = cp.offset
+        self._last_cp = cp
         if rows is not None:
             self._m_produced.inc(len(rows))
             last_ts = rows.timestamps[-1]

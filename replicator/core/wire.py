@@ -188,6 +188,9 @@ class Checkpoint:
     """Where the partition's first replay started without a checkpoint (the start of the
     earliest segment then known). A segment below it that arrives later was never
     replayed: the worker reports it as skipped."""
+    late: tuple[int, datetime] | None = None
+    """A gap being waited for right after ``offset``: its first position and when it was
+    first seen, so ``lost_segment_timeout`` spans restarts (JSON ``{"first", "since"}``)."""
 
     def encode(self) -> bytes:
         """The JSON value written to the checkpoint topic."""
@@ -200,6 +203,8 @@ class Checkpoint:
             doc["lost"] = list(self.lost)
         if self.origin is not None:
             doc["origin"] = self.origin
+        if self.late is not None:
+            doc["late"] = {"first": self.late[0], "since": rfc3339(self.late[1])}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -235,7 +240,22 @@ class Checkpoint:
         origin = doc.get("origin")
         origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
             and origin >= 0 else None
-        return cls(offset, segment, updated, lost_t, origin_i)
+        return cls(offset, segment, updated, lost_t, origin_i, _late(doc.get("late")))
+
+
+def _late(value: object) -> tuple[int, datetime] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not _position(value.get("first")) \
+            or not isinstance(value.get("since"), str):
+        raise ValueError(f"checkpoint late must be {{first, since}}, got {value!r}")
+    try:
+        since = parse_rfc3339(value["since"])
+    except ValueError as e:
+        raise ValueError(f"checkpoint late.since is not RFC 3339: {value['since']!r}") from e
+    if since.tzinfo is None:
+        raise ValueError(f"checkpoint late.since has no time zone: {value['since']!r}")
+    return value["first"], since
 
 
 def _position(x: object) -> bool:

@@ -77,10 +77,10 @@ class Harness:
                                 rescan_interval=timedelta(milliseconds=100))
         self.worker: ReplayWorker | None = None
 
-    def start(self) -> ReplayWorker:
+    def start(self, clock: Callable[[], datetime] | None = None) -> ReplayWorker:
         self.worker = ReplayWorker(self.cfg, store=self.store, fmt=FMT,
                                    checkpoints=self.checkpoints, make_sink=lambda: self.sink,
-                                   metrics=self.m)
+                                   metrics=self.m, **({} if clock is None else {"clock": clock}))
         self.worker.start()
         return self.worker
 
@@ -319,6 +319,32 @@ def test_never_arriving_segment_is_declared_lost_with_exact_range(
         values = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
         assert any(c.lost == (10, 19) and c.offset == 19 for c in values)
         assert [c.offset for c in values] == sorted(c.offset for c in values)  # forward only
+    finally:
+        h.stop()
+
+
+def test_late_gap_clock_is_kept_in_the_checkpoint_and_spans_restarts() -> None:
+    # Restarts more often than lost_segment_timeout must not reset the gap's clock: the
+    # first session sees the gap at t0 and records it; a session started after t0 + the
+    # timeout declares the range lost at once instead of waiting a full timeout again.
+    t0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+    now = [t0]
+    h = Harness(timeout="60s", retries=2)
+    try:
+        write(h.store, key(0, 9))
+        write(h.store, key(20, 29))
+        w = h.start(clock=lambda: now[0])
+        h.wait(lambda: h.metric("replicator_ingress_segments_late") == 10)
+        h.wait(lambda: Checkpoint.decode(
+            h.checkpoints.values["us-east-1:t:3:copy"][-1]).late is not None)
+        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
+        assert (last.offset, last.late) == (9, (10, t0))
+        h.stop()
+        assert w.position == 9
+        now[0] = t0 + timedelta(seconds=61)          # a later session, after the timeout
+        h.start(clock=lambda: now[0])
+        h.wait(lambda: h.offsets()[-1:] == [29], timeout=5)
+        assert h.metric("replicator_ingress_messages_lost_total") == 10
     finally:
         h.stop()
 

@@ -48,10 +48,12 @@ def test_topic_metadata_body_and_old_files() -> None:
 
 
 @given(offsets, st.text(max_size=80), times,
-       st.one_of(st.none(), st.tuples(offsets, offsets)), st.one_of(st.none(), offsets))
+       st.one_of(st.none(), st.tuples(offsets, offsets)), st.one_of(st.none(), offsets),
+       st.one_of(st.none(), st.tuples(offsets, times)))
 def test_checkpoint_round_trips(offset: int, segment: str, now: datetime,
-                                lost: tuple[int, int] | None, origin: int | None) -> None:
-    cp = Checkpoint(offset, segment, now, lost, origin)
+                                lost: tuple[int, int] | None, origin: int | None,
+                                late: tuple[int, datetime] | None) -> None:
+    cp = Checkpoint(offset, segment, now, lost, origin, late)
     assert Checkpoint.decode(cp.encode()) == cp
 
 
@@ -69,7 +71,9 @@ def test_checkpoint_value_layout() -> None:
 
 @pytest.mark.parametrize("extra", [
     '"lost": [null, 2]', '"lost": ["a", 2]', '"lost": [1]', '"lost": 3', '"lost": [true, 2]',
-    '"lost": [-1, 2]', '"lost": [1, 2.5]', '"segment": 5', '"offset": 1.5'])
+    '"lost": [-1, 2]', '"lost": [1, 2.5]', '"segment": 5', '"offset": 1.5', '"late": 3',
+    '"late": {"first": 3}', '"late": {"first": null, "since": "2026-01-01T00:00:00Z"}',
+    '"late": {"first": 3, "since": "2026-01-01T00:00:00"}'])
 def test_malformed_checkpoint_fields_are_value_errors(extra: str) -> None:
     # Any malformed field is a ValueError (the documented "invalid checkpoint": ERROR +
     # metric, ignored), never a TypeError that would end the replay session in a loop.
