@@ -26,6 +26,7 @@ from ingress.metrics import IngressMetrics
 from ingress.rows import Rows
 from ingress.sink import MemorySink
 from ingress.worker import ReplayWorker, WorkerConfig
+from replicator.core.clock import utc_now
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings
@@ -80,7 +81,7 @@ class Harness:
     def start(self, clock: Callable[[], datetime] | None = None) -> ReplayWorker:
         self.worker = ReplayWorker(self.cfg, store=self.store, fmt=FMT,
                                    checkpoints=self.checkpoints, make_sink=lambda: self.sink,
-                                   metrics=self.m, **({} if clock is None else {"clock": clock}))
+                                   metrics=self.m, clock=clock or utc_now)
         self.worker.start()
         return self.worker
 
