@@ -284,6 +284,7 @@ class Ingress:
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
                            delivery=self._delivery,
                            batch_size=self.cfg.batch_size,
+                           batch_bytes=self.cfg.batch_bytes,
                            rescan_interval=self.cfg.rescan_interval)
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,

@@ -38,7 +38,7 @@ from ingress.planner import (
     WaitLate,
     next_action,
 )
-from ingress.rows import Rows, batch_rows
+from ingress.rows import Rows, batch_rows, split_by_bytes
 from ingress.sink import ReplaySink
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
@@ -86,6 +86,7 @@ class WorkerConfig:
     delivery: type[Delivery]
     batch_size: int
     rescan_interval: timedelta
+    batch_bytes: int = 4 * 1024**2
 
 
 class ReplayWorker:
@@ -415,8 +416,11 @@ class ReplayWorker:
             log.info("%s: first replay, no checkpoint: starts at %d; a segment arriving later "
                      "below it will be reported as skipped", self.where, seg.start)
         # The next batch is read and decoded while the current one is delivered.
-        batches = read_ahead((batch_rows(b, after)
-                              for b in reader.iter_batches(self.cfg.batch_size)),
+        # Batches (and transactions) are capped by records and by bytes; the read-ahead
+        # holds PREFETCH_BATCHES of them.
+        batches = read_ahead((batch_rows(part, after)
+                              for b in reader.iter_batches(self.cfg.batch_size)
+                              for part in split_by_bytes(b, self.cfg.batch_bytes)),
                              PREFETCH_BATCHES, name=f"prefetch-{self.key}")
         try:
             for rows in batches:

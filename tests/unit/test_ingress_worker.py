@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
@@ -428,6 +429,46 @@ def test_batch_rows_keeps_every_field_and_respects_slices_and_skips() -> None:
         assert rows.records() == [(r.offset, r.timestamp_ms, r.key, r.value,
                                    list(r.headers) or None) for r in want]
     assert batch_rows(batch, 29) is None
+
+
+def test_split_by_bytes_counts_keys_values_and_headers_and_keeps_order() -> None:
+    from ingress.rows import record_bytes, split_by_bytes
+
+    recs = [rec(o) for o in range(30)]
+    batch = records_to_batch(recs)
+    want = [len(r.key or b"") + len(r.value or b"") + sum(len(k.encode()) + len(v or b"")
+                                                         for k, v in r.headers) for r in recs]
+    assert record_bytes(batch).tolist() == want
+    assert record_bytes(batch.slice(5, 10)).tolist() == want[5:15]
+    for cap in (1, 10, 25, 10**9):
+        parts = list(split_by_bytes(batch, cap))
+        assert [o for p in parts for o in p.column("offset").to_pylist()] == list(range(30))
+        for p in parts:
+            size = int(record_bytes(p).sum())
+            assert size <= cap or p.num_rows == 1
+
+
+def big(o: int) -> Record:
+    return Record(o, 1_700_000_000_000 + o, b"k", b"x" * 1000, (), 1)
+
+
+def test_batches_and_transactions_are_capped_by_bytes() -> None:
+    # 1 KiB records, 1000 per batch by count but 3000 bytes per batch: a transaction holds
+    # at most 2 records (10 000 records of 1 MiB made a 10 GiB transaction before).
+    h = Harness(batch_size=1000)
+    h.cfg = replace(h.cfg, batch_bytes=3000)
+    try:
+        up = SegmentUpload(h.store, FMT, "temp", WriterOptions())
+        up.write_batch(records_to_batch([big(o) for o in range(20)]))
+        temp = up.finish(SegmentMetadata.for_key(key(0, 19), 20))
+        publish_segment(h.store, temp.key, key(0, 19))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 19)
+        cps = [Checkpoint.decode(v).offset for v in h.checkpoints.values["us-east-1:t:3:copy"]]
+        assert cps == list(range(1, 20, 2))
+        assert h.offsets() == list(range(20))
+    finally:
+        h.stop()
 
 
 def test_permits_bound_the_segments_replayed_at_once() -> None:

@@ -128,6 +128,10 @@ class IngressSettings(Model):
     delivery: Literal["exactly-once", "at-least-once"] = Field(
         "exactly-once", description="Transactional or idempotent replay.")
     batch_size: int = Field(10_000, ge=1, description="Records per produced batch/transaction.")
+    batch_bytes: Size = Field(
+        4 * 1024**2, ge=1, description="Record bytes (key + value + headers) per produced "
+                                       "batch/transaction, whichever of this and batch_size "
+                                       "comes first (a larger record goes alone).")
     sources: list[IngressSourceSettings] = Field(description="Sources to replay.")
     sqs_wait_time: Duration = Field(
         timedelta(seconds=20), description="SQS long-poll wait per receive (at most 20s).")
