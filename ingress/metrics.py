@@ -43,6 +43,7 @@ class IngressMetrics:
     events_invalid: Any
     source_errors: Any
     source_stopped: Any
+    destination_config_mismatch: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -100,4 +101,9 @@ class IngressMetrics:
                                     (*SOURCE, "reason")),
             source_stopped=m.gauge("ingress_source_stopped",
                                    "1 while a source is stopped by an error.", SOURCE),
+            destination_config_mismatch=m.gauge(
+                "ingress_destination_config_mismatch",
+                "1 while a destination topic config can lose what its source keeps "
+                "(retention, cleanup policy, message size, timestamp type).",
+                ("topic", "config")),
         )
