@@ -43,10 +43,10 @@ from ingress.sink import ReplaySink
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
     FatalError,
+    ObjectNotFound,
     ProducerFenced,
     RetriableError,
     SegmentCorrupt,
-    SegmentNotFound,
 )
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.queues import read_ahead
@@ -401,7 +401,7 @@ class ReplayWorker:
         name = seg.to_key()
         try:
             reader = open_segment(self.store, self.fmt, seg)
-        except SegmentNotFound:
+        except ObjectNotFound:
             self._missing(seg)
             return
         except SegmentCorrupt as e:
@@ -429,7 +429,9 @@ class ReplayWorker:
                 if rows is None:
                     continue
                 self._deliver(rows, Checkpoint(rows.last_offset, name, self.clock()))
-        except SegmentNotFound:
+        except ObjectNotFound:
+            # Deleted while read (compaction, a replicated delete): the batches delivered
+            # so far stay; reload the list and go on from the segment that covers the rest.
             self._missing(seg)
             return
         except SegmentCorrupt as e:

@@ -226,6 +226,39 @@ def test_segment_deleted_before_read_falls_back_to_covering_one(h: Harness) -> N
     assert h.metric("replicator_ingress_segments_missing_total") == 1
 
 
+class DeletingStore(MemoryObjectStore):
+    """Compaction replaces ``victim`` by ``replacement`` after its first ranged read."""
+
+    def __init__(self) -> None:
+        super().__init__("dest")
+        self.victim: str | None = None
+        self.on_delete: Callable[[], None] = lambda: None
+        self.reads = 0
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if key == self.victim:
+            self.reads += 1
+            if self.reads == 2:
+                self.on_delete()
+                self.delete(key)
+        return super().get_range(key, start, length)
+
+
+def test_segment_deleted_while_read_continues_from_the_covering_one(h: Harness) -> None:
+    store = DeletingStore()
+    h.store = store
+    write(store, key(0, 99))
+    store.victim = key(0, 99).to_key()
+    store.on_delete = lambda: write(store, key(0, 99, level=1))
+    w = h.start()
+    h.wait(lambda: w.checkpointed == 99)
+    assert store.reads >= 2
+    assert h.offsets() == list(range(100))      # once each
+    assert h.metric("replicator_ingress_segments_missing_total") == 1
+    # The documented "segment gone" path, not a failed session restarted after a delay.
+    assert w.failed is None
+
+
 def test_corrupt_segment_is_reported_and_a_covering_one_used(h: Harness) -> None:
     h.store.put(key(0, 99).to_key(), b"not parquet at all")
     write(h.store, key(0, 99, level=1))
