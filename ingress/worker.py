@@ -21,12 +21,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Literal
 
 from formats.base import SegmentFormat
 from formats.segment_io import open_segment
 from ingress.checkpoints import CheckpointStore
 from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
+from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.planner import (
@@ -134,6 +136,9 @@ class ReplayWorker:
         self.sink: ReplaySink | None = None
         self._delivery: Delivery | None = None
         self.fenced = False
+        self.first = FirstPosition(store, cfg.ref,
+                                   enabled=cfg.source.start == "first-position")
+        self._pending_logged = False
         self._last_cp: Checkpoint | None = None
         self.failed: BaseException | None = None
         self._inbox: list[SegmentEvent] = []
@@ -280,7 +285,12 @@ class ReplayWorker:
             usable = inventory.usable()
             self._report_below_origin(usable)
             now = self.clock()
-            action = next_action(self.position, usable, now, src, late=self.late,
+            plan_from = self._plan_from()
+            if plan_from == PENDING:
+                self._wait_first_position(usable)
+                continue
+            assert not isinstance(plan_from, str)
+            action = next_action(plan_from, usable, now, src, late=self.late,
                                  first_seen=self.first_seen, floor=inventory.floor())
             pos = -1 if self.position is None else self.position
             self._m_waiting.set(sum(1 for s in usable if s.end > pos))
@@ -312,6 +322,34 @@ class ReplayWorker:
                 if not self._wait_until(now + self.cfg.rescan_interval):
                     inventory.reload()
 
+    def _plan_from(self) -> int | Literal["pending"] | None:
+        """The position the planner continues after: the checkpoint; without one, the
+        position before the partition's recorded first one (a late first segment is then
+        a gap like any other, lost only after lost_segment_timeout); ``None`` when egress
+        records none (first_segment_delay); ``PENDING`` while its entry is not there yet.
+        """
+        if self.position is not None:
+            return self.position
+        first = self.first.get()
+        if first == PENDING:
+            return PENDING
+        if isinstance(first, int):
+            if self.origin is None:
+                self.origin = first
+            return first - 1
+        return None
+
+    def _wait_first_position(self, usable: set[SegmentKey]) -> None:
+        """No checkpoint, and egress has not recorded where this partition begins yet."""
+        assert self._delivery is not None
+        self._delivery.settle()
+        if not self._pending_logged:
+            log.info("%s: no checkpoint; waiting for egress to record the partition's first "
+                     "position in _topic.json (%d segment(s) known)", self.where, len(usable))
+            self._pending_logged = True
+        self._m_waiting.set(len(usable))
+        self._wait_for(self.first.seconds_to_recheck())
+
     def _report_below_origin(self, usable: set[SegmentKey]) -> None:
         """Log and count positions of segments that lie below ``origin``.
 
@@ -342,6 +380,13 @@ class ReplayWorker:
 
     def _wait_late(self, action: WaitLate) -> None:
         late = action.late
+        if self.position is None and (self.late is None or self.late.first != late.first):
+            # Nothing replayed yet, so no checkpoint keeps the gap's clock across restarts:
+            # the gap exists at least since the segment after it arrived in the bucket.
+            after = [t for s, t in self.inventory.arrived.items()
+                     if s.start == late.last + 1 and s in self.inventory.usable()]
+            if after:
+                late = replace(late, since=min(late.since, *after))
         if self.late is None or self.late.first != late.first:
             log.warning("%s: positions %d-%d are late (next segment starts at %d); reloading "
                         "the segment list with backoff for up to %s", self.where, late.first,
@@ -409,7 +454,7 @@ class ReplayWorker:
             return
         log.info("%s: replaying segment %s%s", self.where, name,
                  "" if skip_through is None else f" (skipping offsets <= {skip_through})")
-        after = self.position
+        after = self._replay_after(skip_through)
         if after is None and self.origin is None:
             self.origin = seg.start
             self._reported_below = None
@@ -447,6 +492,15 @@ class ReplayWorker:
             self._deliver(None, Checkpoint(seg.end, name, self.clock()))
         self.metrics.segments_replayed.labels(**self._labels).inc()
         log.info("%s: segment %s done, checkpoint %d", self.where, name, self.position)
+
+    def _replay_after(self, skip_through: int | None) -> int | None:
+        """Records at or below this offset are skipped: the checkpoint, or, before the
+        first one, what lies below the partition's recorded first position (nothing).
+        """
+        if self.position is None and skip_through is not None \
+                and self.first.get() != NOT_RECORDED:
+            return skip_through
+        return self.position
 
     def _missing(self, seg: SegmentKey) -> None:
         log.warning("%s: segment %s is gone (compacted or deleted); reloading the segment "

@@ -87,6 +87,10 @@ class TopicMetadata:
     topic: str = ""
     region: str = ""
     updated_at: datetime | None = None
+    first_positions: dict[int, int] | None = None
+    """Where each source partition's segment history begins (partition → position);
+    ``None`` when the file has no such field (an egress that does not record them). A
+    partition missing from a present map has not recorded its first position yet."""
 
     @classmethod
     def of(cls, topic: str, region: str, partitions: int, configs: Mapping[str, str],
@@ -136,7 +140,27 @@ class TopicMetadata:
             except ValueError:
                 updated = None  # informational only: never a reason to refuse the file
         return cls(parts, {str(k): str(v) for k, v in configs.items()},
-                   str(doc.get("topic") or ""), str(doc.get("region") or ""), updated)
+                   str(doc.get("topic") or ""), str(doc.get("region") or ""), updated,
+                   _first_positions(doc.get("first_positions"), where))
+
+
+def _first_positions(value: object, where: str) -> dict[int, int] | None:
+    """``first_positions`` of ``_topic.json``: absent → ``None``.
+
+    Raises:
+        TopicError: not an object of partition → non-negative position.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TopicError(f"{where}: 'first_positions' must be an object")
+    out: dict[int, int] = {}
+    for k, v in value.items():
+        if not (isinstance(k, str) and k.isdigit()) or not _position(v):
+            raise TopicError(f"{where}: 'first_positions' entry {k!r}: {v!r} is not "
+                             "partition → non-negative position")
+        out[int(k)] = v
+    return out
 
 
 # --- checkpoints ---------------------------------------------------------------------

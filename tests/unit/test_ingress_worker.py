@@ -6,6 +6,7 @@ Longer than 400 lines: one test per worker behaviour, sharing the in-memory harn
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
@@ -380,6 +381,80 @@ def test_late_gap_clock_is_kept_in_the_checkpoint_and_spans_restarts() -> None:
         h.start(clock=lambda: now[0])
         h.wait(lambda: h.offsets()[-1:] == [29], timeout=5)
         assert h.metric("replicator_ingress_messages_lost_total") == 10
+    finally:
+        h.stop()
+
+
+def topic_json(store: MemoryObjectStore, first_positions: dict[str, int] | None) -> None:
+    body: dict[str, Any] = {"partitions": 4}
+    if first_positions is not None:
+        body["first_positions"] = first_positions
+    store.put("data/us-east-1/t/_topic.json", json.dumps(body).encode())
+
+
+def test_late_first_segment_is_waited_for_at_the_recorded_first_position() -> None:
+    # S3 replication keeps no order: the first segment arrives after later ones. With the
+    # first position recorded by egress, nothing is skipped (was: 0-99 "NOT replayed").
+    h = Harness()       # first_segment_delay 0s
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(100, 149))
+        w = h.start()
+        h.wait(lambda: h.metric("replicator_ingress_segments_late") == 100)
+        assert h.offsets() == []
+        write(h.store, key(0, 99))
+        w.offer(SegmentEvent("created", key(0, 99)))
+        h.wait(lambda: w.checkpointed == 149)
+        assert h.offsets() == list(range(150))
+        assert h.metric("replicator_ingress_messages_skipped_total") == 0
+        assert h.metric("replicator_ingress_messages_lost_total") == 0
+    finally:
+        h.stop()
+
+
+def test_pending_first_position_waits_and_a_later_history_start_is_exact() -> None:
+    h = Harness()
+    try:
+        topic_json(h.store, {"0": 0})            # another partition's entry only
+        write(h.store, key(500, 549))
+        write(h.store, key(550, 599))
+        w = h.start()
+        time.sleep(0.5)
+        assert h.offsets() == []                 # not started at an arbitrary segment
+        topic_json(h.store, {"0": 0, "3": 550})  # this partition's history begins at 550
+        h.wait(lambda: w.checkpointed == 599, timeout=10)
+        assert h.offsets() == list(range(550, 600))
+    finally:
+        h.stop()
+
+
+def test_never_arriving_first_segment_is_declared_lost_with_its_exact_range(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(timeout="600ms", retries=2)
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(40, 49))
+        with caplog.at_level(logging.ERROR, logger="ingress.worker"):
+            w = h.start()
+            h.wait(lambda: w.checkpointed == 49)
+        assert h.offsets() == list(range(40, 50))
+        assert h.metric("replicator_ingress_messages_lost_total") == 40
+        lost = [r.getMessage() for r in caplog.records if "LOST" in r.getMessage()]
+        assert len(lost) == 1 and "positions 0-39 (40)" in lost[0]
+    finally:
+        h.stop()
+
+
+def test_start_earliest_available_keeps_the_first_segment_delay_behaviour() -> None:
+    h = Harness()
+    h.cfg = replace(h.cfg, source=h.cfg.source.model_copy(
+        update={"start": "earliest-available"}))
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(100, 149))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 149)
+        assert h.offsets() == list(range(100, 150))
     finally:
         h.stop()
 

@@ -47,6 +47,19 @@ def test_topic_metadata_body_and_old_files() -> None:
         TopicMetadata.parse(b'{"partitions": true}', where="x")
 
 
+def test_topic_metadata_first_positions_parse_tolerantly() -> None:
+    assert TopicMetadata.parse(b'{"partitions": 2}', where="x").first_positions is None
+    assert TopicMetadata.parse(b'{"partitions": 2, "first_positions": {}}',
+                               where="x").first_positions == {}
+    meta = TopicMetadata.parse(b'{"partitions": 2, "first_positions": {"0": 0, "1": 500}}',
+                               where="x")
+    assert meta.first_positions == {0: 0, 1: 500}
+    for bad in (b'[]', b'{"0": -1}', b'{"x": 1}', b'{"0": "1"}'):
+        with pytest.raises(TopicError, match="first_positions"):
+            TopicMetadata.parse(b'{"partitions": 2, "first_positions": ' + bad + b"}",
+                                where="x")
+
+
 @given(offsets, st.text(max_size=80), times,
        st.one_of(st.none(), st.tuples(offsets, offsets)), st.one_of(st.none(), offsets),
        st.one_of(st.none(), st.tuples(offsets, times)))

@@ -84,7 +84,14 @@ class IngressSourceSettings(Model):
         timedelta(hours=1), description="How long a gap waits before it is declared lost.")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
     first_segment_delay: Duration = Field(
-        timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists.")
+        timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists "
+                                          "and egress records no first position.")
+    start: Literal["first-position", "earliest-available"] = Field(
+        "first-position", description="Without a checkpoint: start at the partition's first "
+                                      "position recorded by egress in _topic.json, waiting "
+                                      "for its segment like any gap (first-position), or at "
+                                      "the earliest segment known after first_segment_delay "
+                                      "(earliest-available).")
 
     @field_validator("late_segment_retries")
     @classmethod
