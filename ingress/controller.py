@@ -92,7 +92,6 @@ class Ingress:
         # Segments replayed at once, whatever the partition count: bounds memory.
         self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
         self.assigned: set[tuple[str, int]] = set()
-        self.fenced: set[WorkerId] = set()
         self.subscribed: frozenset[str] = frozenset()
         self.consumer: Consumer | None = None
         self.relay: SqsRelay | None = None
@@ -240,7 +239,6 @@ class Ingress:
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
-        self.fenced.clear()
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -262,14 +260,12 @@ class Ingress:
             for topic, p in self.assigned:
                 if topic == src.destination and p < st.partitions:
                     out.add((src.region, src.topic, p))
-        return out - self.fenced
+        return out
 
     def _reconcile(self) -> None:
         for wid, w in list(self.workers.items()):
             if not w.alive:
                 del self.workers[wid]
-                if w.fenced:
-                    self.fenced.add(wid)
         desired = self._desired()
         extra = [w for w in self.workers if w not in desired]
         if extra:
@@ -336,8 +332,15 @@ class Ingress:
         return not self._failed and relay_ok
 
     def ready(self) -> bool:
-        """/readyz: started, healthy, and placed in the group (subscribed)."""
-        return self._started and self.healthy() and bool(self.subscribed)
+        """/readyz: started, healthy, placed in the group (subscribed), and no owned
+        partition stalled (its producer fenced again and again).
+        """
+        return self._started and self.healthy() and bool(self.subscribed) and \
+            not self.stalled()
+
+    def stalled(self) -> list[WorkerId]:
+        """Partitions whose replay is stalled (see ``ReplayWorker._fenced``)."""
+        return sorted(wid for wid, w in list(self.workers.items()) if w.stalled)
 
     @property
     def failed(self) -> bool:

@@ -26,6 +26,15 @@ from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
 
+def transaction_timeout_ms(timeout: float) -> int:
+    """``transaction.timeout.ms`` for a sink whose flush and commit may each take
+    ``timeout`` seconds: both, plus 30 s for producing the batch and the checkpoint
+    (150 s for the default 60 s; the broker allows up to ``transaction.max.timeout.ms``,
+    15 min by default).
+    """
+    return int((2 * timeout + 30) * 1000)
+
+
 class ReplaySink(ABC):
     """Produces records to one destination partition and checkpoints to the checkpoint topic.
 
@@ -109,8 +118,14 @@ class KafkaSink(ReplaySink):
         return self._producer
 
     def start(self) -> None:
+        overrides = {}
+        if self.transactional and "transaction.timeout.ms" not in self.kafka_settings.config:
+            # Above the worst flush + commit (each may take ``timeout``): a transaction
+            # that is merely slow is not aborted by the coordinator (librdkafka's default
+            # is 60 s, below one flush + one commit).
+            overrides["transaction.timeout.ms"] = transaction_timeout_ms(self.timeout)
         self._producer = Producer(self.kafka_settings, transactional_id=self.transactional_id,
-                                  name=self.where)
+                                  name=self.where, overrides=overrides)
         if self.transactional:
             self._producer.init_transactions(self.timeout)
 
@@ -177,11 +192,12 @@ class MemorySink(ReplaySink):
     """Records what would be produced; commits feed a ``MemoryCheckpointStore``.
 
     ``fail_on_commit`` makes the next N commits (or acknowledgements) raise a retriable
-    error, to exercise the redo path. Without transactions, records wait in ``in_flight``
-    until acknowledged: ``ack_per_poll`` records per ``outstanding`` call (all by default),
-    everything on ``flush``. A checkpoint produced while a record at or below its offset
-    is still in flight is recorded in ``early_checkpoints`` (the durability method must
-    never do that).
+    error, to exercise the redo path; ``fence_on_commit`` makes the next N commits raise
+    ``ProducerFenced`` (what a transaction that outlived its timeout gets). Without
+    transactions, records wait in ``in_flight`` until acknowledged: ``ack_per_poll``
+    records per ``outstanding`` call (all by default), everything on ``flush``. A
+    checkpoint produced while a record at or below its offset is still in flight is
+    recorded in ``early_checkpoints`` (the durability method must never do that).
     """
 
     checkpoints: MemoryCheckpointStore
@@ -189,6 +205,7 @@ class MemorySink(ReplaySink):
     committed: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     fail_on_commit: int = 0
+    fence_on_commit: int = 0
     ack_per_poll: int | None = None
     in_flight: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
@@ -242,6 +259,10 @@ class MemorySink(ReplaySink):
             raise KafkaRetriableError("injected commit failure")
 
     def commit(self) -> None:
+        if self.fence_on_commit > 0:
+            self.fence_on_commit -= 1
+            self.begin()       # the coordinator aborted the transaction
+            raise ProducerFenced("injected: fenced (transaction timed out)")
         self._fail()
         self.committed.extend(self._pending)
         for k, cp in self._pending_cp:

@@ -69,6 +69,10 @@ def session_backoff() -> Backoff:
                    maximum=timedelta(seconds=60), jitter=0.2)
 
 
+FENCED_STALL = 3
+"""Fencings in a row, without a checkpoint in between, after which a partition is reported
+stalled (it keeps retrying)."""
+
 PREFETCH_BATCHES = 1
 """Batches read and decoded ahead while the current one is delivered (memory: about two
 batches per active replay)."""
@@ -136,6 +140,8 @@ class ReplayWorker:
         self.sink: ReplaySink | None = None
         self._delivery: Delivery | None = None
         self.fenced = False
+        self.fenced_in_a_row = 0
+        self.stalled = False
         self.first = FirstPosition(store, cfg.ref,
                                    enabled=cfg.source.start == "first-position")
         self._pending_logged = False
@@ -186,24 +192,51 @@ class ReplayWorker:
     # --- worker thread ----------------------------------------------------------------
 
     def run(self) -> None:
-        """Replay sessions until stopped or fenced; errors restart a session after a delay."""
+        """Replay sessions until stopped; errors (fencing too) restart a session after a
+        delay.
+        """
         backoff = session_backoff()
         while not self.stopping:
             try:
                 self._session()
                 return
             except ProducerFenced as e:
-                log.warning("%s: fenced by a newer owner, giving the partition up: %s",
-                            self.where, e)
-                self.fenced = True
-                self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
-                return
+                self._fenced(e, backoff.next())
             except (RetriableError, FatalError) as e:
                 kind = "retriable" if isinstance(e, RetriableError) else "fatal"
                 self._session_failed(e, kind, backoff.next())
             except Exception as e:  # a bug must not become a restart hot loop
                 log.exception("%s: unexpected error in the replay session", self.where)
                 self._session_failed(e, "unexpected", backoff.next())
+
+    def _fenced(self, e: ProducerFenced, delay: float) -> None:
+        """The producer was fenced. While the controller still owns the partition (it
+        stops this worker on revoke), that is not a new owner: a transaction outlived
+        ``transaction.timeout.ms`` (the coordinator aborted it and bumped the epoch) or a
+        former owner's late init. A new session fences in turn, reads the committed
+        checkpoint and goes on; after ``FENCED_STALL`` fencings in a row without progress
+        the partition is reported stalled (ERROR, metric, /readyz) while retrying.
+        """
+        if self.stopping:
+            return
+        self.fenced_in_a_row += 1
+        self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
+        if self.fenced_in_a_row >= FENCED_STALL and not self.stalled:
+            self.stalled = True
+            self.metrics.partition_stalled.labels(**self._labels).set(1)
+            log.error("%s: STALLED: the producer was fenced %d times in a row although this "
+                      "process owns the partition (another live instance with the same "
+                      "transactional.id?); retrying every %.0fs at most: %s", self.where,
+                      self.fenced_in_a_row, delay, e)
+        else:
+            log.warning("%s: producer fenced (a transaction that outlived "
+                        "transaction.timeout.ms, or a former owner); new session in %.1fs: %s",
+                        self.where, delay, e)
+        self.fenced = True
+        if self._sleep is not None:
+            self._sleep(delay)
+        else:
+            self._stopping.wait(delay)
 
     def _session_failed(self, e: BaseException, kind: str, delay: float) -> None:
         log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
@@ -545,3 +578,10 @@ class ReplayWorker:
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset
         self._m_checkpoint.set(cp.offset)
+        if self.fenced_in_a_row or self.stalled:
+            if self.stalled:
+                log.info("%s: replaying again after being fenced", self.where)
+                self.metrics.partition_stalled.labels(**self._labels).set(0)
+            self.fenced_in_a_row = 0
+            self.stalled = False
+            self.fenced = False

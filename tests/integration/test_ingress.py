@@ -411,7 +411,8 @@ def _plain(partition: int, offset: int) -> Record:
 
 def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None:
     """Same transactional.id: the newer sink fences the older; its commit raises
-    ProducerFenced (the worker then gives the partition up) and nothing of it is committed
+    ProducerFenced (a worker then starts a new session only while its process still owns
+    the partition; a revoked one has stopped already) and nothing of it is committed
     after the fence (on Apache Kafka a read_committed reader sees only the new owner's
     record; Tansu shows aborted transactions' records too)."""
     from ingress.rows import Rows

@@ -111,3 +111,21 @@ def test_source_with_too_few_destination_partitions_stops_and_resumes() -> None:
                                  {"region": "us-east-1", "topic": "t"}) == 0
     finally:
         ing.close()
+
+
+def test_a_stalled_partition_makes_readyz_false() -> None:
+    ing, store, admin = make([{"region": "us-east-1", "topic": "t"}])
+    try:
+        admin.topics["t"] = 1
+        meta(store, "us-east-1", "t", 1)
+        ing._check_topics()
+        ing._started = True
+        ing.assigned = {("t", 0)}
+        ing._reconcile()
+        assert ing.ready()
+        ing.workers[("us-east-1", "t", 0)].stalled = True
+        assert not ing.ready() and ing.stalled() == [("us-east-1", "t", 0)]
+        ing.workers[("us-east-1", "t", 0)].stalled = False
+        assert ing.ready()
+    finally:
+        ing.close()

@@ -152,6 +152,49 @@ def test_commit_failure_redoes_from_checkpoint_without_duplicates(h: Harness) ->
     assert w.failed is not None
 
 
+def test_fenced_producer_while_owning_starts_a_new_session_not_a_stop() -> None:
+    # A transaction that outlived transaction.timeout.ms is aborted by the coordinator and
+    # the producer is fenced; the partition must go on (was: stopped until a rebalance).
+    h = Harness()
+    h.sink.fence_on_commit = 1
+    try:
+        write(h.store, key(0, 29))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 29)
+        assert h.offsets() == list(range(30))      # nothing twice, nothing lost
+        assert not w.stalled
+        assert h.metrics.value("replicator_ingress_worker_errors_total",
+                               {**LABELS, "kind": "fenced"}) == 1
+    finally:
+        h.stop()
+
+
+def test_transaction_timeout_covers_a_flush_and_a_commit() -> None:
+    from ingress.sink import transaction_timeout_ms
+
+    # librdkafka's default (60 s) is below one flush plus one commit of 60 s each.
+    assert transaction_timeout_ms(60.0) == 150_000 > 2 * 60_000
+
+
+def test_repeated_fencing_is_reported_stalled_then_clears(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import ingress.worker as worker_module
+
+    h = Harness()
+    h.sink.fence_on_commit = worker_module.FENCED_STALL
+    try:
+        write(h.store, key(0, 29))
+        with caplog.at_level(logging.ERROR, logger="ingress.worker"):
+            w = h.start()
+            h.wait(lambda: h.metric("replicator_ingress_partition_stalled") == 1, timeout=20)
+        assert any("STALLED" in r.getMessage() for r in caplog.records)
+        h.wait(lambda: w.checkpointed == 29, timeout=20)
+        assert h.metric("replicator_ingress_partition_stalled") == 0 and not w.stalled
+        assert h.offsets() == list(range(30))
+    finally:
+        h.stop()
+
+
 def test_at_least_once_redo_may_duplicate_but_never_loses() -> None:
     h = Harness(exactly_once=False)
     try:
