@@ -307,9 +307,13 @@ class Ingress:
         deadline = time.monotonic() + self.cfg.revoke_timeout.total_seconds()
         for wid, w in workers:
             if not w.join(max(0.0, deadline - time.monotonic())):
-                log.error("worker %s/%s[%d] did not stop within %s; its transaction is "
-                          "fenced by the next owner", wid[0], wid[1], wid[2],
-                          self.cfg.revoke_timeout)
+                # Before the partition is released (this runs in the revoke callback): an
+                # idempotent producer has no fencing, so its queued records would still be
+                # delivered beside the next owner's.
+                log.error("worker %s/%s[%d] did not stop within %s; its producer is purged "
+                          "and closed before the partition is released", wid[0], wid[1],
+                          wid[2], self.cfg.revoke_timeout)
+                w.purge()
 
     def _dispatch(self, ev: SegmentEvent) -> None:
         k = ev.key

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ingress.checkpoints import MemoryCheckpointStore
 from ingress.rows import Header, Rows
 from replicator.core.errors import (
+    KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
     ReplicatorError,
@@ -25,6 +26,10 @@ from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
+
+PURGE_WAIT = 10.0
+"""Seconds a purged sink waits for requests already sent (acknowledged or failed) before it
+stops waiting (``ReplaySink.purge``)."""
 
 def transaction_timeout_ms(timeout: float) -> int:
     """``transaction.timeout.ms`` for a sink whose flush and commit may each take
@@ -93,6 +98,14 @@ class ReplaySink(ABC):
     def close(self) -> None:
         """Release the producer; idempotent."""
 
+    @abstractmethod
+    def purge(self) -> None:
+        """For a worker that missed its revoke deadline, from another thread: drop every
+        record not yet sent, wait for the requests already sent (bounded), and close, so
+        nothing of this sink reaches the broker once the partition is released; every
+        later call raises ``KafkaFatalError``.
+        """
+
 
 class KafkaSink(ReplaySink):
     """A ``ReplaySink`` over one ``Producer`` of the Kafka seam."""
@@ -108,16 +121,38 @@ class KafkaSink(ReplaySink):
         self.transactional = transactional_id is not None
         self.timeout = timeout
         self._producer: Producer | None = None
+        self._purged = False
         self._in_txn = False
         self.where = f"{topic}[{partition}]"
 
     @property
     def producer(self) -> Producer:
-        """The producer (after ``start``)."""
+        """The producer (after ``start``).
+
+        Raises:
+            KafkaFatalError: the sink was purged.
+        """
+        if self._purged:
+            raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
         assert self._producer is not None, "start() first"
         return self._producer
 
+    def purge(self) -> None:
+        self._purged = True
+        p, self._producer = self._producer, None
+        if p is None:
+            return
+        p.purge()
+        left = p.flush(min(self.timeout, PURGE_WAIT))
+        if left:
+            p.purge(in_flight=True)
+            log.error("%s: %d record(s) already sent were not acknowledged within %.0fs of "
+                      "the purge; they may still reach the partition beside its new owner",
+                      self.where, left, min(self.timeout, PURGE_WAIT))
+
     def start(self) -> None:
+        if self._purged:
+            raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
         overrides = {}
         if self.transactional and "transaction.timeout.ms" not in self.kafka_settings.config:
             # Above the worst flush + commit (each may take ``timeout``): a transaction
@@ -212,6 +247,7 @@ class MemorySink(ReplaySink):
     early_checkpoints: list[Checkpoint] = field(default_factory=list)
     started: int = 0
     aborted: int = 0
+    purged: bool = False
     _pending: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     _pending_cp: list[tuple[str, Checkpoint]] = field(default_factory=list)
@@ -224,12 +260,14 @@ class MemorySink(ReplaySink):
         self._pending_cp.clear()
 
     def produce(self, rows: Rows) -> None:
+        self._check_purged()
         if self.transactional:
             self._pending.extend(rows.records())
         else:
             self.in_flight.extend(rows.records())
 
     def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
+        self._check_purged()
         if self.transactional:
             self._pending_cp.append((key, checkpoint))
             return
@@ -282,5 +320,15 @@ class MemorySink(ReplaySink):
         self.begin()
 
     def close(self) -> None:
-        if not self.transactional:
+        if not self.transactional and not self.purged:
             self._ack(None)  # the Kafka sink flushes on close
+
+    def purge(self) -> None:
+        self.purged = True
+        self.in_flight.clear()
+        self._pending.clear()
+        self._pending_cp.clear()
+
+    def _check_purged(self) -> None:
+        if self.purged:
+            raise KafkaFatalError("memory sink purged after the revoke deadline")

@@ -140,6 +140,7 @@ class ReplayWorker:
         self.sink: ReplaySink | None = None
         self._delivery: Delivery | None = None
         self.fenced = False
+        self._purged = False
         self.fenced_in_a_row = 0
         self.stalled = False
         self.first = FirstPosition(store, cfg.ref,
@@ -172,6 +173,17 @@ class ReplayWorker:
         with self._cond:
             self._cond.notify_all()
 
+    def purge(self) -> None:
+        """The worker missed its revoke deadline: drop what its producer has not sent and
+        close it (any thread), so nothing more of this worker reaches the destination once
+        the partition is released; a later session never starts a producer.
+        """
+        self._purged = True
+        self.stop()
+        sink = self.sink
+        if sink is not None:
+            sink.purge()
+
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread; True if it ended."""
         if self._thread is None:
@@ -203,6 +215,9 @@ class ReplayWorker:
             except ProducerFenced as e:
                 self._fenced(e, backoff.next())
             except (RetriableError, FatalError) as e:
+                if self._purged:
+                    log.info("%s: stopped (producer purged): %s", self.where, e)
+                    return
                 kind = "retriable" if isinstance(e, RetriableError) else "fatal"
                 self._session_failed(e, kind, backoff.next())
             except Exception as e:  # a bug must not become a restart hot loop
@@ -262,6 +277,8 @@ class ReplayWorker:
     def _session(self) -> None:
         sink = self.make_sink()
         self.sink = sink
+        if self._purged:
+            sink.purge()   # purged while this session was being made
         try:
             # Fence first: once init_transactions returns, an older owner's open
             # transaction is aborted, so the checkpoint read below is the committed truth.
