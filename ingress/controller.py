@@ -221,7 +221,8 @@ class Ingress:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
         ready = check_sources(self.sources.values(), self.store, self.admin,
-                              self.settings.s3.prefix, self.m)
+                              self.settings.s3.prefix, self.m,
+                              align=self.cfg.align_destination_configs)
         if ready != self.subscribed:
             assert self.consumer is not None
             log.info("subscribing to destination topics %s", sorted(ready))

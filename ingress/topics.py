@@ -66,6 +66,7 @@ class TopicAdmin(Protocol):
                      *, replication_factor: int = -1) -> bool: ...
     def grow_topic(self, topic: str, partitions: int) -> None: ...
     def effective_topic_config(self, topic: str) -> dict[str, str]: ...
+    def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None: ...
 
 
 def existing_partitions(admin: TopicAdmin, topic: str) -> int | None:
@@ -155,8 +156,17 @@ def config_mismatches(source: Mapping[str, str], destination: Mapping[str, str]
     return out
 
 
+def aligned_configs(source: Mapping[str, str], problems: Iterable[str]) -> dict[str, str]:
+    """The destination configs that fix ``problems`` (``config_mismatches``' names): the
+    source's value, and ``CreateTime`` for the timestamp type.
+    """
+    return {name: "CreateTime" if name == "message.timestamp.type" else source[name]
+            for name in sorted(problems)}
+
+
 def check_destination_configs(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
-                              source: SourceState, meta: TopicMetadata) -> None:
+                              source: SourceState, meta: TopicMetadata, *,
+                              align: bool = False) -> None:
     """Compare ``dest`` with the source's configs at start and whenever ``_topic.json``
     changes (and at every check while a mismatch lasts): ERROR (once per mismatch) and
     ``…_destination_config_mismatch{topic, config}`` = 1 for each config that can lose
@@ -167,6 +177,13 @@ def check_destination_configs(admin: TopicAdmin, metrics: IngressMetrics, dest: 
     if not changed and not source.config_problems:
         return
     problems = config_mismatches(meta.configs, admin.effective_topic_config(dest))
+    if problems and align:
+        fix = aligned_configs(meta.configs, problems)
+        admin.alter_topic_config(dest, fix)
+        log.warning("destination topic %s: configs aligned with source %s/%s "
+                    "(ingress.align_destination_configs): %s", dest, source.source.region,
+                    source.source.topic, fix)
+        problems = config_mismatches(meta.configs, admin.effective_topic_config(dest))
     for name in sorted(set(problems) | source.config_problems):
         bad = name in problems
         metrics.destination_config_mismatch.labels(topic=dest, config=name).set(int(bad))
@@ -212,8 +229,10 @@ class SourceState:
 
 
 def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: TopicAdmin,
-                  prefix: str, metrics: IngressMetrics) -> frozenset[str]:
-    """Read each source's ``_topic.json``, create or grow its destination topic.
+                  prefix: str, metrics: IngressMetrics, *, align: bool = False
+                  ) -> frozenset[str]:
+    """Read each source's ``_topic.json``, create or grow its destination topic, compare
+    an existing one's configs (and ``align`` them when it has a single source).
 
     Returns:
         The destination topics whose sources are known and not stopped (the topics the
@@ -238,13 +257,13 @@ def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: Topi
             continue
         by_dest.setdefault(src.destination, []).append((st, meta))
     for dest, items in by_dest.items():
-        _ensure(admin, metrics, dest, items)
+        _ensure(admin, metrics, dest, items, align=align and len(items) == 1)
     return frozenset(st.source.destination for st in states
                      if st.partitions is not None and not st.stopped)
 
 
 def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
-            items: list[tuple[SourceState, TopicMetadata]]) -> None:
+            items: list[tuple[SourceState, TopicMetadata]], *, align: bool = False) -> None:
     """Give ``dest`` the partitions of its largest source (several sources may feed one
     topic); a source it cannot serve is stopped, the others go on.
     """
@@ -278,7 +297,7 @@ def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
             st.stopped = None
             metrics.source_stopped.labels(region=src.region, topic=src.topic).set(0)
         try:
-            check_destination_configs(admin, metrics, dest, st, meta)
+            check_destination_configs(admin, metrics, dest, st, meta, align=align)
         except ReplicatorError as e:
             log.error("cannot compare the configs of destination topic %s with source "
                       "%s/%s, retrying: %s", dest, src.region, src.topic, e)

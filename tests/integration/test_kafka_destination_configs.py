@@ -61,3 +61,19 @@ def test_existing_destination_with_broker_defaults_is_reported(
         wait_for(lambda: mismatch("cleanup.policy") == 0, 60, "the fix to be seen")
         assert mismatch("max.message.bytes") == 0
         assert mismatch("message.timestamp.type") == 0
+
+
+def test_align_destination_configs_sets_them_like_the_source(pipe: Pipeline) -> None:
+    pipe.create_source(1, SOURCE_CONFIGS)
+    admin = Admin(pipe.dest_kafka)
+    assert admin.create_topic(pipe.dest_topic, 1, {"message.timestamp.type": "LogAppendTime"})
+    egress = Egress(pipe.egress_settings(), store=pipe.store)
+    settings = pipe.ingress_settings(align_destination_configs=True)
+    with running_egress(egress), running_ingress(settings):
+        want = {**SOURCE_CONFIGS, "message.timestamp.type": "CreateTime"}
+
+        def aligned() -> bool:
+            conf = admin.effective_topic_config(pipe.dest_topic)
+            return all(conf.get(k) == v for k, v in want.items())
+
+        wait_for(aligned, 60, "the destination configs to be aligned")

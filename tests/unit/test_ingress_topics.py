@@ -48,6 +48,9 @@ class FakeAdmin:
             raise TopicError(f"cannot grow {topic} to {partitions} partitions: unsupported")
         self.topics[topic] = partitions
 
+    def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None:
+        self.configs.setdefault(topic, {}).update(configs)
+
     def effective_topic_config(self, topic: str) -> dict[str, str]:
         # A broker's defaults under the topic's own settings.
         return {**self.defaults, **self.configs.get(topic, {})}
@@ -151,3 +154,23 @@ def test_existing_destination_with_losing_configs_is_reported_until_fixed(
     admin.configs["t"] = {"retention.ms": "-1"}   # an operator aligns it
     check_sources([st], store, admin, "data", m)
     assert metrics.value("replicator_ingress_destination_config_mismatch", labels) == 0
+
+
+def test_align_sets_the_losing_configs_like_the_source() -> None:
+    from ingress.metrics import IngressMetrics
+    from ingress.topics import SourceState, check_sources
+    from replicator.core.metrics import Metrics
+    from replicator.core.settings import IngressSourceSettings
+
+    store = MemoryObjectStore("b")
+    store.put("data/r1/t/_topic.json", TopicMetadata(
+        1, {"retention.ms": "-1", "cleanup.policy": "delete"}).encode())
+    admin = FakeAdmin(defaults={"retention.ms": "604800000", "cleanup.policy": "delete",
+                                "message.timestamp.type": "LogAppendTime"})
+    admin.topics["t"] = 1
+    metrics = Metrics()
+    st = SourceState(IngressSourceSettings(region="r1", topic="t"))
+    check_sources([st], store, admin, "data", IngressMetrics.create(metrics), align=True)
+    assert admin.configs["t"] == {"message.timestamp.type": "CreateTime", "retention.ms": "-1"}
+    assert metrics.value("replicator_ingress_destination_config_mismatch",
+                         {"topic": "t", "config": "retention.ms"}) in (None, 0)

@@ -152,6 +152,11 @@ class IngressSettings(Model):
     revoke_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
                                            "finish their current batch.")
+    align_destination_configs: bool = Field(
+        False, description="Set an existing destination topic's retention, cleanup policy, "
+                           "max.message.bytes and timestamp type like its source's when they "
+                           "could lose data (a topic fed by one source only); otherwise "
+                           "they are reported (ERROR + metric).")
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
                              "two batches in memory), whatever the number of partitions.")
