@@ -461,6 +461,7 @@ class ReplayWorker:
         cp = replace(last, updated_at=self.clock(), late=(late.first, late.since))
         assert self._delivery is not None
         self._delivery.deliver(None, cp)
+        self._delivery.settle()       # at-least-once: out before the worker waits
         self._last_cp = cp
 
     def _declare_lost(self, action: DeclareLost) -> None:

@@ -402,13 +402,15 @@ def test_never_arriving_segment_is_declared_lost_with_exact_range(
         h.stop()
 
 
-def test_late_gap_clock_is_kept_in_the_checkpoint_and_spans_restarts() -> None:
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_late_gap_clock_is_kept_in_the_checkpoint_and_spans_restarts(
+        exactly_once: bool) -> None:
     # Restarts more often than lost_segment_timeout must not reset the gap's clock: the
     # first session sees the gap at t0 and records it; a session started after t0 + the
     # timeout declares the range lost at once instead of waiting a full timeout again.
     t0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
     now = [t0]
-    h = Harness(timeout="60s", retries=2)
+    h = Harness(timeout="60s", retries=2, exactly_once=exactly_once)
     try:
         write(h.store, key(0, 9))
         write(h.store, key(20, 29))
