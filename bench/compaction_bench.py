@@ -1,4 +1,4 @@
-"""Compaction throughput against a bare pyarrow read+write of the same segments (issue 7.3).
+"""Compaction throughput against a bare pyarrow read+write of the same segments.
 
     .venv/bin/python bench/compaction_bench.py [--segments 16] [--records 5000] [--value-size 1024]
                                                [--spark] [--json out.json]

@@ -1,4 +1,4 @@
-"""Egress memory against ``egress.max_buffered_bytes`` (issues 3 and 7.5).
+"""Egress memory against ``egress.max_buffered_bytes``.
 
     .venv/bin/python bench/egress_memory.py [--partitions 1,16,64] [--budgets 64MiB,256MiB]
                                             [--total 384MiB] [--s3] [--json out.json]

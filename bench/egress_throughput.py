@@ -1,4 +1,4 @@
-"""Egress throughput against a bare confluent-kafka consume loop (issue 7.1).
+"""Egress throughput against a bare confluent-kafka consume loop.
 
     .venv/bin/python bench/egress_throughput.py [--records 100000] [--partitions 4]
                                                 [--value-size 1024] [--json out.json]

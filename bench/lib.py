@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmark scripts (issue 7): data, stack, S3 request counting.
+"""Shared helpers of the benchmark scripts: data, stack, S3 request counting.
 
 Nothing here is timed; the measurements live in ``run_all.py`` and the ``measure_*``
 modules. Pure helpers (``text_value``, ``median``, ``summarize_requests``,

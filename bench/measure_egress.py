@@ -1,4 +1,4 @@
-"""Egress measurements (issue 7.1, 7.6 egress part, 7.7): bare consume vs ``Egress``.
+"""Egress measurements: bare consume vs ``Egress``.
 
 Used by ``run_all.py``. Rates are of raw record bytes (key + value); CPU is the CPU time of
 this process (all threads: Python, librdkafka, upload threads) over the timed window.

@@ -1,4 +1,4 @@
-"""Ingress measurements (issue 7.2, 7.5 ingress part, 7.6 ingress reads).
+"""Ingress measurements.
 
 Used by ``run_all.py``; ``--child-memory`` is the child process of the RSS measurement.
 

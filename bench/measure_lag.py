@@ -1,4 +1,4 @@
-"""End-to-end lag under a steady load (issue 7.4).
+"""End-to-end lag under a steady load.
 
 ``replicator-egress`` and ``replicator-ingress`` run as their own processes (the real CLIs)
 on the embedded stack. Egress writes straight into the destination bucket: the S3

@@ -1,9 +1,12 @@
-"""Every benchmark of issue 7 in one run, against the raw clients, on one embedded stack.
+"""Every benchmark in one run, against the raw clients, on one embedded stack.
 
     .venv/bin/python bench/run_all.py --quick      # about 3 minutes
     .venv/bin/python bench/run_all.py --full       # bigger data, Spark, 1 GiB segment
     .venv/bin/python bench/run_all.py --quick --only egress,ingress
     KAFKA_HOME=../shared/kafka .venv/bin/python bench/run_all.py --full --kafka apache
+
+With KAFKA_HOME set, the run ends with ``peer_mm2.py`` (versus MirrorMaker 2; ``--quick``
+with --quick), unless ``--only`` leaves the ``peer`` stage out.
 
 Starts its own stack (``LocalStack``: a source and a destination broker, Tansu by default
 or Apache Kafka with ``--kafka apache``; moto S3+SQS), then:
@@ -47,6 +50,9 @@ from lib import MB, BenchStack, S3Counter, fill_topic, median, summarize_request
 
 HERE = Path(__file__).parent
 STAGES = ("egress", "ingress", "compaction", "lag", "memory", "cost", "scale")
+# Versus MirrorMaker 2 (peer_mm2.py, its own two Apache Kafka clusters): part of the default
+# run when KAFKA_HOME names a distribution with MirrorMaker 2.
+PEER = "peer"
 
 PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"records": 250_000, "partitions": 4, "value_size": 1024, "repeat": 2,
@@ -615,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small data (default)")
     mode.add_argument("--full", action="store_true", help="bigger data, Spark, 1 GiB segment")
-    ap.add_argument("--only", default=",".join(STAGES), help="comma-separated stages")
+    ap.add_argument("--only", default=None,
+                    help=f"comma-separated stages of {', '.join((*STAGES, PEER))} (default: "
+                         f"all; {PEER} only when KAFKA_HOME is set)")
     ap.add_argument("--repeat", type=int, default=None, help="runs per timed variant")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu",
@@ -628,10 +636,13 @@ def main(argv: list[str] | None = None) -> int:
     name = "full" if args.full else "quick"
     profile = dict(PROFILES[name])
     repeat = args.repeat or profile["repeat"]
-    stages = [s for s in args.only.split(",") if s]
+    default = [*STAGES, PEER] if os.environ.get("KAFKA_HOME") else list(STAGES)
+    stages = [s for s in args.only.split(",") if s] if args.only else default
     for s in stages:
-        if s not in STAGES:
-            ap.error(f"unknown stage {s!r}; stages: {', '.join(STAGES)}")
+        if s not in (*STAGES, PEER):
+            ap.error(f"unknown stage {s!r}; stages: {', '.join((*STAGES, PEER))}")
+    if PEER in stages and not os.environ.get("KAFKA_HOME"):
+        ap.error(f"stage {PEER} needs KAFKA_HOME (Apache Kafka with MirrorMaker 2)")
     work = Path(tempfile.mkdtemp(prefix="bench-all-"))
     runner = Runner(profile, work, repeat, args.kafka)
     failures: dict[str, str] = {}
@@ -662,7 +673,14 @@ def main(argv: list[str] | None = None) -> int:
     print(render(runner.results, meta))
     if failures:
         print("\nFAILED stages: " + "; ".join(f"{k}: {v}" for k, v in failures.items()))
-    print(f"\ntotal {meta['seconds']:.0f}s")
+    if PEER in stages:
+        # Its own clusters and processes, after ours are down; its table follows ours.
+        log(f"== {PEER}")
+        cmd = [sys.executable, str(HERE / "peer_mm2.py")] + ([] if args.full else ["--quick"])
+        if subprocess.run(cmd, check=False).returncode != 0:
+            failures[PEER] = "peer_mm2.py failed (its output is above)"
+            print(f"\nFAILED stages: {PEER}")
+    print(f"\ntotal {time.perf_counter() - t_all:.0f}s")
     out = args.json or HERE / "results" / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "results": runner.results}, indent=2,

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats.base import SegmentFormat, SegmentMetadata, WriterOptions
+from formats.registry import open_reader
 from formats.segment_io import SegmentUpload, open_segment, publish_segment
 from replicator.core.errors import ObjectNotFound, SegmentCorrupt, SegmentNotFound
 from replicator.core.keys import SegmentKey
@@ -99,7 +100,7 @@ def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentK
         if stopped():
             raise InterruptedError(f"{where}: merge cancelled before reading {k}")
         read, first_in, last_in = 0, None, None
-        with open_segment(store, fmt, k) as reader:
+        with open_segment(store, k) as reader:
             expected_count = reader.metadata.message_count
             for batch in reader.iter_batches(batch_size):
                 if batch.num_rows == 0:
@@ -210,7 +211,7 @@ def _existing_output(store: ObjectStore, fmt: SegmentFormat, output: SegmentKey,
             overwritten blindly (a human should look).
     """
     try:
-        with open_segment(store, fmt, output) as reader:
+        with open_segment(store, output) as reader:
             return reader.metadata
     except SegmentNotFound:
         return None
@@ -224,7 +225,7 @@ def _check_written(store: ObjectStore, fmt: SegmentFormat, temp_key: str, output
     except ObjectNotFound as e:
         raise SegmentCorrupt(f"{where}: the finished temp object is missing") from e
     try:
-        reader = fmt.open_reader(stream, expected=output, where=where)
+        reader = open_reader(stream, expected=output, where=where)
         n = reader.metadata.message_count
         reader.close()
     finally:

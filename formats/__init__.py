@@ -1,5 +1,6 @@
-"""Segment formats, chosen by name (docs/architecture.md, "Segment format"): ``parquet``
-(default) and ``arrow``.
+"""Segment formats (docs/architecture.md, "Segment format"): ``parquet`` (default) and
+``arrow``. Writers use the format named by ``format.name``; readers the one a segment's own
+bytes name (``open_reader``, ``formats.segment_io.open_segment``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from formats.base import (
     SegmentWriter,
     WriterOptions,
 )
-from formats.registry import available_formats, get_format, register_format
+from formats.registry import (
+    available_formats,
+    detect_format,
+    get_format,
+    open_reader,
+    register_format,
+    sniff_format,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -24,6 +32,9 @@ __all__ = [
     "SegmentWriter",
     "WriterOptions",
     "available_formats",
+    "detect_format",
     "get_format",
+    "open_reader",
     "register_format",
+    "sniff_format",
 ]

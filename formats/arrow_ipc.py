@@ -191,6 +191,7 @@ class ArrowIpcFormat(SegmentFormat):
     """``arrow``: an Arrow IPC stream of ``SEGMENT_SCHEMA`` batches plus a JSON trailer."""
 
     name = "arrow"
+    magic = MAGIC
 
     def open_writer(self, stream: BinaryIO, options: WriterOptions) -> SegmentWriter:
         return ArrowIpcSegmentWriter(stream, options)

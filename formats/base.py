@@ -179,9 +179,18 @@ class SegmentReader(ABC):
 
 
 class SegmentFormat(ABC):
-    """A named segment encoding."""
+    """A named segment encoding.
+
+    Segments are self-describing: a reader picks the format from an object's last bytes
+    (``formats.registry.detect_format``), never from settings, so every format must end its
+    segments with a ``magic`` no other format ends with. ``format.name`` only decides what a
+    writer produces.
+    """
 
     name: str
+    magic: bytes = b""
+    """The bytes every segment of this format ends with (the end of its footer). A format
+    without one cannot be recognised, so segments written in it could not be read back."""
 
     @abstractmethod
     def open_writer(self, stream: BinaryIO, options: WriterOptions) -> SegmentWriter:

@@ -35,6 +35,10 @@ from formats.base import (
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.keys import SegmentKey
 
+PARQUET_MAGIC = b"PAR1"
+"""A Parquet file begins and ends with these bytes (an encrypted footer would end ``PARE``;
+segments are never written so)."""
+
 PARQUET_CODECS = frozenset({"snappy", "gzip", "brotli", "lz4", "zstd"})
 
 # Min/max statistics only where they help a reader skip data (offset and time ranges);
@@ -156,6 +160,7 @@ class ParquetFormat(SegmentFormat):
     """``parquet``: ``SEGMENT_SCHEMA``'s columns, zstd by default, footer key/value metadata."""
 
     name = "parquet"
+    magic = PARQUET_MAGIC
 
     def open_writer(self, stream: BinaryIO, options: WriterOptions) -> SegmentWriter:
         return ParquetSegmentWriter(stream, options)

@@ -7,6 +7,7 @@ call them as separate numbered steps::
     upload.write_batch(batch) ...
     temp = upload.finish(metadata)                             # temp object complete
     publish_segment(store, temp.key, key, storage_class)       # copy to final key, drop temp
+    with open_segment(store, key) as reader: ...               # any format, from its bytes
 
 Egress and compaction both publish through ``publish_segment``.
 
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats.base import SegmentFormat, SegmentMetadata, SegmentReader, WriterOptions
+from formats.registry import sniff_format
 from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentNotFound
 from replicator.core.keys import SegmentKey, new_temp_key
 from replicator.core.storage import ObjectInfo, ObjectStore, Upload, UploadStream
@@ -260,11 +262,16 @@ def publish_segment(store: ObjectStore, temp: str, key: SegmentKey,
 
 
 class SegmentStreamReader(SegmentReader):
-    """A ``SegmentReader`` that owns the object stream it reads (closed with the reader)."""
+    """A ``SegmentReader`` that owns the object stream it reads (closed with the reader).
 
-    def __init__(self, inner: SegmentReader, stream: BinaryIO) -> None:
+    ``format`` is the format the segment's own bytes named (``formats.registry``).
+    """
+
+    def __init__(self, inner: SegmentReader, stream: BinaryIO,
+                 fmt: SegmentFormat | None = None) -> None:
         self._inner = inner
         self._stream = stream
+        self.format = fmt
 
     @property
     def metadata(self) -> SegmentMetadata:
@@ -287,17 +294,28 @@ class SegmentStreamReader(SegmentReader):
         self.close()
 
 
-def open_segment(store: ObjectStore, fmt: SegmentFormat, key: SegmentKey, *,
+def open_segment(store: ObjectStore, key: SegmentKey | SegmentFormat,
+                 legacy_key: SegmentKey | None = None, *,
                  buffer_size: int = DEFAULT_READ_BUFFER) -> SegmentStreamReader:
-    """Open a published segment, its footer checked against ``key``.
+    """Open a published segment, its footer checked against ``key``: the one way services
+    and tools read segments.
 
-    Use as a context manager (or call ``close``) to release the object stream.
+    The format is the one the object's own bytes name (``formats.registry.sniff_format``),
+    whatever ``format.name`` says: segments written by another region, or before a format
+    change, read the same. Use as a context manager (or call ``close``) to release the
+    object stream.
+
+    ``open_segment(store, fmt, key)`` (the form before segments were self-describing) is
+    still accepted while callers move; ``fmt`` is ignored.
 
     Raises:
         SegmentNotFound: no object under the key.
-        SegmentCorrupt: unreadable, or the footer disagrees with the key.
+        SegmentCorrupt: no known format, unreadable, or the footer disagrees with the key.
         StorageError: retriable failure.
     """
+    if not isinstance(key, SegmentKey):
+        assert legacy_key is not None, "open_segment(store, key)"
+        key = legacy_key
     where = f"s3://{store.bucket}/{key.to_key()}"
     try:
         stream = store.open_read(key.to_key(), buffer_size=buffer_size)
@@ -306,8 +324,9 @@ def open_segment(store: ObjectStore, fmt: SegmentFormat, key: SegmentKey, *,
     except ObjectNotFound as e:
         raise SegmentNotFound(f"{where} does not exist") from e
     try:
+        fmt = sniff_format(stream, where=where)
         reader = fmt.open_reader(stream, expected=key, where=where)
     except BaseException:
         stream.close()
         raise
-    return SegmentStreamReader(reader, stream)
+    return SegmentStreamReader(reader, stream, fmt)

@@ -496,7 +496,7 @@ class ReplayWorker:
     def _replay_segment(self, seg: SegmentKey, skip_through: int | None) -> None:
         name = seg.to_key()
         try:
-            reader = open_segment(self.store, self.fmt, seg)
+            reader = open_segment(self.store, seg)
         except ObjectNotFound:
             self._missing(seg)
             return

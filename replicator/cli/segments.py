@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from formats.records import Record
-from formats.registry import get_format
 from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
@@ -72,23 +71,28 @@ def ls(  # noqa: C901 - filters and two output forms of one listing
 @click.option("--bucket", default=None, help="Bucket (default: s3.bucket).")
 @output_option
 def inspect(config: Path, key: str, bucket: str | None, output: str) -> None:
-    """Footer metadata, record count, first and last record of one segment."""
+    """Format, footer metadata, record count, first and last record of one segment.
+
+    The format is read from the segment's own bytes, whatever format.name says.
+    """
     settings, store = settings_store(config, bucket)
     try:
         check_prefix(settings.s3.prefix)
         seg = SegmentKey.parse(key)
-        result = inspect_segment(store, get_format(settings.format.name), seg)
+        result = inspect_segment(store, seg)
     except KeyFormatError as e:
         fail(str(e), 2)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
-    data = {"key": result.key, "size": result.size, "footer": result.footer,
+    data = {"key": result.key, "size": result.size, "format": result.format,
+            "footer": result.footer,
             "records": result.records, "first": _record(result.first),
             "last": _record(result.last)}
     if output == "json":
         echo_json(data)
         return
-    click.echo(f"{result.key}  ({format_size(result.size)}, {result.records} records)")
+    click.echo(f"{result.key}  ({result.format}, {format_size(result.size)}, "
+               f"{result.records} records)")
     for k, v in sorted(result.footer.items()):
         click.echo(f"  {k:15} {v}")
     for name in ("first", "last"):

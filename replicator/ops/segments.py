@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from formats.base import SegmentFormat
 from formats.records import Record, batch_to_records
 from formats.segment_io import open_segment
 from replicator.core.keys import SegmentKey
@@ -107,15 +106,18 @@ class Inspection:
 
     key: str
     size: int
+    format: str
+    """The format the segment's own bytes name."""
     footer: dict[str, str]
     records: int
     first: Record | None
     last: Record | None
 
 
-def inspect_segment(store: ObjectStore, fmt: SegmentFormat, key: SegmentKey,
-                    batch_size: int = 10_000) -> Inspection:
-    """Read one segment fully (streaming) and report footer, count, first and last record.
+def inspect_segment(store: ObjectStore, key: SegmentKey, batch_size: int = 10_000
+                    ) -> Inspection:
+    """Read one segment fully (streaming) and report its format, footer, count, first and
+    last record.
 
     Raises:
         SegmentNotFound: the key does not exist.
@@ -124,7 +126,8 @@ def inspect_segment(store: ObjectStore, fmt: SegmentFormat, key: SegmentKey,
     size = store.head(key.to_key()).size
     count = 0
     first = last = None
-    with open_segment(store, fmt, key) as reader:
+    with open_segment(store, key) as reader:
+        fmt = "" if reader.format is None else reader.format.name
         footer = reader.metadata.to_footer()
         for batch in reader.iter_batches(batch_size):
             if batch.num_rows == 0:
@@ -133,4 +136,4 @@ def inspect_segment(store: ObjectStore, fmt: SegmentFormat, key: SegmentKey,
                 first = next(batch_to_records(batch.slice(0, 1)))
             last = next(batch_to_records(batch.slice(batch.num_rows - 1, 1)))
             count += batch.num_rows
-    return Inspection(key.to_key(), size, footer, count, first, last)
+    return Inspection(key.to_key(), size, fmt, footer, count, first, last)

@@ -83,6 +83,7 @@ def test_segments_inspect_shows_footer_and_records(moto_endpoint: str, tmp_path:
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["records"] == 50
+    assert data["format"] == "parquet"  # from the object's bytes
     assert data["footer"]["start_offset"] == "100" and data["footer"]["end_offset"] == "149"
     assert data["first"]["offset"] == 100 and data["last"]["offset"] == 149
     assert data["first"]["value_bytes"] is None  # offset 100 is a tombstone

@@ -123,7 +123,9 @@ class KafkaSettings(Model):
 class FormatSettings(Model):
     """Segment file format (``[format]``)."""
 
-    name: str = Field("parquet", description="Segment format: 'parquet' or 'arrow'.")
+    name: str = Field("parquet", description=(
+        "Segment format written: 'parquet' or 'arrow'. Readers recognise a segment's format "
+        "from its own bytes, whatever this says."))
     compression: str = Field("zstd", description="Codec: zstd, lz4, snappy, gzip or none.")
     compression_level: int | None = Field(None, description="Codec level (codec default).")
     created_by: str = Field("kafka-s3-replicator", description="Written into segment footers.")
