@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from replicator.core.errors import KafkaRetriableError
@@ -26,15 +27,54 @@ log = logging.getLogger(__name__)
 class CheckpointStore(ABC):
     """Reads the latest committed checkpoint of a source partition."""
 
-    @abstractmethod
     def load(self, key: str) -> Checkpoint | None:
-        """The latest valid checkpoint under ``key`` (``{region}:{topic}:{partition}``).
+        """The latest valid checkpoint under ``key``.
 
         Invalid records are logged at ERROR and counted, and never win over a valid one.
 
         Raises:
             KafkaRetriableError: the topic could not be read to its end in time.
         """
+        return self.load_for(key, None)[0]
+
+    @abstractmethod
+    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
+        """The checkpoint of ``key`` (``{region}:{topic}:{partition}:{destination}``), or
+        on upgrade the one under ``legacy`` (the key of earlier versions, without the
+        destination), by the rule of ``resolve``. The flag is True when it came from
+        ``legacy`` (the caller writes it under ``key`` at once, so the upgrade happens once).
+
+        Raises:
+            KafkaRetriableError: the topic could not be read to its end in time.
+        """
+
+
+def resolve(key: str, legacy: str | None, by_key: Mapping[str, list[bytes | None]],
+            metrics: Any | None) -> tuple[Checkpoint | None, bool]:
+    """Which checkpoint a source partition replayed into one destination resumes from.
+
+    1. Any record under ``key`` (the key with the destination): its latest valid value
+       (none after a tombstone: an operator's reset is kept).
+    2. Otherwise the latest valid value under ``legacy`` (written by a version whose key
+       had no destination), but only if it can belong to this deployment: no record
+       exists under ``legacy:<another destination>``. When one does, another deployment
+       replaying the same source into another topic already shares this checkpoint topic,
+       so the legacy value may be its progress: it is not used (WARNING; the partition
+       starts without a checkpoint, replaying more, never skipping).
+    """
+    if key in by_key or legacy is None or legacy not in by_key:
+        return latest_valid(key, list(by_key.get(key, [])), metrics), False
+    others = sorted(k for k in by_key if k.startswith(legacy + ":") and k != key)
+    if others:
+        log.warning("checkpoint %s of an earlier version is NOT used for %s: other "
+                    "destinations (%s) share this checkpoint topic, so it may be theirs; "
+                    "starting without a checkpoint", legacy, key, ", ".join(others))
+        return None, False
+    cp = latest_valid(legacy, list(by_key[legacy]), metrics)
+    if cp is not None:
+        log.info("checkpoint %s of an earlier version (offset %d) is taken over as %s",
+                 legacy, cp.offset, key)
+    return cp, cp is not None
 
 
 class MemoryCheckpointStore(CheckpointStore):
@@ -49,10 +89,10 @@ class MemoryCheckpointStore(CheckpointStore):
         with self._lock:
             self.values.setdefault(key, []).append(value)
 
-    def load(self, key: str) -> Checkpoint | None:
+    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
         with self._lock:
-            values = list(self.values.get(key, []))
-        return latest_valid(key, values, None)
+            values = {k: list(v) for k, v in self.values.items()}
+        return resolve(key, legacy, values, None)
 
 
 def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> Checkpoint | None:
@@ -94,9 +134,15 @@ class KafkaCheckpointStore(CheckpointStore):
             "ingress_checkpoints_invalid_total",
             "Checkpoint records that could not be parsed (ignored).", ["key"])
 
-    def load(self, key: str) -> Checkpoint | None:
-        values = self._read(key.encode())
-        return latest_valid(key, values, self._invalid)
+    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
+        want = key.encode()
+        old = None if legacy is None else legacy.encode()
+        by_key: dict[str, list[bytes | None]] = {}
+        for k, v in self._read_records(
+                lambda k: k == want or (old is not None
+                                        and (k == old or k.startswith(old + b":")))):
+            by_key.setdefault(k.decode(errors="replace"), []).append(v)
+        return resolve(key, legacy, by_key, self._invalid)
 
     def load_all(self) -> dict[str, Checkpoint]:
         """The latest valid checkpoint of every key in the topic (operator tools)."""
@@ -110,11 +156,10 @@ class KafkaCheckpointStore(CheckpointStore):
                 out[key] = cp
         return out
 
-    def _read(self, want: bytes) -> list[bytes | None]:
-        return [v for _k, v in self._read_records(want)]
-
-    def _read_records(self, want: bytes | None) -> list[tuple[bytes, bytes | None]]:
-        """Committed ``(key, value)`` records for ``want`` (or every key), in log order.
+    def _read_records(self, want: Callable[[bytes], bool] | None
+                      ) -> list[tuple[bytes, bytes | None]]:
+        """Committed ``(key, value)`` records whose key ``want`` accepts (or every
+        record, when ``want`` is None), in log order.
 
         The checkpoint topic's partitions are shared by every worker, and a read_committed
         reader stops at the last stable offset: while *another* worker's transaction is open,
@@ -129,7 +174,7 @@ class KafkaCheckpointStore(CheckpointStore):
         need = self._scan(want, "read_uncommitted")[1]
         return self._scan(want, "read_committed", need)[0]
 
-    def _scan(self, want: bytes | None, isolation: Literal["read_committed",
+    def _scan(self, want: Callable[[bytes], bool] | None, isolation: Literal["read_committed",
                                                            "read_uncommitted"],
               need: dict[int, int] | None = None
               ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, int]]:
@@ -145,7 +190,7 @@ class KafkaCheckpointStore(CheckpointStore):
                                    what="checkpoint topic",
                                    overrides={"fetch.wait.max.ms": 10}):
                 key = msg.key()
-                if key is not None and (want is None or key == want):
+                if key is not None and (want is None or want(key)):
                     values.append((key, msg.value()))
                     p, off = msg.partition(), msg.offset()
                     if p is not None and off is not None:

@@ -92,7 +92,6 @@ class Ingress:
         # Segments replayed at once, whatever the partition count: bounds memory.
         self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
         self.assigned: set[tuple[str, int]] = set()
-        self.fenced: set[WorkerId] = set()
         self.subscribed: frozenset[str] = frozenset()
         self.consumer: Consumer | None = None
         self.relay: SqsRelay | None = None
@@ -222,7 +221,8 @@ class Ingress:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
         ready = check_sources(self.sources.values(), self.store, self.admin,
-                              self.settings.s3.prefix, self.m)
+                              self.settings.s3.prefix, self.m,
+                              align=self.cfg.align_destination_configs)
         if ready != self.subscribed:
             assert self.consumer is not None
             log.info("subscribing to destination topics %s", sorted(ready))
@@ -240,7 +240,6 @@ class Ingress:
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
-        self.fenced.clear()
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -262,14 +261,12 @@ class Ingress:
             for topic, p in self.assigned:
                 if topic == src.destination and p < st.partitions:
                     out.add((src.region, src.topic, p))
-        return out - self.fenced
+        return out
 
     def _reconcile(self) -> None:
         for wid, w in list(self.workers.items()):
             if not w.alive:
                 del self.workers[wid]
-                if w.fenced:
-                    self.fenced.add(wid)
         desired = self._desired()
         extra = [w for w in self.workers if w not in desired]
         if extra:
@@ -284,6 +281,7 @@ class Ingress:
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
                            delivery=self._delivery,
                            batch_size=self.cfg.batch_size,
+                           batch_bytes=self.cfg.batch_bytes,
                            rescan_interval=self.cfg.rescan_interval)
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,
@@ -310,9 +308,13 @@ class Ingress:
         deadline = time.monotonic() + self.cfg.revoke_timeout.total_seconds()
         for wid, w in workers:
             if not w.join(max(0.0, deadline - time.monotonic())):
-                log.error("worker %s/%s[%d] did not stop within %s; its transaction is "
-                          "fenced by the next owner", wid[0], wid[1], wid[2],
-                          self.cfg.revoke_timeout)
+                # Before the partition is released (this runs in the revoke callback): an
+                # idempotent producer has no fencing, so its queued records would still be
+                # delivered beside the next owner's.
+                log.error("worker %s/%s[%d] did not stop within %s; its producer is purged "
+                          "and closed before the partition is released", wid[0], wid[1],
+                          wid[2], self.cfg.revoke_timeout)
+                w.purge()
 
     def _dispatch(self, ev: SegmentEvent) -> None:
         k = ev.key
@@ -335,8 +337,15 @@ class Ingress:
         return not self._failed and relay_ok
 
     def ready(self) -> bool:
-        """/readyz: started, healthy, and placed in the group (subscribed)."""
-        return self._started and self.healthy() and bool(self.subscribed)
+        """/readyz: started, healthy, placed in the group (subscribed), and no owned
+        partition stalled (its producer fenced again and again).
+        """
+        return self._started and self.healthy() and bool(self.subscribed) and \
+            not self.stalled()
+
+    def stalled(self) -> list[WorkerId]:
+        """Partitions whose replay is stalled (see ``ReplayWorker._fenced``)."""
+        return sorted(wid for wid, w in list(self.workers.items()) if w.stalled)
 
     @property
     def failed(self) -> bool:

@@ -7,7 +7,7 @@ keys that are not segment keys) and *invalid* (cannot be understood), each with 
 that the relay counts in a metric.
 
 On the segment-events topic an event is a JSON value keyed ``{region}:{topic}:{partition}``
-(the same key as its checkpoint, ``replicator.core.wire.checkpoint_key``), so the events of
+(``replicator.core.wire.checkpoint_key`` without a destination), so the events of
 one source partition stay in order.
 """
 

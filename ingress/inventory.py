@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import datetime
 
 from ingress.events import SegmentEvent
 from replicator.core.keys import PartitionRef, SegmentKey
@@ -36,6 +37,8 @@ class SegmentInventory:
         self.known: set[SegmentKey] = set()
         self.bad: set[SegmentKey] = set()
         self.gone: set[SegmentKey] = set()
+        # When a segment arrived in the bucket (listing time or event time), if known.
+        self.arrived: dict[SegmentKey, datetime] = {}
 
     def usable(self) -> set[SegmentKey]:
         """Known segments that are neither bad nor gone."""
@@ -51,6 +54,8 @@ class SegmentInventory:
         for ev in events:
             if ev.kind == "created":
                 self.known.add(ev.key)
+                if ev.event_time is not None:
+                    self.arrived.setdefault(ev.key, ev.event_time)
                 self.bad.discard(ev.key)
                 self.gone.discard(ev.key)
             else:
@@ -69,6 +74,7 @@ class SegmentInventory:
             seg = SegmentKey.try_parse(info.key)
             if seg is not None and seg.partition_ref == self.ref:
                 found.add(seg)
+                self.arrived[seg] = info.last_modified
             else:
                 log.debug("%s: ignoring non-segment object %s", self.where, info.key)
         self.known = found

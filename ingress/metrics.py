@@ -43,6 +43,8 @@ class IngressMetrics:
     events_invalid: Any
     source_errors: Any
     source_stopped: Any
+    destination_config_mismatch: Any
+    partition_stalled: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -100,4 +102,13 @@ class IngressMetrics:
                                     (*SOURCE, "reason")),
             source_stopped=m.gauge("ingress_source_stopped",
                                    "1 while a source is stopped by an error.", SOURCE),
+            partition_stalled=m.gauge(
+                "ingress_partition_stalled",
+                "1 while a partition's producer keeps being fenced although this process "
+                "owns it (retrying; /readyz is false meanwhile).", PART),
+            destination_config_mismatch=m.gauge(
+                "ingress_destination_config_mismatch",
+                "1 while a destination topic config can lose what its source keeps "
+                "(retention, cleanup policy, message size, timestamp type).",
+                ("topic", "config")),
         )

@@ -6,8 +6,10 @@ lists, column by column, and the producer walks them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -42,6 +44,45 @@ class Rows:
         """``(offset, timestamp, key, value, headers)`` tuples (tests, fakes)."""
         return list(zip(self.offsets, self.timestamps, self.keys, self.values, self.headers,
                         strict=True))
+
+
+def record_bytes(batch: pa.RecordBatch) -> np.ndarray:
+    """Bytes of each record of ``batch``: key + value + header keys and values."""
+    n = batch.num_rows
+    sizes = np.zeros(n, dtype=np.int64)
+    for name in ("key", "value"):
+        sizes += pc.fill_null(pc.binary_length(batch.column(name)), 0) \
+            .to_numpy(zero_copy_only=False).astype(np.int64)
+    hcol = batch.column("headers")
+    flat = hcol.flatten()
+    if len(flat):
+        per = np.zeros(len(flat), dtype=np.int64)
+        for name in ("key", "value"):
+            per += pc.fill_null(pc.binary_length(flat.field(name)), 0) \
+                .to_numpy(zero_copy_only=False).astype(np.int64)
+        parents = pc.list_parent_indices(hcol).to_numpy(zero_copy_only=False)
+        sizes += np.bincount(parents, weights=per, minlength=n).astype(np.int64)
+    return sizes
+
+
+def split_by_bytes(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Zero-copy slices of ``batch`` of at most ``max_bytes`` record bytes each (a record
+    larger than that alone), so a produced batch and its transaction stay bounded by bytes
+    as well as by records.
+    """
+    n = batch.num_rows
+    if n == 0:
+        return
+    cum = np.cumsum(record_bytes(batch))
+    if cum[-1] <= max_bytes:
+        yield batch
+        return
+    start = 0
+    while start < n:
+        base = int(cum[start - 1]) if start else 0
+        end = max(int(np.searchsorted(cum, base + max_bytes, side="right")), start + 1)
+        yield batch.slice(start, end - start)
+        start = end
 
 
 def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:

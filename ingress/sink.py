@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ingress.checkpoints import MemoryCheckpointStore
 from ingress.rows import Header, Rows
 from replicator.core.errors import (
+    KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
     ReplicatorError,
@@ -25,6 +26,19 @@ from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
 
 log = logging.getLogger(__name__)
+
+PURGE_WAIT = 10.0
+"""Seconds a purged sink waits for requests already sent (acknowledged or failed) before it
+stops waiting (``ReplaySink.purge``)."""
+
+def transaction_timeout_ms(timeout: float) -> int:
+    """``transaction.timeout.ms`` for a sink whose flush and commit may each take
+    ``timeout`` seconds: both, plus 30 s for producing the batch and the checkpoint
+    (150 s for the default 60 s; the broker allows up to ``transaction.max.timeout.ms``,
+    15 min by default).
+    """
+    return int((2 * timeout + 30) * 1000)
+
 
 class ReplaySink(ABC):
     """Produces records to one destination partition and checkpoints to the checkpoint topic.
@@ -84,6 +98,14 @@ class ReplaySink(ABC):
     def close(self) -> None:
         """Release the producer; idempotent."""
 
+    @abstractmethod
+    def purge(self) -> None:
+        """For a worker that missed its revoke deadline, from another thread: drop every
+        record not yet sent, wait for the requests already sent (bounded), and close, so
+        nothing of this sink reaches the broker once the partition is released; every
+        later call raises ``KafkaFatalError``.
+        """
+
 
 class KafkaSink(ReplaySink):
     """A ``ReplaySink`` over one ``Producer`` of the Kafka seam."""
@@ -99,18 +121,46 @@ class KafkaSink(ReplaySink):
         self.transactional = transactional_id is not None
         self.timeout = timeout
         self._producer: Producer | None = None
+        self._purged = False
         self._in_txn = False
         self.where = f"{topic}[{partition}]"
 
     @property
     def producer(self) -> Producer:
-        """The producer (after ``start``)."""
+        """The producer (after ``start``).
+
+        Raises:
+            KafkaFatalError: the sink was purged.
+        """
+        if self._purged:
+            raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
         assert self._producer is not None, "start() first"
         return self._producer
 
+    def purge(self) -> None:
+        self._purged = True
+        p, self._producer = self._producer, None
+        if p is None:
+            return
+        p.purge()
+        left = p.flush(min(self.timeout, PURGE_WAIT))
+        if left:
+            p.purge(in_flight=True)
+            log.error("%s: %d record(s) already sent were not acknowledged within %.0fs of "
+                      "the purge; they may still reach the partition beside its new owner",
+                      self.where, left, min(self.timeout, PURGE_WAIT))
+
     def start(self) -> None:
+        if self._purged:
+            raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
+        overrides = {}
+        if self.transactional and "transaction.timeout.ms" not in self.kafka_settings.config:
+            # Above the worst flush + commit (each may take ``timeout``): a transaction
+            # that is merely slow is not aborted by the coordinator (librdkafka's default
+            # is 60 s, below one flush + one commit).
+            overrides["transaction.timeout.ms"] = transaction_timeout_ms(self.timeout)
         self._producer = Producer(self.kafka_settings, transactional_id=self.transactional_id,
-                                  name=self.where)
+                                  name=self.where, overrides=overrides)
         if self.transactional:
             self._producer.init_transactions(self.timeout)
 
@@ -177,11 +227,12 @@ class MemorySink(ReplaySink):
     """Records what would be produced; commits feed a ``MemoryCheckpointStore``.
 
     ``fail_on_commit`` makes the next N commits (or acknowledgements) raise a retriable
-    error, to exercise the redo path. Without transactions, records wait in ``in_flight``
-    until acknowledged: ``ack_per_poll`` records per ``outstanding`` call (all by default),
-    everything on ``flush``. A checkpoint produced while a record at or below its offset
-    is still in flight is recorded in ``early_checkpoints`` (the durability method must
-    never do that).
+    error, to exercise the redo path; ``fence_on_commit`` makes the next N commits raise
+    ``ProducerFenced`` (what a transaction that outlived its timeout gets). Without
+    transactions, records wait in ``in_flight`` until acknowledged: ``ack_per_poll``
+    records per ``outstanding`` call (all by default), everything on ``flush``. A
+    checkpoint produced while a record at or below its offset is still in flight is
+    recorded in ``early_checkpoints`` (the durability method must never do that).
     """
 
     checkpoints: MemoryCheckpointStore
@@ -189,12 +240,14 @@ class MemorySink(ReplaySink):
     committed: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     fail_on_commit: int = 0
+    fence_on_commit: int = 0
     ack_per_poll: int | None = None
     in_flight: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     early_checkpoints: list[Checkpoint] = field(default_factory=list)
     started: int = 0
     aborted: int = 0
+    purged: bool = False
     _pending: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     _pending_cp: list[tuple[str, Checkpoint]] = field(default_factory=list)
@@ -207,12 +260,14 @@ class MemorySink(ReplaySink):
         self._pending_cp.clear()
 
     def produce(self, rows: Rows) -> None:
+        self._check_purged()
         if self.transactional:
             self._pending.extend(rows.records())
         else:
             self.in_flight.extend(rows.records())
 
     def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
+        self._check_purged()
         if self.transactional:
             self._pending_cp.append((key, checkpoint))
             return
@@ -242,6 +297,10 @@ class MemorySink(ReplaySink):
             raise KafkaRetriableError("injected commit failure")
 
     def commit(self) -> None:
+        if self.fence_on_commit > 0:
+            self.fence_on_commit -= 1
+            self.begin()       # the coordinator aborted the transaction
+            raise ProducerFenced("injected: fenced (transaction timed out)")
         self._fail()
         self.committed.extend(self._pending)
         for k, cp in self._pending_cp:
@@ -261,5 +320,15 @@ class MemorySink(ReplaySink):
         self.begin()
 
     def close(self) -> None:
-        if not self.transactional:
+        if not self.transactional and not self.purged:
             self._ack(None)  # the Kafka sink flushes on close
+
+    def purge(self) -> None:
+        self.purged = True
+        self.in_flight.clear()
+        self._pending.clear()
+        self._pending_cp.clear()
+
+    def _check_purged(self) -> None:
+        if self.purged:
+            raise KafkaFatalError("memory sink purged after the revoke deadline")

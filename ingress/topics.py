@@ -65,6 +65,8 @@ class TopicAdmin(Protocol):
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool: ...
     def grow_topic(self, topic: str, partitions: int) -> None: ...
+    def effective_topic_config(self, topic: str) -> dict[str, str]: ...
+    def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None: ...
 
 
 def existing_partitions(admin: TopicAdmin, topic: str) -> int | None:
@@ -108,6 +110,91 @@ def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,
     return existing
 
 
+def _limit(value: str) -> float | None:
+    """A retention or size config as a number (-1: unlimited), ``None`` if unparsable."""
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return float("inf") if n < 0 else float(n)
+
+
+def config_mismatches(source: Mapping[str, str], destination: Mapping[str, str]
+                      ) -> dict[str, str]:
+    """Destination configs that can lose what the source keeps, by config name → why.
+
+    ``source``: the configs set on the source topic (``_topic.json``); ``destination``: the
+    destination topic's effective configs (its defaults included). A config absent on
+    either side is not compared (the source cluster's defaults are not known here).
+
+    * ``cleanup.policy`` differs: compaction drops older values the source keeps, or
+      deletion by retention drops keys a compacted source keeps;
+    * ``retention.ms`` / ``retention.bytes`` shorter than the source's (``-1``: unlimited),
+      when the destination deletes by retention;
+    * ``max.message.bytes`` smaller than the source's: larger records are refused;
+    * ``message.timestamp.type`` = ``LogAppendTime``: the broker overwrites the replayed
+      timestamps.
+    """
+    out: dict[str, str] = {}
+    s_policy, d_policy = source.get("cleanup.policy"), destination.get("cleanup.policy")
+    if s_policy is not None and d_policy is not None and \
+            {p.strip() for p in s_policy.split(",")} != {p.strip() for p in d_policy.split(",")}:
+        out["cleanup.policy"] = f"source {s_policy}, destination {d_policy}"
+    deletes = d_policy is None or "delete" in d_policy
+    for name in ("retention.ms", "retention.bytes", "max.message.bytes"):
+        if name != "max.message.bytes" and not deletes:
+            continue
+        s_v, d_v = source.get(name), destination.get(name)
+        if s_v is None or d_v is None:
+            continue
+        s_n, d_n = _limit(s_v), _limit(d_v)
+        if s_n is not None and d_n is not None and d_n < s_n:
+            out[name] = f"source {s_v}, destination {d_v}"
+    if destination.get("message.timestamp.type") == "LogAppendTime":
+        out["message.timestamp.type"] = ("destination LogAppendTime: the broker overwrites "
+                                         "the replayed timestamps")
+    return out
+
+
+def aligned_configs(source: Mapping[str, str], problems: Iterable[str]) -> dict[str, str]:
+    """The destination configs that fix ``problems`` (``config_mismatches``' names): the
+    source's value, and ``CreateTime`` for the timestamp type.
+    """
+    return {name: "CreateTime" if name == "message.timestamp.type" else source[name]
+            for name in sorted(problems)}
+
+
+def check_destination_configs(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
+                              source: SourceState, meta: TopicMetadata, *,
+                              align: bool = False) -> None:
+    """Compare ``dest`` with the source's configs at start and whenever ``_topic.json``
+    changes (and at every check while a mismatch lasts): ERROR (once per mismatch) and
+    ``…_destination_config_mismatch{topic, config}`` = 1 for each config that can lose
+    data; 0 once it is fixed.
+    """
+    seen = tuple(sorted(meta.configs.items()))
+    changed = source.configs_checked != seen
+    if not changed and not source.config_problems:
+        return
+    problems = config_mismatches(meta.configs, admin.effective_topic_config(dest))
+    if problems and align:
+        fix = aligned_configs(meta.configs, problems)
+        admin.alter_topic_config(dest, fix)
+        log.warning("destination topic %s: configs aligned with source %s/%s "
+                    "(ingress.align_destination_configs): %s", dest, source.source.region,
+                    source.source.topic, fix)
+        problems = config_mismatches(meta.configs, admin.effective_topic_config(dest))
+    for name in sorted(set(problems) | source.config_problems):
+        bad = name in problems
+        metrics.destination_config_mismatch.labels(topic=dest, config=name).set(int(bad))
+        if bad and (changed or name not in source.config_problems):
+            log.error("destination topic %s: %s can lose data of source %s/%s (%s); set it "
+                      "on the destination like the source", dest, name, source.source.region,
+                      source.source.topic, problems[name])
+    source.config_problems = frozenset(problems)
+    source.configs_checked = seen
+
+
 def ensure_internal_topics(admin: TopicAdmin, *, events_topic: str,
                            events_retention: timedelta, checkpoint_topic: str) -> None:
     """Create the segment-events (delete, retention) and checkpoint (compact) topics."""
@@ -137,11 +224,15 @@ class SourceState:
     partitions: int | None = None
     stopped: str | None = None
     warned_missing: float = 0.0
+    configs_checked: tuple[tuple[str, str], ...] | None = None
+    config_problems: frozenset[str] = frozenset()
 
 
 def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: TopicAdmin,
-                  prefix: str, metrics: IngressMetrics) -> frozenset[str]:
-    """Read each source's ``_topic.json``, create or grow its destination topic.
+                  prefix: str, metrics: IngressMetrics, *, align: bool = False
+                  ) -> frozenset[str]:
+    """Read each source's ``_topic.json``, create or grow its destination topic, compare
+    an existing one's configs (and ``align`` them when it has a single source).
 
     Returns:
         The destination topics whose sources are known and not stopped (the topics the
@@ -166,13 +257,13 @@ def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: Topi
             continue
         by_dest.setdefault(src.destination, []).append((st, meta))
     for dest, items in by_dest.items():
-        _ensure(admin, metrics, dest, items)
+        _ensure(admin, metrics, dest, items, align=align and len(items) == 1)
     return frozenset(st.source.destination for st in states
                      if st.partitions is not None and not st.stopped)
 
 
 def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
-            items: list[tuple[SourceState, TopicMetadata]]) -> None:
+            items: list[tuple[SourceState, TopicMetadata]], *, align: bool = False) -> None:
     """Give ``dest`` the partitions of its largest source (several sources may feed one
     topic); a source it cannot serve is stopped, the others go on.
     """
@@ -205,6 +296,11 @@ def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
                      src.topic, dest)
             st.stopped = None
             metrics.source_stopped.labels(region=src.region, topic=src.topic).set(0)
+        try:
+            check_destination_configs(admin, metrics, dest, st, meta, align=align)
+        except ReplicatorError as e:
+            log.error("cannot compare the configs of destination topic %s with source "
+                      "%s/%s, retrying: %s", dest, src.region, src.topic, e)
         if st.partitions != meta.partitions:
             log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
                      meta.partitions, dest)

@@ -21,12 +21,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Literal
 
 from formats.base import SegmentFormat
 from formats.segment_io import open_segment
 from ingress.checkpoints import CheckpointStore
 from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
+from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.planner import (
@@ -38,15 +40,15 @@ from ingress.planner import (
     WaitLate,
     next_action,
 )
-from ingress.rows import Rows, batch_rows
+from ingress.rows import Rows, batch_rows, split_by_bytes
 from ingress.sink import ReplaySink
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
     FatalError,
+    ObjectNotFound,
     ProducerFenced,
     RetriableError,
     SegmentCorrupt,
-    SegmentNotFound,
 )
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.queues import read_ahead
@@ -67,6 +69,10 @@ def session_backoff() -> Backoff:
                    maximum=timedelta(seconds=60), jitter=0.2)
 
 
+FENCED_STALL = 3
+"""Fencings in a row, without a checkpoint in between, after which a partition is reported
+stalled (it keeps retrying)."""
+
 PREFETCH_BATCHES = 1
 """Batches read and decoded ahead while the current one is delivered (memory: about two
 batches per active replay)."""
@@ -86,6 +92,7 @@ class WorkerConfig:
     delivery: type[Delivery]
     batch_size: int
     rescan_interval: timedelta
+    batch_bytes: int = 4 * 1024**2
 
 
 class ReplayWorker:
@@ -106,7 +113,9 @@ class ReplayWorker:
         self.clock = clock
         self._sleep = sleep
         ref = cfg.ref
-        self.key = checkpoint_key(ref.region, ref.topic, ref.partition)
+        self.key = checkpoint_key(ref.region, ref.topic, ref.partition, cfg.destination_topic)
+        # The key of earlier versions (no destination): read once on upgrade.
+        self.legacy_key = checkpoint_key(ref.region, ref.topic, ref.partition)
         self.where = f"{ref.region}/{ref.topic}[{ref.partition}] -> " \
                      f"{cfg.destination_topic}[{ref.partition}]"
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
@@ -131,6 +140,13 @@ class ReplayWorker:
         self.sink: ReplaySink | None = None
         self._delivery: Delivery | None = None
         self.fenced = False
+        self._purged = False
+        self.fenced_in_a_row = 0
+        self.stalled = False
+        self.first = FirstPosition(store, cfg.ref,
+                                   enabled=cfg.source.start == "first-position")
+        self._pending_logged = False
+        self._last_cp: Checkpoint | None = None
         self.failed: BaseException | None = None
         self._inbox: list[SegmentEvent] = []
         self._cond = threading.Condition()
@@ -157,6 +173,17 @@ class ReplayWorker:
         with self._cond:
             self._cond.notify_all()
 
+    def purge(self) -> None:
+        """The worker missed its revoke deadline: drop what its producer has not sent and
+        close it (any thread), so nothing more of this worker reaches the destination once
+        the partition is released; a later session never starts a producer.
+        """
+        self._purged = True
+        self.stop()
+        sink = self.sink
+        if sink is not None:
+            sink.purge()
+
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread; True if it ended."""
         if self._thread is None:
@@ -177,24 +204,54 @@ class ReplayWorker:
     # --- worker thread ----------------------------------------------------------------
 
     def run(self) -> None:
-        """Replay sessions until stopped or fenced; errors restart a session after a delay."""
+        """Replay sessions until stopped; errors (fencing too) restart a session after a
+        delay.
+        """
         backoff = session_backoff()
         while not self.stopping:
             try:
                 self._session()
                 return
             except ProducerFenced as e:
-                log.warning("%s: fenced by a newer owner, giving the partition up: %s",
-                            self.where, e)
-                self.fenced = True
-                self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
-                return
+                self._fenced(e, backoff.next())
             except (RetriableError, FatalError) as e:
+                if self._purged:
+                    log.info("%s: stopped (producer purged): %s", self.where, e)
+                    return
                 kind = "retriable" if isinstance(e, RetriableError) else "fatal"
                 self._session_failed(e, kind, backoff.next())
             except Exception as e:  # a bug must not become a restart hot loop
                 log.exception("%s: unexpected error in the replay session", self.where)
                 self._session_failed(e, "unexpected", backoff.next())
+
+    def _fenced(self, e: ProducerFenced, delay: float) -> None:
+        """The producer was fenced. While the controller still owns the partition (it
+        stops this worker on revoke), that is not a new owner: a transaction outlived
+        ``transaction.timeout.ms`` (the coordinator aborted it and bumped the epoch) or a
+        former owner's late init. A new session fences in turn, reads the committed
+        checkpoint and goes on; after ``FENCED_STALL`` fencings in a row without progress
+        the partition is reported stalled (ERROR, metric, /readyz) while retrying.
+        """
+        if self.stopping:
+            return
+        self.fenced_in_a_row += 1
+        self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
+        if self.fenced_in_a_row >= FENCED_STALL and not self.stalled:
+            self.stalled = True
+            self.metrics.partition_stalled.labels(**self._labels).set(1)
+            log.error("%s: STALLED: the producer was fenced %d times in a row although this "
+                      "process owns the partition (another live instance with the same "
+                      "transactional.id?); retrying every %.0fs at most: %s", self.where,
+                      self.fenced_in_a_row, delay, e)
+        else:
+            log.warning("%s: producer fenced (a transaction that outlived "
+                        "transaction.timeout.ms, or a former owner); new session in %.1fs: %s",
+                        self.where, delay, e)
+        self.fenced = True
+        if self._sleep is not None:
+            self._sleep(delay)
+        else:
+            self._stopping.wait(delay)
 
     def _session_failed(self, e: BaseException, kind: str, delay: float) -> None:
         log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
@@ -220,6 +277,8 @@ class ReplayWorker:
     def _session(self) -> None:
         sink = self.make_sink()
         self.sink = sink
+        if self._purged:
+            sink.purge()   # purged while this session was being made
         try:
             # Fence first: once init_transactions returns, an older owner's open
             # transaction is aborted, so the checkpoint read below is the committed truth.
@@ -227,14 +286,28 @@ class ReplayWorker:
             self._delivery = self.cfg.delivery(
                 sink, self.key, self.where, on_checkpointed=self._checkpointed,
                 on_aborted=self.metrics.transactions_aborted.labels(**self._labels).inc)
-            cp = self.checkpoints.load(self.key)
-            self.position = self.checkpointed = None if cp is None else cp.offset
+            cp, upgraded = self.checkpoints.load_for(self.key, self.legacy_key)
+            self.position = self.checkpointed = None
+            self._last_cp = None
             self.origin = None if cp is None else cp.origin
+            if cp is not None and upgraded:
+                # Written under the key with the destination at once: the legacy key is
+                # read only until then (checkpoints.resolve).
+                self._deliver(None, replace(cp, updated_at=self.clock()))
+            elif cp is not None:
+                self.position = self.checkpointed = cp.offset
+                self._last_cp = cp
             if cp is not None:
                 self._m_checkpoint.set(cp.offset)
             log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
                      "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
             self.late = None
+            if cp is not None and cp.late is not None and cp.late[0] == cp.offset + 1:
+                # The gap's clock survives restarts: lost_segment_timeout counts from when
+                # it was first seen, not from this session's start.
+                self.late = LateGap(cp.late[0], cp.late[0], cp.late[1])
+                log.info("%s: positions from %d have been late since %s", self.where,
+                         cp.late[0], cp.late[1].isoformat())
             self._drain_inbox()
             self.inventory.reload()
             self._loop()
@@ -262,7 +335,12 @@ class ReplayWorker:
             usable = inventory.usable()
             self._report_below_origin(usable)
             now = self.clock()
-            action = next_action(self.position, usable, now, src, late=self.late,
+            plan_from = self._plan_from()
+            if plan_from == PENDING:
+                self._wait_first_position(usable)
+                continue
+            assert not isinstance(plan_from, str)
+            action = next_action(plan_from, usable, now, src, late=self.late,
                                  first_seen=self.first_seen, floor=inventory.floor())
             pos = -1 if self.position is None else self.position
             self._m_waiting.set(sum(1 for s in usable if s.end > pos))
@@ -294,6 +372,34 @@ class ReplayWorker:
                 if not self._wait_until(now + self.cfg.rescan_interval):
                     inventory.reload()
 
+    def _plan_from(self) -> int | Literal["pending"] | None:
+        """The position the planner continues after: the checkpoint; without one, the
+        position before the partition's recorded first one (a late first segment is then
+        a gap like any other, lost only after lost_segment_timeout); ``None`` when egress
+        records none (first_segment_delay); ``PENDING`` while its entry is not there yet.
+        """
+        if self.position is not None:
+            return self.position
+        first = self.first.get()
+        if first == PENDING:
+            return PENDING
+        if isinstance(first, int):
+            if self.origin is None:
+                self.origin = first
+            return first - 1
+        return None
+
+    def _wait_first_position(self, usable: set[SegmentKey]) -> None:
+        """No checkpoint, and egress has not recorded where this partition begins yet."""
+        assert self._delivery is not None
+        self._delivery.settle()
+        if not self._pending_logged:
+            log.info("%s: no checkpoint; waiting for egress to record the partition's first "
+                     "position in _topic.json (%d segment(s) known)", self.where, len(usable))
+            self._pending_logged = True
+        self._m_waiting.set(len(usable))
+        self._wait_for(self.first.seconds_to_recheck())
+
     def _report_below_origin(self, usable: set[SegmentKey]) -> None:
         """Log and count positions of segments that lie below ``origin``.
 
@@ -324,6 +430,13 @@ class ReplayWorker:
 
     def _wait_late(self, action: WaitLate) -> None:
         late = action.late
+        if self.position is None and (self.late is None or self.late.first != late.first):
+            # Nothing replayed yet, so no checkpoint keeps the gap's clock across restarts:
+            # the gap exists at least since the segment after it arrived in the bucket.
+            after = [t for s, t in self.inventory.arrived.items()
+                     if s.start == late.last + 1 and s in self.inventory.usable()]
+            if after:
+                late = replace(late, since=min(late.since, *after))
         if self.late is None or self.late.first != late.first:
             log.warning("%s: positions %d-%d are late (next segment starts at %d); reloading "
                         "the segment list with backoff for up to %s", self.where, late.first,
@@ -331,9 +444,25 @@ class ReplayWorker:
             self.metrics.late_gaps.labels(**self._labels).inc()
         self.late = late
         self._m_late.set(late.size)
+        self._persist_late(late)
         if not self._wait_until(action.until):
             self.inventory.reload()
             self.late = replace(late, reloads=late.reloads + 1)
+
+    def _persist_late(self, late: LateGap) -> None:
+        """Record when the gap after the checkpoint was first seen, in the checkpoint
+        itself (same offset), once per gap: a restart goes on counting from then.
+        """
+        last = self._last_cp
+        if last is None or last.offset != self.position or last.offset + 1 != late.first:
+            return
+        if last.late is not None and last.late[0] == late.first:
+            return
+        cp = replace(last, updated_at=self.clock(), late=(late.first, late.since))
+        assert self._delivery is not None
+        self._delivery.deliver(None, cp)
+        self._delivery.settle()       # at-least-once: out before the worker waits
+        self._last_cp = cp
 
     def _declare_lost(self, action: DeclareLost) -> None:
         log.error("%s: positions %d-%d (%d) declared LOST after %s: no segment covering them "
@@ -368,7 +497,7 @@ class ReplayWorker:
         name = seg.to_key()
         try:
             reader = open_segment(self.store, seg)
-        except SegmentNotFound:
+        except ObjectNotFound:
             self._missing(seg)
             return
         except SegmentCorrupt as e:
@@ -376,15 +505,18 @@ class ReplayWorker:
             return
         log.info("%s: replaying segment %s%s", self.where, name,
                  "" if skip_through is None else f" (skipping offsets <= {skip_through})")
-        after = self.position
+        after = self._replay_after(skip_through)
         if after is None and self.origin is None:
             self.origin = seg.start
             self._reported_below = None
             log.info("%s: first replay, no checkpoint: starts at %d; a segment arriving later "
                      "below it will be reported as skipped", self.where, seg.start)
         # The next batch is read and decoded while the current one is delivered.
-        batches = read_ahead((batch_rows(b, after)
-                              for b in reader.iter_batches(self.cfg.batch_size)),
+        # Batches (and transactions) are capped by records and by bytes; the read-ahead
+        # holds PREFETCH_BATCHES of them.
+        batches = read_ahead((batch_rows(part, after)
+                              for b in reader.iter_batches(self.cfg.batch_size)
+                              for part in split_by_bytes(b, self.cfg.batch_bytes)),
                              PREFETCH_BATCHES, name=f"prefetch-{self.key}")
         try:
             for rows in batches:
@@ -393,7 +525,9 @@ class ReplayWorker:
                 if rows is None:
                     continue
                 self._deliver(rows, Checkpoint(rows.last_offset, name, self.clock()))
-        except SegmentNotFound:
+        except ObjectNotFound:
+            # Deleted while read (compaction, a replicated delete): the batches delivered
+            # so far stay; reload the list and go on from the segment that covers the rest.
             self._missing(seg)
             return
         except SegmentCorrupt as e:
@@ -409,6 +543,15 @@ class ReplayWorker:
             self._deliver(None, Checkpoint(seg.end, name, self.clock()))
         self.metrics.segments_replayed.labels(**self._labels).inc()
         log.info("%s: segment %s done, checkpoint %d", self.where, name, self.position)
+
+    def _replay_after(self, skip_through: int | None) -> int | None:
+        """Records at or below this offset are skipped: the checkpoint, or, before the
+        first one, what lies below the partition's recorded first position (nothing).
+        """
+        if self.position is None and skip_through is not None \
+                and self.first.get() != NOT_RECORDED:
+            return skip_through
+        return self.position
 
     def _missing(self, seg: SegmentKey) -> None:
         log.warning("%s: segment %s is gone (compacted or deleted); reloading the segment "
@@ -443,6 +586,7 @@ class ReplayWorker:
         self._delivery.deliver(rows, cp)            # Steps 1-4
         # Step 5
         self.position = cp.offset
+        self._last_cp = cp
         if rows is not None:
             self._m_produced.inc(len(rows))
             last_ts = rows.timestamps[-1]
@@ -452,3 +596,10 @@ class ReplayWorker:
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset
         self._m_checkpoint.set(cp.offset)
+        if self.fenced_in_a_row or self.stalled:
+            if self.stalled:
+                log.info("%s: replaying again after being fenced", self.where)
+                self.metrics.partition_stalled.labels(**self._labels).set(0)
+            self.fenced_in_a_row = 0
+            self.stalled = False
+            self.fenced = False

@@ -3,8 +3,8 @@
 * ``_topic.json`` (``TopicMetadata``): written by egress next to a topic's segments, read by
   ingress to create the destination topic (docs/architecture.md, "Topic metadata").
 * Checkpoints (``Checkpoint``, ``checkpoint_key``): the key
-  ``{source_region}:{source_topic}:{partition}`` and JSON value on the checkpoint topic,
-  written by ingress, read by ingress and ``replicator checkpoints show``
+  ``{source_region}:{source_topic}:{partition}:{destination_topic}`` and JSON value on the
+  checkpoint topic, written by ingress, read by ingress and ``replicator checkpoints show``
   (docs/architecture.md, "Checkpoints").
 
 Every type round-trips: ``parse(encode(x)) == x`` (``tests/unit/test_wire.py``).
@@ -87,6 +87,10 @@ class TopicMetadata:
     topic: str = ""
     region: str = ""
     updated_at: datetime | None = None
+    first_positions: dict[int, int] | None = None
+    """Where each source partition's segment history begins (partition → position);
+    ``None`` when the file has no such field (an egress that does not record them). A
+    partition missing from a present map has not recorded its first position yet."""
 
     @classmethod
     def of(cls, topic: str, region: str, partitions: int, configs: Mapping[str, str],
@@ -136,28 +140,59 @@ class TopicMetadata:
             except ValueError:
                 updated = None  # informational only: never a reason to refuse the file
         return cls(parts, {str(k): str(v) for k, v in configs.items()},
-                   str(doc.get("topic") or ""), str(doc.get("region") or ""), updated)
+                   str(doc.get("topic") or ""), str(doc.get("region") or ""), updated,
+                   _first_positions(doc.get("first_positions"), where))
+
+
+def _first_positions(value: object, where: str) -> dict[int, int] | None:
+    """``first_positions`` of ``_topic.json``: absent → ``None``.
+
+    Raises:
+        TopicError: not an object of partition → non-negative position.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TopicError(f"{where}: 'first_positions' must be an object")
+    out: dict[int, int] = {}
+    for k, v in value.items():
+        if not (isinstance(k, str) and k.isdigit()) or not _position(v):
+            raise TopicError(f"{where}: 'first_positions' entry {k!r}: {v!r} is not "
+                             "partition → non-negative position")
+        out[int(k)] = v
+    return out
 
 
 # --- checkpoints ---------------------------------------------------------------------
 
 
-def checkpoint_key(region: str, topic: str, partition: int) -> str:
-    """``{region}:{topic}:{partition}``: the Kafka key of a source partition's checkpoint
-    (and of its segment events).
+def checkpoint_key(region: str, topic: str, partition: int,
+                   destination: str | None = None) -> str:
+    """``{region}:{topic}:{partition}:{destination}``: the Kafka key of a source partition's
+    checkpoint for one destination topic.
+
+    Without ``destination``: ``{region}:{topic}:{partition}``, the key of the segment
+    events and the checkpoint key of earlier versions (read once on upgrade,
+    docs/architecture.md, "Checkpoints").
     """
-    return f"{region}:{topic}:{partition}"
+    base = f"{region}:{topic}:{partition}"
+    return base if destination is None else f"{base}:{destination}"
 
 
-def parse_checkpoint_key(key: str) -> tuple[str, str, int] | None:
-    """``(region, topic, partition)`` of a checkpoint key, or ``None`` for another key.
+def parse_checkpoint_key(key: str) -> tuple[str, str, int, str | None] | None:
+    """``(region, topic, partition, destination)`` of a checkpoint key (``destination`` is
+    ``None`` for a key of earlier versions), or ``None`` for another key.
 
-    A topic name may not contain ``:``, a region neither; so the split is unambiguous.
+    Neither a topic name nor a region may contain ``:``; so the split is unambiguous.
     """
     parts = key.split(":")
-    if len(parts) != 3 or not parts[2].isdigit() or not parts[0] or not parts[1]:
+    if len(parts) not in (3, 4) or not parts[2].isdigit() or not parts[0] or not parts[1]:
         return None
-    return parts[0], parts[1], int(parts[2])
+    if len(parts) == 4:
+        if not parts[3]:
+            return None
+        return parts[0], parts[1], int(parts[2]), parts[3]
+    return parts[0], parts[1], int(parts[2]), None
 
 
 @dataclass(frozen=True)
@@ -177,6 +212,9 @@ class Checkpoint:
     """Where the partition's first replay started without a checkpoint (the start of the
     earliest segment then known). A segment below it that arrives later was never
     replayed: the worker reports it as skipped."""
+    late: tuple[int, datetime] | None = None
+    """A gap being waited for right after ``offset``: its first position and when it was
+    first seen, so ``lost_segment_timeout`` spans restarts (JSON ``{"first", "since"}``)."""
 
     def encode(self) -> bytes:
         """The JSON value written to the checkpoint topic."""
@@ -189,6 +227,8 @@ class Checkpoint:
             doc["lost"] = list(self.lost)
         if self.origin is not None:
             doc["origin"] = self.origin
+        if self.late is not None:
+            doc["late"] = {"first": self.late[0], "since": rfc3339(self.late[1])}
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -210,10 +250,37 @@ class Checkpoint:
         except ValueError as e:
             raise ValueError(f"checkpoint updated_at is not RFC 3339: "
                              f"{doc.get('updated_at')!r}") from e
+        if updated.tzinfo is None:
+            raise ValueError(f"checkpoint updated_at has no time zone: "
+                             f"{doc.get('updated_at')!r}")
         lost = doc.get("lost")
-        lost_t = (int(lost[0]), int(lost[1])) if isinstance(lost, list) and len(lost) == 2 \
-            else None
+        lost_t: tuple[int, int] | None = None
+        if lost is not None:
+            if not (isinstance(lost, list) and len(lost) == 2
+                    and all(_position(x) for x in lost)):
+                raise ValueError(f"checkpoint lost must be [first, last] (non-negative ints), "
+                                 f"got {lost!r}")
+            lost_t = (lost[0], lost[1])
         origin = doc.get("origin")
         origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
             and origin >= 0 else None
-        return cls(offset, segment, updated, lost_t, origin_i)
+        return cls(offset, segment, updated, lost_t, origin_i, _late(doc.get("late")))
+
+
+def _late(value: object) -> tuple[int, datetime] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not _position(value.get("first")) \
+            or not isinstance(value.get("since"), str):
+        raise ValueError(f"checkpoint late must be {{first, since}}, got {value!r}")
+    try:
+        since = parse_rfc3339(value["since"])
+    except ValueError as e:
+        raise ValueError(f"checkpoint late.since is not RFC 3339: {value['since']!r}") from e
+    if since.tzinfo is None:
+        raise ValueError(f"checkpoint late.since has no time zone: {value['since']!r}")
+    return value["first"], since
+
+
+def _position(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0

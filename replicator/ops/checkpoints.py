@@ -59,10 +59,14 @@ def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
             k = SegmentKey.try_parse(info.key)
             if k is not None:
                 ends[k.partition] = max(ends.get(k.partition, -1), k.end)
+        # This deployment's key names the destination; a key of an earlier version (no
+        # destination) is shown until ingress has taken it over.
         with_checkpoint = {parsed[2] for parsed in map(parse_checkpoint_key, checkpoints)
-                           if parsed is not None and parsed[:2] == (src.region, src.topic)}
+                           if parsed is not None and parsed[:2] == (src.region, src.topic)
+                           and parsed[3] in (None, src.destination)}
         for p in sorted(set(ends) | with_checkpoint):
-            cp = checkpoints.get(checkpoint_key(src.region, src.topic, p))
+            cp = checkpoints.get(checkpoint_key(src.region, src.topic, p, src.destination),
+                                 checkpoints.get(checkpoint_key(src.region, src.topic, p)))
             rows.append(CheckpointRow(
                 src.region, src.topic, p, src.destination,
                 None if cp is None else cp.offset,

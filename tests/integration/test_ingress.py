@@ -276,11 +276,11 @@ def test_replays_identically_through_out_of_order_duplicate_and_deleted_events(
     if broker_kind == "apache":  # Tansu describes a topic's settings as defaults
         assert conf == {"retention.ms": "86400000", "cleanup.policy": "delete"}
     cps = checkpoints(env.brokers, settings.ingress.checkpoint_topic)  # type: ignore[union-attr]
-    key0 = f"{SOURCE_REGION}:{env.source}:0"
+    key0 = f"{SOURCE_REGION}:{env.source}:0:{env.dest}"
     assert cps[key0][-1].offset == 999
     offsets = [c.offset for c in cps[key0]]
     assert offsets == sorted(set(offsets))  # checkpoints only move forward
-    assert cps[f"{SOURCE_REGION}:{env.source}:1"][-1].offset == 398
+    assert cps[f"{SOURCE_REGION}:{env.source}:1:{env.dest}"][-1].offset == 398
 
 
 def test_late_lost_and_corrupt_segments(env: Env, caplog: pytest.LogCaptureFixture) -> None:
@@ -411,7 +411,8 @@ def _plain(partition: int, offset: int) -> Record:
 
 def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None:
     """Same transactional.id: the newer sink fences the older; its commit raises
-    ProducerFenced (the worker then gives the partition up) and nothing of it is committed
+    ProducerFenced (a worker then starts a new session only while its process still owns
+    the partition; a revoked one has stopped already) and nothing of it is committed
     after the fence (on Apache Kafka a read_committed reader sees only the new owner's
     record; Tansu shows aborted transactions' records too)."""
     from ingress.rows import Rows

@@ -118,7 +118,7 @@ def test_kill9_mid_replay_then_restart(env: Env, tmp_path: Path, delivery: str,
         if first.poll() is None:
             first.kill()
     progress = checkpoints(env.brokers, data["ingress"]["checkpoint_topic"])
-    cp_key = f"us-east-1:{env.source}:0"
+    cp_key = f"us-east-1:{env.source}:0:{env.dest}"
     at_kill = progress[cp_key][-1].offset
     assert at_kill < total - 1, "the kill came too late to test anything"
     second = start(cfg, log)

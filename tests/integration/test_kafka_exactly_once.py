@@ -143,5 +143,5 @@ def test_sigkill_mid_transaction_three_times_then_every_record_exactly_once(
     assert uncommitted_count(env.brokers, env.dest) > total
     cps = [c.offset for c in checkpoints(env.brokers,
                                          data["ingress"]["checkpoint_topic"])[
-        f"us-east-1:{env.source}:0"]]
+        f"us-east-1:{env.source}:0:{env.dest}"]]
     assert cps == sorted(set(cps)) and cps[-1] == total - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, cast
 
 from ingress.checkpoints import MemoryCheckpointStore
@@ -109,5 +110,73 @@ def test_source_with_too_few_destination_partitions_stops_and_resumes() -> None:
         assert st.stopped is None and subscriptions(ing) == [["t"]]
         assert ing.metrics.value("replicator_ingress_source_stopped",
                                  {"region": "us-east-1", "topic": "t"}) == 0
+    finally:
+        ing.close()
+
+
+def test_a_stalled_partition_makes_readyz_false() -> None:
+    ing, store, admin = make([{"region": "us-east-1", "topic": "t"}])
+    try:
+        admin.topics["t"] = 1
+        meta(store, "us-east-1", "t", 1)
+        ing._check_topics()
+        ing._started = True
+        ing.assigned = {("t", 0)}
+        ing._reconcile()
+        assert ing.ready()
+        ing.workers[("us-east-1", "t", 0)].stalled = True
+        assert not ing.ready() and ing.stalled() == [("us-east-1", "t", 0)]
+        ing.workers[("us-east-1", "t", 0)].stalled = False
+        assert ing.ready()
+    finally:
+        ing.close()
+
+
+def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> None:
+    """At-least-once: the idempotent producer of a worker still busy at the revoke deadline
+    must deliver nothing once the partition is released (was: its queued records were
+    still delivered beside the new owner's)."""
+    from formats.base import SegmentMetadata, WriterOptions
+    from formats.records import Record, records_to_batch
+    from formats.registry import get_format
+    from formats.segment_io import SegmentUpload, publish_segment
+    from replicator.core.keys import SegmentKey
+
+    settings = load_settings(data={
+        "region": "us-west-1", "s3": {"bucket": "b"}, "kafka": {"brokers": "x:1"},
+        "metrics": {"port": 0},
+        "ingress": {"sqs_queue": "q", "sources": [{"region": "us-east-1", "topic": "t",
+                                                    "first_segment_delay": "0s"}],
+                    "rescan_interval": "1h", "revoke_timeout": "300ms", "batch_size": 10,
+                    "delivery": "at-least-once"}}, environ={})
+    store = MemoryObjectStore("b")
+    key = SegmentKey("data", "us-east-1", "t", 0, 0, 0, 99)
+    up = SegmentUpload(store, get_format("parquet"), "temp", WriterOptions())
+    up.write_batch(records_to_batch([Record(o, 1, b"k", b"v", (), 1) for o in range(100)]))
+    publish_segment(store, up.finish(SegmentMetadata.for_key(key, 100)).key, key)
+    admin = FakeAdmin()
+    admin.topics["t"] = 1
+    checkpoints = MemoryCheckpointStore()
+    # The broker does not acknowledge (slow, or cut off): records stay queued.
+    sink = MemorySink(checkpoints, transactional=False, ack_per_poll=0)
+    ing = Ingress(settings, store=store, events=MemorySegmentEvents(), checkpoints=checkpoints,
+                  admin=admin, make_sink=lambda src, topic, p: sink)
+    ing.consumer = FakeConsumer()  # type: ignore[assignment]
+    try:
+        meta(store, "us-east-1", "t", 1)
+        ing._check_topics()
+        ing.assigned = {("t", 0)}
+        ing._reconcile()
+        deadline = time.monotonic() + 5
+        while len(sink.in_flight) < 20:
+            assert time.monotonic() < deadline, sink.in_flight
+            time.sleep(0.01)
+        ing.assigned = set()
+        ing._reconcile()          # the revoke: the worker waits for acknowledgements
+        # The partition is released now. The old producer must not deliver anything more
+        # even once the broker answers again.
+        sink.ack_per_poll = None
+        time.sleep(0.5)
+        assert sink.committed == []
     finally:
         ing.close()

@@ -25,6 +25,7 @@ class FakeAdmin:
     topics: dict[str, int] = field(default_factory=dict)
     configs: dict[str, dict[str, str]] = field(default_factory=dict)
     can_grow: bool = False
+    defaults: dict[str, str] = field(default_factory=dict)
     partition_count_calls: list[str] = field(default_factory=list)
 
     def list_topics(self) -> list[str]:
@@ -46,6 +47,13 @@ class FakeAdmin:
         if not self.can_grow:
             raise TopicError(f"cannot grow {topic} to {partitions} partitions: unsupported")
         self.topics[topic] = partitions
+
+    def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None:
+        self.configs.setdefault(topic, {}).update(configs)
+
+    def effective_topic_config(self, topic: str) -> dict[str, str]:
+        # A broker's defaults under the topic's own settings.
+        return {**self.defaults, **self.configs.get(topic, {})}
 
 
 def test_steps() -> None:
@@ -97,3 +105,72 @@ def test_topic_meta() -> None:
     for bad in (b"x", b"{}", b'{"partitions": 0}', b'{"partitions": 2, "configs": []}'):
         with pytest.raises(TopicError):
             TopicMetadata.parse(bad, where="here")
+
+
+def test_config_mismatches_that_can_lose_data() -> None:
+    from ingress.topics import config_mismatches
+
+    src = {"cleanup.policy": "compact", "retention.ms": "-1", "max.message.bytes": "5000000"}
+    # Broker defaults: 7 days, delete, 1 MB: every one can lose what the source keeps.
+    assert set(config_mismatches(src, {"cleanup.policy": "delete", "retention.ms": "604800000",
+                                       "max.message.bytes": "1048588"})) == {
+        "cleanup.policy", "retention.ms", "max.message.bytes"}
+    same = {"cleanup.policy": "compact", "retention.ms": "604800000",
+            "max.message.bytes": "5000000", "message.timestamp.type": "CreateTime"}
+    assert config_mismatches(src, same) == {}   # compact only: retention does not delete
+    assert config_mismatches({"cleanup.policy": "delete,compact"},
+                             {"cleanup.policy": "compact, delete"}) == {}
+    assert config_mismatches({"retention.ms": "1000"}, {"retention.ms": "-1"}) == {}
+    assert set(config_mismatches({"retention.bytes": "-1"}, {"retention.bytes": "10"})) == {
+        "retention.bytes"}
+    assert set(config_mismatches({}, {"message.timestamp.type": "LogAppendTime"})) == {
+        "message.timestamp.type"}
+    assert config_mismatches({}, {"retention.ms": "1"}) == {}   # source default unknown
+
+
+def test_existing_destination_with_losing_configs_is_reported_until_fixed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ingress.metrics import IngressMetrics
+    from ingress.topics import SourceState, check_sources
+    from replicator.core.metrics import Metrics
+    from replicator.core.settings import IngressSourceSettings
+
+    store = MemoryObjectStore("b")
+    store.put("data/r1/t/_topic.json", TopicMetadata(2, {"retention.ms": "-1"}).encode())
+    admin = FakeAdmin(defaults={"retention.ms": "604800000", "cleanup.policy": "delete"})
+    admin.topics["t"] = 2                      # created earlier with broker defaults
+    metrics = Metrics()
+    m = IngressMetrics.create(metrics)
+    st = SourceState(IngressSourceSettings(region="r1", topic="t"))
+    labels = {"topic": "t", "config": "retention.ms"}
+    with caplog.at_level(logging.ERROR, logger="ingress.topics"):
+        for _ in range(3):
+            assert check_sources([st], store, admin, "data", m) == frozenset({"t"})
+    errors = [r.getMessage() for r in caplog.records if "retention.ms" in r.getMessage()]
+    assert len(errors) == 1 and "source -1, destination 604800000" in errors[0]
+    assert metrics.value("replicator_ingress_destination_config_mismatch", labels) == 1
+    admin.configs["t"] = {"retention.ms": "-1"}   # an operator aligns it
+    check_sources([st], store, admin, "data", m)
+    assert metrics.value("replicator_ingress_destination_config_mismatch", labels) == 0
+
+
+def test_align_sets_the_losing_configs_like_the_source() -> None:
+    from ingress.metrics import IngressMetrics
+    from ingress.topics import SourceState, check_sources
+    from replicator.core.metrics import Metrics
+    from replicator.core.settings import IngressSourceSettings
+
+    store = MemoryObjectStore("b")
+    store.put("data/r1/t/_topic.json", TopicMetadata(
+        1, {"retention.ms": "-1", "cleanup.policy": "delete"}).encode())
+    admin = FakeAdmin(defaults={"retention.ms": "604800000", "cleanup.policy": "delete",
+                                "message.timestamp.type": "LogAppendTime"})
+    admin.topics["t"] = 1
+    metrics = Metrics()
+    st = SourceState(IngressSourceSettings(region="r1", topic="t"))
+    check_sources([st], store, admin, "data", IngressMetrics.create(metrics), align=True)
+    assert admin.configs["t"] == {"message.timestamp.type": "CreateTime", "retention.ms": "-1"}
+    assert metrics.value("replicator_ingress_destination_config_mismatch",
+                         {"topic": "t", "config": "retention.ms"}) in (None, 0)

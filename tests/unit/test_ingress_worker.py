@@ -6,10 +6,12 @@ Longer than 400 lines: one test per worker behaviour, sharing the in-memory harn
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
@@ -26,6 +28,7 @@ from ingress.metrics import IngressMetrics
 from ingress.rows import Rows
 from ingress.sink import MemorySink
 from ingress.worker import ReplayWorker, WorkerConfig
+from replicator.core.clock import utc_now
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings
@@ -60,7 +63,7 @@ def write(store: MemoryObjectStore, k: SegmentKey, offsets: Sequence[int] | None
 
 class Harness:
     def __init__(self, *, exactly_once: bool = True, timeout: str = "60s", retries: int = 2,
-                 first_delay: str = "0s", batch_size: int = 7) -> None:
+                 first_delay: str = "0s", batch_size: int = 7, dest: str = "copy") -> None:
         self.store = MemoryObjectStore("dest")
         self.checkpoints = MemoryCheckpointStore()
         self.sink = MemorySink(self.checkpoints, transactional=exactly_once)
@@ -70,17 +73,17 @@ class Harness:
                                     lost_segment_timeout=timeout,
                                     late_segment_retries=retries,
                                     first_segment_delay=first_delay)
-        self.cfg = WorkerConfig(source=src, ref=REF, destination_topic="copy",
+        self.cfg = WorkerConfig(source=src, ref=REF, destination_topic=dest,
                                 delivery=delivery_for("exactly-once" if exactly_once
                                                       else "at-least-once"),
                                 batch_size=batch_size,
                                 rescan_interval=timedelta(milliseconds=100))
         self.worker: ReplayWorker | None = None
 
-    def start(self) -> ReplayWorker:
+    def start(self, clock: Callable[[], datetime] | None = None) -> ReplayWorker:
         self.worker = ReplayWorker(self.cfg, store=self.store, fmt=FMT,
                                    checkpoints=self.checkpoints, make_sink=lambda: self.sink,
-                                   metrics=self.m)
+                                   metrics=self.m, clock=clock or utc_now)
         self.worker.start()
         return self.worker
 
@@ -122,7 +125,7 @@ def test_replays_overlapping_levels_once_in_order(h: Harness) -> None:
     for o in (0, 3, 7, 11, 15, 21):
         r = rec(o)
         assert got[o][1:] == (r.timestamp_ms, r.key, r.value, list(r.headers) or None)
-    cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+    cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
     assert cp.offset == 260 and cp.segment == key(251, 260).to_key()
     assert h.metric("replicator_ingress_messages_produced_total") == 261
     assert h.metric("replicator_ingress_checkpoint_offset") == 260
@@ -130,10 +133,10 @@ def test_replays_overlapping_levels_once_in_order(h: Harness) -> None:
 
 def test_starts_after_a_checkpoint_inside_a_segment(h: Harness) -> None:
     write(h.store, key(0, 99))
-    h.checkpoints.append("us-east-1:t:3", b"garbage")  # logged and ignored, never fatal
-    h.checkpoints.append("us-east-1:t:3", Checkpoint(41, key(0, 99).to_key(),
+    h.checkpoints.append("us-east-1:t:3:copy", b"garbage")  # logged and ignored, never fatal
+    h.checkpoints.append("us-east-1:t:3:copy", Checkpoint(41, key(0, 99).to_key(),
                                                      datetime.now(UTC)).encode())
-    h.checkpoints.append("us-east-1:t:3", b"{}")
+    h.checkpoints.append("us-east-1:t:3:copy", b"{}")
     h.start()
     h.wait(lambda: h.offsets()[-1:] == [99])
     assert h.offsets() == list(range(42, 100))
@@ -147,6 +150,49 @@ def test_commit_failure_redoes_from_checkpoint_without_duplicates(h: Harness) ->
     assert h.offsets() == list(range(50))
     assert h.sink.aborted >= 2 and h.sink.started == 3
     assert w.failed is not None
+
+
+def test_fenced_producer_while_owning_starts_a_new_session_not_a_stop() -> None:
+    # A transaction that outlived transaction.timeout.ms is aborted by the coordinator and
+    # the producer is fenced; the partition must go on (was: stopped until a rebalance).
+    h = Harness()
+    h.sink.fence_on_commit = 1
+    try:
+        write(h.store, key(0, 29))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 29)
+        assert h.offsets() == list(range(30))      # nothing twice, nothing lost
+        assert not w.stalled
+        assert h.metrics.value("replicator_ingress_worker_errors_total",
+                               {**LABELS, "kind": "fenced"}) == 1
+    finally:
+        h.stop()
+
+
+def test_transaction_timeout_covers_a_flush_and_a_commit() -> None:
+    from ingress.sink import transaction_timeout_ms
+
+    # librdkafka's default (60 s) is below one flush plus one commit of 60 s each.
+    assert transaction_timeout_ms(60.0) == 150_000 > 2 * 60_000
+
+
+def test_repeated_fencing_is_reported_stalled_then_clears(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import ingress.worker as worker_module
+
+    h = Harness()
+    h.sink.fence_on_commit = worker_module.FENCED_STALL
+    try:
+        write(h.store, key(0, 29))
+        with caplog.at_level(logging.ERROR, logger="ingress.worker"):
+            w = h.start()
+            h.wait(lambda: h.metric("replicator_ingress_partition_stalled") == 1, timeout=20)
+        assert any("STALLED" in r.getMessage() for r in caplog.records)
+        h.wait(lambda: w.checkpointed == 29, timeout=20)
+        assert h.metric("replicator_ingress_partition_stalled") == 0 and not w.stalled
+        assert h.offsets() == list(range(30))
+    finally:
+        h.stop()
 
 
 def test_at_least_once_redo_may_duplicate_but_never_loses() -> None:
@@ -187,7 +233,7 @@ def test_at_least_once_pipelines_batches_and_checkpoints_only_acknowledged_recor
         # but never more than PIPELINE_DEPTH + 1 of them.
         assert 5 < h.sink.most_in_flight <= (PIPELINE_DEPTH + 1) * 5
         # Idle: the newest checkpoint went out although no later batch pushed it.
-        cps = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3"]]
+        cps = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
         assert cps[-1].offset == 149
         assert [c.offset for c in cps] == sorted(c.offset for c in cps)
         assert h.metric("replicator_ingress_checkpoint_offset") == 149
@@ -204,7 +250,7 @@ def test_at_least_once_stop_sends_the_last_checkpoint() -> None:
         h.wait(lambda: len(h.offsets()) > 20)
         h.stop()
         assert h.sink.early_checkpoints == []
-        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
         # Everything produced before the stop was acknowledged and checkpointed.
         assert last.offset == w.position == w.checkpointed == h.offsets()[-1]
     finally:
@@ -222,6 +268,40 @@ def test_segment_deleted_before_read_falls_back_to_covering_one(h: Harness) -> N
     h.wait(lambda: h.offsets()[-1:] == [299])
     assert h.offsets() == list(range(300))
     assert h.metric("replicator_ingress_segments_missing_total") == 1
+
+
+class DeletingStore(MemoryObjectStore):
+    """Compaction replaces ``victim`` when its records are read (the third ranged read:
+    opening reads the format's magic bytes and the footer)."""
+
+    def __init__(self) -> None:
+        super().__init__("dest")
+        self.victim: str | None = None
+        self.on_delete: Callable[[], None] = lambda: None
+        self.reads = 0
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if key == self.victim:
+            self.reads += 1
+            if self.reads == 3:
+                self.on_delete()
+                self.delete(key)
+        return super().get_range(key, start, length)
+
+
+def test_segment_deleted_while_read_continues_from_the_covering_one(h: Harness) -> None:
+    store = DeletingStore()
+    h.store = store
+    write(store, key(0, 99))
+    store.victim = key(0, 99).to_key()
+    store.on_delete = lambda: write(store, key(0, 99, level=1))
+    w = h.start()
+    h.wait(lambda: w.checkpointed == 99)
+    assert store.reads >= 3
+    assert h.offsets() == list(range(100))      # once each
+    assert h.metric("replicator_ingress_segments_missing_total") == 1
+    # The documented "segment gone" path, not a failed session restarted after a delay.
+    assert w.failed is None
 
 
 def test_corrupt_segment_is_reported_and_a_covering_one_used(h: Harness) -> None:
@@ -281,7 +361,7 @@ def test_first_segment_arriving_after_the_first_replay_is_reported_as_skipped(
         assert len(errors) == 1 and "positions 0-99 (100)" in errors[0], errors
         assert h.offsets() == list(range(100, 160))   # replay never goes back
         # The origin travels in every checkpoint, so a restarted worker still knows it.
-        cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1])
+        cp = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
         assert (cp.offset, cp.origin) == (159, 100)
     finally:
         h.stop()
@@ -297,7 +377,7 @@ def test_replay_from_position_zero_has_nothing_to_skip(h: Harness) -> None:
     w.offer(SegmentEvent("created", key(50, 59)))
     h.wait(lambda: w.checkpointed == 59)
     assert h.metric("replicator_ingress_messages_skipped_total") == 0
-    assert Checkpoint.decode(h.checkpoints.values["us-east-1:t:3"][-1]).origin == 0
+    assert Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1]).origin == 0
 
 
 def test_never_arriving_segment_is_declared_lost_with_exact_range(
@@ -316,9 +396,111 @@ def test_never_arriving_segment_is_declared_lost_with_exact_range(
         assert h.metric("replicator_ingress_messages_lost_total") == 10
         lost = [r for r in caplog.records if r.levelno == logging.ERROR and "LOST" in r.message]
         assert len(lost) == 1 and "positions 10-19 (10)" in lost[0].message
-        values = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3"]]
+        values = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
         assert any(c.lost == (10, 19) and c.offset == 19 for c in values)
         assert [c.offset for c in values] == sorted(c.offset for c in values)  # forward only
+    finally:
+        h.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_late_gap_clock_is_kept_in_the_checkpoint_and_spans_restarts(
+        exactly_once: bool) -> None:
+    # Restarts more often than lost_segment_timeout must not reset the gap's clock: the
+    # first session sees the gap at t0 and records it; a session started after t0 + the
+    # timeout declares the range lost at once instead of waiting a full timeout again.
+    t0 = datetime(2026, 11, 23, 10, 0, tzinfo=UTC)
+    now = [t0]
+    h = Harness(timeout="60s", retries=2, exactly_once=exactly_once)
+    try:
+        write(h.store, key(0, 9))
+        write(h.store, key(20, 29))
+        w = h.start(clock=lambda: now[0])
+        h.wait(lambda: h.metric("replicator_ingress_segments_late") == 10)
+        h.wait(lambda: Checkpoint.decode(
+            h.checkpoints.values["us-east-1:t:3:copy"][-1]).late is not None)
+        last = Checkpoint.decode(h.checkpoints.values["us-east-1:t:3:copy"][-1])
+        assert (last.offset, last.late) == (9, (10, t0))
+        h.stop()
+        assert w.position == 9
+        now[0] = t0 + timedelta(seconds=61)          # a later session, after the timeout
+        h.start(clock=lambda: now[0])
+        h.wait(lambda: h.offsets()[-1:] == [29], timeout=5)
+        assert h.metric("replicator_ingress_messages_lost_total") == 10
+    finally:
+        h.stop()
+
+
+def topic_json(store: MemoryObjectStore, first_positions: dict[str, int] | None) -> None:
+    body: dict[str, Any] = {"partitions": 4}
+    if first_positions is not None:
+        body["first_positions"] = first_positions
+    store.put("data/us-east-1/t/_topic.json", json.dumps(body).encode())
+
+
+def test_late_first_segment_is_waited_for_at_the_recorded_first_position() -> None:
+    # S3 replication keeps no order: the first segment arrives after later ones. With the
+    # first position recorded by egress, nothing is skipped (was: 0-99 "NOT replayed").
+    h = Harness()       # first_segment_delay 0s
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(100, 149))
+        w = h.start()
+        h.wait(lambda: h.metric("replicator_ingress_segments_late") == 100)
+        assert h.offsets() == []
+        write(h.store, key(0, 99))
+        w.offer(SegmentEvent("created", key(0, 99)))
+        h.wait(lambda: w.checkpointed == 149)
+        assert h.offsets() == list(range(150))
+        assert h.metric("replicator_ingress_messages_skipped_total") == 0
+        assert h.metric("replicator_ingress_messages_lost_total") == 0
+    finally:
+        h.stop()
+
+
+def test_pending_first_position_waits_and_a_later_history_start_is_exact() -> None:
+    h = Harness()
+    try:
+        topic_json(h.store, {"0": 0})            # another partition's entry only
+        write(h.store, key(500, 549))
+        write(h.store, key(550, 599))
+        w = h.start()
+        time.sleep(0.5)
+        assert h.offsets() == []                 # not started at an arbitrary segment
+        topic_json(h.store, {"0": 0, "3": 550})  # this partition's history begins at 550
+        h.wait(lambda: w.checkpointed == 599, timeout=10)
+        assert h.offsets() == list(range(550, 600))
+    finally:
+        h.stop()
+
+
+def test_never_arriving_first_segment_is_declared_lost_with_its_exact_range(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(timeout="600ms", retries=2)
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(40, 49))
+        with caplog.at_level(logging.ERROR, logger="ingress.worker"):
+            w = h.start()
+            h.wait(lambda: w.checkpointed == 49)
+        assert h.offsets() == list(range(40, 50))
+        assert h.metric("replicator_ingress_messages_lost_total") == 40
+        lost = [r.getMessage() for r in caplog.records if "LOST" in r.getMessage()]
+        assert len(lost) == 1 and "positions 0-39 (40)" in lost[0]
+    finally:
+        h.stop()
+
+
+def test_start_earliest_available_keeps_the_first_segment_delay_behaviour() -> None:
+    h = Harness()
+    h.cfg = replace(h.cfg, source=h.cfg.source.model_copy(
+        update={"start": "earliest-available"}))
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(100, 149))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 149)
+        assert h.offsets() == list(range(100, 150))
     finally:
         h.stop()
 
@@ -403,6 +585,46 @@ def test_batch_rows_keeps_every_field_and_respects_slices_and_skips() -> None:
     assert batch_rows(batch, 29) is None
 
 
+def test_split_by_bytes_counts_keys_values_and_headers_and_keeps_order() -> None:
+    from ingress.rows import record_bytes, split_by_bytes
+
+    recs = [rec(o) for o in range(30)]
+    batch = records_to_batch(recs)
+    want = [len(r.key or b"") + len(r.value or b"") + sum(len(k.encode()) + len(v or b"")
+                                                         for k, v in r.headers) for r in recs]
+    assert record_bytes(batch).tolist() == want
+    assert record_bytes(batch.slice(5, 10)).tolist() == want[5:15]
+    for cap in (1, 10, 25, 10**9):
+        parts = list(split_by_bytes(batch, cap))
+        assert [o for p in parts for o in p.column("offset").to_pylist()] == list(range(30))
+        for p in parts:
+            size = int(record_bytes(p).sum())
+            assert size <= cap or p.num_rows == 1
+
+
+def big(o: int) -> Record:
+    return Record(o, 1_700_000_000_000 + o, b"k", b"x" * 1000, (), 1)
+
+
+def test_batches_and_transactions_are_capped_by_bytes() -> None:
+    # 1 KiB records, 1000 per batch by count but 3000 bytes per batch: a transaction holds
+    # at most 2 records (10 000 records of 1 MiB made a 10 GiB transaction before).
+    h = Harness(batch_size=1000)
+    h.cfg = replace(h.cfg, batch_bytes=3000)
+    try:
+        up = SegmentUpload(h.store, FMT, "temp", WriterOptions())
+        up.write_batch(records_to_batch([big(o) for o in range(20)]))
+        temp = up.finish(SegmentMetadata.for_key(key(0, 19), 20))
+        publish_segment(h.store, temp.key, key(0, 19))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 19)
+        cps = [Checkpoint.decode(v).offset for v in h.checkpoints.values["us-east-1:t:3:copy"]]
+        assert cps == list(range(1, 20, 2))
+        assert h.offsets() == list(range(20))
+    finally:
+        h.stop()
+
+
 def test_permits_bound_the_segments_replayed_at_once() -> None:
     import io
 
@@ -467,6 +689,79 @@ def test_checkpoint_store_latest_valid_and_tombstone() -> None:
     assert latest_valid("k", [b"junk"], None) is None
     cp = Checkpoint(3, "", datetime.now(UTC), lost=(1, 3))
     assert Checkpoint.decode(cp.encode()) == cp
+
+
+def test_malformed_checkpoint_is_counted_and_ignored_not_a_session_crash(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness()
+    try:
+        write(h.store, key(0, 19))
+        good = Checkpoint(9, key(0, 19).to_key(), datetime.now(UTC)).encode()
+        bad = b'{"offset": 15, "segment": "s", "updated_at": "2026-01-01T00:00:00Z", ' \
+              b'"lost": [null, 2]}'
+        h.checkpoints.append("us-east-1:t:3:copy", good)
+        h.checkpoints.append("us-east-1:t:3:copy", bad)
+        with caplog.at_level(logging.ERROR, logger="ingress.checkpoints"):
+            w = h.start()
+            h.wait(lambda: w.checkpointed == 19)
+        assert h.offsets() == list(range(10, 20))   # resumed after the valid one
+        assert w.failed is None
+        assert any("invalid checkpoint" in r.getMessage() for r in caplog.records)
+    finally:
+        h.stop()
+
+
+def test_two_destinations_of_one_source_keep_their_own_checkpoints() -> None:
+    # Two deployments replay the same source into different topics with one checkpoint
+    # topic: the second must not resume from the first one's progress.
+    a = Harness()
+    b = Harness(dest="other")
+    b.checkpoints = a.checkpoints
+    b.sink = MemorySink(a.checkpoints)
+    try:
+        write(a.store, key(0, 19))
+        b.store = a.store
+        wa = a.start()
+        a.wait(lambda: wa.checkpointed == 19)
+        a.stop()
+        wb = b.start()
+        b.wait(lambda: wb.checkpointed == 19)
+        assert b.offsets() == list(range(20))   # nothing skipped
+        assert set(a.checkpoints.values) == {"us-east-1:t:3:copy", "us-east-1:t:3:other"}
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_checkpoint_of_an_earlier_version_is_taken_over_once() -> None:
+    h = Harness()
+    try:
+        write(h.store, key(0, 19))
+        h.checkpoints.append("us-east-1:t:3",
+                             Checkpoint(9, key(0, 19).to_key(), datetime.now(UTC),
+                                        origin=0).encode())
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 19)
+        assert h.offsets() == list(range(10, 20))   # resumed: no duplicates after upgrade
+        new = [Checkpoint.decode(v) for v in h.checkpoints.values["us-east-1:t:3:copy"]]
+        # Written under the new key before anything else, so the legacy key is read once.
+        assert new[0].offset == 9 and new[0].origin == 0 and new[-1].offset == 19
+    finally:
+        h.stop()
+
+
+def test_legacy_checkpoint_is_not_taken_when_another_destination_shares_the_topic() -> None:
+    h = Harness()
+    try:
+        write(h.store, key(0, 19))
+        now = datetime.now(UTC)
+        h.checkpoints.append("us-east-1:t:3", Checkpoint(15, "s", now).encode())
+        h.checkpoints.append("us-east-1:t:3:elsewhere", Checkpoint(15, "s", now).encode())
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 19)
+        assert h.offsets() == list(range(20))   # may be another's progress: replay all
+    finally:
+        h.stop()
 
 
 def test_checkpoint_origin_round_trips_and_old_values_have_none() -> None:

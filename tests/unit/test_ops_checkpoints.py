@@ -21,8 +21,10 @@ def test_rows_per_partition_with_lag() -> None:
     for p, start, end in ((0, 0, 99), (0, 100, 199), (1, 0, 49), (1, 0, 49)):
         store.put(SegmentKey("data", "us-east-1", "t", p, 0, start, end).to_key(), b"x")
     store.put(SegmentKey("data", "eu-west-1", "t", 5, 0, 0, 9).to_key(), b"other region")
-    cps = {"us-east-1:t:0": Checkpoint(149, "seg", NOW, origin=7),
-           "us-east-1:t:2": Checkpoint(9, "seg", NOW, lost=(3, 4)),
+    cps = {"us-east-1:t:0:t.copy": Checkpoint(149, "seg", NOW, origin=7),
+           "us-east-1:t:0": Checkpoint(3, "seg", NOW),           # taken over: not shown
+           "us-east-1:t:2": Checkpoint(9, "seg", NOW, lost=(3, 4)),   # earlier version
+           "us-east-1:t:3:elsewhere": Checkpoint(5, "seg", NOW),  # another deployment's
            "us-east-1:other:0": Checkpoint(1, "seg", NOW)}
     rows = checkpoint_report(ingress, "data", store, cps)
     assert [(r.partition, r.checkpoint, r.latest_segment_end, r.lag) for r in rows] == [

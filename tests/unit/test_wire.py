@@ -47,11 +47,26 @@ def test_topic_metadata_body_and_old_files() -> None:
         TopicMetadata.parse(b'{"partitions": true}', where="x")
 
 
+def test_topic_metadata_first_positions_parse_tolerantly() -> None:
+    assert TopicMetadata.parse(b'{"partitions": 2}', where="x").first_positions is None
+    assert TopicMetadata.parse(b'{"partitions": 2, "first_positions": {}}',
+                               where="x").first_positions == {}
+    meta = TopicMetadata.parse(b'{"partitions": 2, "first_positions": {"0": 0, "1": 500}}',
+                               where="x")
+    assert meta.first_positions == {0: 0, 1: 500}
+    for bad in (b'[]', b'{"0": -1}', b'{"x": 1}', b'{"0": "1"}'):
+        with pytest.raises(TopicError, match="first_positions"):
+            TopicMetadata.parse(b'{"partitions": 2, "first_positions": ' + bad + b"}",
+                                where="x")
+
+
 @given(offsets, st.text(max_size=80), times,
-       st.one_of(st.none(), st.tuples(offsets, offsets)), st.one_of(st.none(), offsets))
+       st.one_of(st.none(), st.tuples(offsets, offsets)), st.one_of(st.none(), offsets),
+       st.one_of(st.none(), st.tuples(offsets, times)))
 def test_checkpoint_round_trips(offset: int, segment: str, now: datetime,
-                                lost: tuple[int, int] | None, origin: int | None) -> None:
-    cp = Checkpoint(offset, segment, now, lost, origin)
+                                lost: tuple[int, int] | None, origin: int | None,
+                                late: tuple[int, datetime] | None) -> None:
+    cp = Checkpoint(offset, segment, now, lost, origin, late)
     assert Checkpoint.decode(cp.encode()) == cp
 
 
@@ -67,15 +82,38 @@ def test_checkpoint_value_layout() -> None:
             Checkpoint.decode(bad)
 
 
-@given(names, names, st.integers(min_value=0, max_value=10**6))
-def test_checkpoint_key_round_trips(region: str, topic: str, partition: int) -> None:
-    key = checkpoint_key(region, topic, partition)
-    assert key == f"{region}:{topic}:{partition}"
-    assert parse_checkpoint_key(key) == (region, topic, partition)
+@pytest.mark.parametrize("extra", [
+    '"lost": [null, 2]', '"lost": ["a", 2]', '"lost": [1]', '"lost": 3', '"lost": [true, 2]',
+    '"lost": [-1, 2]', '"lost": [1, 2.5]', '"segment": 5', '"offset": 1.5', '"late": 3',
+    '"late": {"first": 3}', '"late": {"first": null, "since": "2026-01-01T00:00:00Z"}',
+    '"late": {"first": 3, "since": "2026-01-01T00:00:00"}'])
+def test_malformed_checkpoint_fields_are_value_errors(extra: str) -> None:
+    # Any malformed field is a ValueError (the documented "invalid checkpoint": ERROR +
+    # metric, ignored), never a TypeError that would end the replay session in a loop.
+    body = '{"offset": 1, "segment": "s", "updated_at": "2026-01-01T00:00:00Z", ' + extra + "}"
+    with pytest.raises(ValueError):
+        Checkpoint.decode(body.encode())
+
+
+def test_checkpoint_time_without_zone_is_invalid() -> None:
+    # A naive time would raise TypeError later, when compared with the worker's clock.
+    with pytest.raises(ValueError, match="zone"):
+        Checkpoint.decode(b'{"offset": 1, "segment": "s", "updated_at": "2026-01-01T00:00:00"}')
+
+
+@given(names, names, st.integers(min_value=0, max_value=10**6), names)
+def test_checkpoint_key_round_trips(region: str, topic: str, partition: int,
+                                    destination: str) -> None:
+    key = checkpoint_key(region, topic, partition, destination)
+    assert key == f"{region}:{topic}:{partition}:{destination}"
+    assert parse_checkpoint_key(key) == (region, topic, partition, destination)
+    legacy = checkpoint_key(region, topic, partition)
+    assert legacy == f"{region}:{topic}:{partition}"
+    assert parse_checkpoint_key(legacy) == (region, topic, partition, None)
 
 
 def test_other_keys_are_not_checkpoint_keys() -> None:
-    for key in ("r:t", "r:t:x", ":t:0", "r::0", "a:b:c:0"):
+    for key in ("r:t", "r:t:x", ":t:0", "r::0", "a:b:c:0", "r:t:0:", "r:t:0:d:e"):
         assert parse_checkpoint_key(key) is None
 
 

@@ -7,7 +7,12 @@ from typing import Any
 
 import confluent_kafka as ck
 import confluent_kafka.admin as cka
-from confluent_kafka.admin._config import ConfigResource, ConfigSource
+from confluent_kafka.admin._config import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+)
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from replicator.core.errors import KafkaRetriableError, TopicError
@@ -109,6 +114,27 @@ class Admin:
         return {k: v.value for k, v in entries.items()
                 if v.value is not None
                 and getattr(v.source, "value", v.source) in _TOPIC_LEVEL_SOURCES}
+
+    def effective_topic_config(self, topic: str) -> dict[str, str]:
+        """Every config of the topic with the value the broker applies (its own overrides,
+        else the broker's and the cluster's defaults).
+        """
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        try:
+            entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"describe configs of {topic}") from e
+        return {k: v.value for k, v in entries.items() if v.value is not None}
+
+    def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None:
+        """Set ``configs`` on the topic (IncrementalAlterConfigs; other configs stay)."""
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+            for k, v in sorted(configs.items())])
+        try:
+            self._admin.incremental_alter_configs([res])[res].result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"alter configs of {topic}") from e
 
     def delete_topics(self, topics: Sequence[str]) -> None:
         """Delete topics (missing ones are ignored)."""

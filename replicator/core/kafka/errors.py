@@ -4,7 +4,8 @@ code or flag of the Kafka client.
 The rules (docs/architecture.md, "Errors"):
 
 * fenced (``_FENCED``, ``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``) → ``ProducerFenced``:
-  another owner took the partition over; stop owning it;
+  this producer can no longer commit (a newer producer with its id, or a transaction that
+  outlived ``transaction.timeout.ms``); what to do is the caller's decision;
 * ``txn_requires_abort()`` → ``TransactionAbortable``: abort the transaction, redo the batch;
 * ``retriable()`` → ``KafkaRetriableError``: the same call may pass later;
 * anything else → ``KafkaFatalError``: the client (or the process) has to restart.

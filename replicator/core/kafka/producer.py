@@ -22,6 +22,7 @@ from typing import Any, NewType, cast
 
 import confluent_kafka as ck
 
+from replicator.core.errors import KafkaFatalError
 from replicator.core.kafka.config import (
     CLIENT_LOG,
     CONSUMER_ONLY,
@@ -74,6 +75,8 @@ class Producer:
         self._listener = on_delivery
         self._failed: list[tuple[str, int, ck.KafkaError]] = []
         self._lock = threading.Lock()
+        self._produce_lock = threading.RLock()
+        self._purged = False
         conf = client_config(kafka, PRODUCER_DEFAULTS, extra, drop=CONSUMER_ONLY)
         self._p: ck.Producer = construct("producer", ck.Producer, conf)
 
@@ -138,15 +141,22 @@ class Producer:
         """
         p = self._p
         part = -1 if partition is None else partition
-        while True:
-            try:
-                p.produce(topic, value, key, part, timestamp=timestamp,
-                          headers=cast("_ClientHeaders", headers))
-                return
-            except BufferError:
-                p.poll(QUEUE_FULL_WAIT)
-            except ck.KafkaException as e:
-                raise translate(e, f"produce to {topic}") from e
+        with self._produce_lock:
+            while True:
+                self._check_open(topic)
+                try:
+                    p.produce(topic, value, key, part, timestamp=timestamp,
+                              headers=cast("_ClientHeaders", headers))
+                    return
+                except BufferError:
+                    p.poll(QUEUE_FULL_WAIT)
+                except ck.KafkaException as e:
+                    raise translate(e, f"produce to {topic}") from e
+
+    def _check_open(self, topic: str) -> None:
+        if self._purged:
+            raise KafkaFatalError(f"produce to {topic} on {self.name}: the producer was "
+                                  "purged")
 
     def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None],
@@ -162,15 +172,19 @@ class Producer:
         p = self._p
         # The client's own signature, typed for our headers (the same list at run time).
         produce = cast("Callable[..., None]", p.produce)
-        for i, (ts, k, v, h) in enumerate(zip(timestamps, keys, values, headers,
-                                              strict=True)):
-            try:
-                produce(topic, v, k, partition, timestamp=ts, headers=h)
-            except BufferError:
-                p.poll(QUEUE_FULL_WAIT)
-                self.produce(topic, v, k, partition=partition, timestamp=ts, headers=h)
-            except ck.KafkaException as e:
-                raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
+        # One lock per batch, not per record: ``purge`` waits for the batch's enqueue (a
+        # full queue is waited out in ``produce``, which sees the purge and raises).
+        with self._produce_lock:
+            self._check_open(topic)
+            for i, (ts, k, v, h) in enumerate(zip(timestamps, keys, values, headers,
+                                                  strict=True)):
+                try:
+                    produce(topic, v, k, partition, timestamp=ts, headers=h)
+                except BufferError:
+                    p.poll(QUEUE_FULL_WAIT)
+                    self.produce(topic, v, k, partition=partition, timestamp=ts, headers=h)
+                except ck.KafkaException as e:
+                    raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
         p.poll(0)
 
     def poll(self, timeout: float = 0.0) -> int:
@@ -187,6 +201,17 @@ class Producer:
     def flush(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for every record; returns how many are left."""
         return self._p.flush(timeout)
+
+    def purge(self, *, in_flight: bool = False) -> None:
+        """Refuse every later ``produce`` (``KafkaFatalError``) and drop every record still
+        queued in the client (never sent); with ``in_flight`` also stop waiting for
+        requests already sent (the broker may still append those). Any thread; a batch
+        being enqueued by another thread finishes enqueueing first, then is dropped too.
+        """
+        self._purged = True                 # a produce waiting on a full queue gives up
+        with self._produce_lock:
+            self._p.purge(in_queue=True, in_flight=in_flight, blocking=False)
+        self._p.poll(0)
 
     # --- transactions -------------------------------------------------------------------
 

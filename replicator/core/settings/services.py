@@ -84,7 +84,14 @@ class IngressSourceSettings(Model):
         timedelta(hours=1), description="How long a gap waits before it is declared lost.")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
     first_segment_delay: Duration = Field(
-        timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists.")
+        timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists "
+                                          "and egress records no first position.")
+    start: Literal["first-position", "earliest-available"] = Field(
+        "first-position", description="Without a checkpoint: start at the partition's first "
+                                      "position recorded by egress in _topic.json, waiting "
+                                      "for its segment like any gap (first-position), or at "
+                                      "the earliest segment known after first_segment_delay "
+                                      "(earliest-available).")
 
     @field_validator("late_segment_retries")
     @classmethod
@@ -128,6 +135,10 @@ class IngressSettings(Model):
     delivery: Literal["exactly-once", "at-least-once"] = Field(
         "exactly-once", description="Transactional or idempotent replay.")
     batch_size: int = Field(10_000, ge=1, description="Records per produced batch/transaction.")
+    batch_bytes: Size = Field(
+        4 * 1024**2, ge=1, description="Record bytes (key + value + headers) per produced "
+                                       "batch/transaction, whichever of this and batch_size "
+                                       "comes first (a larger record goes alone).")
     sources: list[IngressSourceSettings] = Field(description="Sources to replay.")
     sqs_wait_time: Duration = Field(
         timedelta(seconds=20), description="SQS long-poll wait per receive (at most 20s).")
@@ -141,6 +152,11 @@ class IngressSettings(Model):
     revoke_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
                                            "finish their current batch.")
+    align_destination_configs: bool = Field(
+        False, description="Set an existing destination topic's retention, cleanup policy, "
+                           "max.message.bytes and timestamp type like its source's when they "
+                           "could lose data (a topic fed by one source only); otherwise "
+                           "they are reported (ERROR + metric).")
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
                              "two batches in memory), whatever the number of partitions.")

@@ -1,0 +1,74 @@
+"""Where a source partition's segment history begins, from the source's ``_topic.json``.
+
+An egress that records first positions writes ``first_positions`` in ``_topic.json``
+(docs/architecture.md, "Topic metadata") before the partition's first segment. A replay
+without a checkpoint then starts at exactly that position: a first segment that reaches
+the destination bucket after later ones (S3 replication keeps no order) is waited for like
+any gap, and ``lost_segment_timeout`` is the only way to give up.
+
+``FirstPosition.get`` returns:
+
+* ``NOT_RECORDED``: the file has no ``first_positions`` (an older egress) or the source is
+  configured ``start = "earliest-available"``: the ``first_segment_delay`` behaviour;
+* ``PENDING``: the map is there but this partition's entry is not yet (wait; the file is
+  read again every ``RECHECK`` seconds while waiting);
+* the position (an int): never changes once known.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final, Literal
+
+from ingress.topics import read_topic_meta
+from replicator.core.keys import PartitionRef
+from replicator.core.storage import ObjectStore
+
+NOT_RECORDED: Final = "not-recorded"
+PENDING: Final = "pending"
+RECHECK = 2.0
+"""Seconds between reads of ``_topic.json`` while a partition's entry is pending."""
+
+Known = int | Literal["not-recorded", "pending"]
+
+
+class FirstPosition:
+    """The first position of one source partition, read lazily and cached once known."""
+
+    def __init__(self, store: ObjectStore, ref: PartitionRef, *, enabled: bool,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.ref = ref
+        self.enabled = enabled
+        self._monotonic = monotonic
+        self._known: Known | None = None
+        self._read_at = float("-inf")
+
+    def get(self) -> Known:
+        """What is known now (reads ``_topic.json`` at most every ``RECHECK`` s).
+
+        Raises:
+            ReplicatorError: the file cannot be read or parsed (the session retries).
+        """
+        if not self.enabled:
+            return NOT_RECORDED
+        if self._known is not None and self._known != PENDING:
+            return self._known
+        now = self._monotonic()
+        if self._known == PENDING and now - self._read_at < RECHECK:
+            return PENDING
+        self._read_at = now
+        ref = self.ref
+        meta = read_topic_meta(self.store, ref.prefix, ref.region, ref.topic)
+        known: Known
+        if meta is None or meta.first_positions is None:
+            known = NOT_RECORDED
+        else:
+            known = meta.first_positions.get(ref.partition, PENDING)
+        self._known = known
+        return known
+
+    def seconds_to_recheck(self) -> float:
+        """How long a pending wait lasts before the next read."""
+        return max(0.0, RECHECK - (self._monotonic() - self._read_at))
