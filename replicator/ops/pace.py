@@ -49,6 +49,9 @@ class Progress:
     bytes_read: int = 0
     raw_bytes: int = 0
     skipped: int = 0
+    """Records of the offset range outside the time bounds."""
+    resumed: dict[int, int] = field(default_factory=dict)
+    """Partition → the offset an earlier run's checkpoint had reached."""
     gaps: list[tuple[int, int, int]] = field(default_factory=list)
 
     def line(self, now: float) -> str:
@@ -72,9 +75,11 @@ def summary_lines(p: Progress, now: float) -> list[str]:
     out = [f"restored {p.records:,} records ({format_size(p.raw_bytes)} of keys, values and "
            f"headers) in {elapsed:.1f}s ({p.raw_bytes / elapsed / 1e6:.1f} MB/s)",
            f"read {format_size(p.bytes_read)} of segments"]
+    out += [f"partition {part}: resumed after offset {off} (an earlier run's checkpoint)"
+            for part, off in sorted(p.resumed.items())]
     if p.skipped:
-        out.append(f"skipped {p.skipped:,} records restored by an earlier run "
-                   "(checkpoint) or outside the time bounds")
+        out.append(f"skipped {p.skipped:,} records of the offset range outside the time "
+                   "bounds")
     out += [f"GAP skipped: partition {part} positions {a}-{b} ({b - a + 1})"
             for part, a, b in p.gaps]
     return out

@@ -42,5 +42,7 @@ def test_progress_line_and_summary() -> None:
     assert line.startswith("restored 500 records (~1,000 at most)")
     assert "1.0 MB/s" in line and "25%" in line and "ETA 0:00:06" in line
     p.gaps.append((3, 10, 19))
+    p.resumed[1] = 42
     text = "\n".join(summary_lines(p, 12.0))
     assert "restored 500 records" in text and "partition 3 positions 10-19 (10)" in text
+    assert "partition 1: resumed after offset 42" in text
