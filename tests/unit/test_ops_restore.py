@@ -105,3 +105,14 @@ def test_cli_option_parsing_and_bad_input_exit_2(tmp_path: object) -> None:
         res = runner.invoke(main, base + extra)
         assert res.exit_code == 2, (extra, res.output)
         assert says in res.output
+
+
+def test_cat_json_marks_bytes_that_are_not_text() -> None:
+    from replicator.ops.segments import bytes_json, record_json
+
+    assert bytes_json(None) is None and bytes_json(b"") == ""
+    assert bytes_json("é".encode()) == "é"
+    assert bytes_json(b"\xff") == {"base64": "/w=="}
+    r = Record(7, 1000, None, b"\x00\xff", (("a", None), ("a", b"x")), 2)
+    assert record_json(r) == {"offset": 7, "timestamp": 1000, "timestamp_type": 2, "key": None,
+                              "value": {"base64": "AP8="}, "headers": [["a", None], ["a", "x"]]}
