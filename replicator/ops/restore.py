@@ -316,18 +316,17 @@ class Restorer:
         checkpoints = self.load_checkpoints(parts)       # c
         results = []
         for pp in plan_.partitions:
-            for _part, a, b in [(pp.partition, a, b) for a, b in pp.gaps]:
+            for a, b in pp.gaps:
                 log.error("restore %s/%s[%d] into %s: positions %d-%d (%d) are missing from "
                           "the archive and skipped", self.request.source_region,
                           self.request.topic, pp.partition, self.request.to_topic, a, b,
                           b - a + 1)
                 if self.progress is not None:
                     self.progress.gaps.append((pp.partition, a, b))
-            if pp.first is None:
-                continue
-            cp = checkpoints.get(pp.partition)
-            results.append(self._run_partition(pp.partition, pp.first, pp.last or pp.first,
-                                               list(pp.steps), cp))
+            if pp.first is None or pp.last is None:
+                continue  # no segment at all (refused unless gaps are allowed)
+            results.append(self._run_partition(pp.partition, pp.first, pp.last,
+                                               list(pp.steps), checkpoints.get(pp.partition)))
         return results
 
     def _run_partition(self, partition: int, first: int, last: int, steps: list[Step],
