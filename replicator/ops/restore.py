@@ -1,5 +1,6 @@
 """``replicator restore``: replay a range of the archive into a topic, exactly once
-(README, "Restoring from the archive"; docs/architecture.md, "Restore").
+(README, "Restoring from the archive"; docs/architecture.md, "Checkpoints" and
+"Durability").
 
 The plan comes from ``replicator.ops.restore_plan`` (pure); this module lists the archive,
 reads footers for record times when the range is bounded by time, and runs the plan with
