@@ -61,6 +61,12 @@ class SegmentMetadata:
     created_at: datetime
     format_version: int = FORMAT_VERSION
     created_by: str = ""
+    min_timestamp: int | None = None
+    """Smallest record timestamp (ms since the epoch) in the segment; ``None`` in segments
+    written before the footer had it (optional key ``min_timestamp``)."""
+    max_timestamp: int | None = None
+    """Largest record timestamp (ms), like ``min_timestamp``. Record times are not ordered
+    by offset, so both bound the segment's records, not its first and last."""
 
     @classmethod
     def for_key(cls, key: SegmentKey, message_count: int, *, created_by: str = "",
@@ -70,7 +76,7 @@ class SegmentMetadata:
                    message_count, created_at or datetime.now(UTC), FORMAT_VERSION, created_by)
 
     def to_footer(self) -> dict[str, str]:
-        """Footer key/value pairs (all strings)."""
+        """Footer key/value pairs (all strings; the time range only when known)."""
         return {
             "region": self.region,
             "topic": self.topic,
@@ -82,7 +88,10 @@ class SegmentMetadata:
             "created_at": rfc3339(self.created_at),
             "format_version": str(self.format_version),
             "created_by": self.created_by,
-        }
+        } | ({} if self.min_timestamp is None or self.max_timestamp is None else {
+            "min_timestamp": str(self.min_timestamp),
+            "max_timestamp": str(self.max_timestamp),
+        })
 
     @classmethod
     def from_footer(cls, footer: Mapping[str, str], *, where: str) -> SegmentMetadata:
@@ -96,10 +105,13 @@ class SegmentMetadata:
             raise SegmentCorrupt(f"{where}: footer lacks {', '.join(missing)}")
         try:
             created = parse_rfc3339(footer["created_at"])
+            # Optional (segments written before they existed lack them): both or neither.
+            lo, hi = footer.get("min_timestamp"), footer.get("max_timestamp")
+            times = (None, None) if lo is None or hi is None else (int(lo), int(hi))
             return cls(footer["region"], footer["topic"], int(footer["partition"]),
                        int(footer["level"]), int(footer["start_offset"]),
                        int(footer["end_offset"]), int(footer["message_count"]), created,
-                       int(footer["format_version"]), footer.get("created_by", ""))
+                       int(footer["format_version"]), footer.get("created_by", ""), *times)
         except ValueError as e:
             raise SegmentCorrupt(f"{where}: bad footer value: {e}") from e
 

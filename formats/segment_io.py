@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
@@ -54,6 +54,12 @@ def raw_size_of_batch(batch: pa.RecordBatch) -> int:
     headers = batch.column("headers").flatten()  # respects slicing of the list array
     return (_binary_bytes(batch.column("key")) + _binary_bytes(batch.column("value"))
             + _binary_bytes(headers.field("key")) + _binary_bytes(headers.field("value")))
+
+
+def timestamp_range(batch: pa.RecordBatch) -> tuple[int, int]:
+    """The smallest and largest ``timestamp`` (ms) of a non-empty ``SEGMENT_SCHEMA`` batch."""
+    mm = pc.min_max(batch.column("timestamp").cast(pa.int64()))
+    return int(mm["min"].as_py()), int(mm["max"].as_py())
 
 
 class _DiscardableStream(io.RawIOBase):
@@ -105,6 +111,8 @@ class SegmentUpload:
         self._raw = 0
         self._first: int | None = None
         self._last: int | None = None
+        self._min_ts: int | None = None
+        self._max_ts: int | None = None
         self._state = "open"  # open → finished (writer done) → complete | aborted
 
     @property
@@ -165,11 +173,16 @@ class SegmentUpload:
         if self._first is None:
             self._first = first
         self._last = offsets[n - 1].as_py()
+        lo, hi = timestamp_range(batch)
+        self._min_ts = lo if self._min_ts is None else min(self._min_ts, lo)
+        self._max_ts = hi if self._max_ts is None else max(self._max_ts, hi)
 
     def finish(self, metadata: SegmentMetadata) -> ObjectInfo:
         """Write the footer and complete the upload; returns the temp object's info.
 
-        May be called again after a ``StorageError`` from ``complete`` (the footer is
+        The footer gets the record-time range of the records written (``min_timestamp``,
+        ``max_timestamp``) unless ``metadata`` already carries one, so callers need not
+        track it. May be called again after a ``StorageError`` from ``complete`` (the footer is
         written once).
 
         Raises:
@@ -181,6 +194,8 @@ class SegmentUpload:
         if metadata.message_count != self._count:
             raise ValueError(f"segment upload {self.temp_key}: footer message_count="
                              f"{metadata.message_count} but {self._count} records written")
+        if metadata.min_timestamp is None and self._min_ts is not None:
+            metadata = replace(metadata, min_timestamp=self._min_ts, max_timestamp=self._max_ts)
         if self._state == "open":
             self._writer.finish(metadata)
             self._state = "finished"

@@ -1,8 +1,8 @@
 """Topics ingress needs in the destination cluster: the copies, the events and checkpoints.
 
 A destination topic is created from the source's ``_topic.json`` (written by egress, parsed
-by ``replicator.core.wire.TopicMetadata``) with
-the same partition count and the copied configs, or grown when it has fewer partitions.
+by ``replicator.core.wire.TopicMetadata``) with the same partition count and the configs
+``replicator.core.topic_copy`` copies, or grown when it has fewer partitions.
 When the broker refuses to grow it, the source is stopped with an error naming both counts
 (nothing is silently left unreplicated).
 """
@@ -17,35 +17,17 @@ from datetime import timedelta
 from typing import Literal, Protocol
 
 from ingress.metrics import IngressMetrics
-from replicator.core.errors import ObjectNotFound, ReplicatorError, TopicError
-from replicator.core.keys import topic_meta_key
+from replicator.core.errors import ReplicatorError, TopicError
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
-from replicator.core.wire import TOPIC_META_CONFIGS, TopicMetadata
+from replicator.core.topic_copy import (
+    copied_configs,
+    existing_partitions,
+    read_topic_meta,
+)
+from replicator.core.wire import TopicMetadata
 
 log = logging.getLogger(__name__)
-
-# Source configs copied to the destination topic. Not ``message.timestamp.type``: with
-# LogAppendTime the destination broker would overwrite the replayed timestamps (a
-# LogAppendTime source keeps its broker time as CreateTime in the copy).
-COPIED_CONFIGS = TOPIC_META_CONFIGS - {"message.timestamp.type"}
-
-
-def read_topic_meta(store: ObjectStore, prefix: str, region: str, topic: str
-                    ) -> TopicMetadata | None:
-    """The source's ``_topic.json``, or ``None`` while egress has not written it."""
-    key = topic_meta_key(prefix, region, topic)
-    try:
-        data = store.get(key)
-    except ObjectNotFound:
-        return None
-    return TopicMetadata.parse(data, where=f"s3://{store.bucket}/{key}")
-
-
-def copied_configs(configs: Mapping[str, str]) -> dict[str, str]:
-    """The configs of ``configs`` that a destination copy takes over."""
-    return {k: v for k, v in sorted(configs.items()) if k in COPIED_CONFIGS}
-
 
 TopicStep = Literal["create", "grow", "ok"]
 
@@ -67,16 +49,6 @@ class TopicAdmin(Protocol):
     def grow_topic(self, topic: str, partitions: int) -> None: ...
     def effective_topic_config(self, topic: str) -> dict[str, str]: ...
     def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None: ...
-
-
-def existing_partitions(admin: TopicAdmin, topic: str) -> int | None:
-    """Partition count of ``topic``, or ``None`` if it does not exist."""
-    # A metadata request naming an unknown topic makes some brokers (Tansu; Apache Kafka
-    # with auto.create.topics.enable, its default) create it with their default partition
-    # count, so look at the full topic list first: right on every broker.
-    if topic not in admin.list_topics():
-        return None
-    return admin.partition_count(topic)
 
 
 def ensure_destination(admin: TopicAdmin, topic: str, partitions: int,

@@ -8,6 +8,7 @@ from replicator.cli.checkpoints import checkpoints
 from replicator.cli.demo import demo
 from replicator.cli.local import local
 from replicator.cli.logs import setup_command_logging
+from replicator.cli.restore import restore
 from replicator.cli.segments import segments
 from replicator.cli.sync import sync
 from replicator.cli.verify import verify
@@ -28,3 +29,4 @@ main.add_command(sync)
 main.add_command(segments)
 main.add_command(verify)
 main.add_command(checkpoints)
+main.add_command(restore)

@@ -1,7 +1,10 @@
-"""``replicator segments ls|inspect``: what is in a bucket, per partition and level."""
+"""``replicator segments ls|inspect|cat``: what is in a bucket, per partition and level, and
+the records of a segment.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -13,7 +16,9 @@ from replicator.cli.tables import print_table
 from replicator.core.errors import KeyFormatError, ReplicatorError
 from replicator.core.keys import SegmentKey, check_prefix
 from replicator.core.units import format_size
-from replicator.ops.segments import inspect_segment, summarize
+from replicator.ops.restore import list_archive
+from replicator.ops.restore_plan import RestoreRange, plan
+from replicator.ops.segments import cat_segment, inspect_segment, record_json, summarize
 
 output_option = click.option("--output", type=click.Choice(["table", "json"]), default="table",
                              show_default=True)
@@ -21,7 +26,7 @@ output_option = click.option("--output", type=click.Choice(["table", "json"]), d
 
 @click.group()
 def segments() -> None:
-    """List and inspect segments."""
+    """List, inspect and print segments."""
 
 
 @segments.command("ls")
@@ -107,3 +112,58 @@ def _record(r: Record | None) -> dict[str, object] | None:
             "key": None if r.key is None else r.key[:64].decode(errors="replace"),
             "value_bytes": None if r.value is None else len(r.value),
             "headers": [h[0] for h in r.headers]}
+
+
+@segments.command("cat")
+@config_option
+@click.argument("key", required=False)
+@click.option("--bucket", default=None, help="Bucket (default: s3.bucket).")
+@click.option("--region", default=None, help="Source region (with --topic, without KEY).")
+@click.option("--topic", default=None, help="Topic: print a partition's records from the "
+                                            "archive instead of one segment's.")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Partition (with --topic).")
+@click.option("--from-offset", type=click.IntRange(min=0), default=None,
+              help="First offset printed (inclusive).")
+@click.option("--to-offset", type=click.IntRange(min=0), default=None,
+              help="Last offset printed (inclusive).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
+@click.option("--output", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+def cat(config: Path, key: str | None, bucket: str | None,
+        region: str | None, topic: str | None, partition: int | None,
+        from_offset: int | None, to_offset: int | None, limit: int | None,
+        output: str) -> None:
+    """Print records as JSON lines: offset, timestamp (ms), timestamp_type, key, value,
+    headers ([name, value] pairs, in order).
+
+    Keys, values and header values are printed as UTF-8 text when they decode, else as
+    {"base64": "..."}; null stays null (a tombstone's value). Give a segment KEY, or
+    --region/--topic/--partition (and offsets) to read a partition's records from the
+    fewest segments of any level, each record once.
+    """
+    settings, store = settings_store(config, bucket)
+    try:
+        check_prefix(settings.s3.prefix)
+        if key is not None:
+            seg = SegmentKey.parse(key)
+            steps = [(seg, max(from_offset or 0, seg.start),
+                      seg.end if to_offset is None else min(seg.end, to_offset))]
+        else:
+            if region is None or topic is None or partition is None:
+                fail("give a segment KEY, or --region, --topic and --partition", 2)
+            rng = RestoreRange(from_offset, to_offset)
+            p = plan(list_archive(store, settings.s3.prefix, region, topic), rng, [partition])
+            for r in p.refusals():
+                click.echo(f"warning: {r}", err=True)
+            steps = [(s.segment.key, s.first, s.last) for s in p.steps if s.segment.readable]
+        n = 0
+        for seg, first, last in steps:
+            for rec in cat_segment(store, seg, first=first, last=last):
+                click.echo(json.dumps(record_json(rec), ensure_ascii=False))
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+    except (KeyFormatError, ValueError) as e:
+        fail(str(e), 2)
+    except ReplicatorError as e:
+        fail(str(e), EXIT_FAILURE)

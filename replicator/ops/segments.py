@@ -1,4 +1,5 @@
-"""Segment reports for operators: ``replicator segments ls`` and ``segments inspect``.
+"""Segment reports for operators: ``replicator segments ls``, ``segments inspect`` and
+``segments cat``.
 
 ``ls`` groups the segments of a bucket per topic, partition and level and reports their
 ranges, counts and bytes, with the **gaps** (positions no segment of any level covers)
@@ -7,9 +8,10 @@ and **overlaps** (segments of one level that share positions) that need attentio
 
 from __future__ import annotations
 
+import base64
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,3 +139,39 @@ def inspect_segment(store: ObjectStore, key: SegmentKey, batch_size: int = 10_00
             last = next(batch_to_records(batch.slice(batch.num_rows - 1, 1)))
             count += batch.num_rows
     return Inspection(key.to_key(), size, fmt, footer, count, first, last)
+
+
+def bytes_json(b: bytes | None) -> str | dict[str, str] | None:
+    """A key, value or header value for ``segments cat``: UTF-8 text when it decodes,
+    else ``{"base64": "..."}``; null stays null (a tombstone's value).
+    """
+    if b is None:
+        return None
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(b).decode("ascii")}
+
+
+def record_json(r: Record) -> dict[str, Any]:
+    """One record as ``segments cat`` prints it."""
+    return {"offset": r.offset, "timestamp": r.timestamp_ms, "timestamp_type": r.timestamp_type,
+            "key": bytes_json(r.key), "value": bytes_json(r.value),
+            "headers": [[name, bytes_json(v)] for name, v in r.headers]}
+
+
+def cat_segment(store: ObjectStore, key: SegmentKey, *, first: int = 0,
+                last: int | None = None, batch_size: int = 10_000) -> Iterator[Record]:
+    """The records of one segment at offsets ``first..last``, streamed.
+
+    Raises:
+        SegmentNotFound / SegmentCorrupt: naming the key.
+    """
+    with open_segment(store, key) as reader:
+        for batch in reader.iter_batches(batch_size):
+            for r in batch_to_records(batch):
+                if r.offset < first:
+                    continue
+                if last is not None and r.offset > last:
+                    return
+                yield r

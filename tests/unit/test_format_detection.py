@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from typing import BinaryIO
 
 import pytest
@@ -193,3 +194,44 @@ def test_compaction_merges_inputs_of_any_format_into_the_configured_one() -> Non
         assert reader.format is not None and reader.format.name == "parquet"
         assert read_all_records(reader.iter_batches(100)) == [
             r for k in inputs for r in records(k.start, 10)]
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_footer_carries_the_record_time_range_of_what_was_uploaded(name: str) -> None:
+    """``SegmentUpload`` records min/max record timestamps in the footer (optional keys),
+    whatever the order of record times; the callers' metadata does not mention them."""
+    store = MemoryObjectStore("bucket")
+    recs = records(0, 30)
+    recs[3] = replace(recs[3], timestamp_ms=1_600_000_000_000)  # times are not ordered
+    recs[20] = replace(recs[20], timestamp_ms=1_800_000_000_000)
+    key = key_for(0, 29)
+    upload = SegmentUpload(store, get_format(name), "temp", WriterOptions(row_group_size=65536))
+    for lo in range(0, 30, 7):
+        upload.write_batch(records_to_batch(recs[lo:lo + 7]))
+    publish_segment(store, upload.finish(SegmentMetadata.for_key(key, 30)).key, key)
+    with open_segment(store, key) as reader:
+        assert (reader.metadata.min_timestamp, reader.metadata.max_timestamp) == \
+            (1_600_000_000_000, 1_800_000_000_000)
+        assert reader.metadata.to_footer()["min_timestamp"] == "1600000000000"
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_segments_without_footer_times_still_read(name: str) -> None:
+    """Segments written before the footer had record times: the keys are optional."""
+    key = key_for(0, 9)
+    data = encode(name, records(0, 10), key)  # a bare writer: metadata without times
+    reader = open_reader(io.BytesIO(data), key)
+    assert reader.metadata.min_timestamp is None and reader.metadata.max_timestamp is None
+    assert "min_timestamp" not in reader.metadata.to_footer()
+
+
+def test_footer_parsing_ignores_keys_it_does_not_know() -> None:
+    """What lets older readers open segments with the time keys (and later ones)."""
+    footer = SegmentMetadata.for_key(key_for(0, 9), 10).to_footer()
+    old_keys = dict(footer)
+    meta = SegmentMetadata.from_footer({**old_keys, "min_timestamp": "5", "max_timestamp": "9",
+                                        "some_future_key": "x"}, where="k")
+    assert (meta.min_timestamp, meta.max_timestamp) == (5, 9)
+    with pytest.raises(SegmentCorrupt, match="bad footer value"):
+        SegmentMetadata.from_footer({**old_keys, "min_timestamp": "x", "max_timestamp": "9"},
+                                    where="k")

@@ -13,10 +13,10 @@ from ingress.topics import (
     destination_step,
     ensure_destination,
     ensure_internal_topics,
-    read_topic_meta,
 )
 from replicator.core.errors import TopicError
 from replicator.core.storage import MemoryObjectStore
+from replicator.core.topic_copy import read_topic_meta
 from replicator.core.wire import TopicMetadata
 
 

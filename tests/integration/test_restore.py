@@ -1,0 +1,241 @@
+"""``replicator restore`` on Apache Kafka: a range of a compacted archive (levels 0 and 1
+mixed) replayed into a new topic record for record; kill -9 mid-restore and run again
+(read_committed: no duplicate); dry-run refusals (a hole, a GLACIER segment).
+
+The archive is real: egress copies a source topic (tombstones, null and empty keys and
+values, repeated headers, timestamps) to moto, and compaction's merge makes level-1
+segments over part of level 0 (its inputs left in place, as before compaction's cleanup).
+Apache Kafka is needed: Tansu shows aborted transactions to read_committed readers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from compaction.merge import TaskSpec, merge_segments
+from egress.controller import Egress
+from formats.base import WriterOptions
+from formats.registry import get_format
+from replicator.core.kafka import Admin, Producer
+from replicator.core.keys import SegmentKey
+from replicator.core.settings import KafkaSettings
+from replicator.ops.verify import read_partition
+from tests.conftest import RECENT_MS, unique_name
+from tests.integration.pipeline import (
+    CREDS,
+    SOURCE_REGION,
+    Pipeline,
+    new_pipeline,
+    running_egress,
+    wait_for,
+)
+from tests.integration.test_ingress_crash import write_config
+
+pytestmark = pytest.mark.apache
+
+PARTITIONS = 2
+BASE_TS = RECENT_MS  # older records would fall to the broker's time retention
+
+Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int]
+
+
+@pytest.fixture
+def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
+    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
+
+
+def record(i: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
+    key = None if i % 11 == 0 else (b"" if i % 13 == 0 else f"k{i % 50}".encode())
+    value = None if i % 7 == 0 else (b"" if i % 5 == 0 else f"value-{i}".encode() * (i % 4 + 1))
+    headers: list[tuple[str, bytes | None]] = \
+        [("h", f"{i}".encode()), ("h", None), ("z", b"\x00\xff")] if i % 3 else []
+    return key, value, headers
+
+
+def build_archive(pipe: Pipeline, n: int, *, per_segment: int = 50,
+                  merge_upto: int = 200) -> None:
+    """``n`` records over the source's partitions, archived by egress; level 1 over the
+    first ``merge_upto`` positions of each partition."""
+    pipe.create_source(PARTITIONS, {"cleanup.policy": "delete"})
+    p = Producer(pipe.source_kafka)
+    for i in range(n):
+        key, value, headers = record(i)
+        p.produce(pipe.topic, value, key, partition=i % PARTITIONS,
+                  timestamp=BASE_TS + i * 1000, headers=headers or None)
+    assert p.flush(30) == 0
+    last = {part: (n - 1 - (n - 1 - part) % PARTITIONS) // PARTITIONS
+            for part in range(PARTITIONS)}
+
+    def archived() -> bool:
+        return all(max((k.end for k in level0(pipe, part)), default=-1) == last[part]
+                   for part in range(PARTITIONS))
+
+    egress = Egress(pipe.egress_settings(max_segment_messages=per_segment), store=pipe.store)
+    with running_egress(egress):
+        wait_for(archived, 120, "egress to archive every record")
+    for part in range(PARTITIONS):
+        inputs = [k for k in level0(pipe, part) if k.end < merge_upto]
+        output = SegmentKey("data", SOURCE_REGION, pipe.topic, part, 1, inputs[0].start,
+                            inputs[-1].end)
+        spec = TaskSpec([k.to_key() for k in inputs],
+                        [pipe.store.head(k.to_key()).size for k in inputs], output.to_key(),
+                        1000)
+        assert merge_segments(pipe.store, get_format("parquet"), WriterOptions(), "temp",
+                              spec).ok
+
+
+def level0(pipe: Pipeline, part: int) -> list[SegmentKey]:
+    return sorted(k for o in pipe.store.list(f"data/{SOURCE_REGION}/{pipe.topic}/{part}/0/")
+                  if (k := SegmentKey.try_parse(o.key)) is not None)
+
+
+def rows(kafka: KafkaSettings, topic: str, part: int) -> Iterator[Row]:
+    for m in read_partition(kafka, topic, part):
+        off = m.offset()
+        assert off is not None
+        yield (off, m.key(), m.value(), list(m.headers() or []), m.timestamp()[1])
+
+
+def content(rs: Iterator[Row] | list[Row]) -> list[tuple[object, ...]]:
+    """Everything but the offset (the copy has its own offsets)."""
+    return [r[1:] for r in rs]
+
+
+def config(pipe: Pipeline, tmp_path: Path) -> Path:
+    cfg = tmp_path / "restore.toml"
+    write_config(cfg, {
+        "region": "us-west-1",
+        "s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, **CREDS},
+        "kafka": {"brokers": pipe.dest_brokers},
+    })
+    return cfg
+
+
+def restore_cmd(cfg: Path, pipe: Pipeline, to_topic: str, *args: str) -> list[str]:
+    exe = Path(sys.executable).parent / "replicator"
+    return [str(exe), "restore", "--config", str(cfg), "--source-region", SOURCE_REGION,
+            "--topic", pipe.topic, "--to-topic", to_topic,
+            "--checkpoint-topic", pipe.checkpoint_topic, *args]
+
+
+def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
+                          check=False)
+
+
+def test_restore_an_offset_range_and_a_time_range_of_a_compacted_archive(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    build_archive(pipe, 800)
+    cfg = config(pipe, tmp_path)
+    source = {part: list(rows(pipe.source_kafka, pipe.topic, part))
+              for part in range(PARTITIONS)}
+
+    # An offset range across the level-1 / level-0 boundary (level 1 ends at 199).
+    to_topic = unique_name("restored")
+    dry = run(restore_cmd(cfg, pipe, to_topic, "--from-offset", "120", "--to-offset", "287",
+                          "--dry-run"))
+    assert dry.returncode == 0, dry.stderr
+    level1 = [k for o in pipe.store.list(f"data/{SOURCE_REGION}/{pipe.topic}/0/1/")
+              if (k := SegmentKey.try_parse(o.key)) is not None]
+    assert "levels 0, 1" in dry.stdout and f"120-{level1[0].end}" in dry.stdout
+    assert to_topic not in Admin(pipe.dest_kafka).list_topics()  # a dry run produces nothing
+    done = run(restore_cmd(cfg, pipe, to_topic, "--from-offset", "120", "--to-offset", "287"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restored 336 records" in done.stdout
+    assert Admin(pipe.dest_kafka).partition_count(to_topic) == PARTITIONS
+    assert Admin(pipe.dest_kafka).topic_config(to_topic)["cleanup.policy"] == "delete"
+    for part in range(PARTITIONS):
+        want = [r for r in source[part] if 120 <= r[0] <= 287]
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == content(want)
+    # Tombstones, null and empty keys/values, headers with null values all in the range.
+    flat = [r for part in range(PARTITIONS) for r in source[part] if 120 <= r[0] <= 287]
+    assert any(r[2] is None for r in flat) and any(r[2] == b"" for r in flat)
+    assert any(r[1] is None for r in flat) and any(r[1] == b"" for r in flat)
+
+    # A time range (ISO 8601 and ms), one partition.
+    to_topic = unique_name("restored")
+    lo, hi = BASE_TS + 300_000, BASE_TS + 520_999
+    iso = datetime.fromtimestamp(lo / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    done = run(restore_cmd(cfg, pipe, to_topic, "--partitions", "1", "--from-time", iso,
+                           "--to-time", str(hi)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    want = [r for r in source[1] if lo <= r[4] <= hi]
+    assert len(want) == 110  # odd i in 301..519
+    assert content(rows(pipe.dest_kafka, to_topic, 1)) == content(want)
+    assert list(rows(pipe.dest_kafka, to_topic, 0)) == []
+
+    # The same command again: everything is already restored, nothing produced twice.
+    again = run(restore_cmd(cfg, pipe, to_topic, "--partitions", "1", "--from-time", iso,
+                            "--to-time", str(hi)))
+    assert again.returncode == 0, again.stderr
+    assert "restored 0 records" in again.stdout
+    assert content(rows(pipe.dest_kafka, to_topic, 1)) == content(want)
+
+
+def test_kill9_during_a_restore_then_the_same_command_resumes_exactly(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    build_archive(pipe, 6000, per_segment=500, merge_upto=1500)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    # Small transactions, paced, so the kill lands mid-restore.
+    cmd = restore_cmd(cfg, pipe, to_topic, "--batch-size", "50", "--rate", "2KB/s")
+    log = tmp_path / "restore.out"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
+                                env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"})
+    try:
+        def some_restored() -> bool:
+            if to_topic not in Admin(pipe.dest_kafka).list_topics():
+                return False
+            return sum(1 for _ in read_partition(pipe.dest_kafka, to_topic, 0)) > 300
+
+        wait_for(some_restored, 120, "the restore to commit some batches")
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    partial = sum(1 for _ in read_partition(pipe.dest_kafka, to_topic, 0))
+    assert 300 < partial < 3000, log.read_text()
+    done = run(restore_cmd(cfg, pipe, to_topic, "--batch-size", "500"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for part in range(PARTITIONS):  # read_committed: no duplicate, nothing lost
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))
+    assert "partition 0: resumed after offset" in done.stdout  # after its checkpoint
+
+
+def test_dry_run_refuses_a_hole_and_a_glacier_segment_and_nothing_is_produced(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    build_archive(pipe, 800)
+    cfg = config(pipe, tmp_path)
+    # A hole: a level-0 segment above level 1 deleted.
+    hole = next(k for k in level0(pipe, 0) if k.start >= 200)
+    pipe.store.delete(hole.to_key())
+    # A GLACIER segment, the only one holding its positions.
+    cold = next(k for k in level0(pipe, 1) if k.start >= 200)
+    data = pipe.store.get(cold.to_key())
+    pipe.store.put(cold.to_key(), data, storage_class="GLACIER")
+    to_topic = unique_name("restored")
+    for args in (["--dry-run"], [], ["--allow-gaps"]):
+        res = run(restore_cmd(cfg, pipe, to_topic, *args))
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert f"{cold.to_key()} is in storage class GLACIER" in res.stderr
+        if "--allow-gaps" not in args:
+            assert (f"us-east-1/{pipe.topic}[0]: positions {hole.start}-{hole.end} "
+                    f"({hole.span}) are missing") in res.stderr
+    assert "GLACIER" in run(restore_cmd(cfg, pipe, to_topic, "--dry-run")).stdout
+    assert to_topic not in Admin(pipe.dest_kafka).list_topics()
+    assert pipe.checkpoint_topic not in Admin(pipe.dest_kafka).list_topics()

@@ -1,0 +1,161 @@
+"""The restore planner (``replicator/ops/restore_plan.py``): fewest segments, never a record
+twice, time bounds from footers, gaps and archive storage classes named."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replicator.core.keys import SegmentKey
+from replicator.ops.restore_plan import ArchivedSegment, Plan, RestoreRange, plan, with_times
+
+
+def seg(start: int, end: int, level: int = 0, partition: int = 0, *,
+        storage_class: str | None = None, times: tuple[int, int] | None = None,
+        size: int | None = None) -> ArchivedSegment:
+    key = SegmentKey("data", "us-east-1", "orders", partition, level, start, end)
+    lo, hi = times if times is not None else (None, None)
+    return ArchivedSegment(key, size if size is not None else (end - start + 1) * 10,
+                           storage_class, lo, hi)
+
+
+def spans(p: Plan) -> list[tuple[int, int, int, int]]:
+    """(level, segment start, first, last) of each step."""
+    return [(s.segment.key.level, s.segment.key.start, s.first, s.last) for s in p.steps]
+
+
+def level0(n: int, width: int = 100, partition: int = 0) -> list[ArchivedSegment]:
+    return [seg(i * width, (i + 1) * width - 1, partition=partition) for i in range(n)]
+
+
+def test_whole_archive_of_one_level_is_every_segment_once() -> None:
+    p = plan(level0(3), RestoreRange())
+    assert spans(p) == [(0, 0, 0, 99), (0, 100, 100, 199), (0, 200, 200, 299)]
+    assert p.gaps == [] and p.refusals() == []
+    assert p.est_records == 300 and p.bytes_to_read == 3000
+
+
+def test_a_compacted_segment_replaces_the_level0_ones_it_covers() -> None:
+    # Level 1 covers 0-299 (its level-0 inputs still there), level 0 goes on to 499.
+    segs = [*level0(5), seg(0, 299, level=1)]
+    p = plan(segs, RestoreRange())
+    assert spans(p) == [(1, 0, 0, 299), (0, 300, 300, 399), (0, 400, 400, 499)]
+
+
+def test_range_edges_cut_the_first_and_last_segment() -> None:
+    segs = [*level0(5), seg(0, 299, level=1)]
+    p = plan(segs, RestoreRange(from_offset=150, to_offset=420))
+    assert spans(p) == [(1, 0, 150, 299), (0, 300, 300, 399), (0, 400, 400, 420)]
+    assert p.est_records == 271
+    assert p.partitions[0].first == 150 and p.partitions[0].last == 420
+
+
+def test_overlapping_segments_never_give_a_position_twice() -> None:
+    # Two levels overlapping without nesting: 0-249 at level 1, 200-399 at level 2.
+    segs = [*level0(4), seg(0, 249, level=1), seg(200, 399, level=2)]
+    p = plan(segs, RestoreRange())
+    assert spans(p) == [(1, 0, 0, 249), (2, 200, 250, 399)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 10), st.integers(0, 2)),
+                min_size=1, max_size=12),
+       st.integers(0, 40), st.integers(0, 40))
+def test_steps_tile_the_range_exactly_with_the_gaps(
+        raw: list[tuple[int, int, int]], a: int, b: int) -> None:
+    """Property: steps and gaps together cover every position of the range once, in
+    order; a step's positions lie inside its segment."""
+    segs = [seg(s, s + w, level) for s, w, level in raw]
+    lo, hi = min(a, b), max(a, b)
+    p = plan(segs, RestoreRange(from_offset=lo, to_offset=hi))
+    pieces = sorted([(s.first, s.last) for s in p.steps] + [(g[1], g[2]) for g in p.gaps])
+    pos = lo
+    for first, last in pieces:
+        assert first == pos and last >= first
+        pos = last + 1
+    assert pos == hi + 1
+    for s in p.steps:
+        assert s.segment.key.start <= s.first and s.last <= s.segment.key.end
+    # Fewest segments: no two steps could be replaced by one existing segment.
+    for x, y in zip(p.steps, p.steps[1:], strict=False):
+        if x.last + 1 == y.first:
+            assert not any(s.key.start <= x.first and s.key.end >= y.last for s in segs)
+
+
+def test_gaps_are_named_with_their_positions() -> None:
+    segs = [seg(0, 99), seg(200, 299), seg(0, 99, partition=1)]
+    p = plan(segs, RestoreRange(to_offset=349))
+    assert p.gaps == [(0, 100, 199), (0, 300, 349), (1, 100, 349)]
+    refusals = p.refusals()
+    assert "us-east-1/orders[0]: positions 100-199 (100) are missing" in refusals[0]
+    assert p.refusals(allow_gaps=True) == []
+
+
+def test_a_range_below_the_archive_is_a_gap() -> None:
+    p = plan([seg(100, 199)], RestoreRange(from_offset=50))
+    assert p.gaps == [(0, 50, 99)] and spans(p) == [(0, 100, 100, 199)]
+
+
+def test_a_partition_without_segments_is_refused() -> None:
+    p = plan(level0(1), RestoreRange(), partitions=[0, 3])
+    assert p.refusals() == ["partition 3 has no segment in the archive"]
+    p = plan(level0(1), RestoreRange(from_offset=0, to_offset=9), partitions=[3])
+    assert p.gaps == [(3, 0, 9)]
+
+
+def test_archive_storage_classes_are_refused_by_name_unless_avoidable() -> None:
+    glacier = seg(0, 299, level=1, storage_class="GLACIER")
+    p = plan([glacier, seg(300, 399)], RestoreRange())
+    assert [s.segment for s in p.needs_restore] == [glacier]
+    assert p.refusals(allow_gaps=True) == [
+        f"{glacier.key} is in storage class GLACIER: restore it from the archive first "
+        "(S3 RestoreObject), then run again"]
+    # Readable level-0 segments under the GLACIER level 1 are read instead.
+    p = plan([*level0(4), glacier], RestoreRange())
+    assert spans(p) == [(0, 0, 0, 99), (0, 100, 100, 199), (0, 200, 200, 299),
+                        (0, 300, 300, 399)]
+    assert p.refusals() == []
+    # GLACIER_IR and the infrequent-access classes are readable as they are.
+    for cls in ("GLACIER_IR", "STANDARD_IA", "INTELLIGENT_TIERING"):
+        assert plan([seg(0, 9, storage_class=cls)], RestoreRange()).refusals() == []
+    assert plan([seg(0, 9, storage_class="DEEP_ARCHIVE")], RestoreRange()).needs_restore
+
+
+def test_time_bounds_drop_segments_whose_footer_times_miss_them() -> None:
+    segs = [seg(0, 99, times=(1000, 1999)), seg(100, 199, times=(2000, 2999)),
+            seg(200, 299, times=(3000, 3999)), seg(300, 399, times=(4000, 4999))]
+    p = plan(segs, RestoreRange(from_time=2500, to_time=3100))
+    assert spans(p) == [(0, 100, 100, 199), (0, 200, 200, 299)]
+    assert p.without_times == []
+    # Open-ended bounds.
+    assert len(plan(segs, RestoreRange(from_time=3500)).steps) == 2
+    assert len(plan(segs, RestoreRange(to_time=1000)).steps) == 1
+
+
+def test_segments_without_times_are_kept_and_reported_until_their_times_are_known() -> None:
+    segs = [seg(0, 99, times=(1000, 1999)), seg(100, 199), seg(200, 299, times=(3000, 3999))]
+    rng = RestoreRange(from_time=3000)
+    p = plan(segs, rng)
+    assert [s.segment.key.start for s in p.without_times] == [100]
+    assert spans(p) == [(0, 100, 100, 199), (0, 200, 200, 299)]
+    # The caller read segment 100-199: its records are older, so it drops out.
+    p = plan(with_times(segs, {segs[1].key: (2000, 2999)}), rng)
+    assert spans(p) == [(0, 200, 200, 299)] and p.without_times == []
+    # Without time bounds, times are never needed.
+    assert plan(segs, RestoreRange()).without_times == []
+
+
+def test_with_time_bounds_only_gaps_next_to_kept_segments_matter() -> None:
+    segs = [seg(0, 99, times=(1000, 1999)), seg(200, 299, times=(2000, 2999)),
+            seg(400, 499, times=(3000, 3999)), seg(600, 699, times=(4000, 4999))]
+    p = plan(segs, RestoreRange(from_time=3000, to_time=3500))
+    # 100-199 lies between two segments older than the bounds; 300-399 and 500-599 touch
+    # the kept one (their records' times are unknown).
+    assert p.gaps == [(0, 300, 399), (0, 500, 599)]
+
+
+def test_bad_ranges_are_refused() -> None:
+    with pytest.raises(ValueError, match="--from-offset 5 is after --to-offset 4"):
+        RestoreRange(from_offset=5, to_offset=4)
+    with pytest.raises(ValueError, match="--from-time"):
+        RestoreRange(from_time=5, to_time=4)
