@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Final, Literal
 
-from ingress.topics import read_topic_meta
 from replicator.core.keys import PartitionRef
 from replicator.core.storage import ObjectStore
+from replicator.core.topic_copy import read_topic_meta
 
 NOT_RECORDED: Final = "not-recorded"
 PENDING: Final = "pending"

@@ -46,6 +46,7 @@ from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, DeliveryReport, Producer, read_to_end
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import parse_checkpoint_key
 from replicator.devstack import aws
 from replicator.devstack.processes import (
     BrokerKind,
@@ -534,7 +535,10 @@ def checkpoint_history(kafka: KafkaSettings, topic: str) -> dict[int, list[int]]
                 off = int(json.loads(value)["offset"])
             except (ValueError, KeyError, TypeError):
                 continue
-            out.setdefault(int(key.decode().rsplit(":", 1)[1]), []).append(off)
+            parsed = parse_checkpoint_key(key.decode())
+            if parsed is None:
+                continue
+            out.setdefault(parsed[2], []).append(off)
     return out
 
 
