@@ -233,8 +233,26 @@ class PartitionWriter:
         """A failed segment waits out its backoff and every queued task before the seek."""
         return self.failed is not None and now >= self.retry_at and self.queue.idle
 
+    def rewind_offset(self) -> int:
+        """Where the consumer must seek before ``rewind``: the failed segment's start."""
+        assert self.failed is not None
+        return self.failed.start
+
+    def seek_failed(self, now: float) -> float:
+        """The seek to ``rewind_offset`` failed: stay failed and wait before the next try.
+
+        Returns:
+            The delay in seconds before ``ready_to_rewind`` is true again.
+        """
+        self.failures += 1
+        delay = self.ctx.retry_policy.nominal_delay(self.failures - 1)
+        self.retry_at = now + delay
+        return delay
+
     def rewind(self) -> int:
-        """Forget everything after the failed segment; returns the offset to seek to."""
+        """Forget everything after the failed segment once the consumer has been seeked to
+        ``rewind_offset``; returns that offset.
+        """
         assert self.failed is not None
         start = self.failed.start
         self.failed = None

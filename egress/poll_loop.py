@@ -146,7 +146,7 @@ class PollLoop:
         self._apply_memory_budget(writers)
         for w in writers:
             if w.ready_to_rewind(now):
-                self._rewind(w)
+                self._rewind(w, now)
         self._apply_pauses(writers)
         if now - self._last_gauges >= GAUGE_INTERVAL:
             self._last_gauges = now
@@ -206,14 +206,22 @@ class PollLoop:
         except ReplicatorError as e:
             log.warning("resuming %s before release failed: %s", paused, e)
 
-    def _rewind(self, w: PartitionWriter) -> None:
-        offset = w.rewind()
+    def _rewind(self, w: PartitionWriter, now: float) -> None:
+        # Seek first: clearing the failure before a seek that then fails would let the
+        # partition resume where it stands while its next segment is named from the failed
+        # segment's start, a key claiming records it does not hold.
+        offset = w.rewind_offset()
         try:
             self.consumer.seek(TopicPartition(w.ref.topic, w.ref.partition, offset))
         except ReplicatorError as e:
-            # Not fatal: the partition stays where it is and is rewound again later.
-            log.warning("%s: %s", w.name, e)
+            # Not fatal: the partition stays failed (its records are dropped) and the
+            # seek is retried after the next backoff.
+            delay = w.seek_failed(now)
+            log.warning("%s: seek to offset %d failed, retrying in %.1fs: %s", w.name,
+                        offset, delay, e)
+            self.m.seek_failures.labels(self.region).inc()
             return
+        w.rewind()
         log.info("%s: rewound to offset %d after a failed segment", w.name, offset)
 
     def _update_gauges(self, writers: Sequence[PartitionWriter]) -> None:
