@@ -37,7 +37,7 @@ from formats.base import WriterOptions
 from formats.registry import get_format, use_memory_pool
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import Admin, Consumer, TopicPartition
+from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy
@@ -244,6 +244,23 @@ class Egress:
                 log.error("%s", self._fatal)
                 return
         assert self._ctx is not None
+        # Fetch from exactly the positions read: left to the client, the fetch would start
+        # at whatever is committed when it asks, and a stale commit landing in between (a
+        # writer elsewhere that has not noticed it lost the partition) would make the
+        # segment named from one offset hold records from another.
+        start = {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                 for tp in committed}
+        try:
+            consumer.assign_added([
+                TopicPartition(tp.topic, tp.partition,
+                               start.get((tp.topic, tp.partition), tp.offset))
+                for tp in partitions])
+        except ReplicatorError as e:
+            self._failed = True
+            self._fatal = e
+            self._stop.set()
+            log.error("assigning %s failed: %s", ", ".join(map(str, partitions)), e)
+            return
         for tp in committed:
             expected = tp.offset if tp.offset >= 0 else None
             ref = PartitionRef(self.settings.s3.prefix, self.region, tp.topic, tp.partition)
@@ -271,6 +288,7 @@ class Egress:
                     ", ".join(f"{t}[{p}]" for t, p in keys))
         self.m.rebalances.labels(self.region, "lost").inc(len(keys))
         for k in keys:
+            self._commits.retire(*k)
             w = self._writers.pop(k, None)
             if w is not None:
                 w.cancel.set()
@@ -302,6 +320,8 @@ class Egress:
         loop.drain_outcomes(self.clock())
         loop.forget_pauses([(w.ref.topic, w.ref.partition) for w in writers])
         for w in writers:
+            # Whatever is still running for it (aborting) may no longer commit.
+            self._commits.retire(w.ref.topic, w.ref.partition)
             self._writers.pop((w.ref.topic, w.ref.partition), None)
             log.info("%s: released (%s), committed offset %s", w.name, reason,
                      w.committed_offset)

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 import pyarrow as pa
 
+from egress.commits import NotOwner
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
     CloseReason,
@@ -349,9 +350,22 @@ class PartitionWriter:
             log.warning("%s: temp object %s of segment %s stays behind (the lifecycle rule "
                         "expires it): %s", self.name, temp_key, final, published.temp_error)
             self.metrics.temp_leftovers.inc()
+        if self.cancel.is_set():
+            # Revoked past the shutdown timeout, or lost, while the copy ran: the partition
+            # belongs to another writer now, which reads from the commit it found. Never
+            # commit for it; the segment stays (an overlap with the new owner's segment,
+            # which ingress tolerates).
+            log.warning("%s: segment %s is durable but the partition is no longer assigned "
+                        "here: offset %d not committed", self.name, final, seg.end + 1)
+            seg.state = SegmentState.ABORTED
+            self.ctx.report(SegmentOutcome(self, seg, SegmentState.ABORTED, key))
+            return
         # Step 4: commit end + 1, synchronously.
         try:
             self._commit(seg.end + 1)
+        except NotOwner as e:
+            # Revoked or lost between the check above and the commit: as above.
+            log.warning("%s: segment %s is durable; %s", self.name, final, e)
         except ReplicatorError as e:
             # The segment is durable; the next segment's commit covers this one. If the
             # partition moved to another member, it re-reads from the older commit and

@@ -13,6 +13,7 @@ from formats.registry import get_format
 from formats.segment_io import open_segment
 from replicator.core.errors import KafkaRetriableError
 from replicator.core.keys import SegmentKey
+from replicator.core.storage import ObjectInfo
 from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
 
 
@@ -183,3 +184,21 @@ def test_headers_reach_the_segment(h: Harness) -> None:
     assert read(h, h.final_keys()[0]) == recs
     assert h.writer.segment is None and not h.writer.closing
     assert h.writer.committed_offset == 1
+
+
+def test_a_writer_cancelled_while_it_copies_never_commits(h: Harness) -> None:
+    # The partition was revoked (shutdown timeout passed) or lost while the copy to the
+    # final key ran: the segment is visible, but the offset is not this writer's to commit.
+    copy = h.store.copy
+
+    def copy_then_lose(src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
+        info = copy(src, dst, storage_class=storage_class)
+        h.writer.cancel.set()
+        return info
+
+    h.store.copy = copy_then_lose  # type: ignore[method-assign]
+    h.writer.append(messages(records(range(3))), now=0.0)
+    h.writer.close(CloseReason.REVOKE)
+    h.settle()
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000002"]
+    assert h.commits == [] and ("commit", "3") not in h.store.ops
