@@ -20,7 +20,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -36,7 +36,7 @@ from egress.topic_meta import TopicMetadataPublisher
 from formats.base import WriterOptions
 from formats.registry import get_format, use_memory_pool
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
-from replicator.core.errors import ReplicatorError
+from replicator.core.errors import KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
@@ -140,12 +140,17 @@ class Egress:
             interval=self.config.topic_metadata_interval)
         self._meta.check()
         self._last_meta = self.clock()
+        # A position the source deleted (retention under a lagging consumer) stops the
+        # partition with an event instead of a silent jump to the log start: egress reports
+        # the exact lost range, then seeks (egress.poll_loop).
         self._consumer = Consumer(self.settings.kafka, self.config.group_id,
-                                  self._consumer_overrides)
+                                  {"auto.offset.reset": "error",
+                                   **self._consumer_overrides})
         self._loop = PollLoop(self._consumer, self._writers, self._commits, self._outcomes,
                               self.m, self.region,
                               FlowLimits.for_budget(self.config.max_buffered_bytes),
-                              self.clock, self._maybe_check_topics)
+                              self.clock, self._maybe_check_topics, self._pool,
+                              self._log_start)
         self._consumer.subscribe(sorted(self.config.topics), on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         if self.settings.metrics.port:
@@ -267,8 +272,7 @@ class Egress:
             self._writers[(tp.topic, tp.partition)] = PartitionWriter(
                 ref, self._limits[tp.topic], expected, ctx=self._ctx,
                 metrics=self.m.for_partition(self.region, tp.topic, tp.partition),
-                commit=self._commits.committer(tp.topic, tp.partition),
-                low_watermark=self._low_watermark_reader(tp.topic, tp.partition))
+                commit=self._commits.committer(tp.topic, tp.partition))
             log.info("%s[%d]: assigned, resuming at %s", tp.topic, tp.partition,
                      expected if expected is not None else "the first available offset "
                                                            "(no commit)")
@@ -327,16 +331,10 @@ class Egress:
                      w.committed_offset)
         self.m.assigned.labels(self.region).set(len(self._writers))
 
-    def _low_watermark_reader(self, topic: str, partition: int) -> Callable[[], int | None]:
-        def low() -> int | None:
-            assert self._consumer is not None
-            try:
-                lo, _ = self._consumer.watermarks(TopicPartition(topic, partition),
-                                                  timeout=10)
-            except ReplicatorError as e:
-                log.warning("%s[%d]: cannot read the log start offset, a retention loss "
-                            "before this segment would go unnoticed: %s", topic, partition, e)
-                return None
-            return lo if lo >= 0 else None
-
-        return low
+    def _log_start(self, topic: str, partition: int) -> int:
+        """The partition's log start offset, from the broker (blocking: pool threads)."""
+        assert self._consumer is not None
+        lo, _ = self._consumer.watermarks(TopicPartition(topic, partition), timeout=10)
+        if lo < 0:
+            raise KafkaRetriableError(f"{topic}[{partition}]: no log start offset ({lo})")
+        return lo

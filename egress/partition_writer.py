@@ -29,7 +29,6 @@ from egress.metrics import PartitionMetrics
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
-    StartDecision,
     decide_start,
     should_rotate,
 )
@@ -87,21 +86,17 @@ class PartitionWriter:
         metrics: this partition's metric children.
         commit: commits ``offset`` (the next offset to read) for this partition,
             synchronously; raises ``ReplicatorError``.
-        low_watermark: the source's log start offset (for retention loss), or ``None``
-            if it cannot be read now.
     """
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
                  ctx: WriterContext, metrics: PartitionMetrics,
-                 commit: Callable[[int], None],
-                 low_watermark: Callable[[], int | None]) -> None:
+                 commit: Callable[[int], None]) -> None:
         self.ref = ref
         self.limits = limits
         self.expected = expected
         self.ctx = ctx
         self.metrics = metrics
         self._commit = commit
-        self._low_watermark = low_watermark
         self.name = f"{ref.topic}[{ref.partition}]"
         self.segment: Segment | None = None
         self.closing: list[Segment] = []
@@ -148,26 +143,42 @@ class PartitionWriter:
     def _open(self, first: Message, now: float) -> Segment:
         first_offset = first.offset()
         assert first_offset is not None
-        low = self._low_watermark() if (self.expected is not None
-                                        and first_offset > self.expected) else None
-        decision = decide_start(self.expected, first_offset, low)
-        self._report_start(decision, first_offset)
+        # A hole before the first record is not loss by itself (transaction markers,
+        # aborted or compacted-away records): records deleted under the consumer are
+        # reported when the broker says the position left the log
+        # (``position_left_the_log``), so nothing is asked of the broker here.
+        decision = decide_start(self.expected, first_offset)
+        if decision.reset:
+            log.error("%s: first record at offset %d is before the resume position %d: the "
+                      "source partition was truncated or recreated; segments restart at %d",
+                      self.name, first_offset, self.expected, decision.start)
         seg = Segment(decision.start, now)
         self.segment = seg
         return seg
 
-    def _report_start(self, d: StartDecision, first_offset: int) -> None:
-        if d.lost is not None:
-            lo, hi = d.lost
+    def position_left_the_log(self, position: int, log_start: int) -> None:
+        """The source no longer holds ``position``, the next offset this partition would
+        read; the consumer now reads from ``log_start`` (poll thread).
+
+        Records from ``position`` up to the log start were deleted (retention,
+        DeleteRecords) before egress read them: ERROR with the exact range, counted in
+        ``egress_source_lost_messages_total``. The segments still touch (the next records
+        continue the open segment, or the next segment starts at the expected position), so
+        ingress sees no gap and the loss is reported once, here, where it is exact. A
+        position beyond the log (the partition was truncated or recreated) closes the open
+        segment, so the next one restarts at the first record (``decide_start``).
+        """
+        if log_start > position:
+            lo, hi = position, log_start - 1
             log.error("%s: offsets %d..%d (%d positions) were deleted at the source before "
-                      "egress read them (retention); the next segment starts at %d and "
-                      "its first record is at %d", self.name, lo, hi, hi - lo + 1, d.start,
-                      first_offset)
+                      "egress read them (retention); reading on from the log start %d",
+                      self.name, lo, hi, hi - lo + 1, log_start)
             self.metrics.lost.inc(hi - lo + 1)
-        if d.reset:
-            log.error("%s: first record at offset %d is before the resume position %d: the "
-                      "source partition was truncated or recreated; segments restart at %d",
-                      self.name, first_offset, self.expected, d.start)
+            return
+        log.error("%s: position %d is beyond the source log, which starts at %d: the "
+                  "partition was truncated or recreated; reading on from its start",
+                  self.name, position, log_start)
+        self.close(CloseReason.RESET)
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):

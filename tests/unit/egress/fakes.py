@@ -108,6 +108,8 @@ class Harness:
     limits: SegmentLimits = field(default_factory=lambda: SegmentLimits(1000, 10**9, 60.0))
     expected: int | None = None
     low: int | None = None
+    """The source's log start offset (what the poll loop reads when a position left the
+    log); the writer itself never asks."""
     now: float = 0.0
     commits: list[int] = field(default_factory=list)
     outcomes: list[SegmentOutcome] = field(default_factory=list)
@@ -126,8 +128,7 @@ class Harness:
                                      jitter=0.0))
         self.writer = PartitionWriter(
             PartitionRef("data", "r1", "t", 0), self.limits, self.expected, ctx=self.ctx,
-            metrics=self.m.for_partition("r1", "t", 0), commit=self._commit,
-            low_watermark=lambda: self.low)
+            metrics=self.m.for_partition("r1", "t", 0), commit=self._commit)
 
     def _commit(self, offset: int) -> None:
         with self.store.lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 from collections.abc import Iterator, Sequence
 
@@ -13,7 +14,7 @@ from egress.poll_loop import PollLoop
 from egress.rotation import CloseReason
 from egress.segment import SegmentOutcome
 from replicator.core.errors import KafkaRetriableError
-from replicator.core.kafka import TopicPartition
+from replicator.core.kafka import Fetched, TopicPartition
 from tests.unit.egress.fakes import Harness, messages, records
 
 
@@ -30,6 +31,9 @@ class FakeConsumer:
             self.seek_failures -= 1
             raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
         self.seeks.append(tp)
+
+    def restart(self, tp: TopicPartition, others: Sequence[TopicPartition]) -> None:
+        self.seek(tp)   # the same for these tests: where the partition reads next
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
         self.paused.extend(tps)
@@ -54,9 +58,14 @@ def h() -> Iterator[Harness]:
 
 def loop_for(h: Harness, consumer: FakeConsumer) -> PollLoop:
     outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    def log_start(topic: str, partition: int) -> int:
+        if h.low is None:
+            raise KafkaRetriableError("no answer in time")
+        return h.low
+
     return PollLoop(consumer, {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
                     outcomes, h.m, "r1", FlowLimits.for_budget(10**9), lambda: h.now,
-                    lambda _now: None)
+                    lambda _now: None, h.pool, log_start)
 
 
 def fail_first_segment(h: Harness) -> None:
@@ -91,3 +100,66 @@ def test_a_failed_seek_keeps_the_partition_rewinding(h: Harness) -> None:
     h.settle()
     assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000005"]
     assert h.commits == [6]
+
+
+def settle_log_start(loop: PollLoop) -> None:
+    for o in list(loop.out_of_range.values()):
+        o.log_start.exception(10)
+    loop._tick(0.0)
+
+
+def test_records_deleted_under_an_open_segment_are_reported_exactly(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(51))), now=0.0)     # an open segment, 0..50
+    # Retention deleted 51..149 before they were fetched: the broker answers "out of
+    # range" for position 51 and the client stops the partition there.
+    h.low = 150
+    loop._dispatch(Fetched(out_of_range={("t", 0): 51}), 0.0)
+    assert consumer.seeks == []                       # not before the log start is known
+    with caplog.at_level(logging.ERROR):
+        settle_log_start(loop)
+    assert [(tp.partition, tp.offset) for tp in consumer.seeks] == [(0, 150)]
+    assert h.metrics.total("egress_source_lost_messages_total") == 99
+    assert "t[0]: offsets 51..149 (99 positions) were deleted at the source" in caplog.text
+    assert loop.out_of_range == {}
+    # The segment goes on (the loss is reported here, once; ingress sees no gap).
+    h.writer.append(messages(records(range(150, 160))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000159"]
+    assert h.commits == [160]
+
+
+def test_the_log_start_is_read_again_until_it_is_known(h: Harness) -> None:
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(10))), now=0.0)
+    h.low = None                                       # the first read times out
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    settle_log_start(loop)
+    assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
+    h.low = 20
+    settle_log_start(loop)
+    assert [tp.offset for tp in consumer.seeks] == [20]
+    assert h.metrics.total("egress_source_lost_messages_total") == 10
+
+
+def test_a_position_beyond_the_log_closes_the_segment_and_restarts(h: Harness) -> None:
+    # The source partition was recreated: the position is above its end, nothing was lost
+    # that egress can name; the open segment closes and the next one starts at the
+    # first record.
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(30))), now=0.0)
+    h.low = 0
+    loop._dispatch(Fetched(out_of_range={("t", 0): 30}), 0.0)
+    settle_log_start(loop)
+    assert [tp.offset for tp in consumer.seeks] == [0]
+    h.writer.append(messages(records(range(5))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000004",
+                              "data/r1/t/0/0/00000000000000000000-00000000000000000029"]
+    assert h.metrics.total("egress_source_lost_messages_total") == 0
