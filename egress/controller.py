@@ -126,18 +126,19 @@ class Egress:
         use_memory_pool(self.config.memory_pool)
         self._pool = ThreadPoolExecutor(self.config.upload_threads,
                                         thread_name_prefix="egress-upload")
+        self._meta = TopicMetadataPublisher(
+            self.config.topics, Admin(self.settings.kafka), self.store,
+            prefix=self.settings.s3.prefix, region=self.region, metrics=self.m,
+            wall=self.wall, retry_policy=self.retry_policy,
+            interval=self.config.topic_metadata_interval)
         self._ctx = WriterContext(
             store=self.store, fmt=self.fmt,
             options=WriterOptions.from_settings(self.settings.format),
             temp_prefix=self.settings.s3.temp_prefix,
             storage_class=self.settings.s3.storage_class_for(0),
             pool=self._pool, report=self._outcomes.put, clock=self.clock, wall=self.wall,
-            retry_policy=self.retry_policy)
-        self._meta = TopicMetadataPublisher(
-            self.config.topics, Admin(self.settings.kafka), self.store,
-            prefix=self.settings.s3.prefix, region=self.region, metrics=self.m,
-            wall=self.wall, retry_policy=self.retry_policy,
-            interval=self.config.topic_metadata_interval)
+            retry_policy=self.retry_policy,
+            first_positions=self._meta.record_first_position)
         self._meta.check()
         self._last_meta = self.clock()
         # A position the source deleted (retention under a lagging consumer) stops the

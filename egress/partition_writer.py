@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -72,6 +72,14 @@ class WriterContext:
     clock: Monotonic
     wall: Clock
     retry_policy: RetryPolicy
+    first_positions: FirstPositions | None = None
+    """Records a partition's first position in ``_topic.json`` (``None``: not recorded)."""
+
+
+class FirstPositions(Protocol):
+    """``egress.topic_meta.TopicMetadataPublisher.record_first_position``."""
+
+    def __call__(self, ref: PartitionRef, start: int, *, resumed: bool) -> None: ...
 
 
 class PartitionWriter:
@@ -108,6 +116,8 @@ class PartitionWriter:
         self.retry_at = 0.0
         self.next_offset: int | None = expected
         self.committed_offset: int | None = expected
+        self.resumed = expected is not None
+        self._first_recorded = ctx.first_positions is None
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -305,6 +315,8 @@ class PartitionWriter:
 
         1. Finish the segment: the writer flushes its last row group and the footer into
            the upload, and the upload is completed (the object exists, at its temp key).
+        (Before step 2 of the partition's first segment, its first position is recorded
+        in ``_topic.json``: ``egress.topic_meta``.)
         2. Copy the temp object to the final key
            ``SegmentKey(prefix, region, topic, partition, 0, start, end)`` with the level-0
            storage class (server-side; multipart above the copy threshold). From here on
@@ -339,6 +351,8 @@ class PartitionWriter:
                                f"{self.name}: finish {upload.temp_key}")
             seg.stored_bytes = info.size
             self._check_cancel()
+            step = "first_position"
+            self._record_first_position(seg)
             # Steps 2-3: copy to the final key with the level-0 storage class, then delete
             # the temp object (its failure is returned, not raised).
             step = "copy"
@@ -391,6 +405,16 @@ class PartitionWriter:
                  seg.stored_bytes, seg.reason, seg.end + 1)
         self._release(seg)
         self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
+
+    def _record_first_position(self, seg: Segment) -> None:
+        # Before the partition's first segment is visible, _topic.json says where its
+        # history begins (ingress must not start after a first segment that arrives late).
+        record = self.ctx.first_positions
+        if self._first_recorded or record is None:
+            return
+        self._retry(lambda: record(self.ref, seg.start, resumed=self.resumed),
+                    f"{self.name}: record the first position {seg.start}")
+        self._first_recorded = True
 
     def _check_cancel(self) -> None:
         if self.cancel.is_set():

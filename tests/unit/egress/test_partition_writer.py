@@ -11,7 +11,7 @@ from egress.rotation import CloseReason, SegmentLimits
 from formats.records import Record, batch_to_records
 from formats.registry import get_format
 from formats.segment_io import open_segment
-from replicator.core.errors import KafkaRetriableError
+from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import ObjectInfo
 from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
@@ -206,3 +206,53 @@ def test_a_writer_cancelled_while_it_copies_never_commits(h: Harness) -> None:
     h.settle()
     assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000002"]
     assert h.commits == [] and ("commit", "3") not in h.store.ops
+
+
+def test_the_first_position_is_recorded_before_the_first_segment_is_visible() -> None:
+    calls: list[tuple[int, bool]] = []
+    h = make(expected=None)
+
+    def record(ref: object, start: int, *, resumed: bool) -> None:
+        with h.store.lock:
+            h.store.ops.append(("first_position", str(start)))
+        if not calls:
+            calls.append((start, resumed))
+            raise StorageError("S3 is down")      # the first attempt fails
+        calls.append((start, resumed))
+
+    h.pool.shutdown()
+    h.first_positions = record
+    h.__post_init__()
+    try:
+        h.writer.append(messages(records(range(7, 10))), now=0.0)
+        h.writer.close(CloseReason.COUNT)
+        h.writer.append(messages(records(range(10, 12))), now=0.0)
+        h.writer.close(CloseReason.COUNT)
+        h.settle()
+        ops = [op for op, _ in h.store.ops]
+        assert ops.index("first_position") < ops.index("copy")
+        assert calls == [(7, False), (7, False)]           # retried, then once only
+        assert len(h.final_keys()) == 2 and h.commits == [10, 12]
+    finally:
+        h.close()
+
+
+def test_a_first_position_that_cannot_be_recorded_keeps_the_segment_invisible() -> None:
+    h = make(expected=30)
+
+    def record(ref: object, start: int, *, resumed: bool) -> None:
+        assert resumed
+        raise StorageError("S3 is down")
+
+    h.pool.shutdown()
+    h.first_positions = record
+    h.__post_init__()
+    try:
+        h.writer.append(messages(records(range(30, 33))), now=0.0)
+        h.writer.close(CloseReason.COUNT)
+        h.settle()
+        assert h.final_keys() == [] and h.commits == []
+        assert h.writer.failed is not None
+        assert h.metrics.total("egress_segment_failures_total", step="first_position") == 1
+    finally:
+        h.close()
