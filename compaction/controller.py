@@ -12,7 +12,9 @@
 5. releases the lock and records metrics.
 
 A run that dies anywhere leaves every input whose output is not published, and the next
-run recognises published outputs (the watermark) and finishes their cleanup.
+run recognises published outputs (higher-level segments covering inputs) and finishes
+their cleanup; a task that failed leaves its range to the next run, which plans it again
+even when later ranges were compacted (``compaction.planner``).
 """
 
 from __future__ import annotations
@@ -305,9 +307,6 @@ class Compaction:
                     self.m.holes.labels(self.settings.region, ref.topic,
                                         str(ref.partition)).inc()
                     report.holes.append(f"{where} {hole.start}-{hole.end}")
-                for k in p.stranded:
-                    log.warning("%s: segment %s lies below the compacted range and is not "
-                                "covered by it; left in place", where, k)
                 for t in p.tasks:
                     log.info("%s: plan %s", where, t.describe())
                     report.tasks.append(planned(t))

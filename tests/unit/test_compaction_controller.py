@@ -390,3 +390,37 @@ def test_merge_memory_is_bounded_by_batches_and_row_groups_not_segment_size() ->
     assert res.ok and res.records == 16000 and res.bytes_out > 32_000_000
     # 1 MiB row groups, 200-record (400 KB) batches, 2 read ahead: a few MB, not 32
     assert pool.max_memory() < 8_000_000, pool.max_memory()
+
+
+def test_a_partial_failure_is_compacted_by_the_next_run() -> None:
+    # Three tasks in one run; the middle one fails to publish, the last succeeds. The next
+    # run merges the middle range although it lies below the highest compacted end.
+    store = MemoryObjectStore()
+    failures = [1]
+    seed(store, [(i * 100, i * 100 + 99) for i in range(6)])
+    middle = k(1, 200, 399).to_key()
+
+    copy = store.copy
+
+    def copy_failing_middle(src: str, dst: str, *, storage_class: str | None = None
+                            ) -> ObjectInfo:
+        if dst == middle and failures[0] > 0:
+            failures[0] -= 1
+            raise StorageError(f"injected: copy {src} -> {dst}")
+        return copy(src, dst, storage_class=storage_class)
+
+    store.copy = copy_failing_middle  # type: ignore[method-assign]
+    settings = compaction_settings(topics={"t": {
+        "min_segment_age": "1h", "min_segment_count": 2, "min_segment_size": 1,
+        "max_segment_count": 2, "max_segment_size": "1GiB", "batch_size": 7}})
+    c = controller(store, settings=settings)
+    report = c.run_once()
+    assert {t.output: t.outcome for t in report.tasks} == {
+        k(1, 0, 199).to_key(): "merged", middle: "failed", k(1, 400, 599).to_key(): "merged"}
+    report = c.run_once()
+    assert report.outcome == "success"
+    assert [t.output for t in report.tasks] == [middle]
+    assert segment_keys(store) == [k(1, 0, 199).to_key(), middle, k(1, 400, 599).to_key()]
+    got = [r.offset for key in (k(1, 0, 199), k(1, 200, 399), k(1, 400, 599))
+           for r in read_segment(store, key)]
+    assert got == list(range(600))
