@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from botocore.exceptions import ClientError
 
 from compaction.controller import Compaction
 from compaction.executors import settings_from_payload, settings_payload
@@ -18,6 +19,7 @@ from compaction.merge import TaskSpec, merge_segments
 from formats.base import WriterOptions
 from formats.records import Record
 from formats.registry import get_format
+from replicator.core.aws import translate
 from replicator.core.errors import ConfigError, StorageError
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore, ObjectInfo
@@ -424,3 +426,42 @@ def test_a_partial_failure_is_compacted_by_the_next_run() -> None:
     got = [r.offset for key in (k(1, 0, 199), k(1, 200, 399), k(1, 400, 599))
            for r in read_segment(store, key)]
     assert got == list(range(600))
+
+
+def test_a_refresh_racing_release_never_recreates_the_lock() -> None:
+    # The keeper's refresh read the lock (still ours); release deleted it before the
+    # refresh wrote the renewed lease. Re-created, it would block every run for lock_ttl.
+    store = MemoryObjectStore()
+    lock = RegionLock(store, lock_key("data", "r1"), timedelta(minutes=10),
+                      lambda: datetime.now(UTC))
+    assert lock.acquire()
+    get_with_etag = store.get_with_etag
+
+    def read_then_released(key: str) -> tuple[bytes, str]:
+        got = get_with_etag(key)
+        store.delete(key)          # release() ran in between
+        return got
+
+    store.get_with_etag = read_then_released  # type: ignore[method-assign]
+    assert lock.refresh() is False
+    assert lock_key("data", "r1") not in listing(store)
+
+
+class ConflictOnCreate(MemoryObjectStore):
+    """S3 answers 409 ConditionalRequestConflict: another conditional write of the key is
+    in flight (another run creating the lock)."""
+
+    def put(self, key: str, data: bytes, **kw: Any) -> ObjectInfo:
+        if kw.get("if_none_match"):
+            response: Any = {"Error": {"Code": "ConditionalRequestConflict",
+                                       "Message": "conflict"},
+                             "ResponseMetadata": {"HTTPStatusCode": 409}}
+            raise translate(ClientError(response, "PutObject"), f"put {key}")
+        return super().put(key, data, **kw)
+
+
+def test_a_409_on_creating_the_lock_is_a_skipped_run_not_a_failed_one() -> None:
+    store = ConflictOnCreate()
+    seed(store, [(0, 99), (100, 199)])
+    report = controller(store).run_once()
+    assert report.outcome == "skipped" and "holds the region lock" in (report.reason or "")
