@@ -92,6 +92,8 @@ class PartitionPlan:
     tasks: list[CompactionTask] = field(default_factory=list)
     covered_to_delete: list[SegmentKey] = field(default_factory=list)
     holes_reported: list[Hole] = field(default_factory=list)
+    covering: dict[SegmentKey, SegmentKey] = field(default_factory=dict)
+    """For each of ``covered_to_delete``: the higher-level segment that holds it."""
     skipped_reason: str | None = None
     """Why (part of) the partition was not merged: too few/young segments, and so on."""
 
@@ -151,8 +153,10 @@ def plan(  # noqa: C901 - one ordered pass over the segments; its rules read as 
                 run = _Run()
             previous_end = k.end if previous_end is None else max(previous_end, k.end)
             continue
-        if covers.covered(k):
+        cover = covers.cover(k)
+        if cover is not None:
             result.covered_to_delete.append(k)
+            result.covering[k] = cover
             continue
         if now - seg.last_modified < cfg.min_segment_age:
             young = seg
@@ -242,12 +246,17 @@ class _Coverage:
 
     def __init__(self, higher: list[SegmentKey]) -> None:
         self._starts = [k.start for k in higher]
-        self._max_end: list[int] = []
-        best = -1
+        self._widest: list[SegmentKey] = []
+        """Per prefix of ``higher``: the segment reaching furthest."""
+        best: SegmentKey | None = None
         for k in higher:
-            best = max(best, k.end)
-            self._max_end.append(best)
+            if best is None or k.end > best.end:
+                best = k
+            self._widest.append(best)
 
-    def covered(self, k: SegmentKey) -> bool:
+    def cover(self, k: SegmentKey) -> SegmentKey | None:
+        """A higher-level segment holding all of ``k``, or ``None``."""
         i = bisect.bisect_right(self._starts, k.start) - 1
-        return i >= 0 and self._max_end[i] >= k.end
+        if i >= 0 and self._widest[i].end >= k.end:
+            return self._widest[i]
+        return None

@@ -196,7 +196,8 @@ class S3ObjectStore(ObjectStore):
         with aws_errors(f"head {self.url(key)}"):
             resp = self.client.head_object(Bucket=self.bucket, Key=key)
         return ObjectInfo(key, int(resp["ContentLength"]), resp["LastModified"],
-                          _etag(resp.get("ETag")), resp.get("StorageClass") or STANDARD)
+                          _etag(resp.get("ETag")), resp.get("StorageClass") or STANDARD,
+                          resp.get("ReplicationStatus"))
 
     def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,

@@ -45,6 +45,9 @@ class ObjectInfo:
     last_modified: datetime
     etag: str = ""
     storage_class: str | None = None
+    replication_status: str | None = None
+    """From ``head`` on a bucket with replication rules: ``PENDING``, ``COMPLETED``,
+    ``FAILED`` (a source object) or ``REPLICA``; ``None`` when the store says nothing."""
 
 
 class Upload(ABC):
