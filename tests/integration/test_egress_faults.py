@@ -14,7 +14,7 @@ from typing import Any
 
 from egress.controller import Egress
 from formats.records import Record
-from replicator.core.errors import StorageError
+from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import Producer
 from replicator.core.retry import RetryPolicy
 from replicator.core.storage import ObjectInfo, ObjectStore, Upload
@@ -275,3 +275,43 @@ def test_kill_9_mid_segment_then_restart(source_brokers: str, moto_endpoint: str
     # Orphan temp objects are the only possible garbage (none here: the open segments were
     # smaller than one part, so nothing had reached S3 before the kill).
     assert all(o.key.startswith(("temp/", "data/")) for o in store.list(""))
+
+
+def test_a_seek_that_fails_during_the_rewind_is_retried_and_nothing_is_skipped(
+        source_brokers: str, moto_endpoint: str) -> None:
+    """Partition 0's copies fail, so it rewinds; its first seeks back fail too (the client
+    refuses them). The partition must stay rewinding until a seek succeeds: resumed where
+    it stood, its next segment would be named from the failed start while holding only
+    later records (ingress would skip the difference)."""
+    bucket, s3 = new_bucket(moto_endpoint)
+    topic = create_topic(source_brokers, 1)
+    store = FlakyStore(s3, f"/{topic}/0/")
+    store.broken.set()
+    settings = egress_settings(source_brokers, moto_endpoint, bucket,
+                               {topic: {"max_segment_messages": 50, "max_segment_age": "300ms"}})
+    recs = sample_records(0, 300)
+    eg = Egress(settings, store=store, retry_policy=FAST_RETRY)
+    with running(eg):
+        wait_for(eg.ready, what="assignment")
+        consumer = eg._consumer
+        assert consumer is not None
+        seek = consumer.seek
+        refused = [0]
+
+        def failing_seek(tp: Any) -> None:
+            if store.broken.is_set() or refused[0] < 3:
+                refused[0] += 1
+                raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
+            seek(tp)
+
+        consumer.seek = failing_seek  # type: ignore[method-assign]
+        produce(source_brokers, topic, 0, recs[:200])
+        wait_for(lambda: refused[0] >= 1, what="a failed seek back to the failed segment")
+        store.broken.clear()
+        produce(source_brokers, topic, 0, recs[200:])
+        wait_for(lambda: read_partition(s3, topic, 0) == recs, what="every record")
+    assert refused[0] >= 3 and eg.metrics.total("egress_seek_failures_total") >= 3
+    keys = segment_keys(s3, topic, 0)
+    assert_touching(keys)
+    assert keys[0].start == 0 and keys[-1].end == 299
+    assert committed(source_brokers, settings.egress.group_id, topic, 1) == [300]  # type: ignore[union-attr]
