@@ -304,7 +304,7 @@ def test_a_seek_that_fails_during_the_rewind_is_retried_and_nothing_is_skipped(
                 raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
             seek(tp)
 
-        consumer.seek = failing_seek  # type: ignore[method-assign]
+        consumer.seek = failing_seek  # type: ignore[method-assign,assignment]
         produce(source_brokers, topic, 0, recs[:200])
         wait_for(lambda: refused[0] >= 1, what="a failed seek back to the failed segment")
         store.broken.clear()
