@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
+DEFAULT_ASSIGNOR = "cooperative-sticky"
+"""Egress's ``partition.assignment.strategy`` unless ``kafka.config`` sets one (docs/deploy.md,
+"Egress group membership")."""
 CANCEL_GRACE = 5.0
 """Seconds cancelled segment tasks get to abort their uploads before the partition is
 released anyway (a worker blocked in a request finishes the abort on its own later)."""
@@ -144,9 +147,13 @@ class Egress:
         # A position the source deleted (retention under a lagging consumer) stops the
         # partition with an event instead of a silent jump to the log start: egress reports
         # the exact lost range, then seeks (egress.poll_loop).
+        overrides: dict[str, Any] = {"auto.offset.reset": "error"}
+        if "partition.assignment.strategy" not in self.settings.kafka.config:
+            # Incremental rebalancing: a member joining or leaving moves only the
+            # partitions it takes or gives; the others keep their open segments.
+            overrides["partition.assignment.strategy"] = DEFAULT_ASSIGNOR
         self._consumer = Consumer(self.settings.kafka, self.config.group_id,
-                                  {"auto.offset.reset": "error",
-                                   **self._consumer_overrides})
+                                  {**overrides, **self._consumer_overrides})
         self._loop = PollLoop(self._consumer, self._writers, self._commits, self._outcomes,
                               self.m, self.region,
                               FlowLimits.for_budget(self.config.max_buffered_bytes),
