@@ -9,6 +9,10 @@ them durably on revoke and shutdown. Commits are served on the poll thread
 pool (``egress.upload_threads``), so the poll loop keeps polling within
 ``max.poll.interval.ms`` whatever S3 does.
 
+Assignment is incremental by default (``cooperative-sticky``, unless ``kafka.config`` sets
+``partition.assignment.strategy``): the callbacks get only the partitions that move, so a
+rebalance closes only their segments.
+
 Lifecycle: the constructor stores; ``start`` connects (S3 store, admin, consumer, metrics
 server) and fails fast; ``run`` blocks until ``stop``; ``close`` is idempotent.
 """
