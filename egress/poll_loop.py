@@ -151,24 +151,27 @@ class PollLoop:
             if not o.log_start.done():
                 continue
             w = o.writer
-            if self.writers.get(key) is not w or w.failed is not None:
-                # Released, or rewinding: the rewind's seek sets the position again (and
-                # leaves the log again if it is still below the log start).
-                del self.out_of_range[key]
+            if self.writers.get(key) is not w:
+                del self.out_of_range[key]    # released
                 continue
+            if w.failed is not None:
+                continue    # rewinding: the rewind restarts the partition (``_rewind``)
             try:
                 low = o.log_start.result()
                 # The client stopped the partition: a seek is refused, it is assigned again.
-                self.consumer.restart(TopicPartition(key[0], key[1], low), [
-                    TopicPartition(t, p, OFFSET_BEGINNING if v.next_offset is None
-                                   else v.next_offset)
-                    for (t, p), v in self.writers.items() if (t, p) != key])
+                self.consumer.restart(TopicPartition(key[0], key[1], low), self._others(key))
             except ReplicatorError as e:
                 log.warning("%s: cannot move to the log start yet, retrying: %s", w.name, e)
                 o.log_start = self.pool.submit(self._later, key)
                 continue
             del self.out_of_range[key]
             w.position_left_the_log(o.position, low)
+
+    def _others(self, key: tuple[str, int]) -> list[TopicPartition]:
+        """Every other assigned partition at the offset it reads next (eager restarts)."""
+        return [TopicPartition(t, p, OFFSET_BEGINNING if v.next_offset is None
+                               else v.next_offset)
+                for (t, p), v in self.writers.items() if (t, p) != key]
 
     def _later(self, key: tuple[str, int]) -> int:
         time.sleep(1.0)
@@ -279,8 +282,17 @@ class PollLoop:
         # partition resume where it stands while its next segment is named from the failed
         # segment's start, a key claiming records it does not hold.
         offset = w.rewind_offset()
+        key = (w.ref.topic, w.ref.partition)
+        tp = TopicPartition(w.ref.topic, w.ref.partition, offset)
         try:
-            self.consumer.seek(TopicPartition(w.ref.topic, w.ref.partition, offset))
+            if key in self.out_of_range:
+                # The client stopped the partition (its position left the log) and refuses
+                # seeks: assign it again at the failed start instead (below the log start,
+                # it leaves the log again and the loss is reported then).
+                self.consumer.restart(tp, self._others(key))
+                del self.out_of_range[key]
+            else:
+                self.consumer.seek(tp)
         except ReplicatorError as e:
             # Not fatal: the partition stays failed (its records are dropped) and the
             # seek is retried after the next backoff.

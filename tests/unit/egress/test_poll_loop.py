@@ -23,17 +23,22 @@ class FakeConsumer:
 
     def __init__(self) -> None:
         self.seeks: list[TopicPartition] = []
+        self.restarts: list[TopicPartition] = []
         self.seek_failures = 0
+        self.stopped = False
         self.paused: list[TopicPartition] = []
 
     def seek(self, tp: TopicPartition) -> None:
+        if self.stopped:
+            raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
         if self.seek_failures > 0:
             self.seek_failures -= 1
             raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
         self.seeks.append(tp)
 
     def restart(self, tp: TopicPartition, others: Sequence[TopicPartition]) -> None:
-        self.seek(tp)   # the same for these tests: where the partition reads next
+        self.restarts.append(tp)
+        self.seeks.append(tp)   # the same for most tests: where the partition reads next
 
     def pause(self, tps: Sequence[TopicPartition]) -> None:
         self.paused.extend(tps)
@@ -163,3 +168,21 @@ def test_a_position_beyond_the_log_closes_the_segment_and_restarts(h: Harness) -
     assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000004",
                               "data/r1/t/0/0/00000000000000000000-00000000000000000029"]
     assert h.metrics.total("egress_source_lost_messages_total") == 0
+
+
+def test_a_partition_stopped_out_of_range_while_failed_is_restarted_by_the_rewind(
+        h: Harness) -> None:
+    # The position left the log, then a segment failed: the client refuses seeks on the
+    # stopped partition, so the rewind must assign it again (or it would retry forever).
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.low = 0
+    loop._dispatch(Fetched(out_of_range={("t", 0): 3}), 0.0)
+    consumer.stopped = True
+    fail_first_segment(h)
+    h.now = 100.0
+    for o in list(loop.out_of_range.values()):
+        o.log_start.exception(10)
+    loop._tick(h.now)
+    assert [(tp.partition, tp.offset) for tp in consumer.restarts] == [(0, 0)]
+    assert h.writer.failed is None and loop.out_of_range == {}
