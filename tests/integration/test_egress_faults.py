@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -209,7 +210,7 @@ def test_s3_failing_for_one_partition_does_not_stall_the_others(
 
 def _config(path: Path, brokers: str, endpoint: str, bucket: str, topic: str,
             group: str) -> Path:
-    kafka_conf = ", ".join(f'"{k}" = {v}' for k, v in FAST_GROUP_CONFIG.items())
+    kafka_conf = ", ".join(f'"{k}" = {json.dumps(v)}' for k, v in FAST_GROUP_CONFIG.items())
     path.write_text(f"""
 region = "us-east-1"
 [s3]
