@@ -110,7 +110,10 @@ class KafkaSettings(Model):
     brokers: str = Field(description="bootstrap.servers of this region's cluster.")
     config: dict[str, KafkaValue] = Field(
         default_factory=dict,
-        description="Extra librdkafka settings (security.protocol, sasl.*, ssl.*, ...).")
+        description="Extra librdkafka settings (security.protocol, sasl.*, ssl.*, ...). "
+                    "Egress sets auto.offset.reset = error over it (a deleted position is "
+                    "reported, never skipped) and partition.assignment.strategy = "
+                    "cooperative-sticky unless given here.")
 
     @field_validator("brokers")
     @classmethod
