@@ -159,13 +159,20 @@ class PollLoop:
             try:
                 low = o.log_start.result()
                 # The client stopped the partition: a seek is refused, it is assigned again.
-                self.consumer.restart(TopicPartition(key[0], key[1], low), self._others(key))
+                self._restart(TopicPartition(key[0], key[1], low))
             except ReplicatorError as e:
                 log.warning("%s: cannot move to the log start yet, retrying: %s", w.name, e)
                 o.log_start = self.pool.submit(self._later, key)
                 continue
             del self.out_of_range[key]
             w.position_left_the_log(o.position, low)
+
+    def _restart(self, tp: TopicPartition) -> None:
+        key = (tp.topic, tp.partition)
+        self.consumer.restart(tp, self._others(key))
+        # An eager restart assigns every partition again: keep the paused ones paused.
+        if self.paused:
+            self.consumer.pause([TopicPartition(t, p) for t, p in sorted(self.paused)])
 
     def _others(self, key: tuple[str, int]) -> list[TopicPartition]:
         """Every other assigned partition at the offset it reads next (eager restarts)."""
@@ -289,7 +296,7 @@ class PollLoop:
                 # The client stopped the partition (its position left the log) and refuses
                 # seeks: assign it again at the failed start instead (below the log start,
                 # it leaves the log again and the loss is reported then).
-                self.consumer.restart(tp, self._others(key))
+                self._restart(tp)
                 del self.out_of_range[key]
             else:
                 self.consumer.seek(tp)
