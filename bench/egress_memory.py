@@ -1,13 +1,15 @@
 """Egress memory against ``egress.max_buffered_bytes``.
 
     .venv/bin/python bench/egress_memory.py [--partitions 1,16,64] [--budgets 64MiB,256MiB]
-                                            [--total 384MiB] [--s3] [--json out.json]
+                                            [--total 384MiB] [--value-size 1000] [--s3]
+                                            [--json out.json]
 
-For each partition count a topic is filled with ``--total`` raw bytes of 1 KiB text-like
-records, spread evenly. For each budget a fresh egress process (segment limits 100 MiB,
-10 M messages, 1 h: only the memory budget can close segments early) consumes the whole
-topic, while a thread samples its RSS every 20 ms. The store discards segment bytes (it
-keeps only sizes and keys) so the RSS is the egress's own; ``--s3`` uses moto instead.
+For each partition count a topic is filled with ``--total`` raw bytes of text-like records
+of ``--value-size`` bytes (1 KiB by default; 64 for small records), spread evenly. For
+each budget a fresh egress process (segment limits 100 MiB, 10 M messages, 1 h: only the
+memory budget can close segments early) consumes the whole topic, while a thread samples
+its RSS every 20 ms. The store discards segment bytes (it keeps only sizes and keys) so
+the RSS is the egress's own; ``--s3`` uses moto instead.
 
 Printed per run: RSS before consuming (the fixed overhead: interpreter, pyarrow, librdkafka
 and its prefetch queue), peak RSS, peak growth over the baseline, the peak of the bytes the
@@ -86,19 +88,25 @@ def null_store() -> Any:
 
         def __init__(self) -> None:
             self.sizes: dict[str, int] = {}
+            self.small: dict[str, bytes] = {}   # _topic.json (read back by egress)
             self.lock = threading.Lock()
 
         def put(self, key: str, data: bytes, *, size: int | None = None,
                 **kw: Any) -> ObjectInfo:
             with self.lock:
                 self.sizes[key] = len(data) if size is None else size
+                if size is None:
+                    self.small[key] = bytes(data)
             return self.head(key)
 
         def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
             return NullUpload(self, key)
 
         def get(self, key: str) -> bytes:
-            raise ObjectNotFound(key)
+            with self.lock:
+                if key not in self.small:
+                    raise ObjectNotFound(key)
+                return self.small[key]
 
         def get_range(self, key: str, start: int, length: int) -> bytes:
             raise ObjectNotFound(key)
@@ -188,14 +196,14 @@ def child(args: argparse.Namespace) -> int:
 # --- parent: topics, runs, table ------------------------------------------------------
 
 
-def fill(brokers: str, topic: str, partitions: int, records: int) -> None:
+def fill(brokers: str, topic: str, partitions: int, records: int, value_size: int) -> None:
     from replicator.core.kafka import Admin, Producer
     from replicator.core.settings import KafkaSettings
 
     kafka = KafkaSettings(brokers=brokers)
     Admin(kafka).create_topic(topic, partitions)
     rng = random.Random(3)
-    values = [text_value(rng, 1000) for _ in range(499)]
+    values = [text_value(rng, value_size) for _ in range(499)]
     p = Producer(kafka, overrides={"linger.ms": 20})
     for i in range(records):
         p.produce(topic, value=values[i % 499], key=b"k%06d" % (i % 100_000),
@@ -210,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", default="1,16,64")
     ap.add_argument("--budgets", default="64MiB,256MiB")
     ap.add_argument("--total", default="384MiB", help="raw bytes per topic")
+    ap.add_argument("--value-size", type=int, default=1000, help="bytes per record value")
     ap.add_argument("--s3", action="store_true", help="upload to moto instead of discarding")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments)")
@@ -231,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
 
     partitions = [int(p) for p in args.partitions.split(",")]
     budgets = [parse_size(b) for b in args.budgets.split(",")]
-    records = parse_size(args.total) // 1008   # 1000 B value + 8 B key
+    record_size = args.value_size + 8            # value + 8 B key
+    records = parse_size(args.total) // record_size
     work = Path(tempfile.mkdtemp(prefix="egress-mem-"))
     tansu = start_broker(args.kafka, f"{args.kafka}-mem", work)
     moto = start_moto(work)
@@ -240,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = f"http://{moto.address}"
         for n in partitions:
             topic = f"mem-{n}-{random.getrandbits(24):x}"
-            fill(tansu.address, topic, n, records)
+            fill(tansu.address, topic, n, records, args.value_size)
             for budget in budgets:
                 bucket = f"mem-{random.getrandbits(32):x}"
                 if args.s3:
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         tansu.stop(stop_seconds(args.kafka))
         moto.stop()
-    print(f"\n{format_size(records * 1008)} raw per topic, 1 KiB records, segment limit "
+    print(f"\n{format_size(records * record_size)} raw per topic, {args.value_size}-byte "
+          f"values, segment limit "
           f"100 MiB, {'moto S3' if args.s3 else 'discarding store'}")
     print(f"{'partitions':>10} {'budget':>9} {'base RSS':>9} {'peak RSS':>9} {'growth':>9} "
           f"{'held max':>9} {'arrow max':>9} {'growth/budget':>13}  segments by reason")

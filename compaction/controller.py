@@ -12,7 +12,9 @@
 5. releases the lock and records metrics.
 
 A run that dies anywhere leaves every input whose output is not published, and the next
-run recognises published outputs (the watermark) and finishes their cleanup.
+run recognises published outputs (higher-level segments covering inputs) and finishes
+their cleanup; a task that failed leaves its range to the next run, which plans it again
+even when later ranges were compacted (``compaction.planner``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from compaction.lock import RegionLock, lock_key
 from compaction.merge import TaskResult, TaskSpec
 from compaction.metrics import CompactionMetrics
 from compaction.planner import Listed, PartitionPlan, plan_all
+from compaction.replication import replicated
 from compaction.report import RunReport, RunScope, planned
 from formats.registry import get_format
 from replicator.core.clock import Clock, utc_now
@@ -305,9 +308,6 @@ class Compaction:
                     self.m.holes.labels(self.settings.region, ref.topic,
                                         str(ref.partition)).inc()
                     report.holes.append(f"{where} {hole.start}-{hole.end}")
-                for k in p.stranded:
-                    log.warning("%s: segment %s lies below the compacted range and is not "
-                                "covered by it; left in place", where, k)
                 for t in p.tasks:
                     log.info("%s: plan %s", where, t.describe())
                     report.tasks.append(planned(t))
@@ -356,21 +356,28 @@ class Compaction:
     def _delete(self, plans: list[PartitionPlan], topics: dict[str, CompactionTopicSettings],
                 results: dict[str, TaskResult], report: RunReport,
                 lock: RegionLock | None) -> None:
-        """Delete merged inputs and covered leftovers, only while the lock is still ours."""
+        """Delete merged inputs and covered leftovers, only while the lock is still ours and
+        only once the output that holds them replicated (``compaction.replication``).
+        """
         assert self.store is not None
         region = self.settings.region
         for p in plans:
             t_cfg = topics[p.partition.topic]
             if not t_cfg.delete:
                 continue
-            batches: list[tuple[str, list[str]]] = []
+            batches: list[tuple[str, SegmentKey, list[str]]] = []
             for t in p.tasks:
                 r = results.get(t.output.to_key())
                 if r is not None and r.ok:
-                    batches.append(("merged", [k.to_key() for k in (*t.inputs, *t.covered)]))
-            if p.covered_to_delete:
-                batches.append(("covered", [k.to_key() for k in p.covered_to_delete]))
-            for reason, keys in batches:
+                    batches.append(("merged", t.output,
+                                    [k.to_key() for k in (*t.inputs, *t.covered)]))
+            by_cover: dict[SegmentKey, list[str]] = {}
+            for k in p.covered_to_delete:
+                by_cover.setdefault(p.covering[k], []).append(k.to_key())
+            batches.extend(("covered", cover, keys) for cover, keys in by_cover.items())
+            for reason, output, keys in batches:
+                if not self._replicated(output, len(keys), report):
+                    continue
                 if lock is not None and not lock.confirm():
                     raise _LockLost(f"region lock {lock.key} lost before deleting "
                                     f"{len(keys)} segments of {p.partition}; they stay")
@@ -379,6 +386,16 @@ class Compaction:
                 self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
                 log.info("%s[%d]: deleted %d %s segments", p.partition.topic,
                          p.partition.partition, len(keys), reason)
+
+    def _replicated(self, output: SegmentKey, inputs: int, report: RunReport) -> bool:
+        assert self.store is not None
+        ok, why = replicated(self.store.head(output.to_key()), self.clock(),
+                             self.cfg.replication_grace)
+        if not ok:
+            log.info("%s: its %d inputs stay until it is safe in the other region (%s); a "
+                     "later run deletes them", output, inputs, why)
+            report.skipped.append(f"{output}: {inputs} inputs wait for replication ({why})")
+        return ok
 
 
 class _LockLost(ReplicatorError):

@@ -4,7 +4,10 @@
 It is taken with a conditional create (``If-None-Match: *``), so of two runs starting at
 once exactly one wins. A lock past its expiry (its owner died) is taken over: delete, then
 conditional create, then re-read to confirm that this run's owner id is what is stored.
-The owner renews the lease while it works (``refresh``) and deletes it at the end.
+The owner renews the lease while it works (``refresh``: a conditional put over exactly the
+lock it read, so a refresh racing ``release`` can never re-create a deleted lock) and deletes
+it at the end. S3's 409 ``ConditionalRequestConflict`` on the create means another run is
+creating the lock at that moment: this run skips, like when the lock is held.
 
 Residual race, by design of S3 (no conditional delete here): two runs that find the same
 expired lock within the same few milliseconds may both believe they won. ``confirm()`` is
@@ -24,7 +27,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from replicator.core.clock import Clock
-from replicator.core.errors import ObjectNotFound, PreconditionFailed, ReplicatorError
+from replicator.core.errors import (
+    ConditionalConflict,
+    ObjectNotFound,
+    PreconditionFailed,
+    ReplicatorError,
+)
 from replicator.core.keys import region_prefix
 from replicator.core.storage import ObjectStore
 
@@ -88,6 +96,10 @@ class RegionLock:
         """After a failed ``acquire``: who holds the lock (if readable)."""
         self._keeper: threading.Thread | None = None
         self._keeper_stop = threading.Event()
+        self._mutex = threading.Lock()
+        """Serialises ``refresh`` and ``release``."""
+        self._etag: str | None = None
+        """ETag of the lock as last read by ``read``."""
 
     def _state(self) -> LockState:
         now = self.clock()
@@ -99,8 +111,9 @@ class RegionLock:
         An unreadable body is treated as a lock that expires ``ttl`` after it was written.
         """
         try:
-            data = self.store.get(self.key)
+            data, self._etag = self.store.get_with_etag(self.key)
         except ObjectNotFound:
+            self._etag = None
             return None
         try:
             return LockState.from_json(data)
@@ -145,6 +158,9 @@ class RegionLock:
                            content_type="application/json")
         except PreconditionFailed:
             return False
+        except ConditionalConflict as e:
+            log.info("compaction lock %s is being created by another run: %s", self.key, e)
+            return False
         return True
 
     def confirm(self) -> bool:
@@ -159,11 +175,21 @@ class RegionLock:
 
     def refresh(self) -> bool:
         """Extend the lease if this run still owns it; ``False`` if it lost it."""
-        if not self.confirm():
-            self.held = False
-            return False
-        self.store.put(self.key, self._state().to_json(), content_type="application/json")
-        return True
+        with self._mutex:
+            if not self.held or not self.confirm():
+                self.held = False
+                return False
+            try:
+                # Only over the lock just read: if it was deleted or replaced meanwhile,
+                # this run lost it, and the put must not create it again.
+                self.store.put(self.key, self._state().to_json(), if_match=self._etag,
+                               content_type="application/json")
+            except (PreconditionFailed, ObjectNotFound):
+                log.error("compaction lock %s changed while it was refreshed; no longer ours",
+                          self.key)
+                self.held = False
+                return False
+            return True
 
     def keep_alive(self, interval: float) -> None:
         """Refresh the lease every ``interval`` seconds from a daemon thread until release."""
@@ -189,13 +215,14 @@ class RegionLock:
         if self._keeper is not None:
             self._keeper.join(timeout=5)
             self._keeper = None
-        if not self.held:
-            return
-        self.held = False
-        current = self.read()
-        if current is not None and current.owner == self.owner:
-            self.store.delete(self.key)
-            log.info("compaction lock %s released", self.key)
-        else:
-            log.warning("compaction lock %s was taken by %s before release", self.key,
-                        current.owner if current else "nobody")
+        with self._mutex:
+            if not self.held:
+                return
+            self.held = False
+            current = self.read()
+            if current is not None and current.owner == self.owner:
+                self.store.delete(self.key)
+                log.info("compaction lock %s released", self.key)
+            else:
+                log.warning("compaction lock %s was taken by %s before release", self.key,
+                            current.owner if current else "nobody")

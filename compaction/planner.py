@@ -5,10 +5,14 @@ The planner works on one (topic, partition) at a time. Its rules:
 * **Inputs** are segments whose level lies in ``[min_level, max_level]`` and that are older
   than ``min_segment_age``. The walk stops at the first segment that is too young, so a
   segment still settling never looks like a hole.
-* **Watermark.** Segments above ``max_level`` were written by an earlier compaction. The
-  walk starts after the highest end among them. Candidates entirely covered by one of them
-  are leftovers of an earlier run that died before deleting its inputs: they are scheduled
-  for deletion (``covered_to_delete``), never read again.
+* **Higher levels.** Segments above ``max_level`` were written by earlier compactions.
+  Candidates entirely covered by one of them are leftovers of a run that died before
+  deleting its inputs: they are scheduled for deletion (``covered_to_delete``), never read
+  again. The candidates that are not covered are planned wherever they lie, also in the
+  stretches *between* higher-level segments: when one merge task of a run failed and a
+  later one succeeded, the failed range is merged by the next run instead of being
+  stranded below the highest compacted end. A higher-level segment ends the run before it
+  (a run never grows across one).
 * **Runs.** Candidates are walked in start order. A candidate whose range lies inside what
   the run already holds is skipped (it is deleted once the run's output is durable); an
   overlapping one is read, and the merge keeps only offsets past those already written. A
@@ -18,7 +22,7 @@ The planner works on one (topic, partition) at a time. Its rules:
 * **Holes.** Segments touch by position (``next.start == prev.end + 1``), so Kafka offset
   gaps never block. A real hole (``next.start > prev.end + 1``: a segment is missing) ends
   the run before it and is reported with its exact bounds; the walk continues after it.
-  Once the segments past the hole are compacted the hole lies below the watermark and is
+  Holes are reported only before a candidate: a hole between two higher-level segments is
   not looked at again (not retried forever).
 * **Minimums.** A run that can still grow (the last one) is skipped while it holds fewer
   than ``min_segment_count`` inputs or ``min_segment_size`` bytes. A run closed by a full
@@ -88,9 +92,8 @@ class PartitionPlan:
     tasks: list[CompactionTask] = field(default_factory=list)
     covered_to_delete: list[SegmentKey] = field(default_factory=list)
     holes_reported: list[Hole] = field(default_factory=list)
-    stranded: list[SegmentKey] = field(default_factory=list)
-    """Uncovered segments below the watermark (a late segment that filled a hole after
-    the segments past it were compacted): left in place, still readable."""
+    covering: dict[SegmentKey, SegmentKey] = field(default_factory=dict)
+    """For each of ``covered_to_delete``: the higher-level segment that holds it."""
     skipped_reason: str | None = None
     """Why (part of) the partition was not merged: too few/young segments, and so on."""
 
@@ -123,7 +126,6 @@ def plan(  # noqa: C901 - one ordered pass over the segments; its rules read as 
 
     higher = sorted((s.key for s in listed if s.key.level > cfg.max_level),
                     key=lambda k: (k.start, -k.end))
-    watermark = max((k.end for k in higher), default=None)
     covers = _Coverage(higher)
 
     # Bigger (higher-level, longer) segments first among equal starts: what they cover is
@@ -134,18 +136,27 @@ def plan(  # noqa: C901 - one ordered pass over the segments; its rules read as 
     if not candidates:
         result.skipped_reason = f"no segments at levels {cfg.min_level}..{cfg.max_level}"
         return result
+    walk = sorted([*candidates, *(Listed(k, 0, now) for k in higher)],
+                  key=lambda s: (s.key.start, -s.key.end, -s.key.level))
 
     runs: list[_Run] = []
     run = _Run()
-    previous_end = watermark
+    previous_end: int | None = None
     young: Listed | None = None
-    for seg in candidates:
+    for seg in walk:
         k = seg.key
-        if watermark is not None and k.end <= watermark:
-            if covers.covered(k):
-                result.covered_to_delete.append(k)
-            else:
-                result.stranded.append(k)
+        if k.level > cfg.max_level:
+            # Compacted already: the run before it cannot grow past it.
+            if run.inputs:
+                run.closed = True
+                runs.append(run)
+                run = _Run()
+            previous_end = k.end if previous_end is None else max(previous_end, k.end)
+            continue
+        cover = covers.cover(k)
+        if cover is not None:
+            result.covered_to_delete.append(k)
+            result.covering[k] = cover
             continue
         if now - seg.last_modified < cfg.min_segment_age:
             young = seg
@@ -235,12 +246,17 @@ class _Coverage:
 
     def __init__(self, higher: list[SegmentKey]) -> None:
         self._starts = [k.start for k in higher]
-        self._max_end: list[int] = []
-        best = -1
+        self._widest: list[SegmentKey] = []
+        """Per prefix of ``higher``: the segment reaching furthest."""
+        best: SegmentKey | None = None
         for k in higher:
-            best = max(best, k.end)
-            self._max_end.append(best)
+            if best is None or k.end > best.end:
+                best = k
+            self._widest.append(best)
 
-    def covered(self, k: SegmentKey) -> bool:
+    def cover(self, k: SegmentKey) -> SegmentKey | None:
+        """A higher-level segment holding all of ``k``, or ``None``."""
         i = bisect.bisect_right(self._starts, k.start) - 1
-        return i >= 0 and self._max_end[i] >= k.end
+        if i >= 0 and self._widest[i].end >= k.end:
+            return self._widest[i]
+        return None

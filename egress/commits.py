@@ -5,6 +5,13 @@ A worker that made a segment durable asks to commit ``end + 1`` and waits for th
 (``serve``): a synchronous commit issued from another thread waits for the poll thread's
 next ``fetch`` anyway, and commits must interleave correctly with rebalances, which run on
 the poll thread.
+
+Only a partition's current writer commits: each ``committer`` is a new owner of its
+partition, and ``retire`` (revoke, loss) ends ownership. A request from a writer that no
+longer owns its partition (a zombie still finishing a segment after its partition moved) is
+refused, never sent: the broker would accept it from this member, and a stale commit landing
+after the partition's new owner read its start position makes that owner name a segment from
+one offset while reading from another.
 """
 
 from __future__ import annotations
@@ -24,7 +31,12 @@ COMMIT_POLICY = RetryPolicy(attempts=3, initial=timedelta(milliseconds=100))
 COMMIT_WAIT = 120.0
 """Seconds a worker waits for the poll thread to serve its commit (far above a poll turn)."""
 
-_Request = tuple[str, int, int, "Future[None]"]
+_Request = tuple[str, int, int, int, "Future[None]"]
+"""(topic, partition, offset, owner generation, result)"""
+
+
+class NotOwner(ReplicatorError):
+    """A commit from a writer whose partition was revoked or lost: never sent."""
 
 
 class CommitService:
@@ -33,17 +45,27 @@ class CommitService:
     def __init__(self) -> None:
         self._requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
         self._closed = threading.Event()
+        self._owners: dict[tuple[str, int], int] = {}
+        self._generation = 0
 
     def committer(self, topic: str, partition: int) -> Callable[[int], None]:
-        """A partition's commit: ``commit(offset)`` returns once ``offset`` is committed.
+        """The commit of a new owner of the partition (poll thread: at assignment).
+
+        ``commit(offset)`` returns once ``offset`` is committed. Earlier committers of the
+        partition are refused from now on.
 
         Raises (from ``commit``):
-            ReplicatorError: the broker refused, or the poll loop ended or did not serve
-                the request within ``COMMIT_WAIT`` seconds.
+            ReplicatorError: the broker refused, this writer no longer owns the partition,
+                or the poll loop ended or did not serve the request within
+                ``COMMIT_WAIT`` seconds.
         """
+        self._generation += 1
+        generation = self._generation
+        self._owners[(topic, partition)] = generation
+
         def commit(offset: int) -> None:
             done: Future[None] = Future()
-            self._requests.put((topic, partition, offset, done))
+            self._requests.put((topic, partition, offset, generation, done))
             deadline = time.monotonic() + COMMIT_WAIT
             while True:
                 try:
@@ -57,18 +79,32 @@ class CommitService:
 
         return commit
 
+    def retire(self, topic: str, partition: int) -> None:
+        """The partition's writer no longer owns it (poll thread: revoke, loss)."""
+        self._owners.pop((topic, partition), None)
+
     def serve(self, consumer: Consumer) -> None:
-        """Commit every queued offset in one synchronous request (poll thread only)."""
+        """Commit every queued offset of current owners in one synchronous request (poll
+        thread only); refuse the others.
+        """
         requests: list[_Request] = []
         while True:
             try:
-                requests.append(self._requests.get_nowait())
+                r = self._requests.get_nowait()
             except queue.Empty:
                 break
+            t, p, o, generation, done = r
+            if self._owners.get((t, p)) != generation:
+                done.set_exception(NotOwner(
+                    f"commit {t}[{p}]@{o} refused: this writer no longer owns the "
+                    "partition (it was revoked or lost; its new owner reads from its own "
+                    "start)"))
+                continue
+            requests.append(r)
         if not requests:
             return
-        what = ", ".join(f"{t}[{p}]@{o}" for t, p, o, _ in requests)
-        offsets = [TopicPartition(t, p, o) for t, p, o, _ in requests]
+        what = ", ".join(f"{t}[{p}]@{o}" for t, p, o, _, _ in requests)
+        offsets = [TopicPartition(t, p, o) for t, p, o, _, _ in requests]
         try:
             refused = retry(lambda: consumer.commit(offsets), COMMIT_POLICY,
                             what=f"commit {what}")
@@ -76,7 +112,7 @@ class CommitService:
             for *_, done in requests:
                 done.set_exception(e)
             return
-        for t, p, _o, done in requests:
+        for t, p, _o, _g, done in requests:
             err = refused.get((t, p))
             if err is None:
                 done.set_result(None)

@@ -9,6 +9,10 @@ them durably on revoke and shutdown. Commits are served on the poll thread
 pool (``egress.upload_threads``), so the poll loop keeps polling within
 ``max.poll.interval.ms`` whatever S3 does.
 
+Assignment is incremental by default (``cooperative-sticky``, unless ``kafka.config`` sets
+``partition.assignment.strategy``): the callbacks get only the partitions that move, so a
+rebalance closes only their segments.
+
 Lifecycle: the constructor stores; ``start`` connects (S3 store, admin, consumer, metrics
 server) and fails fast; ``run`` blocks until ``stop``; ``close`` is idempotent.
 """
@@ -20,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -36,8 +40,8 @@ from egress.topic_meta import TopicMetadataPublisher
 from formats.base import WriterOptions
 from formats.registry import get_format, use_memory_pool
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
-from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import Admin, Consumer, TopicPartition
+from replicator.core.errors import KafkaRetriableError, ReplicatorError
+from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy
@@ -48,6 +52,9 @@ log = logging.getLogger(__name__)
 
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
+DEFAULT_ASSIGNOR = "cooperative-sticky"
+"""Egress's ``partition.assignment.strategy`` unless ``kafka.config`` sets one (docs/deploy.md,
+"Egress group membership")."""
 CANCEL_GRACE = 5.0
 """Seconds cancelled segment tasks get to abort their uploads before the partition is
 released anyway (a worker blocked in a request finishes the abort on its own later)."""
@@ -126,26 +133,36 @@ class Egress:
         use_memory_pool(self.config.memory_pool)
         self._pool = ThreadPoolExecutor(self.config.upload_threads,
                                         thread_name_prefix="egress-upload")
+        self._meta = TopicMetadataPublisher(
+            self.config.topics, Admin(self.settings.kafka), self.store,
+            prefix=self.settings.s3.prefix, region=self.region, metrics=self.m,
+            wall=self.wall, retry_policy=self.retry_policy,
+            interval=self.config.topic_metadata_interval)
         self._ctx = WriterContext(
             store=self.store, fmt=self.fmt,
             options=WriterOptions.from_settings(self.settings.format),
             temp_prefix=self.settings.s3.temp_prefix,
             storage_class=self.settings.s3.storage_class_for(0),
             pool=self._pool, report=self._outcomes.put, clock=self.clock, wall=self.wall,
-            retry_policy=self.retry_policy)
-        self._meta = TopicMetadataPublisher(
-            self.config.topics, Admin(self.settings.kafka), self.store,
-            prefix=self.settings.s3.prefix, region=self.region, metrics=self.m,
-            wall=self.wall, retry_policy=self.retry_policy,
-            interval=self.config.topic_metadata_interval)
+            retry_policy=self.retry_policy,
+            first_positions=self._meta.record_first_position)
         self._meta.check()
         self._last_meta = self.clock()
+        # A position the source deleted (retention under a lagging consumer) stops the
+        # partition with an event instead of a silent jump to the log start: egress reports
+        # the exact lost range, then seeks (egress.poll_loop).
+        overrides: dict[str, Any] = {"auto.offset.reset": "error"}
+        if "partition.assignment.strategy" not in self.settings.kafka.config:
+            # Incremental rebalancing: a member joining or leaving moves only the
+            # partitions it takes or gives; the others keep their open segments.
+            overrides["partition.assignment.strategy"] = DEFAULT_ASSIGNOR
         self._consumer = Consumer(self.settings.kafka, self.config.group_id,
-                                  self._consumer_overrides)
+                                  {**overrides, **self._consumer_overrides})
         self._loop = PollLoop(self._consumer, self._writers, self._commits, self._outcomes,
                               self.m, self.region,
                               FlowLimits.for_budget(self.config.max_buffered_bytes),
-                              self.clock, self._maybe_check_topics)
+                              self.clock, self._maybe_check_topics, self._pool,
+                              self._log_start)
         self._consumer.subscribe(sorted(self.config.topics), on_assign=self._on_assign,
                                  on_revoke=self._on_revoke, on_lost=self._on_lost)
         if self.settings.metrics.port:
@@ -244,14 +261,30 @@ class Egress:
                 log.error("%s", self._fatal)
                 return
         assert self._ctx is not None
+        # Fetch from exactly the positions read: left to the client, the fetch would start
+        # at whatever is committed when it asks, and a stale commit landing in between (a
+        # writer elsewhere that has not noticed it lost the partition) would make the
+        # segment named from one offset hold records from another.
+        start = {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                 for tp in committed}
+        try:
+            consumer.assign_added([
+                TopicPartition(tp.topic, tp.partition,
+                               start.get((tp.topic, tp.partition), tp.offset))
+                for tp in partitions])
+        except ReplicatorError as e:
+            self._failed = True
+            self._fatal = e
+            self._stop.set()
+            log.error("assigning %s failed: %s", ", ".join(map(str, partitions)), e)
+            return
         for tp in committed:
             expected = tp.offset if tp.offset >= 0 else None
             ref = PartitionRef(self.settings.s3.prefix, self.region, tp.topic, tp.partition)
             self._writers[(tp.topic, tp.partition)] = PartitionWriter(
                 ref, self._limits[tp.topic], expected, ctx=self._ctx,
                 metrics=self.m.for_partition(self.region, tp.topic, tp.partition),
-                commit=self._commits.committer(tp.topic, tp.partition),
-                low_watermark=self._low_watermark_reader(tp.topic, tp.partition))
+                commit=self._commits.committer(tp.topic, tp.partition))
             log.info("%s[%d]: assigned, resuming at %s", tp.topic, tp.partition,
                      expected if expected is not None else "the first available offset "
                                                            "(no commit)")
@@ -271,6 +304,7 @@ class Egress:
                     ", ".join(f"{t}[{p}]" for t, p in keys))
         self.m.rebalances.labels(self.region, "lost").inc(len(keys))
         for k in keys:
+            self._commits.retire(*k)
             w = self._writers.pop(k, None)
             if w is not None:
                 w.cancel.set()
@@ -302,21 +336,17 @@ class Egress:
         loop.drain_outcomes(self.clock())
         loop.forget_pauses([(w.ref.topic, w.ref.partition) for w in writers])
         for w in writers:
+            # Whatever is still running for it (aborting) may no longer commit.
+            self._commits.retire(w.ref.topic, w.ref.partition)
             self._writers.pop((w.ref.topic, w.ref.partition), None)
             log.info("%s: released (%s), committed offset %s", w.name, reason,
                      w.committed_offset)
         self.m.assigned.labels(self.region).set(len(self._writers))
 
-    def _low_watermark_reader(self, topic: str, partition: int) -> Callable[[], int | None]:
-        def low() -> int | None:
-            assert self._consumer is not None
-            try:
-                lo, _ = self._consumer.watermarks(TopicPartition(topic, partition),
-                                                  timeout=10)
-            except ReplicatorError as e:
-                log.warning("%s[%d]: cannot read the log start offset, a retention loss "
-                            "before this segment would go unnoticed: %s", topic, partition, e)
-                return None
-            return lo if lo >= 0 else None
-
-        return low
+    def _log_start(self, topic: str, partition: int) -> int:
+        """The partition's log start offset, from the broker (blocking: pool threads)."""
+        assert self._consumer is not None
+        lo, _ = self._consumer.watermarks(TopicPartition(topic, partition), timeout=10)
+        if lo < 0:
+            raise KafkaRetriableError(f"{topic}[{partition}]: no log start offset ({lo})")
+        return lo

@@ -55,6 +55,10 @@ class EgressMetrics:
             "egress_messages_dropped_total",
             "Messages dropped because their partition is rewinding or no longer assigned "
             "(they are consumed again).", _PART)
+        self.seek_failures = metrics.counter(
+            "egress_seek_failures_total",
+            "Seeks back to a failed segment's start that failed (retried after a backoff).",
+            ("region",))
         self.consume_errors = metrics.counter(
             "egress_consume_errors_total", "Errors reported by the consumer.", ("region",))
         self.buffered = metrics.gauge(

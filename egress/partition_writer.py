@@ -20,15 +20,15 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 
+from egress.commits import NotOwner
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
-    StartDecision,
     decide_start,
     should_rotate,
 )
@@ -72,6 +72,14 @@ class WriterContext:
     clock: Monotonic
     wall: Clock
     retry_policy: RetryPolicy
+    first_positions: FirstPositions | None = None
+    """Records a partition's first position in ``_topic.json`` (``None``: not recorded)."""
+
+
+class FirstPositions(Protocol):
+    """``egress.topic_meta.TopicMetadataPublisher.record_first_position``."""
+
+    def __call__(self, ref: PartitionRef, start: int, *, resumed: bool) -> None: ...
 
 
 class PartitionWriter:
@@ -86,21 +94,17 @@ class PartitionWriter:
         metrics: this partition's metric children.
         commit: commits ``offset`` (the next offset to read) for this partition,
             synchronously; raises ``ReplicatorError``.
-        low_watermark: the source's log start offset (for retention loss), or ``None``
-            if it cannot be read now.
     """
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
                  ctx: WriterContext, metrics: PartitionMetrics,
-                 commit: Callable[[int], None],
-                 low_watermark: Callable[[], int | None]) -> None:
+                 commit: Callable[[int], None]) -> None:
         self.ref = ref
         self.limits = limits
         self.expected = expected
         self.ctx = ctx
         self.metrics = metrics
         self._commit = commit
-        self._low_watermark = low_watermark
         self.name = f"{ref.topic}[{ref.partition}]"
         self.segment: Segment | None = None
         self.closing: list[Segment] = []
@@ -112,6 +116,8 @@ class PartitionWriter:
         self.retry_at = 0.0
         self.next_offset: int | None = expected
         self.committed_offset: int | None = expected
+        self.resumed = expected is not None
+        self._first_recorded = ctx.first_positions is None
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -147,26 +153,42 @@ class PartitionWriter:
     def _open(self, first: Message, now: float) -> Segment:
         first_offset = first.offset()
         assert first_offset is not None
-        low = self._low_watermark() if (self.expected is not None
-                                        and first_offset > self.expected) else None
-        decision = decide_start(self.expected, first_offset, low)
-        self._report_start(decision, first_offset)
+        # A hole before the first record is not loss by itself (transaction markers,
+        # aborted or compacted-away records): records deleted under the consumer are
+        # reported when the broker says the position left the log
+        # (``position_left_the_log``), so nothing is asked of the broker here.
+        decision = decide_start(self.expected, first_offset)
+        if decision.reset:
+            log.error("%s: first record at offset %d is before the resume position %d: the "
+                      "source partition was truncated or recreated; segments restart at %d",
+                      self.name, first_offset, self.expected, decision.start)
         seg = Segment(decision.start, now)
         self.segment = seg
         return seg
 
-    def _report_start(self, d: StartDecision, first_offset: int) -> None:
-        if d.lost is not None:
-            lo, hi = d.lost
+    def position_left_the_log(self, position: int, log_start: int) -> None:
+        """The source no longer holds ``position``, the next offset this partition would
+        read; the consumer now reads from ``log_start`` (poll thread).
+
+        Records from ``position`` up to the log start were deleted (retention,
+        DeleteRecords) before egress read them: ERROR with the exact range, counted in
+        ``egress_source_lost_messages_total``. The segments still touch (the next records
+        continue the open segment, or the next segment starts at the expected position), so
+        ingress sees no gap and the loss is reported once, here, where it is exact. A
+        position beyond the log (the partition was truncated or recreated) closes the open
+        segment, so the next one restarts at the first record (``decide_start``).
+        """
+        if log_start > position:
+            lo, hi = position, log_start - 1
             log.error("%s: offsets %d..%d (%d positions) were deleted at the source before "
-                      "egress read them (retention); the next segment starts at %d and "
-                      "its first record is at %d", self.name, lo, hi, hi - lo + 1, d.start,
-                      first_offset)
+                      "egress read them (retention); reading on from the log start %d",
+                      self.name, lo, hi, hi - lo + 1, log_start)
             self.metrics.lost.inc(hi - lo + 1)
-        if d.reset:
-            log.error("%s: first record at offset %d is before the resume position %d: the "
-                      "source partition was truncated or recreated; segments restart at %d",
-                      self.name, first_offset, self.expected, d.start)
+            return
+        log.error("%s: position %d is beyond the source log, which starts at %d: the "
+                  "partition was truncated or recreated; reading on from its start",
+                  self.name, position, log_start)
+        self.close(CloseReason.RESET)
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):
@@ -233,8 +255,26 @@ class PartitionWriter:
         """A failed segment waits out its backoff and every queued task before the seek."""
         return self.failed is not None and now >= self.retry_at and self.queue.idle
 
+    def rewind_offset(self) -> int:
+        """Where the consumer must seek before ``rewind``: the failed segment's start."""
+        assert self.failed is not None
+        return self.failed.start
+
+    def seek_failed(self, now: float) -> float:
+        """The seek to ``rewind_offset`` failed: stay failed and wait before the next try.
+
+        Returns:
+            The delay in seconds before ``ready_to_rewind`` is true again.
+        """
+        self.failures += 1
+        delay = self.ctx.retry_policy.nominal_delay(self.failures - 1)
+        self.retry_at = now + delay
+        return delay
+
     def rewind(self) -> int:
-        """Forget everything after the failed segment; returns the offset to seek to."""
+        """Forget everything after the failed segment once the consumer has been seeked to
+        ``rewind_offset``; returns that offset.
+        """
         assert self.failed is not None
         start = self.failed.start
         self.failed = None
@@ -275,6 +315,8 @@ class PartitionWriter:
 
         1. Finish the segment: the writer flushes its last row group and the footer into
            the upload, and the upload is completed (the object exists, at its temp key).
+        (Before step 2 of the partition's first segment, its first position is recorded
+        in ``_topic.json``: ``egress.topic_meta``.)
         2. Copy the temp object to the final key
            ``SegmentKey(prefix, region, topic, partition, 0, start, end)`` with the level-0
            storage class (server-side; multipart above the copy threshold). From here on
@@ -309,6 +351,8 @@ class PartitionWriter:
                                f"{self.name}: finish {upload.temp_key}")
             seg.stored_bytes = info.size
             self._check_cancel()
+            step = "first_position"
+            self._record_first_position(seg)
             # Steps 2-3: copy to the final key with the level-0 storage class, then delete
             # the temp object (its failure is returned, not raised).
             step = "copy"
@@ -331,9 +375,22 @@ class PartitionWriter:
             log.warning("%s: temp object %s of segment %s stays behind (the lifecycle rule "
                         "expires it): %s", self.name, temp_key, final, published.temp_error)
             self.metrics.temp_leftovers.inc()
+        if self.cancel.is_set():
+            # Revoked past the shutdown timeout, or lost, while the copy ran: the partition
+            # belongs to another writer now, which reads from the commit it found. Never
+            # commit for it; the segment stays (an overlap with the new owner's segment,
+            # which ingress tolerates).
+            log.warning("%s: segment %s is durable but the partition is no longer assigned "
+                        "here: offset %d not committed", self.name, final, seg.end + 1)
+            seg.state = SegmentState.ABORTED
+            self.ctx.report(SegmentOutcome(self, seg, SegmentState.ABORTED, key))
+            return
         # Step 4: commit end + 1, synchronously.
         try:
             self._commit(seg.end + 1)
+        except NotOwner as e:
+            # Revoked or lost between the check above and the commit: as above.
+            log.warning("%s: segment %s is durable; %s", self.name, final, e)
         except ReplicatorError as e:
             # The segment is durable; the next segment's commit covers this one. If the
             # partition moved to another member, it re-reads from the older commit and
@@ -348,6 +405,16 @@ class PartitionWriter:
                  seg.stored_bytes, seg.reason, seg.end + 1)
         self._release(seg)
         self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
+
+    def _record_first_position(self, seg: Segment) -> None:
+        # Before the partition's first segment is visible, _topic.json says where its
+        # history begins (ingress must not start after a first segment that arrives late).
+        record = self.ctx.first_positions
+        if self._first_recorded or record is None:
+            return
+        self._retry(lambda: record(self.ref, seg.start, resumed=self.resumed),
+                    f"{self.name}: record the first position {seg.start}")
+        self._first_recorded = True
 
     def _check_cancel(self) -> None:
         if self.cancel.is_set():

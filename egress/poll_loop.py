@@ -12,6 +12,8 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
 
 from egress.commits import CommitService
 from egress.flow import (
@@ -28,7 +30,7 @@ from egress.rotation import CloseReason, should_rotate
 from egress.segment import SegmentOutcome
 from replicator.core.clock import Monotonic
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
-from replicator.core.kafka import Consumer, Fetched, TopicPartition
+from replicator.core.kafka import OFFSET_BEGINNING, Consumer, Fetched, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,17 @@ TICK_INTERVAL = 0.02
 GAUGE_INTERVAL = 1.0
 
 Writers = dict[tuple[str, int], PartitionWriter]
+LogStart = Callable[[str, int], int]
+"""Reads a partition's log start offset from the broker (blocking: runs on the pool)."""
+
+
+@dataclass
+class OutOfRange:
+    """A partition whose fetch position left the log, waiting for its log start."""
+
+    writer: PartitionWriter
+    position: int
+    log_start: Future[int]
 
 
 class PollLoop:
@@ -58,12 +71,15 @@ class PollLoop:
         limits: flow-control thresholds.
         clock: monotonic seconds (segment ages, backoff).
         periodic: called at every tick with ``now`` (topic metadata checks).
+        pool: runs the log-start reads of partitions whose position left the log.
+        log_start: reads a partition's log start offset (blocking).
     """
 
     def __init__(self, consumer: Consumer, writers: Writers, commits: CommitService,
                  outcomes: queue.SimpleQueue[SegmentOutcome], metrics: EgressMetrics,
                  region: str, limits: FlowLimits, clock: Monotonic,
-                 periodic: Callable[[float], None]) -> None:
+                 periodic: Callable[[float], None], pool: Executor,
+                 log_start: LogStart) -> None:
         self.consumer = consumer
         self.writers = writers
         self.commits = commits
@@ -73,6 +89,9 @@ class PollLoop:
         self.limits = limits
         self.clock = clock
         self.periodic = periodic
+        self.pool = pool
+        self.log_start = log_start
+        self.out_of_range: dict[tuple[str, int], OutOfRange] = {}
         self.paused: set[tuple[str, int]] = set()
         self.memory_paused = False
         self.last_poll = 0.0
@@ -98,6 +117,8 @@ class PollLoop:
     def _dispatch(self, fetched: Fetched, now: float) -> None:
         for err in fetched.errors:
             self._consume_error(err)
+        for key, position in fetched.out_of_range.items():
+            self._position_left_the_log(key, position)
         for (topic, partition), run in fetched.runs.items():
             w = self.writers.get((topic, partition))
             if w is None:
@@ -107,6 +128,61 @@ class PollLoop:
                 self.m.dropped.labels(self.region, str(topic), str(partition)).inc(len(run))
                 continue
             w.append(run, now)
+
+    # --- positions deleted under the consumer -----------------------------------------
+
+    def _position_left_the_log(self, key: tuple[str, int], position: int) -> None:
+        """The broker no longer has the partition's fetch position (``auto.offset.reset``
+        is ``error``, so the client stopped instead of jumping silently to the log start).
+
+        The log start is read on the pool, never here; the partition is not fetched until
+        ``_settle_out_of_range`` reports the lost range and seeks to the log start.
+        """
+        w = self.writers.get(key)
+        if w is None or key in self.out_of_range:
+            return
+        log.warning("%s: fetch position %d is no longer in the source log; reading its log "
+                    "start", w.name, position)
+        self.out_of_range[key] = OutOfRange(w, position,
+                                            self.pool.submit(self.log_start, *key))
+
+    def _settle_out_of_range(self) -> None:
+        for key, o in list(self.out_of_range.items()):
+            if not o.log_start.done():
+                continue
+            w = o.writer
+            if self.writers.get(key) is not w:
+                del self.out_of_range[key]    # released
+                continue
+            if w.failed is not None:
+                continue    # rewinding: the rewind restarts the partition (``_rewind``)
+            try:
+                low = o.log_start.result()
+                # The client stopped the partition: a seek is refused, it is assigned again.
+                self._restart(TopicPartition(key[0], key[1], low))
+            except ReplicatorError as e:
+                log.warning("%s: cannot move to the log start yet, retrying: %s", w.name, e)
+                o.log_start = self.pool.submit(self._later, key)
+                continue
+            del self.out_of_range[key]
+            w.position_left_the_log(o.position, low)
+
+    def _restart(self, tp: TopicPartition) -> None:
+        key = (tp.topic, tp.partition)
+        self.consumer.restart(tp, self._others(key))
+        # An eager restart assigns every partition again: keep the paused ones paused.
+        if self.paused:
+            self.consumer.pause([TopicPartition(t, p) for t, p in sorted(self.paused)])
+
+    def _others(self, key: tuple[str, int]) -> list[TopicPartition]:
+        """Every other assigned partition at the offset it reads next (eager restarts)."""
+        return [TopicPartition(t, p, OFFSET_BEGINNING if v.next_offset is None
+                               else v.next_offset)
+                for (t, p), v in self.writers.items() if (t, p) != key]
+
+    def _later(self, key: tuple[str, int]) -> int:
+        time.sleep(1.0)
+        return self.log_start(*key)
 
     def _consume_error(self, err: ReplicatorError) -> None:
         self.m.consume_errors.labels(self.region).inc()
@@ -146,7 +222,9 @@ class PollLoop:
         self._apply_memory_budget(writers)
         for w in writers:
             if w.ready_to_rewind(now):
-                self._rewind(w)
+                self._rewind(w, now)
+        if self.out_of_range:
+            self._settle_out_of_range()
         self._apply_pauses(writers)
         if now - self._last_gauges >= GAUGE_INTERVAL:
             self._last_gauges = now
@@ -206,14 +284,31 @@ class PollLoop:
         except ReplicatorError as e:
             log.warning("resuming %s before release failed: %s", paused, e)
 
-    def _rewind(self, w: PartitionWriter) -> None:
-        offset = w.rewind()
+    def _rewind(self, w: PartitionWriter, now: float) -> None:
+        # Seek first: clearing the failure before a seek that then fails would let the
+        # partition resume where it stands while its next segment is named from the failed
+        # segment's start, a key claiming records it does not hold.
+        offset = w.rewind_offset()
+        key = (w.ref.topic, w.ref.partition)
+        tp = TopicPartition(w.ref.topic, w.ref.partition, offset)
         try:
-            self.consumer.seek(TopicPartition(w.ref.topic, w.ref.partition, offset))
+            if key in self.out_of_range:
+                # The client stopped the partition (its position left the log) and refuses
+                # seeks: assign it again at the failed start instead (below the log start,
+                # it leaves the log again and the loss is reported then).
+                self._restart(tp)
+                del self.out_of_range[key]
+            else:
+                self.consumer.seek(tp)
         except ReplicatorError as e:
-            # Not fatal: the partition stays where it is and is rewound again later.
-            log.warning("%s: %s", w.name, e)
+            # Not fatal: the partition stays failed (its records are dropped) and the
+            # seek is retried after the next backoff.
+            delay = w.seek_failed(now)
+            log.warning("%s: seek to offset %d failed, retrying in %.1fs: %s", w.name,
+                        offset, delay, e)
+            self.m.seek_failures.labels(self.region).inc()
             return
+        w.rewind()
         log.info("%s: rewound to offset %d after a failed segment", w.name, offset)
 
     def _update_gauges(self, writers: Sequence[PartitionWriter]) -> None:

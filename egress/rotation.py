@@ -22,6 +22,8 @@ class CloseReason(StrEnum):
     MEMORY = "memory"
     REVOKE = "revoke"
     SHUTDOWN = "shutdown"
+    RESET = "reset"
+    """The source partition was truncated or recreated under the open segment."""
 
 
 @dataclass(frozen=True)

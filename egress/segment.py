@@ -53,7 +53,7 @@ class Segment:
 
     def held_bytes(self) -> int:
         """Memory held: column lists, batches not yet encoded, writer and upload buffers."""
-        held = self.columns.raw_bytes + (self.submitted - self.written)
+        held = self.columns.held_bytes + (self.submitted - self.written)
         u = self.upload
         if u is not None:
             held += u.buffered_bytes

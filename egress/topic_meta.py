@@ -1,27 +1,45 @@
 """``{prefix}/{region}/{topic}/_topic.json``: what ingress needs to create its copy topic.
 
 Written for every configured topic at start and again whenever its partition count
-changes (checked every ``egress.topic_metadata_interval``). The body is
-``replicator.core.wire.TopicMetadata`` (docs/architecture.md, "Topic metadata").
+changes (checked every ``egress.topic_metadata_interval``), and whenever a partition's first
+position is recorded (``record_first_position``: before the partition's first segment is
+copied to its final key). The body is ``replicator.core.wire.TopicMetadata``
+(docs/architecture.md, "Topic metadata").
+
+Several egress members write the same object, so every write is a read-modify-write with a
+conditional put (``If-Match`` on the ETag read, ``If-None-Match`` when there is none), read
+again when another member wrote in between. First positions are never changed once
+written: an entry already there wins.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from collections.abc import Iterable
-from datetime import timedelta
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from egress.metrics import EgressMetrics
 from replicator.core.clock import Clock
-from replicator.core.errors import ReplicatorError
-from replicator.core.keys import topic_meta_key
+from replicator.core.errors import (
+    ObjectNotFound,
+    PreconditionFailed,
+    ReplicatorError,
+    StorageError,
+    TopicError,
+)
+from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectStore
 from replicator.core.wire import TopicMetadata
 
 log = logging.getLogger(__name__)
+
+MAX_CONFLICTS = 20
+"""Conditional puts refused in a row (other members writing) before a write gives up (it is
+retried by its caller)."""
 
 
 class TopicSource(Protocol):
@@ -60,6 +78,12 @@ class TopicMetadataPublisher:
         self.interval = interval
         self._partition_counts: dict[str, int] = {}
         self._running = threading.Lock()
+        self._mutex = threading.Lock()
+        self._topic_locks: dict[str, threading.Lock] = {t: threading.Lock() for t in self.topics}
+        self._first: dict[str, dict[int, int]] = {}
+        """First positions known to be in each ``_topic.json`` (never change once there)."""
+        self._pending: dict[str, dict[int, int]] = {}
+        self._unknown: set[tuple[str, int]] = set()
 
     @property
     def running(self) -> bool:
@@ -82,11 +106,16 @@ class TopicMetadataPublisher:
                         continue
                     configs = self.admin.topic_config(topic)
                     key = topic_meta_key(self.prefix, self.region, topic)
-                    body = TopicMetadata.of(topic, self.region, n, configs,
-                                            self.wall()).encode()
-                    retry(lambda key=key, body=body: self.store.put(  # type: ignore[misc]
-                              key, body, content_type="application/json"),
-                          self.retry_policy, what=f"put {key}")
+                    now = self.wall()
+
+                    def change(cur: TopicMetadata | None, topic: str = topic, n: int = n,
+                               configs: dict[str, str] = configs,
+                               now: datetime = now) -> TopicMetadata:
+                        first = cur.first_positions if cur is not None else None
+                        return TopicMetadata.of(topic, self.region, n, configs, now,
+                                                first if first is not None else {})
+
+                    self._update(topic, change)
                 except ReplicatorError as e:
                     log.warning("%s: _topic.json not updated, trying again in %s: %s", topic,
                                 self.interval, e)
@@ -96,3 +125,119 @@ class TopicMetadataPublisher:
                 self.m.topic_meta_writes.labels(self.region, topic).inc()
                 log.info("%s: wrote %s (%d partitions%s)", topic, key, n,
                          "" if old is None else f", was {old}")
+
+    # --- read-modify-write ----------------------------------------------------------------
+
+    def _update(self, topic: str,
+                change: Callable[[TopicMetadata | None], TopicMetadata | None]
+                ) -> TopicMetadata | None:
+        """Apply ``change`` to the current ``_topic.json`` (``None``: there is none or it is
+        unreadable) and put the result conditionally; ``change`` returning ``None`` writes
+        nothing. Returns what the object holds afterwards (as far as this writer knows).
+
+        Raises:
+            ReplicatorError: S3 failed (after retries), or other writers kept winning.
+        """
+        key = topic_meta_key(self.prefix, self.region, topic)
+        for _ in range(MAX_CONFLICTS):
+            try:
+                data, etag = retry(lambda: self.store.get_with_etag(key), self.retry_policy,
+                                   what=f"get {key}")
+            except ObjectNotFound:
+                current, etag_or_none = None, None
+            else:
+                etag_or_none = etag
+                try:
+                    current = TopicMetadata.parse(data, where=key)
+                except TopicError as e:
+                    log.warning("%s: replacing an unreadable %s: %s", topic, key, e)
+                    current = None
+            new = change(current)
+            if new is None:
+                self._remember(topic, current)
+                return current
+            try:
+                self._put(key, new.encode(), etag_or_none)
+            except (PreconditionFailed, ObjectNotFound):
+                log.debug("%s: %s changed under this write; reading it again", topic, key)
+                continue
+            self._remember(topic, new)
+            return new
+        raise StorageError(f"{key}: {MAX_CONFLICTS} conditional writes in a row lost to "
+                           "other writers")
+
+    def _put(self, key: str, body: bytes, etag: str | None) -> None:
+        # A reply lost after the put took effect is retried and refused (412): the caller
+        # reads again and finds its own write.
+        retry(lambda: self.store.put(key, body, if_match=etag, if_none_match=etag is None,
+                                     content_type="application/json"),
+              self.retry_policy, what=f"put {key}")
+
+    def _remember(self, topic: str, meta: TopicMetadata | None) -> None:
+        if meta is not None and meta.first_positions is not None:
+            with self._mutex:
+                self._first.setdefault(topic, {}).update(meta.first_positions)
+
+    # --- first positions -------------------------------------------------------------------
+
+    def record_first_position(self, ref: PartitionRef, start: int, *, resumed: bool) -> None:
+        """Make sure ``_topic.json`` has the partition's first position before its segment
+        from ``start`` becomes visible (a worker thread, before the copy to the final key).
+
+        A partition that did not resume from a commit records ``start``. One that resumed
+        without an entry (its segments were written by an egress that did not record first
+        positions) records the lowest start of its segments in the bucket (all levels), or
+        nothing, with a WARNING, when there are none. Entries already there win. Concurrent
+        callers of one topic are written in one put.
+
+        Raises:
+            ReplicatorError: the entry could not be written (the segment must not be
+                published: its partition rewinds and tries again).
+        """
+        topic, partition = ref.topic, ref.partition
+        with self._mutex:
+            if partition in self._first.get(topic, {}) or (topic, partition) in self._unknown:
+                return
+        position = start
+        if resumed:
+            lowest = self._lowest_start(ref)
+            if lowest is None:
+                log.warning("%s: resumed from a commit, but it has no segments in the bucket "
+                            "and no first position in _topic.json: ingress falls back to its "
+                            "delay (first_segment_delay) for this partition", ref)
+                with self._mutex:
+                    self._unknown.add((topic, partition))
+                return
+            position = lowest
+        with self._mutex:
+            self._pending.setdefault(topic, {}).setdefault(partition, position)
+        with self._topic_locks[topic]:
+            with self._mutex:
+                if partition in self._first.get(topic, {}):
+                    return
+                pending = dict(self._pending.get(topic, {}))
+
+            def add(cur: TopicMetadata | None) -> TopicMetadata | None:
+                if cur is None:
+                    raise StorageError(f"{topic}: _topic.json is not written yet; the first "
+                                       "position waits for it")
+                have = dict(cur.first_positions or {})
+                new = {p: pos for p, pos in pending.items() if p not in have}
+                if not new and cur.first_positions is not None:
+                    return None
+                return dataclasses.replace(cur, first_positions={**have, **new},
+                                           updated_at=self.wall())
+
+            meta = self._update(topic, add)
+            with self._mutex:
+                for p in pending:
+                    self._pending.get(topic, {}).pop(p, None)
+        recorded = (meta.first_positions or {}).get(partition) if meta is not None else None
+        log.info("%s: first position %s in _topic.json", ref, recorded)
+
+    def _lowest_start(self, ref: PartitionRef) -> int | None:
+        prefix = ref.segments_prefix()
+        keys = retry(lambda: [o.key for o in self.store.list(prefix)], self.retry_policy,
+                     what=f"list {prefix}")
+        starts = [k.start for k in map(SegmentKey.try_parse, keys) if k is not None]
+        return min(starts) if starts else None

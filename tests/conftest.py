@@ -45,14 +45,20 @@ from replicator.devstack.processes import (
 )
 
 # librdkafka settings that make group joins and rebalances fast (docs/testing.md).
+BROKER_KIND: BrokerKind = "apache" if os.environ.get(KAFKA_HOME_ENV) else "tansu"
+"""The broker of the integration and chaos tiers: Apache Kafka whenever KAFKA_HOME is set."""
+
+TANSU_ASSIGNOR: dict[str, str] = (
+    {"partition.assignment.strategy": "range"} if BROKER_KIND == "tansu" else {})
+"""Tansu leaves partitions unowned for seconds per cooperative rebalance (docs/testing.md):
+tests give it the eager assignor; on Apache Kafka egress keeps its cooperative default."""
+
 FAST_GROUP_CONFIG = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 500,
     "topic.metadata.refresh.interval.ms": 1000,
+    **TANSU_ASSIGNOR,
 }
-
-BROKER_KIND: BrokerKind = "apache" if os.environ.get(KAFKA_HOME_ENV) else "tansu"
-"""The broker of the integration and chaos tiers: Apache Kafka whenever KAFKA_HOME is set."""
 
 NEEDS_KAFKA = (f"needs Apache Kafka: set {KAFKA_HOME_ENV} to an Apache Kafka distribution "
                "(e.g. ../shared/kafka; .ci/run does when it exists)")

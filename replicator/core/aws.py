@@ -14,6 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, Inc
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from replicator.core.errors import (
+    ConditionalConflict,
     ObjectNotFound,
     PreconditionFailed,
     ReplicatorError,
@@ -60,6 +61,8 @@ def translate(e: BaseException, what: str) -> ReplicatorError:
     * missing object/bucket/queue (NoSuchKey, 404, NoSuchBucket, NonExistentQueue) →
       ``ObjectNotFound``;
     * 412 / PreconditionFailed → ``PreconditionFailed``;
+    * 409 ConditionalRequestConflict → ``ConditionalConflict`` (a retriable
+      ``StorageError``);
     * 5xx, throttling (SlowDown, Throttling, ...), RequestTimeout, connection and read
       timeouts → ``StorageError`` (retriable);
     * anything else (access denied, invalid request, missing credentials) →
@@ -75,6 +78,8 @@ def translate(e: BaseException, what: str) -> ReplicatorError:
             return ObjectNotFound(f"{what}: does not exist ({code or status})")
         if code in PRECONDITION_CODES or status == 412:
             return PreconditionFailed(f"{what}: precondition failed ({code or status})")
+        if code == "ConditionalRequestConflict":
+            return ConditionalConflict(text)
         if code in RETRIABLE_CODES or status >= 500 or status == 429:
             return StorageError(text)
         return StorageFatalError(text)

@@ -64,6 +64,13 @@ class StorageError(RetriableError):
     """An object store request failed in a way that may pass (5xx, timeout, throttling)."""
 
 
+class ConditionalConflict(StorageError):
+    """S3's 409 ``ConditionalRequestConflict``: another conditional write of the same key
+    is in flight. Retriable in general; for a conditional create it also means another
+    writer is creating the key.
+    """
+
+
 class ObjectNotFound(FatalError):
     """The object (or bucket) does not exist."""
 

@@ -145,10 +145,13 @@ class S3ObjectStore(ObjectStore):
     # ObjectStore -------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            storage_class: str | None = None, content_type: str | None = None) -> ObjectInfo:
+            if_match: str | None = None, storage_class: str | None = None,
+            content_type: str | None = None) -> ObjectInfo:
         args = self.write_args(storage_class, content_type)
         if if_none_match:
             args["IfNoneMatch"] = "*"
+        if if_match is not None:
+            args["IfMatch"] = f'"{if_match}"'
         with aws_errors(f"put {self.url(key)}"):
             resp = self.client.put_object(Bucket=self.bucket, Key=key, Body=bytes(data), **args)
         return ObjectInfo(key, len(data), datetime.now(UTC), _etag(resp.get("ETag")),
@@ -163,6 +166,11 @@ class S3ObjectStore(ObjectStore):
         with aws_errors(f"get {self.url(key)}"):
             resp = self.client.get_object(Bucket=self.bucket, Key=key)
             return bytes(resp["Body"].read())
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        with aws_errors(f"get {self.url(key)}"):
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+            return bytes(resp["Body"].read()), _etag(resp.get("ETag"))
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if start < 0 or length < 0:
@@ -188,7 +196,8 @@ class S3ObjectStore(ObjectStore):
         with aws_errors(f"head {self.url(key)}"):
             resp = self.client.head_object(Bucket=self.bucket, Key=key)
         return ObjectInfo(key, int(resp["ContentLength"]), resp["LastModified"],
-                          _etag(resp.get("ETag")), resp.get("StorageClass") or STANDARD)
+                          _etag(resp.get("ETag")), resp.get("StorageClass") or STANDARD,
+                          resp.get("ReplicationStatus"))
 
     def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,

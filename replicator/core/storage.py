@@ -45,6 +45,9 @@ class ObjectInfo:
     last_modified: datetime
     etag: str = ""
     storage_class: str | None = None
+    replication_status: str | None = None
+    """From ``head`` on a bucket with replication rules: ``PENDING``, ``COMPLETED``,
+    ``FAILED`` (a source object) or ``REPLICA``; ``None`` when the store says nothing."""
 
 
 class Upload(ABC):
@@ -111,12 +114,33 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            storage_class: str | None = None, content_type: str | None = None) -> ObjectInfo:
+            if_match: str | None = None, storage_class: str | None = None,
+            content_type: str | None = None) -> ObjectInfo:
         """Write a whole small object.
 
+        ``if_match`` replaces the object only if its ETag is still that one (read-modify-
+        write by several writers: read with ``get_with_etag``, put with its ETag, read
+        again on ``PreconditionFailed``).
+
         Raises:
-            PreconditionFailed: ``if_none_match`` and the key exists.
+            PreconditionFailed: ``if_none_match`` and the key exists; ``if_match`` and the
+                object changed (or is gone: S3 may also answer ``ObjectNotFound`` then).
         """
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and the ETag of exactly those bytes (for ``put(if_match=)``).
+
+        This default reads the ETag before and after the body and retries when they
+        differ; stores override it with one request.
+
+        Raises:
+            ObjectNotFound: the key does not exist.
+        """
+        while True:
+            before = self.head(key).etag
+            data = self.get(key)
+            if self.head(key).etag == before:
+                return data, before
 
     @abstractmethod
     def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
@@ -255,10 +279,15 @@ class MemoryObjectStore(ObjectStore):
         return ObjectNotFound(f"s3://{self.bucket}/{key} does not exist")
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False,
-            storage_class: str | None = None, content_type: str | None = None) -> ObjectInfo:
+            if_match: str | None = None, storage_class: str | None = None,
+            content_type: str | None = None) -> ObjectInfo:
         with self._lock:
             if if_none_match and key in self._objects:
                 raise PreconditionFailed(f"s3://{self.bucket}/{key} already exists")
+            if if_match is not None and (key not in self._objects
+                                         or self._objects[key].etag != if_match):
+                raise PreconditionFailed(f"s3://{self.bucket}/{key} is no longer ETag "
+                                         f"{if_match}")
             obj = _Stored(bytes(data), self._stamp(), storage_class or STANDARD)
             self._objects[key] = obj
             return obj.info(key)
@@ -272,6 +301,10 @@ class MemoryObjectStore(ObjectStore):
         if obj is None:
             raise self._missing(key)
         return obj
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        obj = self._lookup(key)   # objects are replaced, never changed in place
+        return obj.data, obj.etag
 
     def get(self, key: str) -> bytes:
         return self._lookup(key).data

@@ -88,21 +88,26 @@ class TopicMetadata:
     region: str = ""
     updated_at: datetime | None = None
     first_positions: dict[int, int] | None = None
-    """Where each source partition's segment history begins (partition → position);
-    ``None`` when the file has no such field (an egress that does not record them). A
-    partition missing from a present map has not recorded its first position yet."""
+    """Where each partition's segment history in this bucket begins (the start of the
+    first segment egress published for it), written before that segment is visible and
+    never changed. ``None``: written by an egress that does not record them (ingress then
+    falls back to its delay); a partition absent from the object: not recorded yet."""
 
     @classmethod
     def of(cls, topic: str, region: str, partitions: int, configs: Mapping[str, str],
-           now: datetime) -> TopicMetadata:
+           now: datetime, first_positions: Mapping[int, int] | None = None
+           ) -> TopicMetadata:
         """The metadata egress writes: only the configs ingress may copy
         (``TOPIC_META_CONFIGS``).
         """
         return cls(partitions, {k: configs[k] for k in sorted(TOPIC_META_CONFIGS)
-                                if k in configs}, topic, region, now)
+                                if k in configs}, topic, region, now,
+                   None if first_positions is None else dict(first_positions))
 
     def encode(self) -> bytes:
-        """The JSON body (keys: topic, region, partitions, configs, updated_at)."""
+        """The JSON body (keys: topic, region, partitions, configs, updated_at, and
+        first_positions when recorded).
+        """
         body: dict[str, Any] = {
             "topic": self.topic,
             "region": self.region,
@@ -111,6 +116,9 @@ class TopicMetadata:
         }
         if self.updated_at is not None:
             body["updated_at"] = rfc3339(self.updated_at)
+        if self.first_positions is not None:
+            body["first_positions"] = {str(p): pos for p, pos
+                                       in sorted(self.first_positions.items())}
         return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -118,8 +126,9 @@ class TopicMetadata:
         """Parse ``_topic.json``.
 
         Raises:
-            TopicError: naming ``where``: not JSON, no positive ``partitions``, or
-                ``configs`` not an object.
+            TopicError: naming ``where``: not JSON, no positive ``partitions``,
+                ``configs`` not an object, or ``first_positions`` not an object of
+                partition numbers to non-negative positions.
         """
         try:
             doc = json.loads(data)
@@ -145,10 +154,8 @@ class TopicMetadata:
 
 
 def _first_positions(value: object, where: str) -> dict[int, int] | None:
-    """``first_positions`` of ``_topic.json``: absent → ``None``.
-
-    Raises:
-        TopicError: not an object of partition → non-negative position.
+    """``first_positions`` of ``_topic.json``: absent or null → ``None`` (an egress that
+    does not record them).
     """
     if value is None:
         return None
@@ -156,10 +163,15 @@ def _first_positions(value: object, where: str) -> dict[int, int] | None:
         raise TopicError(f"{where}: 'first_positions' must be an object")
     out: dict[int, int] = {}
     for k, v in value.items():
-        if not (isinstance(k, str) and k.isdigit()) or not _position(v):
-            raise TopicError(f"{where}: 'first_positions' entry {k!r}: {v!r} is not "
-                             "partition → non-negative position")
-        out[int(k)] = v
+        try:
+            p = int(k)
+        except ValueError:
+            raise TopicError(f"{where}: 'first_positions' key {k!r} is not a partition "
+                             "number") from None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or p < 0:
+            raise TopicError(f"{where}: 'first_positions'[{k!r}] must be a position >= 0, "
+                             f"got {v!r}")
+        out[p] = v
     return out
 
 

@@ -27,10 +27,13 @@ TEMP_PREFIX = "temp"
 # Short group timeouts: a consumer's first assignment waits about session.timeout.ms / 2 on
 # Tansu, so the librdkafka default of 45 s would make every start wait 23 s (docs/testing.md);
 # on Apache Kafka a killed member holds its partitions for session.timeout.ms.
-FAST_GROUP_CONFIG: dict[str, int] = {
+FAST_GROUP_CONFIG: dict[str, int | str] = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 500,
     "topic.metadata.refresh.interval.ms": 1000,
+    # Eager assignment: Tansu leaves partitions unowned for seconds per cooperative
+    # rebalance (docs/testing.md); production egress defaults to cooperative-sticky.
+    "partition.assignment.strategy": "range",
 }
 
 def _toml_str(s: str) -> str:

@@ -60,7 +60,7 @@ from replicator.devstack.sample import SampleRecord
 from replicator.ops.sync import BucketSync
 from replicator.ops.verify import digest, read_partition, record_view
 from tests.chaos.fault_proxy import FaultProxy
-from tests.conftest import APACHE_TEST_PROPERTIES, BROKER_KIND
+from tests.conftest import APACHE_TEST_PROPERTIES, BROKER_KIND, TANSU_ASSIGNOR
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ MODES = ("exactly-once", "at-least-once")
 BATCH_SIZE = 100  # records per ingress transaction: small, so kills land mid-segment
 # A SIGKILLed member holds its partitions until its session expires: keep that short.
 GROUP_CONFIG = {"session.timeout.ms": 4000, "heartbeat.interval.ms": 400,
-                "topic.metadata.refresh.interval.ms": 1000}
+                "topic.metadata.refresh.interval.ms": 1000, **TANSU_ASSIGNOR}
 CREDS: dict[str, Any] = {"access_key_id": "test", "secret_access_key": "test"}
 
 

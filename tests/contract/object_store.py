@@ -99,6 +99,21 @@ class ObjectStoreContract:
         self.store.put("lock", b"third")
         assert self.store.get("lock") == b"third"
 
+    def test_conditional_replace(self) -> None:
+        # Read-modify-write by several writers: the put succeeds only over what was read.
+        self.store.put("meta", b"v1")
+        data, etag = self.store.get_with_etag("meta")
+        assert data == b"v1" and etag == self.store.head("meta").etag
+        self.store.put("meta", b"v2", if_match=etag)
+        assert self.store.get("meta") == b"v2"
+        with pytest.raises(PreconditionFailed) as exc:
+            self.store.put("meta", b"v3", if_match=etag)       # stale: v2 is there now
+        assert "meta" in str(exc.value)
+        assert self.store.get("meta") == b"v2"
+        with pytest.raises((PreconditionFailed, ObjectNotFound)):
+            self.store.put("absent", b"x", if_match=etag)     # nothing to replace
+        assert list(self.store.list("absent")) == []
+
     # --- streaming uploads ------------------------------------------------------------
 
     def test_upload_below_part_size(self) -> None:

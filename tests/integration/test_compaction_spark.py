@@ -340,3 +340,26 @@ def test_scheduled_mode_runs_on_a_6_field_cron_serves_metrics_and_exits_0_on_sig
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_inputs_wait_for_the_grace_period_on_a_store_without_replication_status(
+        moto_endpoint: str, bucket: str) -> None:
+    """moto reports no replication status (like a bucket kept in sync by ``replicator
+    sync``): the inputs of an output stay until it is ``replication_grace`` old."""
+    settings = s3_settings(moto_endpoint, bucket, spark_master="inline",
+                           replication_grace="3h")
+    store = S3ObjectStore.from_settings(settings)
+    inputs = [k(0, 0, 99), k(0, 100, 199)]
+    for key in inputs:
+        write_segment(store, key, make_records(key.start, key.end))
+    assert store.head(inputs[0].to_key()).replication_status is None
+    ahead = timedelta(hours=2)        # inputs are "old"; the output is younger than 3 h
+    report = Compaction(settings, store=store,
+                        clock=lambda: datetime.now(UTC) + ahead).run_once()
+    assert [t.outcome for t in report.tasks] == ["merged"] and report.deleted == []
+    assert all(store.head(x.to_key()) for x in inputs)
+    ahead = timedelta(hours=4)
+    report = Compaction(settings, store=store,
+                        clock=lambda: datetime.now(UTC) + ahead).run_once()
+    assert sorted(report.deleted) == sorted(x.to_key() for x in inputs)
+    assert [o.key for o in store.list("data/")] == [k(1, 0, 199).to_key()]

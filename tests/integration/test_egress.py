@@ -208,6 +208,8 @@ def test_count_rotation_and_exact_contents(source_brokers: str, moto_endpoint: s
     assert not list(store.list("temp/"))
     meta = json.loads(store.get(topic_meta_key("data", REGION, topic)))
     assert meta["partitions"] == 2 and meta["topic"] == topic and meta["region"] == REGION
+    # Where each partition's segment history begins, written before its first segment.
+    assert meta["first_positions"] == {"0": 0, "1": 0}
     # The topic's own settings travel, not the cluster's defaults. (Tansu describes the
     # settings of a topic as defaults: none travel there.)
     assert meta["configs"] == ({"retention.ms": "86400000", "cleanup.policy": "delete"}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 
 from egress.controller import Egress
 from formats.records import Record
-from replicator.core.errors import StorageError
+from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import Producer
 from replicator.core.retry import RetryPolicy
 from replicator.core.storage import ObjectInfo, ObjectStore, Upload
@@ -208,7 +210,7 @@ def test_s3_failing_for_one_partition_does_not_stall_the_others(
 
 def _config(path: Path, brokers: str, endpoint: str, bucket: str, topic: str,
             group: str) -> Path:
-    kafka_conf = ", ".join(f'"{k}" = {v}' for k, v in FAST_GROUP_CONFIG.items())
+    kafka_conf = ", ".join(f'"{k}" = {json.dumps(v)}' for k, v in FAST_GROUP_CONFIG.items())
     path.write_text(f"""
 region = "us-east-1"
 [s3]
@@ -275,3 +277,106 @@ def test_kill_9_mid_segment_then_restart(source_brokers: str, moto_endpoint: str
     # Orphan temp objects are the only possible garbage (none here: the open segments were
     # smaller than one part, so nothing had reached S3 before the kill).
     assert all(o.key.startswith(("temp/", "data/")) for o in store.list(""))
+
+
+def test_a_seek_that_fails_during_the_rewind_is_retried_and_nothing_is_skipped(
+        source_brokers: str, moto_endpoint: str) -> None:
+    """Partition 0's copies fail, so it rewinds; its first seeks back fail too (the client
+    refuses them). The partition must stay rewinding until a seek succeeds: resumed where
+    it stood, its next segment would be named from the failed start while holding only
+    later records (ingress would skip the difference)."""
+    bucket, s3 = new_bucket(moto_endpoint)
+    topic = create_topic(source_brokers, 1)
+    store = FlakyStore(s3, f"/{topic}/0/")
+    store.broken.set()
+    settings = egress_settings(source_brokers, moto_endpoint, bucket,
+                               {topic: {"max_segment_messages": 50, "max_segment_age": "300ms"}})
+    recs = sample_records(0, 300)
+    eg = Egress(settings, store=store, retry_policy=FAST_RETRY)
+    with running(eg):
+        wait_for(eg.ready, what="assignment")
+        consumer = eg._consumer
+        assert consumer is not None
+        seek = consumer.seek
+        refused = [0]
+
+        def failing_seek(tp: Any) -> None:
+            if store.broken.is_set() or refused[0] < 3:
+                refused[0] += 1
+                raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
+            seek(tp)
+
+        consumer.seek = failing_seek  # type: ignore[method-assign,assignment]
+        produce(source_brokers, topic, 0, recs[:200])
+        wait_for(lambda: refused[0] >= 1, what="a failed seek back to the failed segment")
+        store.broken.clear()
+        produce(source_brokers, topic, 0, recs[200:])
+        wait_for(lambda: read_partition(s3, topic, 0) == recs, what="every record")
+    assert refused[0] >= 3 and eg.metrics.total("egress_seek_failures_total") >= 3
+    keys = segment_keys(s3, topic, 0)
+    assert_touching(keys)
+    assert keys[0].start == 0 and keys[-1].end == 299
+    assert committed(source_brokers, settings.egress.group_id, topic, 1) == [300]  # type: ignore[union-attr]
+
+
+class GatedStore(FlakyStore):
+    """Copies to final keys containing ``marker`` wait while the gate is closed."""
+
+    def __init__(self, inner: ObjectStore, marker: str) -> None:
+        super().__init__(inner, marker)
+        self.gate = threading.Event()
+        self.waiting = 0
+        self.lock = threading.Lock()
+
+    def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
+        if self.marker in dst:
+            with self.lock:
+                self.waiting += 1
+            self.gate.wait(60)
+        return self.inner.copy(src, dst, storage_class=storage_class)
+
+
+def test_a_writer_whose_partition_moved_while_it_uploaded_never_commits(
+        source_brokers: str, moto_endpoint: str) -> None:
+    """Egress A's copies hang; B joins, A's revoke waits out shutdown_timeout and gives its
+    partitions up with the copies still running. When they finish, A (still a member of the
+    group, so the broker would accept it) must not commit for the partition that moved to
+    B: a stale commit landing under B would make B name a segment from one offset while
+    reading from another."""
+    bucket, s3 = new_bucket(moto_endpoint)
+    topic = create_topic(source_brokers, 2)
+    store = GatedStore(s3, f"/{topic}/")
+    group = unique_name("g")
+    limits = {topic: {"max_segment_messages": 50, "max_segment_age": "1h"}}
+    a = Egress(egress_settings(source_brokers, moto_endpoint, bucket, limits, group=group,
+                               shutdown_timeout="2s"), store=store, retry_policy=FAST_RETRY)
+    b = Egress(egress_settings(source_brokers, moto_endpoint, bucket, limits, group=group),
+               store=s3, retry_policy=FAST_RETRY)
+    commits: list[tuple[int, int]] = []
+    with running(a):
+        wait_for(a.ready, what="A assigned")
+        consumer = a._consumer
+        assert consumer is not None
+        commit = consumer.commit
+
+        def recording_commit(offsets: Any) -> Any:
+            commits.extend((tp.partition, tp.offset) for tp in offsets)
+            return commit(offsets)
+
+        consumer.commit = recording_commit  # type: ignore[method-assign]
+        for p in range(2):
+            produce(source_brokers, topic, p, sample_records(p, 60))
+        wait_for(lambda: store.waiting == 2, what="both of A's first copies hanging")
+        with running(b):
+            wait_for(lambda: len(b._writers) == 1 and len(a._writers) == 1, 60,
+                     what="one partition each after the rebalance")
+            (moved,) = [p for _, p in b._writers]
+            store.gate.set()            # the zombie copies finish now
+            wait_for(lambda: all(any(k.end == 49 for k in segment_keys(s3, topic, p))
+                                 for p in range(2)), what="the zombie segments visible")
+            wait_for(lambda: all(w.queue.idle for w in [*a._writers.values()]), what="A idle")
+            time.sleep(1.0)             # a commit request would be served within a poll
+            assert (moved, 50) not in commits, f"A committed for B's partition: {commits}"
+            # B replicates its partition from the commit it found, and flows on.
+            produce(source_brokers, topic, moved, sample_records(moved, 60)[:10])
+            wait_for(lambda: b.metrics.total("egress_messages_total") >= 60, what="B reads")

@@ -1,8 +1,8 @@
 """Two egress and two ingress members join and leave under load, on Apache Kafka.
 
 A real group coordinator runs the rebalances the way production does, with the eager
-``range`` assignor (the default) and with ``cooperative-sticky`` (set through
-``kafka.config``): egress members hand partitions over at segment boundaries (close,
+``range`` assignor and with ``cooperative-sticky`` (egress's default; both set through
+``kafka.config`` here): egress members hand partitions over at segment boundaries (close,
 make durable, commit, release), ingress members hand workers over through the
 destination topic's group, the newer transactional producer fencing the older one. The
 copy must hold every source record exactly once, in order (exactly-once delivery).

@@ -119,9 +119,6 @@ def test_records_deleted_by_retention_before_egress_read_them(
     assert copy[-50:] == expected[-50:]
 
 
-@pytest.mark.xfail(strict=True, reason="not detected yet: egress checks the source's log "
-                   "start only when it opens a segment, not when the consumer jumps forward "
-                   "inside an open one (a later change detects every retention reset)")
 def test_records_deleted_while_a_segment_is_open_are_reported(pipe: Pipeline,
                                                               tmp_path: Path) -> None:
     """The egress process holds an open segment (long max_segment_age) and is frozen

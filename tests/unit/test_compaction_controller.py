@@ -10,6 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from botocore.exceptions import ClientError
 
 from compaction.controller import Compaction
 from compaction.executors import settings_from_payload, settings_payload
@@ -18,6 +19,7 @@ from compaction.merge import TaskSpec, merge_segments
 from formats.base import WriterOptions
 from formats.records import Record
 from formats.registry import get_format
+from replicator.core.aws import translate
 from replicator.core.errors import ConfigError, StorageError
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore, ObjectInfo
@@ -390,3 +392,76 @@ def test_merge_memory_is_bounded_by_batches_and_row_groups_not_segment_size() ->
     assert res.ok and res.records == 16000 and res.bytes_out > 32_000_000
     # 1 MiB row groups, 200-record (400 KB) batches, 2 read ahead: a few MB, not 32
     assert pool.max_memory() < 8_000_000, pool.max_memory()
+
+
+def test_a_partial_failure_is_compacted_by_the_next_run() -> None:
+    # Three tasks in one run; the middle one fails to publish, the last succeeds. The next
+    # run merges the middle range although it lies below the highest compacted end.
+    store = MemoryObjectStore()
+    failures = [1]
+    seed(store, [(i * 100, i * 100 + 99) for i in range(6)])
+    middle = k(1, 200, 399).to_key()
+
+    copy = store.copy
+
+    def copy_failing_middle(src: str, dst: str, *, storage_class: str | None = None
+                            ) -> ObjectInfo:
+        if dst == middle and failures[0] > 0:
+            failures[0] -= 1
+            raise StorageError(f"injected: copy {src} -> {dst}")
+        return copy(src, dst, storage_class=storage_class)
+
+    store.copy = copy_failing_middle  # type: ignore[method-assign]
+    settings = compaction_settings(topics={"t": {
+        "min_segment_age": "1h", "min_segment_count": 2, "min_segment_size": 1,
+        "max_segment_count": 2, "max_segment_size": "1GiB", "batch_size": 7}})
+    c = controller(store, settings=settings)
+    report = c.run_once()
+    assert {t.output: t.outcome for t in report.tasks} == {
+        k(1, 0, 199).to_key(): "merged", middle: "failed", k(1, 400, 599).to_key(): "merged"}
+    report = c.run_once()
+    assert report.outcome == "success"
+    assert [t.output for t in report.tasks] == [middle]
+    assert segment_keys(store) == [k(1, 0, 199).to_key(), middle, k(1, 400, 599).to_key()]
+    got = [r.offset for key in (k(1, 0, 199), k(1, 200, 399), k(1, 400, 599))
+           for r in read_segment(store, key)]
+    assert got == list(range(600))
+
+
+def test_a_refresh_racing_release_never_recreates_the_lock() -> None:
+    # The keeper's refresh read the lock (still ours); release deleted it before the
+    # refresh wrote the renewed lease. Re-created, it would block every run for lock_ttl.
+    store = MemoryObjectStore()
+    lock = RegionLock(store, lock_key("data", "r1"), timedelta(minutes=10),
+                      lambda: datetime.now(UTC))
+    assert lock.acquire()
+    get_with_etag = store.get_with_etag
+
+    def read_then_released(key: str) -> tuple[bytes, str]:
+        got = get_with_etag(key)
+        store.delete(key)          # release() ran in between
+        return got
+
+    store.get_with_etag = read_then_released  # type: ignore[method-assign]
+    assert lock.refresh() is False
+    assert lock_key("data", "r1") not in listing(store)
+
+
+class ConflictOnCreate(MemoryObjectStore):
+    """S3 answers 409 ConditionalRequestConflict: another conditional write of the key is
+    in flight (another run creating the lock)."""
+
+    def put(self, key: str, data: bytes, **kw: Any) -> ObjectInfo:
+        if kw.get("if_none_match"):
+            response: Any = {"Error": {"Code": "ConditionalRequestConflict",
+                                       "Message": "conflict"},
+                             "ResponseMetadata": {"HTTPStatusCode": 409}}
+            raise translate(ClientError(response, "PutObject"), f"put {key}")
+        return super().put(key, data, **kw)
+
+
+def test_a_409_on_creating_the_lock_is_a_skipped_run_not_a_failed_one() -> None:
+    store = ConflictOnCreate()
+    seed(store, [(0, 99), (100, 199)])
+    report = controller(store).run_once()
+    assert report.outcome == "skipped" and "holds the region lock" in (report.reason or "")

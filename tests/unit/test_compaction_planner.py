@@ -211,11 +211,22 @@ def test_mixed_level_range_output_level_is_highest_input_plus_one() -> None:
     assert t.output == key(2, 0, 299)
 
 
-def test_uncovered_segment_below_the_watermark_is_stranded_not_deleted() -> None:
+def test_a_single_uncovered_segment_between_compacted_ones_is_left_not_deleted() -> None:
     segs = [seg(1, 0, 199), seg(1, 300, 499), seg(0, 200, 299)]
     p = plan(segs, cfg(), NOW)
-    assert p.stranded == [key(0, 200, 299)]
     assert p.covered_to_delete == [] and p.tasks == []
+    assert "single segment" in (p.skipped_reason or "")
+
+
+def test_the_range_of_a_failed_merge_task_is_merged_by_the_next_run() -> None:
+    # One run planned 0-199, 200-399 and 400-599; the middle task failed, the others
+    # published their outputs (and deleted their inputs). The middle range lies below the
+    # highest compacted end, between two level-1 segments: it is planned again.
+    segs = [seg(1, 0, 199), *chain(2, start=200), seg(1, 400, 599), *chain(3, start=600)]
+    p = plan(segs, cfg(min_segment_count=3), NOW)
+    assert [t.output for t in p.tasks] == [key(1, 200, 399), key(1, 600, 899)]
+    assert ranges(p.tasks[0]) == [(200, 299), (300, 399)]
+    assert p.holes_reported == [] and p.covered_to_delete == []
 
 
 def test_plan_all_groups_by_partition_and_refuses_mixed_input() -> None:

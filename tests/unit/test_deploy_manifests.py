@@ -616,8 +616,10 @@ LEAST_PRIVILEGE: dict[str, list[tuple[str, str, dict[str, str], bool]]] = {
         ("s3:GetObject", OWN, {}, True),             # head after an interrupted copy
         ("s3:DeleteObject", TEMP, {}, True),
         ("s3:PutObject", META, {}, True),            # _topic.json
-        ("s3:ListBucket", B, {}, True),
+        ("s3:GetObject", META, {}, True),            # read-modify-write of first_positions
+        ("s3:ListBucket", B, {}, True),              # a partition's segments (upgrades)
         ("kms:GenerateDataKey", KEY, VIA_S3, True),
+        ("kms:Decrypt", KEY, VIA_S3, True),          # reading _topic.json under SSE-KMS
         ("s3:DeleteObject", OWN, {}, False),         # only compaction deletes segments
         ("s3:PutObject", PEER, {}, False),           # never writes another region's data
         ("s3:GetObject", PEER, {}, False),

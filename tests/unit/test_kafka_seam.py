@@ -102,6 +102,15 @@ def test_fetch_sorts_records_errors_and_ends_in_one_pass() -> None:
     assert not Fetched()
 
 
+def test_an_out_of_range_position_is_sorted_out_with_the_position() -> None:
+    # auto.offset.reset=error: the position left the log (retention deleted records under
+    # it); not an error of the call, the caller decides (egress reports the lost range).
+    events: list[Any] = [Event("a", 0, 51, ck.KafkaError(
+        ck.KafkaError._AUTO_OFFSET_RESET, "fetch failed: Broker: Offset out of range"))]
+    f = _sort(events, Fetched())
+    assert f.out_of_range == {("a", 0): 51} and f.errors == [] and f
+
+
 def test_topic_partitions_round_trip_through_the_client() -> None:
     tp = TopicPartition("t", 3, 42)
     assert from_client(to_client(tp)) == tp

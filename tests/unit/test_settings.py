@@ -471,3 +471,29 @@ def test_env_new_topic_keeps_its_case() -> None:
     assert s.egress is not None
     assert s.egress.topics["MyTopic"].max_segment_messages == 7
     assert s.egress.topics["a"].max_segment_messages == 8
+
+
+def test_archive_storage_classes_are_refused_on_levels_that_are_read() -> None:
+    # Ingress reads segments of every level and compaction its input levels: an object in
+    # GLACIER or DEEP_ARCHIVE cannot be read without a restore, so replay would stall.
+    for sc in ("GLACIER", "DEEP_ARCHIVE"):
+        errs = errors_of(with_(s3={"bucket": "b", "storage_class": {"0": "STANDARD",
+                                                                    "2": sc}}))
+        assert "restore" in errs["s3.storage_class"] and "level 2" in errs["s3.storage_class"]
+    ok = load_settings(data=with_(s3={"bucket": "b", "storage_class": {"1": "GLACIER_IR"}}),
+                       environ=NO_ENV)
+    assert ok.s3.storage_class == {1: "GLACIER_IR"}
+
+
+def test_a_segment_size_that_cannot_fit_in_10000_parts_is_refused() -> None:
+    # A multipart upload has at most 10,000 parts of s3.part_size bytes.
+    errs = errors_of(with_(s3={"bucket": "b", "part_size": "5MiB"},
+                           egress={"group_id": "g", "topics": {"t": {
+                               "max_segment_size": "60GiB"}}}))
+    assert "10,000" in errs["egress.topics.t.max_segment_size"]
+    errs = errors_of(with_(s3={"bucket": "b", "part_size": "5MiB"},
+                           compaction={"topics": {"t": {"max_segment_size": "50GiB"}}}))
+    assert "10,000" in errs["compaction.topics.t.max_segment_size"]
+    load_settings(data=with_(s3={"bucket": "b", "part_size": "5MiB"},
+                             egress={"group_id": "g", "topics": {"t": {
+                                 "max_segment_size": "40GiB"}}}), environ=NO_ENV)

@@ -28,11 +28,25 @@ offsets = st.integers(min_value=0, max_value=2**63 - 1)
 
 @given(names, names, st.integers(min_value=1, max_value=100_000),
        st.dictionaries(st.sampled_from(sorted(TOPIC_META_CONFIGS)), st.text(max_size=20)),
-       times)
+       times, st.one_of(st.none(), st.dictionaries(st.integers(0, 10_000), offsets)))
 def test_topic_metadata_round_trips(topic: str, region: str, partitions: int,
-                                    configs: dict[str, str], now: datetime) -> None:
-    meta = TopicMetadata.of(topic, region, partitions, configs, now)
+                                    configs: dict[str, str], now: datetime,
+                                    first: dict[int, int] | None) -> None:
+    meta = TopicMetadata.of(topic, region, partitions, configs, now, first)
     assert TopicMetadata.parse(meta.encode(), where="t") == meta
+
+
+def test_first_positions_absent_empty_and_recorded() -> None:
+    # Absent: an egress that does not record them; present, even empty: one that does.
+    assert TopicMetadata.parse(b'{"partitions": 2}', where="x").first_positions is None
+    assert TopicMetadata.parse(b'{"partitions": 2, "first_positions": {}}',
+                               where="x").first_positions == {}
+    meta = TopicMetadata.of("t", "r1", 2, {}, datetime(2026, 1, 1, tzinfo=UTC), {1: 40})
+    assert json.loads(meta.encode())["first_positions"] == {"1": 40}
+    for bad in (b'[]', b'{"a": 1}', b'{"0": -1}', b'{"0": "5"}', b'{"0": true}'):
+        with pytest.raises(TopicError, match="x: 'first_positions'"):
+            TopicMetadata.parse(b'{"partitions": 2, "first_positions": ' + bad + b'}',
+                                where="x")
 
 
 def test_topic_metadata_body_and_old_files() -> None:

@@ -28,6 +28,7 @@ from replicator.core.kafka.errors import (
     construct,
     event_error,
     is_end_event,
+    is_out_of_range_event,
     translate,
 )
 from replicator.core.kafka.producer import GroupMetadata
@@ -59,6 +60,9 @@ def _sort(events: Sequence[ck.Message], out: Fetched) -> Fetched:
             if is_end_event(err):
                 offset = m.offset()
                 out.ends[(topic, p)] = -1 if offset is None else offset
+            elif is_out_of_range_event(err) and p >= 0:
+                offset = m.offset()
+                out.out_of_range[(topic, p)] = -1 if offset is None else offset
             else:
                 out.errors.append(event_error(err, f"{topic}[{p}]"))
             continue
@@ -237,6 +241,24 @@ class Consumer:
             self._c.seek(to_client(partition))
         except ck.KafkaException as e:
             raise translate(e, f"seek {partition} to {partition.offset}") from e
+
+    def restart(self, partition: TopicPartition, others: Sequence[TopicPartition]) -> None:
+        """Fetch ``partition`` again, from its ``offset``, after the client stopped it (a
+        position out of range with ``auto.offset.reset=error``; ``seek`` is refused then).
+
+        Cooperative: the partition alone is unassigned and assigned again. Eager: the
+        client only takes a whole assignment, so ``others`` (every other assigned
+        partition, each at the offset to read next) are assigned again with it; their
+        prefetched records are fetched again.
+        """
+        try:
+            if self.cooperative:
+                self._c.incremental_unassign([to_client(partition)])
+                self._c.incremental_assign([to_client(partition)])
+            else:
+                self._c.assign(_clients([partition, *others]))
+        except ck.KafkaException as e:
+            raise translate(e, f"restart {partition} at {partition.offset}") from e
 
     def commit(self, offsets: Sequence[TopicPartition]) -> dict[tuple[str, int],
                                                                  ReplicatorError]:

@@ -85,6 +85,11 @@ def is_end_event(err: ck.KafkaError) -> bool:
     return err.code() == ck.KafkaError._PARTITION_EOF
 
 
+def is_out_of_range_event(err: ck.KafkaError) -> bool:
+    """True for the event of ``auto.offset.reset=error``: the fetch position left the log."""
+    return err.code() == ck.KafkaError._AUTO_OFFSET_RESET
+
+
 def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
     """The error of an error event returned by ``consume``/``poll``.
 

@@ -82,11 +82,16 @@ class Fetched:
             ``ConfigError`` for a group setting the broker refuses, ``KafkaFatalError``).
         ends: partition end events (``enable.partition.eof``): ``(topic, partition)`` to
             the offset after the last record at that moment.
+        out_of_range: with ``auto.offset.reset=error``, partitions whose fetch position
+            is no longer in the log (records deleted under it, or the log truncated):
+            ``(topic, partition)`` to that position. The partition is not fetched again
+            until it is seeked.
     """
 
     runs: dict[tuple[str, int], list[Message]] = field(default_factory=dict)
     errors: list[ReplicatorError] = field(default_factory=list)
     ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    out_of_range: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -94,7 +99,7 @@ class Fetched:
         return sum(len(r) for r in self.runs.values())
 
     def __bool__(self) -> bool:
-        return bool(self.runs or self.errors or self.ends)
+        return bool(self.runs or self.errors or self.ends or self.out_of_range)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,9 @@ from replicator.core.settings.services import (
     IngressSettings,
 )
 
+MAX_PARTS = 10_000
+"""Parts of one S3 multipart upload, at most."""
+
 
 class Settings(Model):
     """Everything one process needs. Sections not used by a process may be absent."""
@@ -53,6 +56,24 @@ class Settings(Model):
                         f"ingress.sources.{i}.region",
                         f"source region {s.region!r} is this process's own region; ingress "
                         "replays segments of other regions")
+        return self
+
+    @model_validator(mode="after")
+    def _segments_fit_in_parts(self) -> Settings:
+        # A segment streams into one multipart upload of at most MAX_PARTS parts of
+        # s3.part_size bytes (egress writes it, compaction writes its outputs).
+        limit = MAX_PARTS * self.s3.part_size
+        sections = [("egress", self.egress), ("compaction", self.compaction)]
+        for name, section in sections:
+            if section is None:
+                continue
+            for topic, t in section.topics.items():
+                if t.max_segment_size > limit:
+                    raise KeyedValueError(
+                        f"{name}.topics.{topic}.max_segment_size",
+                        f"{t.max_segment_size} bytes cannot fit in one upload of 10,000 "
+                        f"parts of s3.part_size ({self.s3.part_size} bytes, {limit} in all); "
+                        "lower it or raise s3.part_size")
         return self
 
     @property

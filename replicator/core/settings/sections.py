@@ -34,7 +34,8 @@ class S3Settings(Model):
     secret_access_key: SecretStr | None = Field(None, description="Static secret key.")
     storage_class: dict[int, str] = Field(
         default_factory=dict,
-        description="Storage class per segment level, e.g. {\"0\" = \"STANDARD\"}.")
+        description="Storage class per segment level, e.g. {\"0\" = \"STANDARD\"}; not "
+                    "GLACIER or DEEP_ARCHIVE (segments of every level are read).")
     sse: Literal["AES256", "aws:kms"] | None = Field(
         None, description="Server-side encryption of written objects.")
     sse_kms_key_id: str | None = Field(None, description="KMS key id when sse = 'aws:kms'.")
@@ -60,6 +61,11 @@ class S3Settings(Model):
             if sc not in STORAGE_CLASSES:
                 raise ValueError(f"level {level}: unknown storage class {sc!r} "
                                  f"(one of {', '.join(sorted(STORAGE_CLASSES))})")
+            if sc in ARCHIVE_CLASSES:
+                raise ValueError(
+                    f"level {level}: {sc} objects cannot be read without a restore, and "
+                    "ingress reads segments of every level (compaction its input levels); "
+                    "use GLACIER_IR or an IA class, or a lifecycle rule for archives")
         return v
 
     @field_validator("part_size")
@@ -94,13 +100,20 @@ class S3Settings(Model):
         return self.storage_class.get(level)
 
 
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
+"""Storage classes whose objects must be restored before they can be read."""
+
+
 class KafkaSettings(Model):
     """The Kafka cluster of this region (``[kafka]``)."""
 
     brokers: str = Field(description="bootstrap.servers of this region's cluster.")
     config: dict[str, KafkaValue] = Field(
         default_factory=dict,
-        description="Extra librdkafka settings (security.protocol, sasl.*, ssl.*, ...).")
+        description="Extra librdkafka settings (security.protocol, sasl.*, ssl.*, ...). "
+                    "Egress sets auto.offset.reset = error over it (a deleted position is "
+                    "reported, never skipped) and partition.assignment.strategy = "
+                    "cooperative-sticky unless given here.")
 
     @field_validator("brokers")
     @classmethod

@@ -108,10 +108,13 @@ class Harness:
     limits: SegmentLimits = field(default_factory=lambda: SegmentLimits(1000, 10**9, 60.0))
     expected: int | None = None
     low: int | None = None
+    """The source's log start offset (what the poll loop reads when a position left the
+    log); the writer itself never asks."""
     now: float = 0.0
     commits: list[int] = field(default_factory=list)
     outcomes: list[SegmentOutcome] = field(default_factory=list)
     commit_error: Exception | None = None
+    first_positions: Any = None
 
     def __post_init__(self) -> None:
         self.pool = ThreadPoolExecutor(2)
@@ -123,11 +126,11 @@ class Harness:
             report=self.outcomes.append, clock=lambda: self.now,
             wall=lambda: datetime(2026, 1, 1, tzinfo=UTC),
             retry_policy=RetryPolicy(attempts=3, initial=timedelta(milliseconds=1),
-                                     jitter=0.0))
+                                     jitter=0.0),
+            first_positions=self.first_positions)
         self.writer = PartitionWriter(
             PartitionRef("data", "r1", "t", 0), self.limits, self.expected, ctx=self.ctx,
-            metrics=self.m.for_partition("r1", "t", 0), commit=self._commit,
-            low_watermark=lambda: self.low)
+            metrics=self.m.for_partition("r1", "t", 0), commit=self._commit)
 
     def _commit(self, offset: int) -> None:
         with self.store.lock:

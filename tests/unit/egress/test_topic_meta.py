@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
 
 from egress.metrics import EgressMetrics
 from egress.topic_meta import TopicMetadataPublisher
+from replicator.core.errors import PreconditionFailed, ReplicatorError
+from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
-from replicator.core.storage import MemoryObjectStore
+from replicator.core.storage import MemoryObjectStore, ObjectInfo
 from replicator.core.wire import TopicMetadata
 
 
@@ -54,3 +60,92 @@ def test_written_at_start_and_when_the_partition_count_changes() -> None:
     assert json.loads(store.get("data/r1/a/_topic.json"))["partitions"] == 6
     assert json.loads(store.get("data/r1/b/_topic.json"))["partitions"] == 2
     assert metrics.total("egress_topic_metadata_writes_total") == 3
+
+
+def publisher(store: MemoryObjectStore, topics: tuple[str, ...] = ("a",)
+              ) -> TopicMetadataPublisher:
+    admin = FakeAdmin()
+    admin.partitions = {t: 3 for t in topics}
+    return TopicMetadataPublisher(
+        list(topics), admin, store, prefix="data", region="r1",
+        metrics=EgressMetrics(Metrics()), wall=lambda: datetime(2026, 1, 1, tzinfo=UTC),
+        retry_policy=RetryPolicy(attempts=1), interval=timedelta(minutes=1))
+
+
+def first_positions(store: MemoryObjectStore, topic: str = "a") -> object:
+    return json.loads(store.get(f"data/r1/{topic}/_topic.json")).get("first_positions")
+
+
+def ref(partition: int) -> PartitionRef:
+    return PartitionRef("data", "r1", "a", partition)
+
+
+def test_the_field_is_always_written_and_entries_never_change() -> None:
+    store = MemoryObjectStore()
+    pub = publisher(store)
+    pub.check()
+    assert first_positions(store) == {}      # "this egress records them; none yet"
+    pub.record_first_position(ref(1), 40, resumed=False)
+    assert first_positions(store) == {"1": 40}
+    pub.record_first_position(ref(1), 90, resumed=False)   # a later segment: no change
+    other = publisher(store)                  # another member, same object
+    other.record_first_position(ref(1), 70, resumed=False)
+    other.record_first_position(ref(2), 5, resumed=False)
+    assert first_positions(store) == {"1": 40, "2": 5}
+    # A partition count change rewrites the object and keeps every entry.
+    pub._partition_counts.clear()
+    pub.check()
+    assert first_positions(store) == {"1": 40, "2": 5}
+
+
+class RacingStore(MemoryObjectStore):
+    """Another member writes its entry between this writer's read and its put, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raced = False
+        self.refused = 0
+
+    def put(self, key: str, data: bytes, **kw: Any) -> ObjectInfo:
+        if kw.get("if_match") and not self.raced:
+            self.raced = True
+            doc = json.loads(self.get(key))
+            doc["first_positions"]["7"] = 700
+            super().put(key, json.dumps(doc).encode())
+        try:
+            return super().put(key, data, **kw)
+        except PreconditionFailed:
+            self.refused += 1
+            raise
+
+
+def test_a_concurrent_writers_entry_is_kept() -> None:
+    store = RacingStore()
+    pub = publisher(store)
+    pub.check()
+    pub.record_first_position(ref(1), 40, resumed=False)
+    assert store.refused == 1
+    assert first_positions(store) == {"1": 40, "7": 700}
+
+
+def test_an_upgraded_partition_records_its_lowest_segment_start(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryObjectStore()
+    for level, start, end in [(1, 100, 199), (0, 200, 249), (0, 250, 260)]:
+        store.put(SegmentKey("data", "r1", "a", 0, level, start, end).to_key(), b"x")
+    pub = publisher(store)
+    pub.check()
+    pub.record_first_position(ref(0), 250, resumed=True)
+    assert first_positions(store) == {"0": 100}
+    # No segments at all: nothing recorded, and the operator is told what follows.
+    with caplog.at_level(logging.WARNING):
+        pub.record_first_position(ref(3), 50, resumed=True)
+    assert first_positions(store) == {"0": 100}
+    assert "ingress falls back to its delay" in caplog.text
+
+
+def test_without_topic_json_the_first_position_waits() -> None:
+    store = MemoryObjectStore()
+    pub = publisher(store)
+    with pytest.raises(ReplicatorError):
+        pub.record_first_position(ref(0), 0, resumed=False)

@@ -1,0 +1,65 @@
+"""The commit service: only the partition's current writer commits."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from egress.commits import CommitService
+from replicator.core.errors import ReplicatorError
+from replicator.core.kafka import TopicPartition
+
+
+class CommitRecorder:
+    def __init__(self) -> None:
+        self.commits: list[tuple[str, int, int]] = []
+
+    def commit(self, offsets: Sequence[TopicPartition]) -> dict[tuple[str, int],
+                                                                  ReplicatorError]:
+        self.commits.extend((tp.topic, tp.partition, tp.offset) for tp in offsets)
+        return {}
+
+
+def commit_in_thread(commit: object, offset: int) -> tuple[threading.Thread, list[object]]:
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            commit(offset)  # type: ignore[operator]
+            result.append("ok")
+        except ReplicatorError as e:
+            result.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
+def serve_until(service: CommitService, consumer: CommitRecorder, t: threading.Thread) -> None:
+    while t.is_alive():
+        service.serve(consumer)  # type: ignore[arg-type]
+        t.join(0.01)
+
+
+def test_the_current_writer_commits() -> None:
+    service, consumer = CommitService(), CommitRecorder()
+    commit = service.committer("t", 0)
+    t, result = commit_in_thread(commit, 5)
+    serve_until(service, consumer, t)
+    assert result == ["ok"] and consumer.commits == [("t", 0, 5)]
+
+
+@pytest.mark.parametrize("then", ["retired", "reassigned"])
+def test_a_writer_that_no_longer_owns_its_partition_never_commits(then: str) -> None:
+    service, consumer = CommitService(), CommitRecorder()
+    old = service.committer("t", 0)
+    service.retire("t", 0)
+    if then == "reassigned":
+        service.committer("t", 0)   # the partition came back: a new writer owns it
+    t, result = commit_in_thread(old, 5)
+    serve_until(service, consumer, t)
+    assert consumer.commits == []
+    assert len(result) == 1 and isinstance(result[0], ReplicatorError)
+    assert "no longer owns" in str(result[0])

@@ -1,0 +1,188 @@
+"""The poll loop's decisions around a partition writer: rewinds after a failed segment."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from egress.commits import CommitService
+from egress.flow import FlowLimits
+from egress.poll_loop import PollLoop
+from egress.rotation import CloseReason
+from egress.segment import SegmentOutcome
+from replicator.core.errors import KafkaRetriableError
+from replicator.core.kafka import Fetched, TopicPartition
+from tests.unit.egress.fakes import Harness, messages, records
+
+
+class FakeConsumer:
+    """Records seeks; ``seek_failures`` seeks raise first."""
+
+    def __init__(self) -> None:
+        self.seeks: list[TopicPartition] = []
+        self.restarts: list[TopicPartition] = []
+        self.seek_failures = 0
+        self.stopped = False
+        self.paused: list[TopicPartition] = []
+
+    def seek(self, tp: TopicPartition) -> None:
+        if self.stopped:
+            raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
+        if self.seek_failures > 0:
+            self.seek_failures -= 1
+            raise KafkaRetriableError(f"seek {tp}: Local: Erroneous state")
+        self.seeks.append(tp)
+
+    def restart(self, tp: TopicPartition, others: Sequence[TopicPartition]) -> None:
+        self.restarts.append(tp)
+        self.seeks.append(tp)   # the same for most tests: where the partition reads next
+
+    def pause(self, tps: Sequence[TopicPartition]) -> None:
+        self.paused.extend(tps)
+
+    def resume(self, tps: Sequence[TopicPartition]) -> None:
+        pass
+
+    def position(self, tps: Sequence[TopicPartition]) -> list[TopicPartition]:
+        return []
+
+    def watermarks(self, tp: TopicPartition, *, cached: bool = False,
+                   timeout: float = 10.0) -> tuple[int, int]:
+        return (-1001, -1001)
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def loop_for(h: Harness, consumer: FakeConsumer) -> PollLoop:
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    def log_start(topic: str, partition: int) -> int:
+        if h.low is None:
+            raise KafkaRetriableError("no answer in time")
+        return h.low
+
+    return PollLoop(consumer, {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    outcomes, h.m, "r1", FlowLimits.for_budget(10**9), lambda: h.now,
+                    lambda _now: None, h.pool, log_start)
+
+
+def fail_first_segment(h: Harness) -> None:
+    h.store.fail["copy"] = 100
+    h.writer.append(messages(records(range(3))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    h.store.fail["copy"] = 0
+    assert h.writer.failed is not None
+
+
+def test_a_failed_seek_keeps_the_partition_rewinding(h: Harness) -> None:
+    fail_first_segment(h)
+    consumer = FakeConsumer()
+    consumer.seek_failures = 1
+    loop = loop_for(h, consumer)
+    h.now = 100.0
+    loop._tick(h.now)
+    # The seek failed: the partition is still waiting to rewind, and what the consumer
+    # delivers from where it stands is dropped, never named from the old start.
+    assert consumer.seeks == []
+    assert h.writer.failed is not None and h.writer.failed.start == 0
+    h.writer.append(messages(records(range(3, 6))), now=h.now)
+    assert h.writer.segment is None
+    # Retried later (backoff), the seek succeeds and the partition restarts at 0.
+    h.now = 1000.0
+    loop._tick(h.now)
+    assert [(tp.partition, tp.offset) for tp in consumer.seeks] == [(0, 0)]
+    assert h.writer.failed is None
+    h.writer.append(messages(records(range(6))), now=h.now)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000005"]
+    assert h.commits == [6]
+
+
+def settle_log_start(loop: PollLoop) -> None:
+    for o in list(loop.out_of_range.values()):
+        o.log_start.exception(10)
+    loop._tick(0.0)
+
+
+def test_records_deleted_under_an_open_segment_are_reported_exactly(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(51))), now=0.0)     # an open segment, 0..50
+    # Retention deleted 51..149 before they were fetched: the broker answers "out of
+    # range" for position 51 and the client stops the partition there.
+    h.low = 150
+    loop._dispatch(Fetched(out_of_range={("t", 0): 51}), 0.0)
+    assert consumer.seeks == []                       # not before the log start is known
+    with caplog.at_level(logging.ERROR):
+        settle_log_start(loop)
+    assert [(tp.partition, tp.offset) for tp in consumer.seeks] == [(0, 150)]
+    assert h.metrics.total("egress_source_lost_messages_total") == 99
+    assert "t[0]: offsets 51..149 (99 positions) were deleted at the source" in caplog.text
+    assert loop.out_of_range == {}
+    # The segment goes on (the loss is reported here, once; ingress sees no gap).
+    h.writer.append(messages(records(range(150, 160))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000159"]
+    assert h.commits == [160]
+
+
+def test_the_log_start_is_read_again_until_it_is_known(h: Harness) -> None:
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(10))), now=0.0)
+    h.low = None                                       # the first read times out
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    settle_log_start(loop)
+    assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
+    h.low = 20
+    settle_log_start(loop)
+    assert [tp.offset for tp in consumer.seeks] == [20]
+    assert h.metrics.total("egress_source_lost_messages_total") == 10
+
+
+def test_a_position_beyond_the_log_closes_the_segment_and_restarts(h: Harness) -> None:
+    # The source partition was recreated: the position is above its end, nothing was lost
+    # that egress can name; the open segment closes and the next one starts at the
+    # first record.
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(30))), now=0.0)
+    h.low = 0
+    loop._dispatch(Fetched(out_of_range={("t", 0): 30}), 0.0)
+    settle_log_start(loop)
+    assert [tp.offset for tp in consumer.seeks] == [0]
+    h.writer.append(messages(records(range(5))), now=0.0)
+    h.writer.close(CloseReason.COUNT)
+    h.settle()
+    assert h.final_keys() == ["data/r1/t/0/0/00000000000000000000-00000000000000000004",
+                              "data/r1/t/0/0/00000000000000000000-00000000000000000029"]
+    assert h.metrics.total("egress_source_lost_messages_total") == 0
+
+
+def test_a_partition_stopped_out_of_range_while_failed_is_restarted_by_the_rewind(
+        h: Harness) -> None:
+    # The position left the log, then a segment failed: the client refuses seeks on the
+    # stopped partition, so the rewind must assign it again (or it would retry forever).
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.low = 0
+    loop._dispatch(Fetched(out_of_range={("t", 0): 3}), 0.0)
+    consumer.stopped = True
+    fail_first_segment(h)
+    h.now = 100.0
+    for o in list(loop.out_of_range.values()):
+        o.log_start.exception(10)
+    loop._tick(h.now)
+    assert [(tp.partition, tp.offset) for tp in consumer.restarts] == [(0, 0)]
+    assert h.writer.failed is None and loop.out_of_range == {}
