@@ -365,6 +365,17 @@ class Egress:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        deleted = self._deleted_topics({t for t, _ in keys})
+        if deleted:
+            # The client noticed a topic deletion before the selection did and calls its
+            # partitions lost; nobody else can own a deleted topic's partitions, so their
+            # open segments are closed durably as on a revoke instead of aborted.
+            log.info("source topics deleted, releasing their partitions: %s",
+                     ", ".join(sorted(deleted)))
+            self._release([k for k in keys if k[0] in deleted], CloseReason.REVOKE)
+            keys = [k for k in keys if k[0] not in deleted]
+            if not keys:
+                return
         log.warning("lost (another member may own them now; open segments are aborted): %s",
                     ", ".join(f"{t}[{p}]" for t, p in keys))
         self.m.rebalances.labels(self.region, "lost").inc(len(keys))
@@ -376,6 +387,17 @@ class Egress:
                 w.discard_open()
         if self._loop is not None:
             self._loop.forget_pauses(keys)
+
+    def _deleted_topics(self, topics: set[str]) -> set[str]:
+        """Those of ``topics`` the cluster no longer has (none when it cannot be asked)."""
+        if self._admin is None:
+            return set()
+        try:
+            existing = set(self._admin.list_topics())
+        except ReplicatorError as e:
+            log.warning("cannot tell whether %s still exist: %s", ", ".join(sorted(topics)), e)
+            return set()
+        return topics - existing
 
     def _release(self, keys: Sequence[tuple[str, int]], reason: CloseReason) -> None:
         """Close the partitions' open segments durably within ``shutdown_timeout``, abort

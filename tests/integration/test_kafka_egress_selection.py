@@ -10,6 +10,7 @@ Topic names carry a unique prefix (the session's broker is shared), so the patte
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -41,17 +42,19 @@ def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline
     return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
-def _settings(pipe: Pipeline, base: str, explicit: str) -> Settings:
+def _settings(pipe: Pipeline, base: str, explicit: str, interval: str = "1s",
+              defaults: dict[str, Any] | None = None) -> Settings:
     return load_settings(data={
         "region": SOURCE_REGION,
         "s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, **CREDS},
         "kafka": {"brokers": pipe.source_brokers, "config": dict(pipe.source_kafka.config)},
         "metrics": {"port": 0},
         "egress": {"group_id": pipe.egress_group, "shutdown_timeout": "10s",
-                   "topic_metadata_interval": "1s",
+                   "topic_metadata_interval": interval,
                    "select": {"include": [re.escape(base) + r"\.sensor\..*"]},
                    # Small segments: the ranges show where each partition started.
-                   "topic_defaults": {"max_segment_messages": 5, "max_segment_age": "500ms"},
+                   "topic_defaults": defaults or {"max_segment_messages": 5,
+                                                  "max_segment_age": "500ms"},
                    # Matched by the pattern too; its table wins: segments of 15 records,
                    # open for an hour unless full.
                    "topics": {explicit: {"max_segment_messages": PER_PARTITION,
@@ -143,3 +146,28 @@ def test_a_topic_created_while_running_is_replicated_from_its_first_record(
     # At shutdown the open segments of sensor.a are closed: all 20 records per partition.
     assert all(_covered_from_zero(r, PER_PARTITION + 5)
                for r in _ranges(pipe.store, a).values())
+
+
+def test_a_deleted_topic_the_client_reports_lost_is_closed_durably(pipe: Pipeline) -> None:
+    # The selection is checked once an hour, so the client (metadata refreshed every
+    # second in tests) notices the deletion first and calls the partitions lost.
+    base = unique_name("sel")
+    d = f"{base}.sensor.d"
+    admin = Admin(pipe.source_kafka)
+    assert admin.create_topic(d, PARTITIONS)
+    egress = Egress(_settings(pipe, base, f"{base}.unused", interval="1h",
+                              defaults={"max_segment_messages": 1000, "max_segment_age": "1h"}),
+                    store=pipe.store)
+    with running_egress(egress):
+        wait_for(lambda: sum(t == d for t, _ in egress._writers) == PARTITIONS, 30,
+                 f"{d} assigned")
+        _produce(pipe, d, 5)
+        wait_for(lambda: all(w.segment is not None and w.segment.count == 5
+                             for (t, _), w in egress._writers.items() if t == d), 30,
+                 f"open segments of {d}")
+        admin.delete_topics([d])
+        wait_for(lambda: not any(t == d for t, _ in egress._writers), 30,
+                 f"{d}'s partitions released")
+        # What was read before the deletion is in the bucket, not aborted.
+        assert all(_covered_from_zero(r, 5) for r in _ranges(pipe.store, d).values()), \
+            _ranges(pipe.store, d)
