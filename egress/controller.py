@@ -5,7 +5,10 @@ the consumer; the rebalance callbacks here create a ``PartitionWriter`` per assi
 partition (``partition_writer``: its segments and its durability method) and release
 them durably on revoke and shutdown. Commits are served on the poll thread
 (``commits``), flow control decides pauses and early closes (``flow``), and
-``_topic.json`` is written by ``topic_meta``. Uploads, closes and commits run on a small
+``_topic.json`` is written by ``topic_meta``. The topics are the explicit tables plus, with
+``[egress.select]``, the cluster's topics its patterns match (``selection``), listed again
+every ``topic_metadata_interval``: the subscription follows, so a new topic is read from its
+first record and a deleted one is released. Uploads, closes and commits run on a small
 pool (``egress.upload_threads``), so the poll loop keeps polling within
 ``max.poll.interval.ms`` whatever S3 does.
 
@@ -36,6 +39,7 @@ from egress.partition_writer import PartitionWriter, WriterContext
 from egress.poll_loop import PollLoop, Writers
 from egress.rotation import CloseReason, SegmentLimits
 from egress.segment import SegmentOutcome
+from egress.selection import TopicSelection
 from egress.topic_meta import TopicMetadataPublisher
 from formats.base import WriterOptions
 from formats.registry import get_format, use_memory_pool
@@ -45,7 +49,7 @@ from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartit
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy
-from replicator.core.settings import EgressSettings, Settings
+from replicator.core.settings import EgressSettings, IngressSettings, Settings
 from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -96,7 +100,14 @@ class Egress:
         self.wall = wall
         self.retry_policy = retry_policy or _default_retry()
         self._consumer_overrides = dict(consumer_overrides or {})
+        self._selection = TopicSelection.of(
+            self.config.select.include, self.config.select.exclude, self.config.topics,
+            _own_topics(settings))
         self._limits = {t: SegmentLimits.from_settings(s) for t, s in self.config.topics.items()}
+        """Segment thresholds of every topic selected so far (filled as topics are)."""
+        self._subscribed: frozenset[str] = frozenset()
+        self._wanted: frozenset[str] = frozenset()
+        self._admin: Admin | None = None
         self._writers: Writers = {}
         self._outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
         self._commits = CommitService()
@@ -133,8 +144,10 @@ class Egress:
         use_memory_pool(self.config.memory_pool)
         self._pool = ThreadPoolExecutor(self.config.upload_threads,
                                         thread_name_prefix="egress-upload")
+        self._admin = Admin(self.settings.kafka)
+        self._wanted = self._selected_topics()
         self._meta = TopicMetadataPublisher(
-            self.config.topics, Admin(self.settings.kafka), self.store,
+            self._wanted, self._admin, self.store,
             prefix=self.settings.s3.prefix, region=self.region, metrics=self.m,
             wall=self.wall, retry_policy=self.retry_policy,
             interval=self.config.topic_metadata_interval)
@@ -163,15 +176,14 @@ class Egress:
                               FlowLimits.for_budget(self.config.max_buffered_bytes),
                               self.clock, self._maybe_check_topics, self._pool,
                               self._log_start)
-        self._consumer.subscribe(sorted(self.config.topics), on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._subscribe(self._wanted)
         if self.settings.metrics.port:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,
                                          self.settings.metrics.port, healthy=self.healthy,
                                          ready=self.ready)
             self._server.start()
         log.info("egress started: group %s, topics %s, region %s", self.config.group_id,
-                 ", ".join(sorted(self.config.topics)), self.region)
+                 ", ".join(sorted(self._wanted)) or "(none selected yet)", self.region)
 
     def run(self) -> None:
         """Poll until ``stop``; then close open segments (bounded) and commit.
@@ -237,12 +249,65 @@ class Egress:
         return self._assigned_once and self.healthy() and last > 0.0
 
     def _maybe_check_topics(self, now: float) -> None:
-        """Queue a ``_topic.json`` check every ``topic_metadata_interval`` (poll thread)."""
+        """Follow the selection a finished check found, and queue a new check (selection,
+        then ``_topic.json``) every ``topic_metadata_interval`` (poll thread).
+        """
+        wanted = self._wanted
+        if wanted != self._subscribed:
+            self._subscribe(wanted)
         if now - self._last_meta < self.config.topic_metadata_interval.total_seconds():
             return
         self._last_meta = now
         if self._pool is not None and self._meta is not None and not self._meta.running:
-            self._pool.submit(self._meta.check)
+            self._pool.submit(self._check_topics)
+
+    def _check_topics(self) -> None:
+        """List and select the topics, write their ``_topic.json`` (pool thread); the poll
+        thread subscribes to the result afterwards, so a new topic's ``_topic.json`` exists
+        before its first segment.
+        """
+        assert self._meta is not None
+        try:
+            wanted = self._selected_topics()
+        except ReplicatorError as e:
+            log.warning("listing the source topics failed, keeping the selection of %d "
+                        "topics; trying again in %s: %s", len(self._wanted),
+                        self.config.topic_metadata_interval, e)
+            wanted = self._wanted
+        self._meta.set_topics(wanted)
+        self._meta.check()
+        self._wanted = wanted
+
+    def _selected_topics(self) -> frozenset[str]:
+        """The explicit topics, plus the cluster's topics the patterns select.
+
+        Raises:
+            ReplicatorError: the cluster's topics could not be listed.
+        """
+        if not self._selection.dynamic:
+            return self._selection.explicit
+        assert self._admin is not None
+        return self._selection.select(self._admin.list_topics())
+
+    def _subscribe(self, topics: frozenset[str]) -> None:
+        """(Re)subscribe to ``topics`` (poll thread). With the cooperative assignor only
+        the partitions of added or removed topics move; the others keep their segments.
+        """
+        assert self._consumer is not None
+        for t in topics - self._limits.keys():
+            self._limits[t] = SegmentLimits.from_settings(self.config.topic_settings(t))
+        added, removed = topics - self._subscribed, self._subscribed - topics
+        if self._subscribed:
+            log.info("topic selection changed: added %s; removed %s",
+                     ", ".join(sorted(added)) or "none", ", ".join(sorted(removed)) or "none")
+        self.m.selected_topics.labels(self.region).set(len(topics))
+        self._subscribed = topics
+        if not topics:
+            # Nothing selected (yet): librdkafka refuses an empty subscription.
+            self._consumer.unsubscribe()
+            return
+        self._consumer.subscribe(sorted(topics), on_assign=self._on_assign,
+                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
 
     # --- assignment (rebalance callbacks, on the poll thread) -------------------------
 
@@ -300,6 +365,17 @@ class Egress:
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
+        deleted = self._deleted_topics({t for t, _ in keys})
+        if deleted:
+            # The client noticed a topic deletion before the selection did and calls its
+            # partitions lost; nobody else can own a deleted topic's partitions, so their
+            # open segments are closed durably as on a revoke instead of aborted.
+            log.info("source topics deleted, releasing their partitions: %s",
+                     ", ".join(sorted(deleted)))
+            self._release([k for k in keys if k[0] in deleted], CloseReason.REVOKE)
+            keys = [k for k in keys if k[0] not in deleted]
+            if not keys:
+                return
         log.warning("lost (another member may own them now; open segments are aborted): %s",
                     ", ".join(f"{t}[{p}]" for t, p in keys))
         self.m.rebalances.labels(self.region, "lost").inc(len(keys))
@@ -311,6 +387,17 @@ class Egress:
                 w.discard_open()
         if self._loop is not None:
             self._loop.forget_pauses(keys)
+
+    def _deleted_topics(self, topics: set[str]) -> set[str]:
+        """Those of ``topics`` the cluster no longer has (none when it cannot be asked)."""
+        if self._admin is None:
+            return set()
+        try:
+            existing = set(self._admin.list_topics())
+        except ReplicatorError as e:
+            log.warning("cannot tell whether %s still exist: %s", ", ".join(sorted(topics)), e)
+            return set()
+        return topics - existing
 
     def _release(self, keys: Sequence[tuple[str, int]], reason: CloseReason) -> None:
         """Close the partitions' open segments durably within ``shutdown_timeout``, abort
@@ -350,3 +437,14 @@ class Egress:
         if lo < 0:
             raise KafkaRetriableError(f"{topic}[{partition}]: no log start offset ({lo})")
         return lo
+
+
+def _own_topics(settings: Settings) -> set[str]:
+    """The replicator's checkpoint and segment-events topics (configured or default):
+    internal, never selected by a pattern.
+    """
+    fields = IngressSettings.model_fields
+    own = {str(fields["checkpoint_topic"].default), str(fields["segment_events_topic"].default)}
+    if settings.ingress is not None:
+        own |= {settings.ingress.checkpoint_topic, settings.ingress.segment_events_topic}
+    return own

@@ -30,6 +30,9 @@ class EgressMetrics:
         self.segment_size = metrics.histogram(
             "egress_segment_size_bytes", "Stored size of committed segments.",
             ("region", "topic"), buckets=_SIZE_BUCKETS)
+        self.selected_topics = metrics.gauge(
+            "egress_selected_topics", "Source topics subscribed: the explicit ones plus "
+            "those [egress.select] matches now.", ("region",))
         self.lag = metrics.gauge(
             "egress_consumer_lag", "High watermark minus the next offset to consume.", _PART)
         self.lost = metrics.counter(

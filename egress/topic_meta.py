@@ -1,9 +1,9 @@
 """``{prefix}/{region}/{topic}/_topic.json``: what ingress needs to create its copy topic.
 
-Written for every configured topic at start and again whenever its partition count
-changes (checked every ``egress.topic_metadata_interval``), and whenever a partition's first
-position is recorded (``record_first_position``: before the partition's first segment is
-copied to its final key). The body is ``replicator.core.wire.TopicMetadata``
+Written for every selected topic at start and when a topic is first selected, again whenever
+its partition count changes (checked every ``egress.topic_metadata_interval``), and whenever
+a partition's first position is recorded (``record_first_position``: before the partition's
+first segment is copied to its final key). The body is ``replicator.core.wire.TopicMetadata``
 (docs/architecture.md, "Topic metadata").
 
 Several egress members write the same object, so every write is a read-modify-write with a
@@ -84,6 +84,19 @@ class TopicMetadataPublisher:
         """First positions known to be in each ``_topic.json`` (never change once there)."""
         self._pending: dict[str, dict[int, int]] = {}
         self._unknown: set[tuple[str, int]] = set()
+
+    def set_topics(self, topics: Iterable[str]) -> None:
+        """Follow the selection: new topics get their ``_topic.json`` at the next check;
+        topics no longer selected (deleted, excluded) are no longer checked, and their
+        ``_topic.json`` stays (ingress keeps what was replicated).
+        """
+        topics = sorted(topics)
+        with self._mutex:
+            for t in topics:
+                self._topic_locks.setdefault(t, threading.Lock())
+            for t in set(self.topics) - set(topics):
+                self._partition_counts.pop(t, None)
+            self.topics = topics
 
     @property
     def running(self) -> bool:

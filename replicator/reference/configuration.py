@@ -19,6 +19,7 @@ from pydantic_core import PydanticUndefined
 from replicator.core.settings import (
     CompactionSettings,
     CompactionTopicSettings,
+    EgressSelectSettings,
     EgressSettings,
     EgressTopicSettings,
     FormatSettings,
@@ -40,7 +41,10 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("[metrics]", MetricsSettings, "The /metrics, /healthz and /readyz endpoint."),
     ("[log]", LogSettings, "Logging of the entry points."),
     ("[egress]", EgressSettings, "The egress controller (source region)."),
-    ('[egress.topics."NAME"]', EgressTopicSettings, "Segment thresholds per source topic."),
+    ("[egress.select]", EgressSelectSettings, "Topics selected by name pattern."),
+    ('[egress.topics."NAME"]', EgressTopicSettings,
+     "Segment thresholds per source topic; [egress.topic_defaults] has the same keys (the "
+     "thresholds of selected topics, and of keys a table leaves out)."),
     ("[ingress]", IngressSettings, "The ingress controller (destination region)."),
     ("[[ingress.sources]]", IngressSourceSettings, "One entry per replicated source topic."),
     ("[compaction]", CompactionSettings, "The compaction job (per region)."),
@@ -66,7 +70,7 @@ def _type_name(name: str, annotation: Any) -> str:
     if origin is dict:
         return "table"
     if origin is list:
-        return "array of tables"
+        return "array of strings" if typing.get_args(annotation) == (str,) else "array of tables"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "table"
     return getattr(annotation, "__name__", str(annotation)).replace("SecretStr", "string (secret)")

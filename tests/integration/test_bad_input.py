@@ -227,6 +227,8 @@ SECTIONS = {
     ("compaction", ("[compaction]", "[compaction]\nparallelism = 2.5"),
      "compaction.parallelism"),
     ("egress", ('[s3]', '[metrics]\nport = "http"\n[s3]'), "metrics.port"),
+    ("egress", ("[egress]\n", '[egress]\n[egress.select]\ninclude = ["ok", "sensor\\\\.(*"]\n'),
+     "egress.select.include"),
 ])
 def test_wrong_types_exit_2_naming_the_key(tmp_path: Path, service: str,
                                            edit: tuple[str, str], key: str) -> None:

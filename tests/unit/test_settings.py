@@ -277,7 +277,7 @@ def test_invalid_topic_names_refused() -> None:
     errs = errors_of(with_(egress={"topics": {"bad topic": {}}}))
     assert "invalid topic name" in errs["egress.topics"]
     errs = errors_of(with_(egress={"topics": {}}))
-    assert "at least one topic" in errs["egress.topics"]
+    assert "at least one topic" in errs["egress"]
 
 
 def test_s3_combinations() -> None:
@@ -497,3 +497,52 @@ def test_a_segment_size_that_cannot_fit_in_10000_parts_is_refused() -> None:
     load_settings(data=with_(s3={"bucket": "b", "part_size": "5MiB"},
                              egress={"group_id": "g", "topics": {"t": {
                                  "max_segment_size": "40GiB"}}}), environ=NO_ENV)
+
+
+def test_egress_select_and_topic_defaults() -> None:
+    s = load_settings(data=with_(egress={
+        "select": {"include": [r"sensor\..*"], "exclude": [r".*\.tmp"]},
+        "topic_defaults": {"max_segment_messages": 500, "max_segment_age": "1m"},
+        "topics": {"orders": {"max_segment_messages": 7}, "plain": {}},
+    }), environ=NO_ENV)
+    assert s.egress is not None
+    assert s.egress.select.include == [r"sensor\..*"]
+    assert s.egress.select.exclude == [r".*\.tmp"]
+    # A table overrides the defaults key by key; a selected topic gets the defaults.
+    orders = s.egress.topic_settings("orders")
+    assert (orders.max_segment_messages, orders.max_segment_age) == (7, timedelta(minutes=1))
+    assert s.egress.topic_settings("plain").max_segment_messages == 500
+    selected = s.egress.topic_settings("sensor.a")
+    assert (selected.max_segment_messages, selected.max_segment_age) == (
+        500, timedelta(minutes=1))
+    assert selected.max_segment_size == 100 * 1024**2
+
+
+def test_egress_without_topic_defaults_keeps_the_table_defaults() -> None:
+    s = load_settings(data=with_(egress={"topics": {"t": {"max_segment_messages": 3}}}),
+                      environ=NO_ENV)
+    assert s.egress is not None
+    assert s.egress.topics["t"].max_segment_age == timedelta(minutes=5)
+    assert s.egress.select.include == []
+
+
+def test_egress_needs_a_topic_or_a_pattern() -> None:
+    errs = errors_of(with_(egress={}))
+    assert list(errs) == ["egress"]
+    assert "select.include" in errs["egress"]
+    errs = errors_of(with_(egress={"select": {"exclude": ["x"]}}))
+    assert list(errs) == ["egress"]
+
+
+def test_invalid_select_pattern_names_the_key() -> None:
+    errs = errors_of(with_(egress={"select": {"include": ["ok", "sensor.(*"]}}))
+    assert list(errs) == ["egress.select.include"]
+    assert "sensor.(*" in errs["egress.select.include"]
+    errs = errors_of(with_(egress={"select": {"include": ["a"], "exclude": ["[z-a]"]}}))
+    assert list(errs) == ["egress.select.exclude"]
+
+
+def test_topic_defaults_are_validated_like_a_table() -> None:
+    errs = errors_of(with_(egress={"select": {"include": ["a"]},
+                                   "topic_defaults": {"max_segment_age": "0s"}}))
+    assert "egress.topic_defaults.max_segment_age" in errs

@@ -38,6 +38,7 @@ from replicator.core.settings.sections import (
 from replicator.core.settings.services import (
     CompactionSettings,
     CompactionTopicSettings,
+    EgressSelectSettings,
     EgressSettings,
     EgressTopicSettings,
     IngressSettings,
@@ -50,6 +51,7 @@ __all__ = [
     "CompactionSettings",
     "CompactionTopicSettings",
     "Duration",
+    "EgressSelectSettings",
     "EgressSettings",
     "EgressTopicSettings",
     "FormatSettings",

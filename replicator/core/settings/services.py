@@ -4,6 +4,7 @@ and per-source tables.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -39,11 +40,45 @@ class EgressTopicSettings(Model):
         return v
 
 
+class EgressSelectSettings(Model):
+    """Topics selected by name pattern (``[egress.select]``)."""
+
+    include: list[str] = Field(
+        default_factory=list, description="Regular expressions matched against whole topic "
+        "names (\"sensor\\\\..*\" selects sensor.a, not my.sensor.a); a topic matching any is "
+        "replicated, with [egress.topic_defaults]. Internal topics (__*, _schemas, the "
+        "replicator's checkpoint and event topics) are never selected by a pattern, only "
+        "by an [egress.topics.\"NAME\"] table. Checked every topic_metadata_interval.")
+    exclude: list[str] = Field(
+        default_factory=list, description="Regular expressions (whole names) of topics that "
+        "include must not select. [egress.topics.\"NAME\"] tables win over both lists.")
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns_ok(cls, v: list[str]) -> list[str]:
+        for pattern in v:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from e
+        return v
+
+
 class EgressSettings(Model):
     """The egress controller (``[egress]``)."""
 
     group_id: str = Field("replicator.egress", description="Consumer group of egress workers.")
-    topics: dict[str, EgressTopicSettings] = Field(description="Source topics to replicate.")
+    topics: dict[str, EgressTopicSettings] = Field(
+        default_factory=dict, description="Source topics named explicitly, each with its "
+        "segment thresholds: keys a table leaves out come from [egress.topic_defaults]. "
+        "Replicated whether or not [egress.select] matches them.")
+    select: EgressSelectSettings = Field(
+        default_factory=EgressSelectSettings,
+        description="Topics selected by pattern (include/exclude).")
+    topic_defaults: EgressTopicSettings = Field(
+        default_factory=EgressTopicSettings,
+        description="Segment thresholds of selected topics, and of [egress.topics.\"NAME\"] "
+                    "keys a table leaves out.")
     max_buffered_bytes: Size = Field(
         256 * 1024**2, description="Memory budget of all open segments of this process.")
     shutdown_timeout: Duration = Field(
@@ -51,24 +86,47 @@ class EgressSettings(Model):
                                            "durable within this time are aborted.")
     topic_metadata_interval: Duration = Field(
         timedelta(minutes=1), description="How often partition counts are checked for "
-                                          "_topic.json.")
+                                          "_topic.json, and topics are matched against "
+                                          "[egress.select] (new ones picked up, deleted "
+                                          "ones released).")
     upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")
     memory_pool: Literal["system", "mimalloc", "jemalloc"] = Field(
         "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
                               "close to max_buffered_bytes whatever the partition count; "
                               "mimalloc keeps freed memory per thread.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_topic_defaults(cls, data: Any) -> Any:
+        # A [egress.topics."NAME"] table overrides [egress.topic_defaults] key by key.
+        if not isinstance(data, dict):
+            return data
+        defaults, topics = data.get("topic_defaults"), data.get("topics")
+        if not isinstance(defaults, dict) or not isinstance(topics, dict):
+            return data
+        merged = {t: ({**defaults, **table} if isinstance(table, dict) else table)
+                  for t, table in topics.items()}
+        return {**data, "topics": merged}
+
     @field_validator("topics")
     @classmethod
     def _topics_ok(cls, v: dict[str, EgressTopicSettings]) -> dict[str, EgressTopicSettings]:
-        if not v:
-            raise ValueError("name at least one topic")
         for t in v:
             try:
                 check_topic(t)
             except KeyFormatError as e:
                 raise ValueError(str(e)) from e
         return v
+
+    @model_validator(mode="after")
+    def _something_selected(self) -> EgressSettings:
+        if not self.topics and not self.select.include:
+            raise ValueError("topics: name at least one topic, or give select.include")
+        return self
+
+    def topic_settings(self, topic: str) -> EgressTopicSettings:
+        """The segment thresholds of ``topic``: its table, else ``topic_defaults``."""
+        return self.topics.get(topic, self.topic_defaults)
 
 
 # --- ingress -------------------------------------------------------------------------

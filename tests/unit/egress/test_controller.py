@@ -63,3 +63,71 @@ def test_a_lost_partitions_writer_can_no_longer_commit(egress: Egress) -> None:
     t, result = commit_in_thread(zombie._commit, 50)
     serve_until(egress._commits, recorder, t)
     assert recorder.commits == [] and isinstance(result[0], NotOwner)
+
+
+class SubscribeConsumer:
+    """Records the subscriptions the controller makes."""
+
+    def __init__(self) -> None:
+        self.subscriptions: list[list[str]] = []
+
+    def subscribe(self, topics: Sequence[str], **_callbacks: object) -> None:
+        self.subscriptions.append(list(topics))
+
+    def unsubscribe(self) -> None:
+        self.subscriptions.append([])
+
+
+class ListAdmin:
+    def __init__(self, topics: list[str]) -> None:
+        self.topics = topics
+
+    def list_topics(self) -> list[str]:
+        return list(self.topics)
+
+
+class MetaRecorder:
+    def __init__(self) -> None:
+        self.topics: list[str] = []
+        self.checks = 0
+        self.running = False
+
+    def set_topics(self, topics: frozenset[str]) -> None:
+        self.topics = sorted(topics)
+
+    def check(self) -> None:
+        self.checks += 1
+
+
+def test_the_subscription_follows_the_selection() -> None:
+    settings = load_settings(data={
+        "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "localhost:1"},
+        "egress": {"group_id": "g", "select": {"include": ["s\\..*"], "exclude": ["s\\.x"]},
+                   "topic_defaults": {"max_segment_messages": 9},
+                   "topics": {"_schemas": {"max_segment_messages": 3}}}}, environ={})
+    eg = Egress(settings, store=Harness().store)
+    consumer, admin = SubscribeConsumer(), ListAdmin(["s.a", "s.x", "o.c", "__consumer_offsets",
+                                                      "_schemas", "replicator.checkpoint"])
+    meta = MetaRecorder()
+    eg._consumer, eg._admin, eg._meta = consumer, admin, meta  # type: ignore[assignment]
+    eg._wanted = eg._selected_topics()
+    eg._subscribe(eg._wanted)
+    assert consumer.subscriptions == [["_schemas", "s.a"]]
+    assert eg._limits["s.a"].max_messages == 9 and eg._limits["_schemas"].max_messages == 3
+
+    admin.topics += ["s.b", "s.c"]
+    admin.topics.remove("s.a")
+    eg._maybe_check_topics(0.0)  # nothing new found yet: no change
+    assert consumer.subscriptions == [["_schemas", "s.a"]]
+    eg._check_topics()  # the pool's task: select, then write _topic.json ...
+    assert meta.topics == ["_schemas", "s.b", "s.c"] and meta.checks == 1
+    assert consumer.subscriptions == [["_schemas", "s.a"]]
+    eg._maybe_check_topics(0.0)  # ... and only then the poll thread subscribes
+    assert consumer.subscriptions[-1] == ["_schemas", "s.b", "s.c"]
+    assert eg._limits["s.b"].max_messages == 9
+    assert eg.metrics.total("egress_selected_topics") == 3
+
+    admin.topics = ["o.c"]  # everything selected by pattern deleted: the table's topic stays
+    eg._check_topics()
+    eg._maybe_check_topics(0.0)
+    assert consumer.subscriptions[-1] == ["_schemas"]
