@@ -21,7 +21,6 @@ from replicator.core.kafka import Admin, Producer
 from replicator.ops.verify import read_partition
 from tests.integration.pipeline import (
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -31,11 +30,6 @@ from tests.integration.pipeline import (
 pytestmark = pytest.mark.apache
 
 PARTITIONS = 2
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def produce(pipe: Pipeline, lo: int, hi: int) -> dict[int, int]:

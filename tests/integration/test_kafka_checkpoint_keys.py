@@ -22,7 +22,6 @@ from tests.conftest import unique_name
 from tests.integration.pipeline import (
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -34,11 +33,6 @@ pytestmark = pytest.mark.apache
 PARTITIONS = 2
 RECORDS = 400
 LAST = {p: RECORDS // PARTITIONS - 1 for p in range(PARTITIONS)}
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def segment_the_source(pipe: Pipeline) -> None:

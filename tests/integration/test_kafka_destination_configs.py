@@ -16,7 +16,6 @@ from egress.controller import Egress
 from replicator.core.kafka import Admin, Producer
 from tests.integration.pipeline import (
     Pipeline,
-    new_pipeline,
     running_egress,
     running_ingress,
     wait_for,
@@ -25,11 +24,6 @@ from tests.integration.pipeline import (
 pytestmark = pytest.mark.apache
 
 SOURCE_CONFIGS = {"cleanup.policy": "compact", "max.message.bytes": "4000000"}
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def test_existing_destination_with_broker_defaults_is_reported(

@@ -14,16 +14,11 @@ import pytest
 
 from egress.controller import Egress
 from replicator.core.kafka import Producer
-from tests.integration.pipeline import Pipeline, new_pipeline, running_egress, wait_for
+from tests.integration.pipeline import Pipeline, running_egress, wait_for
 
 pytestmark = pytest.mark.apache
 
 PARTITIONS = 4
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def test_a_member_joining_closes_only_the_partitions_that_move(pipe: Pipeline) -> None:

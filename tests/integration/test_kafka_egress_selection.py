@@ -26,7 +26,6 @@ from tests.integration.pipeline import (
     CREDS,
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     running_egress,
     wait_for,
 )
@@ -35,11 +34,6 @@ pytestmark = pytest.mark.apache
 
 PARTITIONS = 2
 PER_PARTITION = 15
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def _settings(pipe: Pipeline, base: str, explicit: str, interval: str = "1s",

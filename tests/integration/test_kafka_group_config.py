@@ -19,16 +19,11 @@ from ingress.controller import Ingress
 from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Producer
 from tests.conftest import RECENT_MS
-from tests.integration.pipeline import Pipeline, new_pipeline, running_egress, wait_for
+from tests.integration.pipeline import Pipeline, running_egress, wait_for
 
 pytestmark = pytest.mark.apache
 
 REFUSED = {"session.timeout.ms": 500, "heartbeat.interval.ms": 100}
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def run_until_error(ctl: Egress | Ingress) -> Exception | None:

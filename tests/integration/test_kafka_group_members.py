@@ -21,7 +21,6 @@ from ingress.controller import Ingress
 from replicator.core.kafka import Producer
 from tests.integration.pipeline import (
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -31,11 +30,6 @@ from tests.integration.pipeline import (
 pytestmark = pytest.mark.apache
 
 PARTITIONS = 6
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 class Load:

@@ -29,7 +29,6 @@ from tests.integration.pipeline import (
     DEST_REGION,
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -41,11 +40,6 @@ pytestmark = pytest.mark.apache
 PARTITIONS = 3
 RECORDS = 600
 HOLD = {0: 4.0, 1: 9.0}     # seconds after ingress started; partition 2: after the restart
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def test_late_first_segments_are_waited_for_across_a_restart(pipe: Pipeline) -> None:

@@ -19,7 +19,6 @@ from replicator.ops.verify import read_partition
 from tests.conftest import RECENT_MS
 from tests.integration.pipeline import (
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -29,11 +28,6 @@ from tests.integration.test_egress import read_partition as read_segments
 from tests.integration.test_ingress import read_topic
 
 pytestmark = pytest.mark.apache
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def test_log_append_time_source_keeps_the_broker_time(pipe: Pipeline) -> None:

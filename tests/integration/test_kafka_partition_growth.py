@@ -20,7 +20,6 @@ from replicator.core.kafka import Admin, Producer
 from tests.integration.pipeline import (
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -28,11 +27,6 @@ from tests.integration.pipeline import (
 )
 
 pytestmark = pytest.mark.apache
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 class LoadProducer:

@@ -34,7 +34,6 @@ from tests.conftest import FAST_GROUP_CONFIG
 from tests.integration.pipeline import (
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     running_egress,
     running_ingress,
     wait_for,
@@ -45,11 +44,6 @@ from tests.integration.test_ingress import read_topic
 pytestmark = pytest.mark.apache
 
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def set_topic_config(brokers: str, topic: str, key: str, value: str) -> None:

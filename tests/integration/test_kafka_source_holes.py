@@ -24,7 +24,6 @@ from tests.conftest import RECENT_MS, unique_name
 from tests.integration.pipeline import (
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -35,11 +34,6 @@ from tests.integration.test_egress import read_partition as read_segments
 from tests.integration.test_ingress import read_topic
 
 pytestmark = pytest.mark.apache
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def lost_total(ctl: Egress | Ingress, name: str) -> float:

@@ -21,7 +21,6 @@ from replicator.core.kafka import Producer
 from replicator.core.settings import IngressSourceSettings
 from tests.integration.pipeline import (
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     wait_for,
@@ -32,11 +31,6 @@ pytestmark = pytest.mark.apache
 
 RECORDS = 300
 STALL = 14.0   # > transaction.timeout.ms (2 s) + the coordinator's abort check (10 s)
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 class SlowOnceSink(KafkaSink):

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from egress.controller import Egress
 from formats.segment_io import open_segment
 from replicator.core.kafka import Producer
 from replicator.core.settings import FormatSettings
 from tests.integration.pipeline import (
     Pipeline,
-    new_pipeline,
     report_text,
     running_egress,
     running_ingress,
@@ -28,11 +25,6 @@ from tests.integration.test_egress import segment_keys
 
 PARTITIONS = 2
 RECORDS = 600
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def test_arrow_segments_replay_exactly_into_a_region_configured_parquet(pipe: Pipeline) -> None:

@@ -34,7 +34,6 @@ from tests.integration.pipeline import (
     CREDS,
     SOURCE_REGION,
     Pipeline,
-    new_pipeline,
     running_egress,
     wait_for,
 )
@@ -46,11 +45,6 @@ PARTITIONS = 2
 BASE_TS = RECENT_MS  # older records would fall to the broker's time retention
 
 Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]], int]
-
-
-@pytest.fixture
-def pipe(moto_endpoint: str, source_brokers: str, dest_brokers: str) -> Pipeline:
-    return new_pipeline(moto_endpoint, source_brokers, dest_brokers)
 
 
 def record(i: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
