@@ -19,9 +19,12 @@ import signal
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
+from replicator.core.kafka import read_to_end
+from replicator.core.settings import KafkaSettings
 from replicator.devstack.processes import free_port
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 from tests.integration.test_ingress_crash import (
@@ -58,33 +61,17 @@ def produced(port: int) -> float | None:
     return total
 
 
-def uncommitted_count(brokers: str, topic: str, isolation: str = "read_uncommitted") -> int:
-    import confluent_kafka as ck
-
-    from tests.conftest import unique_name
-
-    c = ck.Consumer({"bootstrap.servers": brokers, "group.id": unique_name("v"),
-                     "enable.partition.eof": True, "isolation.level": isolation})
-    try:
-        c.assign([ck.TopicPartition(topic, 0, ck.OFFSET_BEGINNING)])
-        n, deadline = 0, time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for m in c.consume(1000, 0.1):
-                err = m.error()
-                if err is not None:
-                    if err.code() == ck.KafkaError._PARTITION_EOF:
-                        return n
-                    continue
-                n += 1
-        raise AssertionError("no end of partition")
-    finally:
-        c.close()
+def log_count(brokers: str, topic: str,
+              isolation: Literal["read_committed", "read_uncommitted"]) -> int:
+    """Records of partition 0 of ``topic`` a reader with ``isolation`` sees."""
+    return sum(1 for _ in read_to_end(KafkaSettings(brokers=brokers), topic, partitions=[0],
+                                      isolation=isolation, timeout=60, idle_timeout=60))
 
 
 def aborted_records(env: Env) -> bool:
     """Whether the destination log holds records no read_committed reader sees."""
-    return (uncommitted_count(env.brokers, env.dest)
-            > uncommitted_count(env.brokers, env.dest, "read_committed"))
+    return (log_count(env.brokers, env.dest, "read_uncommitted")
+            > log_count(env.brokers, env.dest, "read_committed"))
 
 
 def test_sigkill_mid_transaction_three_times_then_every_record_exactly_once(
@@ -149,7 +136,7 @@ def test_sigkill_mid_transaction_three_times_then_every_record_exactly_once(
     assert (lost, duplicated) == (0, 0)
     assert got == [f"k{o}".encode() for o in range(total)]  # and in order
     # The kills really cut transactions: their records are in the log, aborted.
-    assert uncommitted_count(env.brokers, env.dest) > total
+    assert log_count(env.brokers, env.dest, "read_uncommitted") > total
     cps = [c.offset for c in checkpoints(env.brokers,
                                          data["ingress"]["checkpoint_topic"])[
         f"us-east-1:{env.source}:0:{env.dest}"]]
