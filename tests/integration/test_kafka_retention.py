@@ -24,10 +24,9 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from egress.controller import Egress
-from replicator.core.kafka import Consumer, Producer, TopicPartition
+from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.devstack.processes import free_port
 from tests.chaos.harness import metric_values, render_toml
 from tests.conftest import FAST_GROUP_CONFIG
@@ -44,14 +43,6 @@ from tests.integration.test_ingress import read_topic
 pytestmark = pytest.mark.apache
 
 HOUR_MS = 3_600_000
-
-
-def set_topic_config(brokers: str, topic: str, key: str, value: str) -> None:
-    admin = AdminClient({"bootstrap.servers": brokers})
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
-        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
-    for fut in admin.incremental_alter_configs([res]).values():
-        fut.result(30)
 
 
 def log_start(pipe: Pipeline) -> int:
@@ -86,7 +77,7 @@ def test_records_deleted_by_retention_before_egress_read_them(
                  == [(0, 24), (25, 49)], 30, "the first 50 records in segments")
     produce(50, 150, old)              # never read by egress: deleted below
     produce(150, 200, now - 400_000)   # recent: kept
-    set_topic_config(pipe.source_brokers, pipe.topic, "retention.ms", str(HOUR_MS))
+    Admin(pipe.source_kafka).alter_topic_config(pipe.topic, {"retention.ms": str(HOUR_MS)})
     wait_for(lambda: log_start(pipe) == 150, 60, "retention to delete offsets 0-149")
 
     with caplog.at_level(logging.INFO), running_egress(Egress(settings, store=pipe.store)) \
