@@ -17,6 +17,14 @@ from replicator.core.settings.fields import Duration, Model, Size
 # --- egress --------------------------------------------------------------------------
 
 
+
+def _topic_name(name: str) -> str:
+    """``name`` if it is a legal Kafka topic name, else ``ValueError`` (pydantic names the key)."""
+    try:
+        return check_topic(name)
+    except KeyFormatError as e:
+        raise ValueError(str(e)) from e
+
 class EgressTopicSettings(Model):
     """Segment thresholds of one source topic (``[egress.topics."name"]``)."""
 
@@ -112,10 +120,7 @@ class EgressSettings(Model):
     @classmethod
     def _topics_ok(cls, v: dict[str, EgressTopicSettings]) -> dict[str, EgressTopicSettings]:
         for t in v:
-            try:
-                check_topic(t)
-            except KeyFormatError as e:
-                raise ValueError(str(e)) from e
+            _topic_name(t)
         return v
 
     @model_validator(mode="after")
@@ -161,10 +166,7 @@ class IngressSourceSettings(Model):
     @field_validator("topic", "destination_topic")
     @classmethod
     def _topic_ok(cls, v: str | None) -> str | None:
-        try:
-            return None if v is None else check_topic(v)
-        except KeyFormatError as e:
-            raise ValueError(str(e)) from e
+        return None if v is None else _topic_name(v)
 
     @field_validator("region")
     @classmethod
@@ -297,8 +299,5 @@ class CompactionSettings(Model):
     @classmethod
     def _topics_ok(cls, v: dict[str, CompactionTopicSettings]) -> dict[str, Any]:
         for t in v:
-            try:
-                check_topic(t)
-            except KeyFormatError as e:
-                raise ValueError(str(e)) from e
+            _topic_name(t)
         return v
