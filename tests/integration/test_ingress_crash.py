@@ -64,11 +64,18 @@ def write_config(path: Path, data: dict[str, object]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def checkpoint_offset(port: int) -> float | None:
+def metrics_text(port: int) -> str | None:
+    """The process's /metrics page, or ``None`` while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
-            text = r.read().decode()
+            return str(r.read().decode())
     except OSError:
+        return None
+
+
+def checkpoint_offset(port: int) -> float | None:
+    text = metrics_text(port)
+    if text is None:
         return None
     m = re.search(r'^replicator_ingress_checkpoint_offset\{[^}]*partition="0"[^}]*\} (\S+)$',
                   text, re.M)

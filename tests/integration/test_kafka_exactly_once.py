@@ -29,6 +29,7 @@ from replicator.devstack.processes import free_port
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 from tests.integration.test_ingress_crash import (
     checkpoint_offset,
+    metrics_text,
     plain_record,
     start,
     toml_value,
@@ -47,12 +48,8 @@ MAX_KILLS = 8
 
 
 def produced(port: int) -> float | None:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
-            text = r.read().decode()
-    except OSError:
+    text = metrics_text(port)
+    if text is None:
         return None
     total = 0.0
     for line in text.splitlines():
