@@ -34,6 +34,7 @@ from typing import Any
 
 from egress.commits import CommitService
 from egress.flow import FlowLimits
+from egress.group_export import GroupExporter
 from egress.metrics import EgressMetrics
 from egress.partition_writer import PartitionWriter, WriterContext
 from egress.poll_loop import PollLoop, Writers
@@ -119,6 +120,9 @@ class Egress:
         self._ctx: WriterContext | None = None
         self._server: MetricsServer | None = None
         self._last_meta = 0.0
+        self._groups: GroupExporter | None = None
+        self._last_groups = 0.0
+        self._groups_running = threading.Event()
         self._assigned_once = False
         self._failed = False
         self._fatal: ReplicatorError | None = None
@@ -161,6 +165,11 @@ class Egress:
             first_positions=self._meta.record_first_position)
         self._meta.check()
         self._last_meta = self.clock()
+        if self.config.group_export.enabled:
+            self._groups = GroupExporter(
+                self._admin, self.store, prefix=self.settings.s3.prefix, region=self.region,
+                settings=self.config.group_export, own_group=self.config.group_id,
+                metrics=self.m, wall=self.wall)
         # A position the source deleted (retention under a lagging consumer) stops the
         # partition with an event instead of a silent jump to the log start: egress reports
         # the exact lost range, then seeks (egress.poll_loop).
@@ -255,11 +264,35 @@ class Egress:
         wanted = self._wanted
         if wanted != self._subscribed:
             self._subscribe(wanted)
+        self._maybe_export_groups(now)
         if now - self._last_meta < self.config.topic_metadata_interval.total_seconds():
             return
         self._last_meta = now
         if self._pool is not None and self._meta is not None and not self._meta.running:
             self._pool.submit(self._check_topics)
+
+    def _maybe_export_groups(self, now: float) -> None:
+        """Queue a group-offset export every ``group_export.interval`` (poll thread), for
+        the topics whose partition 0 this member owns (one writer per topic).
+        """
+        if self._groups is None or self._pool is None or self._groups_running.is_set() \
+                or now - self._last_groups < self.config.group_export.interval.total_seconds():
+            return
+        topics = {t for t, p in self._writers if p == 0}
+        if not topics:
+            # Nothing to write (yet, or another member owns every partition 0): look again
+            # in a second rather than a whole interval.
+            self._last_groups = now - self.config.group_export.interval.total_seconds() + 1.0
+            return
+        self._last_groups = now
+        self._groups_running.set()
+        self._pool.submit(self._export_groups, self._groups, topics)
+
+    def _export_groups(self, exporter: GroupExporter, topics: set[str]) -> None:
+        try:
+            exporter.export(topics)
+        finally:
+            self._groups_running.clear()
 
     def _check_topics(self) -> None:
         """List and select the topics, write their ``_topic.json`` (pool thread); the poll

@@ -33,6 +33,16 @@ class EgressMetrics:
         self.selected_topics = metrics.gauge(
             "egress_selected_topics", "Source topics subscribed: the explicit ones plus "
             "those [egress.select] matches now.", ("region",))
+        self.groups_exported = metrics.gauge(
+            "egress_groups_exported", "Source consumer groups whose offsets for the "
+            "replicated topics the last export round found ([egress.group_export]).",
+            ("region",))
+        self.group_exports = metrics.counter(
+            "egress_group_exports_total", "Group-offset objects written to S3 (only when "
+            "a group's committed offsets for a topic changed).", ("region", "topic"))
+        self.group_export_failures = metrics.counter(
+            "egress_group_export_failures_total", "Export rounds or groups whose offsets "
+            "could not be read or written (retried at the next interval).", ("region",))
         self.lag = metrics.gauge(
             "egress_consumer_lag", "High watermark minus the next offset to consume.", _PART)
         self.lost = metrics.counter(

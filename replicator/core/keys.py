@@ -3,6 +3,8 @@
 * final segment: ``{prefix}/{region}/{topic}/{partition}/{level}/{start:020d}-{end:020d}``
 * temporary object: ``{temp_prefix}/{uuid}``
 * topic metadata: ``{prefix}/{region}/{topic}/_topic.json`` (its body: ``replicator.core.wire``)
+* exported consumer-group offsets: ``{prefix}/{region}/{topic}/_groups/{group}.json``, the
+  group id percent-encoded (``replicator.core.wire.GroupExport``)
 
 Nothing else formats or splits key strings.
 """
@@ -12,12 +14,15 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from replicator.core.errors import KeyFormatError
 
 MAX_OFFSET = 2**63 - 1
 OFFSET_DIGITS = 20
 TOPIC_META_NAME = "_topic.json"
+GROUPS_DIR = "_groups"
+GROUP_EXPORT_SUFFIX = ".json"
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _REGION = re.compile(r"[a-zA-Z0-9._-]+")
@@ -173,3 +178,36 @@ def new_temp_key(temp_prefix: str) -> str:
 def is_temp_key(key: str, temp_prefix: str) -> bool:
     """True if ``key`` lies under the temporary prefix."""
     return key.startswith(check_prefix(temp_prefix) + "/")
+
+
+def group_exports_prefix(prefix: str, region: str, topic: str) -> str:
+    """Key prefix (ending in ``/``) of a topic's exported consumer-group offsets."""
+    return f"{topic_prefix(prefix, region, topic)}{GROUPS_DIR}/"
+
+
+def group_export_key(prefix: str, region: str, topic: str, group: str) -> str:
+    """Key of one group's exported offsets for one topic.
+
+    The group id is percent-encoded: every character outside RFC 3986's unreserved set
+    (``A-Z a-z 0-9 - . _ ~``) becomes ``%XX`` of its UTF-8 bytes, so any group id is one key
+    segment and ``parse_group_export_key`` gives it back unchanged.
+    """
+    return (f"{group_exports_prefix(prefix, region, topic)}{quote(group, safe='')}"
+            f"{GROUP_EXPORT_SUFFIX}")
+
+
+def parse_group_export_key(key: str) -> tuple[str, str, str, str] | None:
+    """``(prefix, region, topic, group)`` of a group-export key; ``None`` for any other key."""
+    parts = key.split("/")
+    if len(parts) < 5 or parts[-2] != GROUPS_DIR or not parts[-1].endswith(GROUP_EXPORT_SUFFIX):
+        return None
+    *prefix_parts, region, topic, _, name = parts
+    prefix = "/".join(prefix_parts)
+    try:
+        check_prefix(prefix)
+        check_region(region)
+        check_topic(topic)
+        group = unquote(name[:-len(GROUP_EXPORT_SUFFIX)], errors="strict")
+    except (KeyFormatError, UnicodeDecodeError):
+        return None
+    return prefix, region, topic, group

@@ -6,6 +6,9 @@
   ``{source_region}:{source_topic}:{partition}:{destination_topic}`` and JSON value on the
   checkpoint topic, written by ingress, read by ingress and ``replicator checkpoints show``
   (docs/architecture.md, "Checkpoints").
+* Exported consumer-group offsets (``GroupExport``): what a source group has committed for
+  one topic, written by egress under ``{prefix}/{region}/{topic}/_groups/``, read by the
+  failover tools in the destination region (docs/architecture.md, "Group offsets").
 
 Every type round-trips: ``parse(encode(x)) == x`` (``tests/unit/test_wire.py``).
 """
@@ -296,3 +299,63 @@ def _late(value: object) -> tuple[int, datetime] | None:
 
 def _position(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+# --- exported consumer-group offsets --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupExport:
+    """The committed offsets of one source consumer group for one topic.
+
+    ``offsets`` maps a partition to the group's committed offset there: the source offset of
+    the next record the group would read. Partitions the group never committed are absent.
+    """
+
+    group: str
+    topic: str
+    region: str
+    offsets: dict[int, int]
+    exported_at: datetime
+
+    def encode(self) -> bytes:
+        """The JSON body (keys: group, topic, region, exported_at, offsets)."""
+        return json.dumps({
+            "group": self.group,
+            "topic": self.topic,
+            "region": self.region,
+            "exported_at": rfc3339(self.exported_at),
+            "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+        }, indent=2, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def parse(cls, data: bytes, *, where: str) -> GroupExport:
+        """Parse an exported group's JSON.
+
+        Raises:
+            ValueError: naming ``where``: not a JSON object, ``group``/``topic``/``region``
+                not strings, ``exported_at`` not an RFC 3339 time, or ``offsets`` not an
+                object of partition numbers to offsets >= 0.
+        """
+        doc = json_object(data, where, if_null=f"{where} is empty")
+        texts = {}
+        for name in ("group", "topic", "region", "exported_at"):
+            v = doc.get(name)
+            if not isinstance(v, str):
+                raise ValueError(f"{where}: {name!r} must be a string, got {v!r}")
+            texts[name] = v
+        try:
+            exported = parse_rfc3339(texts["exported_at"])
+        except ValueError as e:
+            raise ValueError(f"{where}: 'exported_at' is not an RFC 3339 time: {e}") from e
+        raw = doc.get("offsets")
+        if not isinstance(raw, dict):
+            raise ValueError(f"{where}: 'offsets' must be an object")
+        offsets: dict[int, int] = {}
+        for k, v in raw.items():
+            if not (isinstance(k, str) and k.isascii() and k.isdigit()) or isinstance(v, bool) \
+                    or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{where}: 'offsets'[{k!r}] must map a partition number "
+                                 f"to an offset >= 0, got {v!r}")
+            offsets[int(k)] = v
+        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported)

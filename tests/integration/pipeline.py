@@ -60,7 +60,7 @@ class Pipeline:
         return KafkaSettings(brokers=self.dest_brokers, config=dict(FAST_GROUP_CONFIG))
 
     def egress_settings(self, *, kafka_config: Mapping[str, Any] | None = None,
-                        **limits: Any) -> Settings:
+                        egress: Mapping[str, Any] | None = None, **limits: Any) -> Settings:
         topic_limits = {"max_segment_messages": 200, "max_segment_age": "500ms", **limits}
         return load_settings(data={
             "region": SOURCE_REGION,
@@ -70,7 +70,7 @@ class Pipeline:
             "metrics": {"port": 0},
             "egress": {"group_id": self.egress_group, "shutdown_timeout": "10s",
                        "topic_metadata_interval": "1s",
-                       "topics": {self.topic: topic_limits}},
+                       "topics": {self.topic: topic_limits}, **(egress or {})},
         }, environ={})
 
     def ingress_settings(self, *, kafka_config: Mapping[str, Any] | None = None,

@@ -12,8 +12,10 @@ from replicator.core.keys import (
     PartitionRef,
     SegmentKey,
     check_topic,
+    group_export_key,
     is_temp_key,
     new_temp_key,
+    parse_group_export_key,
     region_prefix,
     topic_meta_key,
     topic_prefix,
@@ -170,3 +172,18 @@ def test_temp_keys() -> None:
 def test_check_topic_rejects(topic: str) -> None:
     with pytest.raises(KeyFormatError, match="invalid topic name"):
         check_topic(topic)
+
+
+@pytest.mark.parametrize("group", ["app", "a b", "x/y", "ü-ñ", "%41", ".", "..",
+                                   "00000000000000000000-00000000000000000001"])
+def test_group_export_keys_round_trip_and_are_never_segments(group: str) -> None:
+    key = group_export_key("data/x", "eu", "orders", group)
+    assert key.startswith("data/x/eu/orders/_groups/") and key.count("/") == 5
+    assert parse_group_export_key(key) == ("data/x", "eu", "orders", group)
+    assert SegmentKey.try_parse(key) is None
+
+
+def test_other_keys_are_not_group_exports() -> None:
+    assert parse_group_export_key("data/eu/orders/_topic.json") is None
+    assert parse_group_export_key("data/eu/orders/0/0/" + "0" * 20 + "-" + "0" * 20) is None
+    assert parse_group_export_key("data/eu/orders/_groups/bad%ff.json") is None

@@ -13,6 +13,7 @@ from replicator.core.errors import TopicError
 from replicator.core.wire import (
     TOPIC_META_CONFIGS,
     Checkpoint,
+    GroupExport,
     TopicMetadata,
     checkpoint_key,
     parse_checkpoint_key,
@@ -134,3 +135,18 @@ def test_other_keys_are_not_checkpoint_keys() -> None:
 def test_rfc3339_is_utc_with_microseconds() -> None:
     t = datetime(2026, 5, 6, 7, 8, 9, 10, tzinfo=UTC)
     assert rfc3339(t) == "2026-05-06T07:08:09.000010Z"
+
+
+def test_group_export_round_trips_and_refuses_bad_offsets() -> None:
+    exp = GroupExport("app", "orders", "eu", {0: 5, 3: 0},
+                      datetime(2026, 11, 23, 12, 0, tzinfo=UTC))
+    body = exp.encode()
+    assert json.loads(body)["offsets"] == {"0": 5, "3": 0}
+    assert GroupExport.parse(body, where="k") == exp
+    for offsets in ('{"x": 1}', '{"0": -1}', '{"0": true}', '[]'):
+        doc = json.loads(body)
+        doc["offsets"] = json.loads(offsets)
+        with pytest.raises(ValueError, match="k: 'offsets'"):
+            GroupExport.parse(json.dumps(doc).encode(), where="k")
+    with pytest.raises(ValueError, match="not JSON"):
+        GroupExport.parse(b"{", where="k")

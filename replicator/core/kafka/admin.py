@@ -7,6 +7,8 @@ from typing import Any
 
 import confluent_kafka as ck
 import confluent_kafka.admin as cka
+from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin._config import (
     AlterConfigOpType,
     ConfigEntry,
@@ -17,7 +19,7 @@ from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 from replicator.core.errors import KafkaRetriableError, TopicError
 from replicator.core.kafka.config import CLIENT_LOG, CONSUMER_ONLY, PRODUCER_ONLY, client_config
-from replicator.core.kafka.errors import construct, is_code, translate
+from replicator.core.kafka.errors import classify, construct, is_code, translate
 from replicator.core.settings import KafkaSettings
 
 # A config describe entry that was set on the topic itself.
@@ -147,3 +149,58 @@ class Admin:
             except ck.KafkaException as e:
                 if not is_code(e, "UNKNOWN_TOPIC_OR_PART"):
                     raise translate(e, f"delete topic {t}") from e
+
+    # --- consumer groups ---------------------------------------------------------------
+
+    def list_groups(self) -> list[str]:
+        """Ids of the cluster's consumer groups (classic protocol and KIP-848 alike)."""
+        try:
+            result = self._admin.list_consumer_groups(
+                request_timeout=self.timeout).result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, "list consumer groups") from e
+        return sorted(g.group_id for g in result.valid)
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """The committed offsets of ``group``: ``(topic, partition) -> offset`` (the next
+        record the group would read). Partitions without a commit are absent.
+        """
+        fut = self._admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group)], require_stable=True,
+            request_timeout=self.timeout)[group]
+        try:
+            result = fut.result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"committed offsets of group {group!r}") from e
+        out: dict[tuple[str, int], int] = {}
+        for tp in result.topic_partitions or []:
+            if tp.error is None and tp.offset >= 0:
+                out[(tp.topic, tp.partition)] = tp.offset
+        return out
+
+    def group_members(self, group: str) -> int:
+        """Members of ``group`` now (0: nobody consumes with this group id)."""
+        fut = self._admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
+        try:
+            return len(fut.result(timeout=self.timeout).members or [])
+        except ck.KafkaException as e:
+            raise translate(e, f"describe group {group!r}") from e
+
+    def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Set ``group``'s committed offsets (the broker refuses while it has members).
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: the broker refused, naming the group.
+        """
+        request = ConsumerGroupTopicPartitions(group, [
+            CkTopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())])
+        fut = self._admin.alter_consumer_group_offsets(
+            [request], request_timeout=self.timeout)[group]
+        try:
+            result = fut.result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"alter offsets of group {group!r}") from e
+        for tp in result.topic_partitions or []:
+            if tp.error is not None:
+                raise classify(tp.error, f"alter offset of group {group!r} "
+                                         f"{tp.topic}[{tp.partition}]")

@@ -41,6 +41,7 @@ from replicator.core.settings.services import (
     EgressSelectSettings,
     EgressSettings,
     EgressTopicSettings,
+    GroupExportSettings,
     IngressSettings,
     IngressSourceSettings,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "EgressSettings",
     "EgressTopicSettings",
     "FormatSettings",
+    "GroupExportSettings",
     "IngressSettings",
     "IngressSourceSettings",
     "KafkaSettings",

@@ -72,6 +72,40 @@ class EgressSelectSettings(Model):
         return v
 
 
+class GroupExportSettings(Model):
+    """Which source consumer groups' committed offsets egress exports to S3
+    (``[egress.group_export]``; docs/failover.md).
+    """
+
+    enabled: bool = Field(True, description="Export the committed offsets of source consumer "
+                                            "groups for the replicated topics, so they can be "
+                                            "translated in the destination after a failover.")
+    include: list[str] = Field(
+        default_factory=lambda: [".*"], description="Regular expressions matched against "
+        "whole group ids; a group matching any is exported (default: every group that "
+        "committed offsets for a replicated topic, with active members or not). Egress's own "
+        "group is never exported.")
+    exclude: list[str] = Field(
+        default_factory=list, description="Regular expressions (whole group ids) of groups "
+        "include must not select, e.g. an ingress group_id of the opposite direction in an "
+        "active-active pair.")
+    interval: Duration = Field(
+        timedelta(seconds=30), description="How often the groups' offsets are read; an "
+                                           "export is written only when it changed.")
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns_ok(cls, v: list[str]) -> list[str]:
+        return EgressSelectSettings._patterns_ok(v)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval_ok(cls, v: timedelta) -> timedelta:
+        if v.total_seconds() < 1:
+            raise ValueError(f"must be at least 1s, got {v}")
+        return v
+
+
 class EgressSettings(Model):
     """The egress controller (``[egress]``)."""
 
@@ -98,6 +132,10 @@ class EgressSettings(Model):
                                           "[egress.select] (new ones picked up, deleted "
                                           "ones released).")
     upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")
+    group_export: GroupExportSettings = Field(
+        default_factory=GroupExportSettings,
+        description="Source consumer-group offsets exported next to the segments "
+                    "(docs/failover.md).")
     memory_pool: Literal["system", "mimalloc", "jemalloc"] = Field(
         "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
                               "close to max_buffered_bytes whatever the partition count; "
