@@ -27,6 +27,7 @@ from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
+from ingress.origin import origin_marker
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import KafkaSink, ReplaySink
@@ -282,7 +283,8 @@ class Ingress:
                            delivery=self._delivery,
                            batch_size=self.cfg.batch_size,
                            batch_bytes=self.cfg.batch_bytes,
-                           rescan_interval=self.cfg.rescan_interval)
+                           rescan_interval=self.cfg.rescan_interval,
+                           origin=origin_marker(self.cfg, src.region))
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2]), metrics=self.m,

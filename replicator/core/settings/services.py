@@ -25,6 +25,29 @@ def _topic_name(name: str) -> str:
     except KeyFormatError as e:
         raise ValueError(str(e)) from e
 
+
+ORIGIN_HEADER = "replicator.origin"
+"""Default name of the origin marker header (docs/architecture.md, "Origin marker")."""
+
+_ORIGIN_HEADER_HELP = (
+    "Name of the record header that names the region a record was replicated from "
+    "(docs/architecture.md, \"Origin marker\"); ingress's [ingress] origin_header and "
+    "egress's [egress] origin_header must be the same.")
+
+
+def _header_name(name: str) -> str:
+    if not name:
+        raise ValueError("must not be empty")
+    return name
+
+
+def _region_name(name: str) -> str:
+    try:
+        return check_region(name)
+    except KeyFormatError as e:
+        raise ValueError(str(e)) from e
+
+
 class EgressTopicSettings(Model):
     """Segment thresholds of one source topic (``[egress.topics."name"]``)."""
 
@@ -102,6 +125,26 @@ class EgressSettings(Model):
         "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
                               "close to max_buffered_bytes whatever the partition count; "
                               "mimalloc keeps freed memory per thread.")
+    skip_origins: list[str] = Field(
+        default_factory=list, description="Regions whose replicated records egress does not "
+        "copy: a record is skipped when one of its origin_header headers names one of them "
+        "(active-active without loops: list the regions this region's ingress replays "
+        "from, with [ingress] mark_origin = true there; README, \"Topologies\"). A skipped "
+        "record is a hole in position space, like a transaction marker, never loss. Empty: "
+        "every record is copied and headers are not looked at.")
+    origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+
+    @field_validator("skip_origins")
+    @classmethod
+    def _origins_ok(cls, v: list[str]) -> list[str]:
+        for region in v:
+            _region_name(region)
+        return v
+
+    @field_validator("origin_header")
+    @classmethod
+    def _origin_header_ok(cls, v: str) -> str:
+        return _header_name(v)
 
     @model_validator(mode="before")
     @classmethod
@@ -220,6 +263,17 @@ class IngressSettings(Model):
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
                              "two batches in memory), whatever the number of partitions.")
+    mark_origin: bool = Field(
+        False, description="Append a header origin_header = the source region's name "
+        "(UTF-8) to every replayed record, after its own headers, so the egress of this "
+        "region can skip it (skip_origins) and active-active replication never loops "
+        "(README, \"Topologies\"). Off: records are copied byte for byte.")
+    origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+
+    @field_validator("origin_header")
+    @classmethod
+    def _origin_header_ok(cls, v: str) -> str:
+        return _header_name(v)
 
     @field_validator("sqs_wait_time")
     @classmethod
