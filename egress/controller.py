@@ -36,6 +36,7 @@ from egress.commits import CommitService
 from egress.flow import FlowLimits
 from egress.group_export import GroupExporter
 from egress.metrics import EgressMetrics
+from egress.origin import origin_filter
 from egress.partition_writer import PartitionWriter, WriterContext
 from egress.poll_loop import PollLoop, Writers
 from egress.rotation import CloseReason, SegmentLimits
@@ -185,6 +186,7 @@ class Egress:
                               FlowLimits.for_budget(self.config.max_buffered_bytes),
                               self.clock, self._maybe_check_topics, self._pool,
                               self._log_start)
+        self._loop.skip = origin_filter(self.config, self.m, self.region)
         self._subscribe(self._wanted)
         if self.settings.metrics.port:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,

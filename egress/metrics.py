@@ -86,6 +86,11 @@ class EgressMetrics:
         self.rebalances = metrics.counter(
             "egress_rebalance_events_total", "Partitions assigned, revoked or lost.",
             ("region", "event"))
+        self.origin_skipped = metrics.counter(
+            "egress_origin_skipped_total",
+            "Records not copied because their origin header names a region in "
+            "[egress] skip_origins (replicated from there: holes in position space, not "
+            "loss).", ("region", "topic", "origin"))
         self.topic_meta_writes = metrics.counter(
             "egress_topic_metadata_writes_total", "_topic.json objects written.",
             ("region", "topic"))

@@ -25,6 +25,7 @@ from egress.flow import (
     pick_memory_victims,
 )
 from egress.metrics import EgressMetrics
+from egress.origin import OriginFilter
 from egress.partition_writer import PartitionWriter
 from egress.rotation import CloseReason, should_rotate
 from egress.segment import SegmentOutcome
@@ -98,6 +99,8 @@ class PollLoop:
         """``time.monotonic()`` of the last fetch (health), 0 before the first."""
         self._last_tick = 0.0
         self._last_gauges = 0.0
+        self.skip: OriginFilter | None = None
+        """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
 
     def turn(self) -> None:
         """One fetch and what follows it."""
@@ -127,7 +130,9 @@ class PollLoop:
                           topic, partition, len(run))
                 self.m.dropped.labels(self.region, str(topic), str(partition)).inc(len(run))
                 continue
-            w.append(run, now)
+            msgs = run if self.skip is None else self.skip.keep(topic, run)
+            if msgs:
+                w.append(msgs, now)
 
     # --- positions deleted under the consumer -----------------------------------------
 

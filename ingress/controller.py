@@ -25,8 +25,10 @@ from formats.base import SegmentFormat
 from formats.registry import get_format
 from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
 from ingress.delivery import Delivery, delivery_for
+from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
+from ingress.origin import origin_marker
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import KafkaSink, ReplaySink
@@ -87,7 +89,10 @@ class Ingress:
         self.format: SegmentFormat = get_format(settings.format.name)
         # The durability protocol of every worker of this process, chosen once.
         self._delivery: type[Delivery] = delivery_for(self.cfg.delivery)
-        self.sources = {(s.region, s.topic): SourceState(s) for s in self.cfg.sources}
+        self.sources = {(s.region, s.name): SourceState(s) for s in self.cfg.sources
+                        if s.topic is not None}
+        # Entries with topic_pattern add sources to self.sources as their topics appear.
+        self.discovery = TopicDiscovery(self.cfg, settings.s3.prefix, self.m)
         self.workers: dict[WorkerId, ReplayWorker] = {}
         # Segments replayed at once, whatever the partition count: bounds memory.
         self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
@@ -140,7 +145,7 @@ class Ingress:
         self.consumer = Consumer(s.kafka, self.cfg.group_id, {"enable.partition.eof": False})
         self.relay = SqsRelay(
             queue, self.events, self.m, bucket=s.s3.bucket, prefix=s.s3.prefix,
-            sources=list(self.sources), max_messages=self.cfg.sqs_max_messages,
+            sources=self.discovery.filter, max_messages=self.cfg.sqs_max_messages,
             wait_seconds=int(self.cfg.sqs_wait_time.total_seconds()))
         relay = self.relay
         self._relay_thread = threading.Thread(target=relay.run, args=(self._stopping,),
@@ -220,6 +225,8 @@ class Ingress:
     def _check_topics(self) -> None:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
+        for src in self.discovery.run(self.store, (st.source for st in self.sources.values())):
+            self.sources[(src.region, src.name)] = SourceState(src)
         ready = check_sources(self.sources.values(), self.store, self.admin,
                               self.settings.s3.prefix, self.m,
                               align=self.cfg.align_destination_configs)
@@ -260,7 +267,7 @@ class Ingress:
             src = st.source
             for topic, p in self.assigned:
                 if topic == src.destination and p < st.partitions:
-                    out.add((src.region, src.topic, p))
+                    out.add((src.region, src.name, p))
         return out
 
     def _reconcile(self) -> None:
@@ -277,12 +284,13 @@ class Ingress:
     def _start_worker(self, wid: WorkerId) -> None:
         assert self.store is not None and self.checkpoints is not None
         src = self.sources[(wid[0], wid[1])].source
-        ref = PartitionRef(self.settings.s3.prefix, src.region, src.topic, wid[2])
+        ref = PartitionRef(self.settings.s3.prefix, src.region, src.name, wid[2])
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
                            delivery=self._delivery,
                            batch_size=self.cfg.batch_size,
                            batch_bytes=self.cfg.batch_bytes,
-                           rescan_interval=self.cfg.rescan_interval)
+                           rescan_interval=self.cfg.rescan_interval,
+                           origin=origin_marker(self.cfg, src.region))
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2]), metrics=self.m,
@@ -321,6 +329,12 @@ class Ingress:
         w = self.workers.get((k.region, k.topic, k.partition))
         if w is not None:
             w.offer(ev)
+        elif (k.region, k.topic) not in self.sources and self.discovery.wants(k.region,
+                                                                                k.topic):
+            # A topic a pattern selects, not discovered yet: look now, not in an interval
+            # (its worker lists the segments when it starts, this one included).
+            self.discovery.poke()
+            self._next_topic_check = 0.0
 
     # --- introspection (tests, CLI) -----------------------------------------------------
 

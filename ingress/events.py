@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Container
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -68,14 +68,16 @@ class ParsedMessage:
 
 
 def parse_s3_message(body: str, *, bucket: str, prefix: str,
-                     sources: Collection[tuple[str, str]]) -> ParsedMessage:
+                     sources: Container[tuple[str, str]]) -> ParsedMessage:
     """Parse one S3 notification message body.
 
     Args:
         body: the SQS message body (JSON).
         bucket: the bucket ingress reads; events of other buckets are ignored.
         prefix: the data prefix (``s3.prefix``); keys outside it are ignored.
-        sources: ``(region, topic)`` pairs that are replayed; other segments are ignored.
+        sources: ``(region, topic)`` pairs that are replayed (a set, or
+            ``ingress.discovery.SourceFilter``, which also holds the topics patterns
+            match); other segments are ignored.
 
     Returns:
         The events found, plus the ignored and invalid records with their reasons. A body
@@ -98,13 +100,12 @@ def parse_s3_message(body: str, *, bucket: str, prefix: str,
     if not isinstance(records, list):
         out.invalid.append(INVALID_SHAPE)
         return out
-    wanted = set(sources)
     for rec in records:
-        _parse_record(rec, bucket, prefix, wanted, out)
+        _parse_record(rec, bucket, prefix, sources, out)
     return out
 
 
-def _parse_record(rec: Any, bucket: str, prefix: str, sources: set[tuple[str, str]],
+def _parse_record(rec: Any, bucket: str, prefix: str, sources: Container[tuple[str, str]],
                   out: ParsedMessage) -> None:
     try:
         name = rec["eventName"]

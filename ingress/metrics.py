@@ -43,6 +43,7 @@ class IngressMetrics:
     events_invalid: Any
     source_errors: Any
     source_stopped: Any
+    sources_refused: Any
     destination_config_mismatch: Any
     partition_stalled: Any
 
@@ -102,6 +103,11 @@ class IngressMetrics:
                                     (*SOURCE, "reason")),
             source_stopped=m.gauge("ingress_source_stopped",
                                    "1 while a source is stopped by an error.", SOURCE),
+            sources_refused=m.counter(
+                "ingress_sources_refused_total",
+                "Topics a topic_pattern matched that are not replicated: their destination "
+                "is fed by another topic of the same region, or is no legal topic name "
+                "(counted once per process).", SOURCE),
             partition_stalled=m.gauge(
                 "ingress_partition_stalled",
                 "1 while a partition's producer keeps being fenced although this process "

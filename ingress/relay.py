@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any, Protocol
 
 from ingress.events import EventDeduper, SegmentEvent, parse_s3_message
@@ -62,14 +62,15 @@ class SqsRelay:
     """Moves S3 events from SQS to the segment-events topic."""
 
     def __init__(self, queue: EventQueue, events: SegmentEvents, metrics: IngressMetrics, *,
-                 bucket: str, prefix: str, sources: Collection[tuple[str, str]],
+                 bucket: str, prefix: str, sources: Container[tuple[str, str]],
                  max_messages: int = 10, wait_seconds: int = 20) -> None:
         self.queue = queue
         self.events = events
         self.metrics = metrics
         self.bucket = bucket
         self.prefix = prefix
-        self.sources = frozenset(sources)
+        # Not copied: a SourceFilter follows the topics discovered while running.
+        self.sources = sources
         self.max_messages = max_messages
         self.wait_seconds = wait_seconds
         self.deduper = EventDeduper()

@@ -85,8 +85,14 @@ def split_by_bytes(batch: pa.RecordBatch, max_bytes: int) -> Iterator[pa.RecordB
         start = end
 
 
-def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
-    """The records of ``batch`` with offsets above ``after``, column by column."""
+def batch_rows(batch: pa.RecordBatch, after: int | None,
+               origin: Header | None = None) -> Rows | None:
+    """The records of ``batch`` with offsets above ``after``, column by column.
+
+    ``origin``: the origin marker (``[ingress] mark_origin``), appended to every record's
+    headers after its own (docs/architecture.md, "Origin marker"); ``None`` leaves the
+    headers exactly as they were, at no cost.
+    """
     n = batch.num_rows
     if n == 0:
         return None
@@ -106,7 +112,8 @@ def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
     flat = hcol.flatten()  # respects slicing, unlike .values
     headers: list[list[Header] | None]
     if len(flat) == 0:
-        headers = [None] * batch.num_rows
+        # One shared list for every record: the producer only reads it.
+        headers = [None] * batch.num_rows if origin is None else [[origin]] * batch.num_rows
     else:
         # Column-wise: no dict per header (to_pylist of a list<struct> builds one).
         hkeys = flat.field("key").to_pylist()
@@ -119,5 +126,8 @@ def batch_rows(batch: pa.RecordBatch, after: int | None) -> Rows | None:
                 i += n
             else:
                 headers.append(None)
+        if origin is not None:
+            marker = [origin]
+            headers = [marker if h is None else [*h, origin] for h in headers]
     return Rows(offsets.to_pylist(), ts, batch.column("key").to_pylist(),
                 batch.column("value").to_pylist(), headers)

@@ -215,7 +215,7 @@ def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: Topi
     for st in states:
         src = st.source
         try:
-            meta = read_topic_meta(store, prefix, src.region, src.topic)
+            meta = read_topic_meta(store, prefix, src.region, src.name)
         except ReplicatorError as e:
             log.error("source %s/%s: cannot read its _topic.json: %s", src.region,
                       src.topic, e)

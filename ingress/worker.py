@@ -40,7 +40,7 @@ from ingress.planner import (
     WaitLate,
     next_action,
 )
-from ingress.rows import Rows, batch_rows, split_by_bytes
+from ingress.rows import Header, Rows, batch_rows, split_by_bytes
 from ingress.sink import ReplaySink
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
@@ -93,6 +93,8 @@ class WorkerConfig:
     batch_size: int
     rescan_interval: timedelta
     batch_bytes: int = 4 * 1024**2
+    origin: Header | None = None
+    """The origin marker appended to every replayed record (``[ingress] mark_origin``)."""
 
 
 class ReplayWorker:
@@ -514,7 +516,7 @@ class ReplayWorker:
         # The next batch is read and decoded while the current one is delivered.
         # Batches (and transactions) are capped by records and by bytes; the read-ahead
         # holds PREFETCH_BATCHES of them.
-        batches = read_ahead((batch_rows(part, after)
+        batches = read_ahead((batch_rows(part, after, self.cfg.origin)
                               for b in reader.iter_batches(self.cfg.batch_size)
                               for part in split_by_bytes(b, self.cfg.batch_bytes)),
                              PREFETCH_BATCHES, name=f"prefetch-{self.key}")

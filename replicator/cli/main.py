@@ -11,6 +11,7 @@ from replicator.cli.logs import setup_command_logging
 from replicator.cli.restore import restore
 from replicator.cli.segments import segments
 from replicator.cli.sync import sync
+from replicator.cli.topics import topics
 from replicator.cli.verify import verify
 
 
@@ -30,3 +31,4 @@ main.add_command(segments)
 main.add_command(verify)
 main.add_command(checkpoints)
 main.add_command(restore)
+main.add_command(topics)

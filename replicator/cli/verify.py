@@ -34,10 +34,15 @@ def _kafka(brokers: str | None, config: Path | None, side: str) -> KafkaSettings
               default=None, help="Settings file whose [kafka] reaches the destination.")
 @click.option("--timeout", default=30.0, show_default=True,
               help="Seconds without data before a partition read fails.")
+@click.option("--fan-in", is_flag=True,
+              help="The destination is fed by other sources too (several regions into one "
+                   "topic): compare only its records equal to a record of the source; "
+                   "they must be all of the source's, once each, in order.")
 @click.option("--output", type=click.Choice(["table", "json"]), default="table")
 def verify(source_topic: str, destination_topic: str, source_brokers: str | None,
            destination_brokers: str | None, source_config: Path | None,
-           destination_config: Path | None, timeout: float, output: str) -> None:
+           destination_config: Path | None, timeout: float, fan_in: bool,
+           output: str) -> None:
     """Compare two topics partition by partition: counts, lost, duplicated, reordered.
 
     Exit code 0 when the copy equals the source record by record, 1 otherwise.
@@ -48,7 +53,8 @@ def verify(source_topic: str, destination_topic: str, source_brokers: str | None
     else:
         dst = _kafka(destination_brokers, destination_config, "destination")
     try:
-        report = verify_topics(src, source_topic, dst, destination_topic, idle_timeout=timeout)
+        report = verify_topics(src, source_topic, dst, destination_topic, idle_timeout=timeout,
+                               fan_in=fan_in)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
     if output == "json":

@@ -211,6 +211,16 @@ class S3ObjectStore(ObjectStore):
                                      _etag(item.get("ETag")),
                                      item.get("StorageClass") or STANDARD)
 
+    def list_folders(self, prefix: str) -> builtins.list[str]:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/",
+                                "PaginationConfig": {"PageSize": self.page_size}}
+        found: builtins.list[str] = []
+        with aws_errors(f"list folders of s3://{self.bucket}/{prefix}"):
+            for page in self.client.get_paginator("list_objects_v2").paginate(**args):
+                for item in page.get("CommonPrefixes", []):
+                    found.append(item["Prefix"][len(prefix):].rstrip("/"))
+        return sorted(found)
+
     def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
         what = f"copy {self.url(src)} to {self.url(dst)}"
         with aws_errors(f"{what}: head source"):

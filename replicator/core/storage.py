@@ -174,6 +174,17 @@ class ObjectStore(ABC):
     def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
         """All objects under ``prefix`` in key order, after ``start_after`` if given."""
 
+    def list_folders(self, prefix: str) -> builtins.list[str]:
+        """The names directly under ``prefix`` (which ends in ``/``) that have objects below
+        them: ``a`` for ``{prefix}a/...`` (a LIST with a delimiter on S3), sorted.
+        """
+        found: set[str] = set()
+        for info in self.list(prefix):
+            head, sep, _ = info.key[len(prefix):].partition("/")
+            if sep:
+                found.add(head)
+        return sorted(found)
+
     @abstractmethod
     def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
         """Server-side copy (multipart above the copy threshold).

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicator.core.keys import SegmentKey, topic_prefix
-from replicator.core.settings import IngressSettings
+from replicator.core.settings import IngressSettings, IngressSourceSettings
 from replicator.core.storage import ObjectStore
+from replicator.core.topic_sets import discover, region_topics
 from replicator.core.wire import Checkpoint, checkpoint_key, parse_checkpoint_key
 
 
@@ -49,26 +50,39 @@ class CheckpointRow:
                 else list(self.lost), "segment": self.segment, "origin": self.origin}
 
 
+def configured_sources(ingress: IngressSettings, prefix: str,
+                       store: ObjectStore) -> list[IngressSourceSettings]:
+    """The named sources, plus the topics their ``topic_pattern`` entries select now (as
+    ingress discovers them: ``replicator.core.topic_sets``).
+    """
+    named = [s for s in ingress.sources if s.topic is not None]
+    patterns = [s for s in ingress.sources if s.topic_pattern is not None]
+    if not patterns:
+        return named
+    topics = {r: region_topics(store, prefix, r) for r in {p.region for p in patterns}}
+    return named + discover(patterns, topics, named).sources
+
+
 def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
                       checkpoints: Mapping[str, Checkpoint]) -> list[CheckpointRow]:
     """Rows for every partition that has a segment or a checkpoint, per configured source."""
     rows = []
-    for src in ingress.sources:
+    for src in configured_sources(ingress, prefix, store):
         ends: dict[int, int] = {}
-        for info in store.list(topic_prefix(prefix, src.region, src.topic)):
+        for info in store.list(topic_prefix(prefix, src.region, src.name)):
             k = SegmentKey.try_parse(info.key)
             if k is not None:
                 ends[k.partition] = max(ends.get(k.partition, -1), k.end)
         # This deployment's key names the destination; a key of an earlier version (no
         # destination) is shown until ingress has taken it over.
         with_checkpoint = {parsed[2] for parsed in map(parse_checkpoint_key, checkpoints)
-                           if parsed is not None and parsed[:2] == (src.region, src.topic)
+                           if parsed is not None and parsed[:2] == (src.region, src.name)
                            and parsed[3] in (None, src.destination)}
         for p in sorted(set(ends) | with_checkpoint):
-            cp = checkpoints.get(checkpoint_key(src.region, src.topic, p, src.destination),
-                                 checkpoints.get(checkpoint_key(src.region, src.topic, p)))
+            cp = checkpoints.get(checkpoint_key(src.region, src.name, p, src.destination),
+                                 checkpoints.get(checkpoint_key(src.region, src.name, p)))
             rows.append(CheckpointRow(
-                src.region, src.topic, p, src.destination,
+                src.region, src.name, p, src.destination,
                 None if cp is None else cp.offset,
                 None if cp is None else cp.updated_at.isoformat(),
                 ends.get(p), None if cp is None else cp.lost,

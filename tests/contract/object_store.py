@@ -259,6 +259,14 @@ class ObjectStoreContract:
         # S3 orders by UTF-8 bytes, which is code point order.
         assert [o.key for o in self.store.list("u/")] == sorted(keys)
 
+    def test_list_folders_names_what_is_directly_under_a_prefix(self) -> None:
+        for k in ["d/r/a.b/_topic.json", "d/r/a.b/0/0/1-2", "d/r/c/0/0/1-2", "d/r/x",
+                  "d/r2/e/_topic.json", "d/s/f/1"]:
+            self.store.put(k, b"")
+        assert self.store.list_folders("d/r/") == ["a.b", "c"]
+        assert self.store.list_folders("d/") == ["r", "r2", "s"]
+        assert self.store.list_folders("nothing/") == []
+
     # --- delete ---------------------------------------------------------------------
 
     def test_delete(self) -> None:

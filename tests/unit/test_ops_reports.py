@@ -8,7 +8,7 @@ from typing import Any
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import ObjectInfo
 from replicator.ops.segments import coverage_gaps, level_overlaps, summarize
-from replicator.ops.verify import compare_streams, count_reordered
+from replicator.ops.verify import compare_fan_in, compare_streams, count_reordered
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -87,6 +87,16 @@ def test_lost_duplicated_reordered_are_counted() -> None:
     assert (v.lost, v.duplicated, v.reordered) == (1, 2, 1)
     assert not v.ok
     assert v.first_difference is not None and v.first_difference["index"] == 1
+
+
+def test_fan_in_compares_only_the_records_of_the_source() -> None:
+    # The destination interleaves another source's records (100+): they are not counted.
+    ok = compare_fan_in(0, msgs([1, 2, 3]), msgs([100, 1, 101, 2, 3, 102]))
+    assert ok.ok and (ok.source_records, ok.destination_records) == (3, 3)
+    bad = compare_fan_in(0, msgs([1, 2, 3, 4]), msgs([100, 2, 1, 101, 2, 3]))
+    assert (bad.lost, bad.duplicated, bad.reordered) == (1, 1, 1)
+    assert bad.first_difference is not None and bad.first_difference["index"] == 0
+    assert not bad.ok
 
 
 def test_null_and_empty_keys_differ() -> None:

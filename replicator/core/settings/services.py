@@ -5,6 +5,7 @@ and per-source tables.
 from __future__ import annotations
 
 import re
+import string
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -24,6 +25,29 @@ def _topic_name(name: str) -> str:
         return check_topic(name)
     except KeyFormatError as e:
         raise ValueError(str(e)) from e
+
+
+ORIGIN_HEADER = "replicator.origin"
+"""Default name of the origin marker header (docs/architecture.md, "Origin marker")."""
+
+_ORIGIN_HEADER_HELP = (
+    "Name of the record header that names the region a record was replicated from "
+    "(docs/architecture.md, \"Origin marker\"); ingress's [ingress] origin_header and "
+    "egress's [egress] origin_header must be the same.")
+
+
+def _header_name(name: str) -> str:
+    if not name:
+        raise ValueError("must not be empty")
+    return name
+
+
+def _region_name(name: str) -> str:
+    try:
+        return check_region(name)
+    except KeyFormatError as e:
+        raise ValueError(str(e)) from e
+
 
 class EgressTopicSettings(Model):
     """Segment thresholds of one source topic (``[egress.topics."name"]``)."""
@@ -140,6 +164,26 @@ class EgressSettings(Model):
         "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
                               "close to max_buffered_bytes whatever the partition count; "
                               "mimalloc keeps freed memory per thread.")
+    skip_origins: list[str] = Field(
+        default_factory=list, description="Regions whose replicated records egress does not "
+        "copy: a record is skipped when one of its origin_header headers names one of them "
+        "(active-active without loops: list the regions this region's ingress replays "
+        "from, with [ingress] mark_origin = true there; README, \"Topologies\"). A skipped "
+        "record is a hole in position space, like a transaction marker, never loss. Empty: "
+        "every record is copied and headers are not looked at.")
+    origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+
+    @field_validator("skip_origins")
+    @classmethod
+    def _origins_ok(cls, v: list[str]) -> list[str]:
+        for region in v:
+            _region_name(region)
+        return v
+
+    @field_validator("origin_header")
+    @classmethod
+    def _origin_header_ok(cls, v: str) -> str:
+        return _header_name(v)
 
     @model_validator(mode="before")
     @classmethod
@@ -175,12 +219,26 @@ class EgressSettings(Model):
 # --- ingress -------------------------------------------------------------------------
 
 
+_TEMPLATE_FIELDS = frozenset({"topic", "region"})
+
+
 class IngressSourceSettings(Model):
-    """One replicated source (``[[ingress.sources]]``)."""
+    """One replicated source (``[[ingress.sources]]``): a topic, or a set of topics."""
 
     region: str = Field(description="Region the source topic lives in.")
-    topic: str = Field(description="Source topic name.")
-    destination_topic: str | None = Field(None, description="Destination topic (default: same).")
+    topic: str | None = Field(None, description="Source topic name (or give topic_pattern).")
+    topic_pattern: str | None = Field(
+        None, description="Instead of topic: a regular expression matched against whole "
+        "topic names of the source region; every topic of the region whose _topic.json or "
+        "segments appear in the bucket and that matches is replicated as if it were named "
+        "by topic (found every topic_check_interval, and at once when a segment event of "
+        "an unknown topic arrives; no restart). A topic named by an entry with topic wins.")
+    destination_topic: str | None = Field(
+        None, description="Destination topic (default: the source topic's name). A "
+        "template: {topic} is the source topic's name, {region} the source region "
+        "(\"{topic}.copy\", \"{region}.{topic}\"). Several regions may feed one "
+        "destination topic (aggregation); two topics of one region may not: the second is "
+        "refused with an ERROR and replicator_ingress_sources_refused_total.")
     lost_segment_timeout: Duration = Field(
         timedelta(hours=1), description="How long a gap waits before it is declared lost.")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
@@ -201,10 +259,37 @@ class IngressSourceSettings(Model):
             raise ValueError(f"must be between 1 and 50, got {v}")
         return v
 
-    @field_validator("topic", "destination_topic")
+    @field_validator("topic")
     @classmethod
     def _topic_ok(cls, v: str | None) -> str | None:
         return None if v is None else _topic_name(v)
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _pattern_ok(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"{v!r} is not a regular expression: {e}") from e
+        return v
+
+    @field_validator("destination_topic")
+    @classmethod
+    def _template_ok(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        try:
+            fields = {name for _, name, _, _ in string.Formatter().parse(v) if name is not None}
+        except ValueError as e:
+            raise ValueError(f"{v!r} is not a valid template: {e}") from e
+        unknown = fields - _TEMPLATE_FIELDS
+        if unknown:
+            raise ValueError(f"{v!r} uses {', '.join(sorted(unknown))}: only {{topic}} and "
+                             "{region} can be used")
+        # Whatever the names, the fixed parts must be legal in a topic name.
+        _topic_name(v.format(topic="t", region="r"))
+        return v
 
     @field_validator("region")
     @classmethod
@@ -214,10 +299,45 @@ class IngressSourceSettings(Model):
         except KeyFormatError as e:
             raise ValueError(str(e)) from e
 
+    @model_validator(mode="after")
+    def _topic_or_pattern(self) -> IngressSourceSettings:
+        if (self.topic is None) == (self.topic_pattern is None):
+            raise ValueError("give exactly one of topic and topic_pattern")
+        if self.topic is not None:
+            self.destination_for(self.topic)   # a ValueError names the entry
+        return self
+
+    @property
+    def name(self) -> str:
+        """The source topic of an entry with ``topic`` (discovered entries have one too)."""
+        if self.topic is None:
+            raise ValueError(f"source {self.region}/{self.topic_pattern!r} is a pattern")
+        return self.topic
+
     @property
     def destination(self) -> str:
-        """The destination topic name."""
-        return self.destination_topic or self.topic
+        """The destination topic name of an entry with ``topic``."""
+        return self.destination_for(self.name)
+
+    def destination_for(self, topic: str) -> str:
+        """The destination of source topic ``topic`` (the template filled in).
+
+        Raises:
+            ValueError: the name it gives is not a legal topic name.
+        """
+        template = self.destination_topic or "{topic}"
+        return _topic_name(template.format(topic=topic, region=self.region))
+
+    def matches(self, topic: str) -> bool:
+        """True when ``topic`` is this entry's topic, or matches its pattern (whole name)."""
+        if self.topic_pattern is None:
+            return topic == self.topic
+        return re.fullmatch(self.topic_pattern, topic) is not None
+
+    def for_topic(self, topic: str) -> IngressSourceSettings:
+        """This pattern entry as an entry naming ``topic`` (a discovered source)."""
+        return self.model_copy(update={"topic": topic, "topic_pattern": None,
+                                       "destination_topic": self.destination_for(topic)})
 
 
 class IngressSettings(Model):
@@ -258,6 +378,17 @@ class IngressSettings(Model):
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
                              "two batches in memory), whatever the number of partitions.")
+    mark_origin: bool = Field(
+        False, description="Append a header origin_header = the source region's name "
+        "(UTF-8) to every replayed record, after its own headers, so the egress of this "
+        "region can skip it (skip_origins) and active-active replication never loops "
+        "(README, \"Topologies\"). Off: records are copied byte for byte.")
+    origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+
+    @field_validator("origin_header")
+    @classmethod
+    def _origin_header_ok(cls, v: str) -> str:
+        return _header_name(v)
 
     @field_validator("sqs_wait_time")
     @classmethod
@@ -269,11 +400,13 @@ class IngressSettings(Model):
 
     @model_validator(mode="after")
     def _unique_sources(self) -> IngressSettings:
-        seen: set[tuple[str, str]] = set()
+        seen: set[tuple[str, str | None, str | None]] = set()
         for s in self.sources:
-            if (s.region, s.topic) in seen:
-                raise ValueError(f"source {s.region}/{s.topic} is listed twice")
-            seen.add((s.region, s.topic))
+            entry = (s.region, s.topic, s.topic_pattern)
+            if entry in seen:
+                raise ValueError(f"source {s.region}/{s.topic or s.topic_pattern} is listed "
+                                 "twice")
+            seen.add(entry)
         if not self.sources:
             raise ValueError("sources: name at least one source")
         return self

@@ -1,0 +1,106 @@
+"""Topics of ``[[ingress.sources]]`` entries that give ``topic_pattern``: found in the bucket
+while ingress runs, then replicated exactly like a named source (README, "Topologies").
+
+* Every ``topic_check_interval`` one LIST with a delimiter per source region
+  (``{prefix}/{region}/``) names the region's topics (their ``_topic.json`` and segments);
+  a segment event of a topic not known yet asks for a LIST at once, so a new topic starts
+  without waiting for the interval.
+* The decision is ``replicator.core.topic_sets.discover`` (pure): a named entry wins, then
+  the first matching pattern of the region; a topic whose destination another topic of the
+  same region already feeds is refused (ERROR once, ``replicator_ingress_sources_refused_total``).
+* ``SourceFilter`` is what the SQS relay keeps: named sources plus whatever a pattern
+  matches, so the events of a topic nobody has discovered yet are not dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from ingress.metrics import IngressMetrics
+from replicator.core.settings import IngressSettings, IngressSourceSettings
+from replicator.core.storage import ObjectStore
+from replicator.core.topic_sets import discover, region_topics
+
+log = logging.getLogger(__name__)
+
+
+class SourceFilter:
+    """``(region, topic) in filter``: a named source, or a topic a pattern matches."""
+
+    def __init__(self, sources: Iterable[IngressSourceSettings]) -> None:
+        sources = list(sources)
+        self.named = frozenset((s.region, s.name) for s in sources if s.topic is not None)
+        self.patterns = [s for s in sources if s.topic_pattern is not None]
+
+    def __contains__(self, pair: object) -> bool:
+        if pair in self.named:
+            return True
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            return False
+        region, topic = pair
+        return any(p.region == region and p.matches(topic) for p in self.patterns)
+
+
+class TopicDiscovery:
+    """Finds the topics the pattern entries of ``[ingress]`` select.
+
+    Args:
+        cfg: the ingress settings (its entries with ``topic_pattern``).
+        prefix: ``s3.prefix``.
+        metrics: the ingress metrics (refused topics).
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, cfg: IngressSettings, prefix: str, metrics: IngressMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.patterns = [s for s in cfg.sources if s.topic_pattern is not None]
+        self.regions = sorted({s.region for s in self.patterns})
+        self.prefix = prefix
+        self.metrics = metrics
+        self.interval = cfg.topic_check_interval.total_seconds()
+        self.clock = clock
+        self.filter = SourceFilter(cfg.sources)
+        self._next = 0.0
+        self._refused: set[tuple[str, str]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        """True when some entry gives ``topic_pattern``."""
+        return bool(self.patterns)
+
+    def wants(self, region: str, topic: str) -> bool:
+        """True when a pattern entry of ``region`` matches ``topic``."""
+        return any(p.region == region and p.matches(topic) for p in self.patterns)
+
+    def poke(self) -> None:
+        """List at the next ``run`` (a segment event of an unknown topic arrived)."""
+        self._next = 0.0
+
+    def run(self, store: ObjectStore,
+            known: Iterable[IngressSourceSettings]) -> list[IngressSourceSettings]:
+        """The sources found since the last run (at most one LIST per region per interval).
+
+        Raises:
+            ReplicatorError: listing the bucket failed (retried at the next check).
+        """
+        now = self.clock()
+        if not self.patterns or now < self._next:
+            return []
+        topics = {r: region_topics(store, self.prefix, r) for r in self.regions}
+        self._next = now + self.interval
+        found = discover(self.patterns, topics, known)
+        for r in found.refused:
+            if (r.region, r.topic) in self._refused:
+                continue
+            self._refused.add((r.region, r.topic))
+            log.error("source %s/%s matches a topic_pattern but is not replicated%s: %s",
+                      r.region, r.topic, "" if r.destination is None
+                      else f" into {r.destination}", r.reason)
+            self.metrics.sources_refused.labels(region=r.region, topic=r.topic).inc()
+        for s in found.sources:
+            log.info("source %s/%s discovered (topic_pattern %r) -> %s", s.region, s.name,
+                     next(p.topic_pattern for p in self.patterns
+                          if p.region == s.region and p.matches(s.name)), s.destination)
+        return found.sources

@@ -1,0 +1,137 @@
+"""Sources named by pattern: the settings, the discovery decision (``discover``), the listing
+of a region's topics, and the relay's filter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ingress.discovery import SourceFilter, TopicDiscovery
+from ingress.metrics import IngressMetrics
+from replicator.core.metrics import Metrics
+from replicator.core.settings import IngressSourceSettings, load_settings
+from replicator.core.storage import MemoryObjectStore
+from replicator.core.topic_sets import discover, region_topics
+from tests.unit.test_settings import errors_of, with_
+
+
+def ingress(*sources: dict[str, Any]) -> dict[str, Any]:
+    return with_(ingress={"sqs_queue": "q", "sources": list(sources)})
+
+
+def src(**kw: Any) -> IngressSourceSettings:
+    return IngressSourceSettings.model_validate(kw)
+
+
+def test_topic_and_topic_pattern_are_exclusive_and_one_is_required() -> None:
+    errs = errors_of(ingress({"region": "a", "topic": "t", "topic_pattern": "t.*"},
+                             {"region": "a"}))
+    assert set(errs) == {"ingress.sources.0", "ingress.sources.1"}
+    assert "exactly one of topic and topic_pattern" in errs["ingress.sources.0"]
+
+
+def test_bad_patterns_and_templates_name_their_key() -> None:
+    errs = errors_of(ingress({"region": "a", "topic_pattern": "sensor.(*"},
+                             {"region": "a", "topic_pattern": "x", "destination_topic":
+                              "{topic}.{cluster}"},
+                             {"region": "a", "topic_pattern": "y", "destination_topic":
+                              "{topic}/copy"},
+                             {"region": "a", "topic_pattern": "z", "destination_topic":
+                              "{topic"}))
+    assert set(errs) == {"ingress.sources.0.topic_pattern",
+                         "ingress.sources.1.destination_topic",
+                         "ingress.sources.2.destination_topic",
+                         "ingress.sources.3.destination_topic"}
+    assert "not a regular expression" in errs["ingress.sources.0.topic_pattern"]
+    assert "cluster" in errs["ingress.sources.1.destination_topic"]
+
+
+def test_templates_fill_in_topic_and_region() -> None:
+    s = load_settings(data=ingress(
+        {"region": "eu-1", "topic": "orders", "destination_topic": "{region}.{topic}"},
+        {"region": "eu-1", "topic_pattern": r"sensor\..*", "destination_topic": "{topic}.copy"},
+        {"region": "eu-2", "topic": "orders"}), environ={})
+    assert s.ingress is not None
+    named, pattern, plain = s.ingress.sources
+    assert (named.name, named.destination) == ("orders", "eu-1.orders")
+    assert plain.destination == "orders"
+    assert pattern.destination_for("sensor.b") == "sensor.b.copy"
+    assert pattern.matches("sensor.b") and not pattern.matches("my.sensor.b")
+    assert not pattern.matches("sensor")    # whole names only
+    found = pattern.for_topic("sensor.b")
+    assert (found.name, found.destination, found.topic_pattern) == \
+        ("sensor.b", "sensor.b.copy", None)
+    assert found.lost_segment_timeout == pattern.lost_segment_timeout
+
+
+def test_discover_named_first_then_the_first_pattern_and_refuses_shared_destinations() -> None:
+    named = [src(region="a", topic="sensor.x", destination_topic="fixed")]
+    patterns = [src(region="a", topic_pattern=r"sensor\..*", destination_topic="{topic}.copy"),
+                src(region="a", topic_pattern=r".*", destination_topic="all"),
+                src(region="b", topic_pattern=r".*", destination_topic="{topic}.copy")]
+    d = discover(patterns, {"a": ["sensor.x", "sensor.y", "other", "more"],
+                            "b": ["sensor.y"]}, named)
+    got = sorted((s.region, s.name, s.destination) for s in d.sources)
+    # sensor.x is named; sensor.y by the first pattern; other takes "all" first (sorted
+    # order), more is refused; region b may feed the same topic as region a (aggregation).
+    assert got == [("a", "more", "all"), ("a", "sensor.y", "sensor.y.copy"),
+                   ("b", "sensor.y", "sensor.y.copy")]
+    assert [(r.region, r.topic, r.destination) for r in d.refused] == \
+        [("a", "other", "all")]
+    assert "a/more is replicated into all already" in d.refused[0].reason
+    # Found before: nothing new, and a known destination still refuses.
+    again = discover(patterns, {"a": ["sensor.x", "sensor.y", "other", "more"]},
+                     [*named, *d.sources])
+    assert again.sources == [] and [r.topic for r in again.refused] == ["other"]
+
+
+def test_a_destination_that_is_no_topic_name_is_refused() -> None:
+    p = src(region="a", topic_pattern=r".*", destination_topic="{topic}.copy")
+    d = discover([p], {"a": ["x" * 245]}, [])
+    assert d.sources == [] and d.refused[0].destination is None
+
+
+def test_region_topics_are_the_folders_under_the_region() -> None:
+    store = MemoryObjectStore()
+    for k in ["data/a/t1/_topic.json", "data/a/t2/0/0/00000000000000000000-00000000000000000009",
+              "data/a/_compaction.lock", "data/b/t3/_topic.json", "other/a/t4/_topic.json"]:
+        store.put(k, b"")
+    assert region_topics(store, "data", "a") == ["t1", "t2"]
+    assert region_topics(store, "data", "c") == []
+
+
+def test_the_relay_filter_follows_patterns_and_named_sources() -> None:
+    f = SourceFilter([src(region="a", topic="t"), src(region="a", topic_pattern=r"s\..*"),
+                      src(region="b", topic_pattern="z")])
+    assert ("a", "t") in f and ("a", "s.new") in f and ("b", "z") in f
+    assert ("a", "x") not in f and ("b", "s.new") not in f and ("b", "zz") not in f
+    assert "a" not in f
+
+
+def test_discovery_lists_once_per_interval_unless_poked_and_reports_a_refusal_once() -> None:
+    s = load_settings(data=ingress(
+        {"region": "a", "topic_pattern": r".*", "destination_topic": "all"}), environ={})
+    assert s.ingress is not None
+    now = [0.0]
+    metrics = Metrics()
+    disc = TopicDiscovery(s.ingress, "data", IngressMetrics.create(metrics), lambda: now[0])
+    store = MemoryObjectStore()
+    lists: list[str] = []
+    real = store.list_folders
+
+    def counted(prefix: str) -> list[str]:
+        lists.append(prefix)
+        return real(prefix)
+
+    store.list_folders = counted  # type: ignore[method-assign]
+    store.put("data/a/t1/_topic.json", b"")
+    known = disc.run(store, [])
+    assert [x.name for x in known] == ["t1"] and lists == ["data/a/"]
+    store.put("data/a/t2/_topic.json", b"")
+    now[0] = 10.0                      # within topic_check_interval (30 s): no LIST
+    assert disc.run(store, known) == [] and len(lists) == 1
+    disc.poke()
+    assert disc.run(store, known) == [] and len(lists) == 2   # t2 refused: "all" is t1's
+    now[0] = 100.0
+    assert disc.run(store, known) == [] and len(lists) == 3
+    assert metrics.value("replicator_ingress_sources_refused_total",
+                         {"region": "a", "topic": "t2"}) == 1
