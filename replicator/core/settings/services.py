@@ -230,6 +230,10 @@ class IngressSettings(Model):
     segment_events_topic: str = Field("replicator.segmentevents", description="Events topic.")
     segment_events_retention: Duration = Field(timedelta(hours=1), description="Its retention.")
     checkpoint_topic: str = Field("replicator.checkpoint", description="Checkpoint topic.")
+    offset_map_topic: str = Field(
+        "replicator.offsetmap", description="Compacted topic of the offset map: where each "
+        "replayed batch of source records landed in the destination, read by `replicator "
+        "groups` to translate consumer-group offsets (docs/failover.md).")
     delivery: Literal["exactly-once", "at-least-once"] = Field(
         "exactly-once", description="Transactional or idempotent replay.")
     batch_size: int = Field(10_000, ge=1, description="Records per produced batch/transaction.")
