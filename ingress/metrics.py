@@ -45,6 +45,7 @@ class IngressMetrics:
     source_stopped: Any
     destination_config_mismatch: Any
     partition_stalled: Any
+    transactions: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -111,4 +112,10 @@ class IngressMetrics:
                 "1 while a destination topic config can lose what its source keeps "
                 "(retention, cleanup policy, message size, timestamp type).",
                 ("topic", "config")),
+            transactions=m.counter(
+                "ingress_transactions_total",
+                "Transactions of the process's shared producer, by outcome: committed, "
+                "aborted (redone), fenced (producer fenced: recreated), generation (the "
+                "placement group's generation moved on: never committed), revoked (a "
+                "partition of it was revoked before the commit).", ("outcome",)),
         )

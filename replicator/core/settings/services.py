@@ -262,6 +262,20 @@ class IngressSettings(Model):
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
                              "two batches in memory), whatever the number of partitions.")
+    instance_id: str | None = Field(
+        None, description="Names this process in the transactional.id of its one producer "
+                          "({group_id}.{instance_id}): unique among the group's live "
+                          "processes and the same across restarts of one instance, so a "
+                          "restarted process fences its own former run at once. Default: "
+                          "group.instance.id of kafka.config, else the host name (a pod's "
+                          "name).")
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id_ok(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
+            raise ValueError("must be 1-200 characters of A-Z a-z 0-9 . _ -")
+        return v
 
     @field_validator("sqs_wait_time")
     @classmethod
