@@ -28,6 +28,7 @@ from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
+from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.shared import (
@@ -172,10 +173,15 @@ class Ingress:
 
     def _start_producer(self) -> None:
         if self.cfg.delivery == "exactly-once":
+            offset_map = None
+            if self.cfg.offset_map:
+                assert self.admin is not None
+                ensure_offset_map_topic(self.admin, self.cfg.offset_map_topic)
+                offset_map = OffsetMapWriter(self.cfg.offset_map_topic, self.m)
             self.transactions = TransactionLoop(
                 self.settings.kafka, transactional_id=self.transactional_id(),
                 checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
-                group=self._group_metadata, metrics=self.m)
+                group=self._group_metadata, metrics=self.m, offset_map=offset_map)
             self.transactions.start()
         else:
             self.shared_acks = SharedAcks(self.settings.kafka)

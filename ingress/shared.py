@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from ingress.metrics import IngressMetrics
+from ingress.offset_map import OffsetMapWriter
 from ingress.rows import Rows
 from ingress.sink import PURGE_WAIT, ReplaySink, transaction_timeout_ms
 from replicator.core.errors import (
@@ -200,13 +201,16 @@ class TransactionLoop:
         metrics: ``transactions`` by outcome.
         timeout: seconds each flush / commit / abort / offsets call may take.
         make_producer: builds the producer (tests); default: the Kafka seam's.
+        offset_map: writes each batch's offset-map entries into its transaction
+            (``ingress.offset_map``); ``None``: no map.
     """
 
     def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
                  checkpoint_topic: str, ownership: Ownership,
                  group: Callable[[], GroupMetadata], metrics: IngressMetrics,
                  timeout: float = 60.0,
-                 make_producer: Callable[[], Producer] | None = None) -> None:
+                 make_producer: Callable[[], Producer] | None = None,
+                 offset_map: OffsetMapWriter | None = None) -> None:
         self.kafka_settings = kafka_settings
         self.transactional_id = transactional_id
         self.checkpoint_topic = checkpoint_topic
@@ -215,6 +219,7 @@ class TransactionLoop:
         self.metrics = metrics
         self.timeout = timeout
         self._make = make_producer or self._new_producer
+        self.offset_map = offset_map
         self._producer: Producer | None = None
         self._pending: deque[Batch] = deque()
         self._cond = threading.Condition()
@@ -230,7 +235,9 @@ class TransactionLoop:
             # per-partition sink: a transaction that is merely slow is not aborted.
             overrides["transaction.timeout.ms"] = transaction_timeout_ms(self.timeout)
         return Producer(self.kafka_settings, transactional_id=self.transactional_id,
-                        overrides=overrides)
+                        overrides=overrides,
+                        # The offset map needs where each batch's ends landed.
+                        report_successes=self.offset_map is not None)
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -378,7 +385,8 @@ class TransactionLoop:
         3. Flush: the records are in the destination logs before any checkpoint is sent
            (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
            checkpoint without its records).
-        4. Produce every batch's checkpoint record.
+        4. Produce every batch's checkpoint record, and its offset-map entries (where its
+           records landed, learnt from the delivery reports of its first and last record).
         5. ``send_offsets_to_transaction`` with the placement consumer's group metadata:
            the group coordinator refuses a member of an older generation
            (``GenerationFenced``). A member in no generation at all is refused here
@@ -390,12 +398,14 @@ class TransactionLoop:
         Raises:
             _Revoked / ProducerFenced / GenerationFenced / RetriableError / FatalError.
         """
+        om = self.offset_map
         p.begin_transaction()                                           # Step 1
         for b in keep:                                                  # Step 2
             if b.rows is not None:
                 r = b.rows
                 p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
-                               r.headers, r.offsets)
+                               r.headers, r.offsets,
+                               on_ends=None if om is None else om.on_ends(b))
         left = p.flush(self.timeout)                                    # Step 3
         if left:
             raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
@@ -403,6 +413,8 @@ class TransactionLoop:
         p.check_deliveries(self.transactional_id)
         for b in keep:                                                  # Step 4
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
+        if om is not None:
+            om.produce(keep, p.produce)
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:

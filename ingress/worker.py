@@ -587,6 +587,9 @@ class ReplayWorker:
                              f"from {self.position}")
         if cp.origin is None and self.origin is not None:
             cp = replace(cp, origin=self.origin)
+        if rows is not None:
+            rows = replace(rows, start=self.origin if self.position is None
+                           else self.position + 1)
         assert self._delivery is not None
         self._delivery.deliver(rows, cp)            # Steps 1-4
         # Step 5

@@ -15,7 +15,8 @@ is ``>= C``.
 * key: ``{source_region}:{source_topic}:{partition}:{destination_topic}:{src_first:020d}``
   (one per entry, so the compacted topic keeps every entry until it is pruned with a
   tombstone);
-* value: JSON ``{"src_first", "src_last", "dest_first", "count", "holes": [[a, b], ...]}``.
+* value: JSON ``{"src_first", "src_last", "dest_first", "count", "holes": [[a, b], ...]}``
+  and ``"from_origin": true`` on a partition's first entry.
 
 ``entries_of`` builds entries from a batch's source offsets column-wise (no per-record
 Python work); an entry carries at most ``MAX_HOLES`` hole runs, more split the batch.
@@ -50,6 +51,9 @@ class OffsetMapEntry:
     dest_first: int
     count: int
     holes: tuple[tuple[int, int], ...] = ()
+    from_origin: bool = False
+    """The partition's first entry: its replication began at ``src_first`` (records below
+    were never replicated: deleted or compacted away before egress read them)."""
 
     def __post_init__(self) -> None:
         hole_positions = sum(b - a + 1 for a, b in self.holes)
@@ -73,10 +77,12 @@ class OffsetMapEntry:
 
     def encode(self) -> bytes:
         """The JSON value."""
-        return json.dumps({"src_first": self.src_first, "src_last": self.src_last,
-                           "dest_first": self.dest_first, "count": self.count,
-                           "holes": [list(h) for h in self.holes]},
-                          separators=(",", ":"), sort_keys=True).encode("utf-8")
+        doc: dict[str, object] = {"src_first": self.src_first, "src_last": self.src_last,
+                                  "dest_first": self.dest_first, "count": self.count,
+                                  "holes": [list(h) for h in self.holes]}
+        if self.from_origin:
+            doc["from_origin"] = True
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
     def decode(cls, value: bytes | None, *, where: str) -> OffsetMapEntry:
@@ -101,7 +107,7 @@ class OffsetMapEntry:
             raise ValueError(f"{where}: 'holes' must be a list of [first, last] pairs")
         try:
             return cls(nums["src_first"], nums["src_last"], nums["dest_first"], nums["count"],
-                       tuple((a, b) for a, b in raw))
+                       tuple((a, b) for a, b in raw), doc.get("from_origin") is True)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
 
@@ -129,14 +135,16 @@ def parse_map_key(key: str) -> tuple[MapPartition, int] | None:
 
 
 def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
-               first: int | None = None, last: int | None = None) -> list[OffsetMapEntry]:
+               first: int | None = None, last: int | None = None,
+               from_origin: bool = False) -> list[OffsetMapEntry]:
     """Entries for a batch whose records (source offsets ascending) were produced to
     consecutive destination offsets from ``dest_first``.
 
     ``first``/``last``: the source positions the batch replayed (from the position it
     resumed at to the one before the next batch's), so positions without a record at either
     end are holes of the map too and the entries of a partition tile its position space.
-    Default: the first and last record's offsets.
+    Default: the first and last record's offsets. ``from_origin``: the batch is the
+    partition's first (its first entry is marked).
     """
     offs = np.asarray(src_offsets, dtype=np.int64)
     n = len(offs)
@@ -167,7 +175,7 @@ def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
             holes.append((src_last + 1, hi))
             src_last = hi
         out.append(OffsetMapEntry(src_first, src_last, dest_first + start, end - start + 1,
-                                  tuple(holes)))
+                                  tuple(holes), from_origin and start == 0))
         start, h = end + 1, h + len(inner)
     return out
 
@@ -203,6 +211,10 @@ def translate(entries: Sequence[OffsetMapEntry], committed: int, replicated: int
     if not entries:
         return Translation(None, "unmapped")
     if committed < entries[0].src_first:
+        # Below the map: exact only if replication began there (nothing below it exists
+        # in the destination); otherwise the map does not reach back this far.
+        if entries[0].from_origin:
+            return Translation(entries[0].dest_first, "translated")
         return Translation(None, "unmapped")
     target = committed if replicated is None else min(committed, replicated)
     i = bisect.bisect_left([e.src_last for e in entries], target)

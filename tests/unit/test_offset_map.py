@@ -118,3 +118,15 @@ def test_entry_codec_and_keys() -> None:
     assert parse_map_key("eu:orders:3:orders.copy") is None
     assert sorted([map_key("r", "t", 0, "d", 10), map_key("r", "t", 0, "d", 9)])[0] \
         .endswith("9")
+
+
+def test_below_the_map_only_a_first_entry_translates() -> None:
+    first = entries_of([121, 125], 0, first=121, from_origin=True)
+    assert first[0].from_origin and OffsetMapEntry.decode(first[0].encode(), where="k") \
+        == first[0]
+    # Nothing below the partition's origin was replicated: the group starts at the first
+    # replicated record.
+    assert translate(first, 50, 126) == translate(first, 121, 126)
+    assert translate(first, 50, 126).state == "translated"
+    later = entries_of([121, 125], 0, first=121)
+    assert translate(later, 50, 126).state == "unmapped"

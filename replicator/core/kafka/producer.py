@@ -62,6 +62,8 @@ class Producer:
         track_acks: count, per ``(topic, partition)``, the records whose delivery ended
             (acknowledged or failed): ``done``. Several writers share one producer and
             each needs its own partition's count (at-least-once ingress).
+        report_successes: successful deliveries are reported too, so per-record listeners
+            (``produce(on_delivery=...)``, ``produce_many(on_ends=...)``) learn offsets.
 
     Raises:
         ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
@@ -70,11 +72,11 @@ class Producer:
     def __init__(self, kafka: KafkaSettings, *, transactional_id: str | None = None,
                  overrides: Mapping[str, Any] | None = None, name: str | None = None,
                  on_delivery: Callable[[DeliveryReport], None] | None = None,
-                 track_acks: bool = False) -> None:
+                 track_acks: bool = False, report_successes: bool = False) -> None:
         extra: dict[str, Any] = dict(overrides or {})
         if transactional_id is not None:
             extra["transactional.id"] = transactional_id
-        if on_delivery is None and not track_acks:
+        if on_delivery is None and not track_acks and not report_successes:
             # Successful deliveries raise no callback at all: nothing to do per record.
             extra.setdefault("delivery.report.only.error", True)
         extra["on_delivery"] = self._delivered
@@ -200,15 +202,36 @@ class Producer:
 
     def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None],
-                     headers: Sequence[Headers | None], ids: Sequence[int]) -> None:
+                     headers: Sequence[Headers | None], ids: Sequence[int], *,
+                     on_ends: Callable[[int, DeliveryReport], None] | None = None) -> None:
         """Enqueue records column by column to one partition, then serve callbacks once.
 
         The hot path of a replay: one client call per record and nothing else. ``ids``
         name the records in an error (``topic[partition]@id``: the source offsets).
+        ``on_ends`` is called with ``(0, report)`` for the first record and ``(n - 1,
+        report)`` for the last (successes need ``report_successes``): where the batch
+        landed, at the cost of two callbacks, not one per record.
 
         Raises:
             KafkaRetriableError / KafkaFatalError: the client refused a record.
         """
+        n = len(ids)
+        if on_ends is not None and n:
+            # The ends with their own callbacks, the middle on the plain hot path.
+            def end(i: int) -> None:
+                self.produce(topic, values[i], keys[i], partition=partition,
+                             timestamp=timestamps[i], headers=headers[i],
+                             on_delivery=lambda report: on_ends(i, report))
+
+            with self._produce_lock:    # the batch stays contiguous in the partition
+                end(0)
+                if n > 2:
+                    mid = slice(1, n - 1)
+                    self.produce_many(topic, partition, timestamps[mid], keys[mid],
+                                      values[mid], headers[mid], ids[mid])
+                if n > 1:
+                    end(n - 1)
+            return
         p = self._p
         # The client's own signature, typed for our headers (the same list at run time).
         produce = cast("Callable[..., None]", p.produce)

@@ -230,6 +230,11 @@ class IngressSettings(Model):
     segment_events_topic: str = Field("replicator.segmentevents", description="Events topic.")
     segment_events_retention: Duration = Field(timedelta(hours=1), description="Its retention.")
     checkpoint_topic: str = Field("replicator.checkpoint", description="Checkpoint topic.")
+    offset_map: bool = Field(
+        True, description="Exactly-once only: write, in each transaction, where its "
+        "records landed in the destination (the offset map), so consumer groups can be "
+        "translated after a failover (docs/failover.md). Costs two delivery callbacks and "
+        "about 100 bytes per produced batch.")
     offset_map_topic: str = Field(
         "replicator.offsetmap", description="Compacted topic of the offset map: where each "
         "replayed batch of source records landed in the destination, read by `replicator "
