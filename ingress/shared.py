@@ -403,9 +403,12 @@ class TransactionLoop:
         for b in keep:                                                  # Step 2
             if b.rows is not None:
                 r = b.rows
-                p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
-                               r.headers, r.offsets,
-                               on_ends=None if om is None else om.on_ends(b))
+                if om is None:
+                    p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                                   r.headers, r.offsets)
+                else:
+                    p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                                   r.headers, r.offsets, on_ends=om.on_ends(b))
         left = p.flush(self.timeout)                                    # Step 3
         if left:
             raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
