@@ -65,8 +65,8 @@ def _print(rows: list[GroupRow]) -> None:
 def show_cmd(config: Path, output: str) -> None:
     """Per group and source partition: the offset the group committed in the source, its
     translation into the destination, how far the partition is replicated, what the group
-    has committed in the destination, and the state (synced, waiting for data, skipped:
-    active, kept: destination ahead, unmapped, skipped: several sources).
+    has committed in the destination, and the state (synced, to sync, waiting for data,
+    skipped: active, kept: destination ahead, unmapped, skipped: several sources).
 
     Reads the exported groups in the destination bucket, the offset map and checkpoint
     topics and the destination cluster's groups (an ingress config).
@@ -84,12 +84,13 @@ def sync_cmd(config: Path) -> None:
     """Commit the translated offsets in the destination cluster, once.
 
     Only for groups with no members there, only forward, only as far as the data is
-    replicated (docs/failover.md). Prints what it committed; exit 1 if a commit failed.
+    replicated (docs/failover.md). Prints what it committed and the groups afterwards; exit
+    1 if a commit failed.
     """
     rows, admin = _rows(config)
     try:
         done = sync(rows, admin)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
-    _print(rows)
     click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} group(s)")
+    _print(_rows(config)[0])

@@ -35,6 +35,7 @@ from replicator.core.storage import ObjectStore
 from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
 
 SYNCED = "synced"
+TO_SYNC = "to sync"
 WAITING = "waiting for data"
 ACTIVE = "skipped: active"
 AHEAD = "kept: destination ahead"
@@ -155,7 +156,7 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
             state = (WAITING if t.state == "waiting" else SYNCED) if current == t.offset \
                 else AHEAD
         else:
-            state = WAITING if t.state == "waiting" else SYNCED
+            state = WAITING if t.state == "waiting" else TO_SYNC
             commit = t.offset
         rows.append(GroupRow(export.group, export.region, export.topic, p, destination,
                              committed, t.offset, done, current, state, commit))

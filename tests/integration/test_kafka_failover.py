@@ -7,18 +7,22 @@ with members in the destination is never touched.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from egress.controller import Egress
 from ingress.checkpoints import KafkaCheckpointStore
+from replicator.cli.main import main
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSettings, Settings
 from replicator.ops.groups import (
     ACTIVE,
-    SYNCED,
+    TO_SYNC,
     WAITING,
     GroupRow,
     plan,
@@ -141,7 +145,7 @@ def test_a_group_resumes_in_the_destination_exactly_after_what_it_read(
                 member.close()
         assert {r.state for r in rows if r.group == live} == {ACTIVE}
         assert Admin(pipe.dest_kafka).group_offsets(live) == {}
-        assert {r.state for r in rows if r.group == group} == {SYNCED}, rows
+        assert {r.state for r in rows if r.group == group} == {TO_SYNC}, rows
         got = _resume(pipe, group)
         for p in range(PARTITIONS):
             expected = [rec for o, rec in source[p] if o >= first[p]]
@@ -167,7 +171,7 @@ def test_a_group_resumes_in_the_destination_exactly_after_what_it_read(
         with running_ingress(ingress_settings):
             wait_for(lambda: pipe.verify().ok, 90, "the copy of the new records")
             rows = _plan(pipe, ingress_settings)
-            assert {r.state for r in rows if r.group == group} == {SYNCED}, rows
+            assert {r.state for r in rows if r.group == group} == {TO_SYNC}, rows
             sync(rows, Admin(pipe.dest_kafka))
     got = _resume(pipe, group)
     for p in range(PARTITIONS):
@@ -175,7 +179,8 @@ def test_a_group_resumes_in_the_destination_exactly_after_what_it_read(
         assert got[p] == expected, (p, later[p])
 
 
-def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline) -> None:
+def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline, tmp_path: Path
+                                                      ) -> None:
     compact_source(pipe)
     # A destination that keeps every record it gets (ingress reports the differing
     # cleanup.policy and goes on): its own cleaner would otherwise remove overwritten keys
@@ -202,8 +207,34 @@ def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline) -> None:
                                           ingress_settings.require("ingress")))
                  == len(commits), 60, "the group exports")
         rows = _plan(pipe, ingress_settings)
-        assert {r.state for r in rows} == {SYNCED}, rows
-        sync(rows, Admin(pipe.dest_kafka))
+        assert {r.state for r in rows} == {TO_SYNC}, rows
+        # The operator command, as the README's runbook runs it.
+        config = tmp_path / "ingress.toml"
+        config.write_text(f'''region = "us-west-1"
+[s3]
+bucket = "{pipe.bucket}"
+endpoint_url = "{pipe.moto}"
+access_key_id = "test"
+secret_access_key = "test"
+[kafka]
+brokers = "{pipe.dest_brokers}"
+[ingress]
+sqs_queue = "{pipe.queue}"
+checkpoint_topic = "{pipe.checkpoint_topic}"
+[[ingress.sources]]
+region = "us-east-1"
+topic = "{pipe.topic}"
+destination_topic = "{pipe.dest_topic}"
+''')
+        res = CliRunner().invoke(main, ["groups", "sync", "--config", str(config)])
+        assert res.exit_code == 0, res.output
+        assert f"committed {len(commits)} partition offset(s) of {len(commits)} group(s)" \
+            in res.output
+        res = CliRunner().invoke(main, ["groups", "show", "--config", str(config), "--output",
+                                        "json"])
+        assert res.exit_code == 0, res.output
+        shown = json.loads(res.output[res.output.index("["):])
+        assert {r["state"] for r in shown} == {"synced"} and len(shown) == len(commits)
     for c, g in sorted(results.items()):
         got = _resume(pipe, g, partitions=1)[0]
         assert got == [rec for o, rec in replicated if o >= c], c

@@ -15,6 +15,7 @@ from replicator.ops.groups import (
     AGGREGATED,
     AHEAD,
     SYNCED,
+    TO_SYNC,
     UNMAPPED,
     WAITING,
     GroupRow,
@@ -67,7 +68,7 @@ def test_a_group_resumes_at_the_record_after_what_it_consumed() -> None:
     # the third batch, which sits at destination 2 * 11 + 1.
     [row] = rows_for(23)
     assert SRC.index(23) == 21
-    assert (row.translated, row.state, row.commit) == (23, SYNCED, 23)
+    assert (row.translated, row.state, row.commit) == (23, TO_SYNC, 23)
     # Committed 21 (a marker in the source): the next record is 22 = SRC[20], the first
     # of the third batch, at destination 22 (after the second batch's marker at 21).
     [row] = rows_for(21)
@@ -99,7 +100,7 @@ def test_plan_and_sync_commit_forward_once_per_group() -> None:
     admin = FakeAdmin()
     rows = plan([export({0: 50}), export({0: 3}, topic="mix"), export({0: 1}, "other")],
                 ingress, admin, ENTRIES, cps)
-    assert [(r.topic, r.state) for r in rows] == [("mix", AGGREGATED), ("orders", SYNCED)]
+    assert [(r.topic, r.state) for r in rows] == [("mix", AGGREGATED), ("orders", TO_SYNC)]
     assert sync(rows, admin) == {"app": 1}
     assert admin.altered == [("app", {("orders", 0): rows[1].translated})]
     again = plan([export({0: 50})], ingress, admin, ENTRIES, cps)
