@@ -17,6 +17,7 @@ idempotent.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -28,15 +29,23 @@ from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
+from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
-from ingress.sink import KafkaSink, ReplaySink
+from ingress.shared import (
+    Ownership,
+    SharedAcks,
+    SharedAckSink,
+    SharedTxnSink,
+    TransactionLoop,
+)
+from ingress.sink import ReplaySink
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ReplicatorError
-from replicator.core.kafka import Admin, Consumer, TopicPartition
+from replicator.core.kafka import Admin, Consumer, GroupMetadata, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import IngressSettings, IngressSourceSettings, Settings
@@ -99,6 +108,10 @@ class Ingress:
         self.assigned: set[tuple[str, int]] = set()
         self.subscribed: frozenset[str] = frozenset()
         self.consumer: Consumer | None = None
+        # The process's one producer (docs: ingress/README.md, "Producer and fencing").
+        self.ownership = Ownership()
+        self.transactions: TransactionLoop | None = None
+        self.shared_acks: SharedAcks | None = None
         self.relay: SqsRelay | None = None
         self._relay_thread: threading.Thread | None = None
         self._server: MetricsServer | None = None
@@ -143,6 +156,8 @@ class Ingress:
             self.checkpoints = KafkaCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
                                                     self.metrics)
         self.consumer = Consumer(s.kafka, self.cfg.group_id, {"enable.partition.eof": False})
+        if self._make_sink is None:
+            self._start_producer()
         self.relay = SqsRelay(
             queue, self.events, self.m, bucket=s.s3.bucket, prefix=s.s3.prefix,
             sources=self.discovery.filter, max_messages=self.cfg.sqs_max_messages,
@@ -154,6 +169,34 @@ class Ingress:
         self._started = True
         log.info("ingress started: %d source(s), delivery %s, group %s", len(self.sources),
                  self.cfg.delivery, self.cfg.group_id)
+
+    def transactional_id(self) -> str:
+        """``{group_id}.{instance}``: see ``ingress.instance_id``."""
+        instance = self.cfg.instance_id or str(
+            self.settings.kafka.config.get("group.instance.id") or socket.gethostname())
+        return f"{self.cfg.group_id}.{instance}"
+
+    def _start_producer(self) -> None:
+        if self.cfg.delivery == "exactly-once":
+            offset_map = None
+            if self.cfg.offset_map:
+                assert self.admin is not None
+                ensure_offset_map_topic(self.admin, self.cfg.offset_map_topic)
+                offset_map = OffsetMapWriter(self.cfg.offset_map_topic, self.m)
+            self.transactions = TransactionLoop(
+                self.settings.kafka, transactional_id=self.transactional_id(),
+                checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
+                group=self._group_metadata, metrics=self.m, offset_map=offset_map)
+            self.transactions.start()
+        else:
+            self.shared_acks = SharedAcks(self.settings.kafka)
+            self.shared_acks.start()
+
+    def _group_metadata(self) -> GroupMetadata:
+        consumer = self.consumer
+        if consumer is None:
+            raise ReplicatorError("the placement consumer is closed")
+        return consumer.group_metadata()
 
     def run(self) -> None:
         """Place workers and dispatch events until ``stop()``."""
@@ -197,6 +240,8 @@ class Ingress:
         self._closed = True
         self._stopping.set()
         self._stop_workers(list(self.workers))
+        if self.transactions is not None:
+            self.transactions.close()
         if self.consumer is not None:
             try:
                 self.consumer.close()
@@ -247,6 +292,7 @@ class Ingress:
         consumer.pause(partitions)  # membership only: the destination is never read
         for tp in partitions:
             self.assigned.add((tp.topic, tp.partition))
+        self.ownership.grant(tp.key for tp in partitions)
         log.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]" for tp in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -254,7 +300,7 @@ class Ingress:
         log.info("revoked %s", ", ".join(f"{t}[{p}]" for t, p in sorted(gone)))
         self.assigned -= gone
         self._stop_workers([w for w in self.workers
-                            if (self._dest_of(w), w[2]) in gone])
+                            if (self._dest_of(w), w[2]) in gone], release=gone)
 
     def _dest_of(self, wid: WorkerId) -> str:
         return self.sources[(wid[0], wid[1])].source.destination
@@ -284,6 +330,8 @@ class Ingress:
     def _start_worker(self, wid: WorkerId) -> None:
         assert self.store is not None and self.checkpoints is not None
         src = self.sources[(wid[0], wid[1])].source
+        # The grant this worker belongs to: its batches never commit under a later one.
+        epoch = self.ownership.epoch((src.destination, wid[2])) or 0
         ref = PartitionRef(self.settings.s3.prefix, src.region, src.name, wid[2])
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
                            delivery=self._delivery,
@@ -293,27 +341,37 @@ class Ingress:
                            origin=origin_marker(self.cfg, src.region))
         worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
                               checkpoints=self.checkpoints,
-                              make_sink=lambda: self._sink(src, wid[2]), metrics=self.m,
+                              make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
                               clock=self.clock, sleep=self.sleep, permits=self._permits)
         self.workers[wid] = worker
         worker.start()
 
-    def _sink(self, src: IngressSourceSettings, partition: int) -> ReplaySink:
+    def _sink(self, src: IngressSourceSettings, partition: int, epoch: int) -> ReplaySink:
         if self._make_sink is not None:
             return self._make_sink(src, src.destination, partition)
-        tid = None
-        if self.cfg.delivery == "exactly-once":
-            # One transactional.id per (destination partition, source): the next owner of the
-            # partition uses the same id and so fences this one.
-            tid = f"{self.cfg.group_id}.{src.destination}.{partition}.{src.region}.{src.topic}"
-        return KafkaSink(self.settings.kafka, topic=src.destination, partition=partition,
-                         checkpoint_topic=self.cfg.checkpoint_topic, transactional_id=tid)
+        if self.transactions is not None:
+            return SharedTxnSink(self.transactions, topic=src.destination, partition=partition,
+                                 epoch=epoch)
+        assert self.shared_acks is not None
+        return SharedAckSink(self.shared_acks, topic=src.destination, partition=partition,
+                             checkpoint_topic=self.cfg.checkpoint_topic)
 
-    def _stop_workers(self, ids: list[WorkerId]) -> None:
+    def _stop_workers(self, ids: list[WorkerId],
+                      release: set[tuple[str, int]] | None = None) -> None:
+        """Stop workers, each within ``revoke_timeout``; with ``release`` (the revoke
+        callback), first take those partitions from ``ownership``: no transaction with a
+        batch of theirs commits after this returns (ingress/README.md, point 1).
+        """
         workers = [(wid, self.workers.pop(wid)) for wid in ids if wid in self.workers]
         for _, w in workers:
             w.stop()
         deadline = time.monotonic() + self.cfg.revoke_timeout.total_seconds()
+        if release and not self.ownership.revoke(release, self.cfg.revoke_timeout
+                                                 .total_seconds()):
+            log.warning("a commit containing revoked partition(s) %s was still running after "
+                        "%s; the next owner's checkpoint load waits for its end",
+                        ", ".join(f"{t}[{p}]" for t, p in sorted(release)),
+                        self.cfg.revoke_timeout)
         for wid, w in workers:
             if not w.join(max(0.0, deadline - time.monotonic())):
                 # Before the partition is released (this runs in the revoke callback): an

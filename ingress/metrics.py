@@ -46,6 +46,9 @@ class IngressMetrics:
     sources_refused: Any
     destination_config_mismatch: Any
     partition_stalled: Any
+    transactions: Any
+    offset_map_entries: Any
+    offset_map_unmapped: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -117,4 +120,19 @@ class IngressMetrics:
                 "1 while a destination topic config can lose what its source keeps "
                 "(retention, cleanup policy, message size, timestamp type).",
                 ("topic", "config")),
+            transactions=m.counter(
+                "ingress_transactions_total",
+                "Transactions of the process's shared producer, by outcome: committed, "
+                "aborted (redone), fenced (producer fenced: recreated), generation (the "
+                "placement group's generation moved on: never committed), revoked (a "
+                "partition of it was revoked before the commit).", ("outcome",)),
+            offset_map_entries=m.counter(
+                "ingress_offset_map_entries_total",
+                "Offset-map entries written with the records they describe "
+                "(docs/failover.md)."),
+            offset_map_unmapped=m.counter(
+                "ingress_offset_map_unmapped_batches_total",
+                "Batches whose records did not land at consecutive destination offsets: no "
+                "map entry, so consumer groups cannot be translated in that range.",
+                ("topic",)),
         )

@@ -31,6 +31,9 @@ class Rows:
     keys: list[bytes | None]
     values: list[bytes | None]
     headers: list[list[Header] | None]
+    start: int | None = None
+    """The source position the batch's replay begins at (the previous checkpoint + 1, or
+    the partition's origin for its first batch), for the offset map; ``None``: unknown."""
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -217,8 +217,11 @@ class ReplayWorker:
             except ProducerFenced as e:
                 self._fenced(e, backoff.next())
             except (RetriableError, FatalError) as e:
-                if self._purged:
-                    log.info("%s: stopped (producer purged): %s", self.where, e)
+                if self._purged or self.stopping:
+                    # Revoked or stopping: the batch in flight was not committed (its
+                    # partition left this process first); the next owner replays it.
+                    log.info("%s: stopped (%s): %s", self.where,
+                             "producer purged" if self._purged else "revoked", e)
                     return
                 kind = "retriable" if isinstance(e, RetriableError) else "fatal"
                 self._session_failed(e, kind, backoff.next())
@@ -282,8 +285,10 @@ class ReplayWorker:
         if self._purged:
             sink.purge()   # purged while this session was being made
         try:
-            # Fence first: once init_transactions returns, an older owner's open
-            # transaction is aborted, so the checkpoint read below is the committed truth.
+            # A per-partition sink fences older owners here (init_transactions). The
+            # shared producer was initialised at process start; a former owner's open
+            # transaction is waited for by the checkpoint load below instead (it reads
+            # read_committed past the newest checkpoint record: ingress/README.md, point 3).
             sink.start()
             self._delivery = self.cfg.delivery(
                 sink, self.key, self.where, on_checkpointed=self._checkpointed,
@@ -584,6 +589,9 @@ class ReplayWorker:
                              f"from {self.position}")
         if cp.origin is None and self.origin is not None:
             cp = replace(cp, origin=self.origin)
+        if rows is not None:
+            rows = replace(rows, start=self.origin if self.position is None
+                           else self.position + 1)
         assert self._delivery is not None
         self._delivery.deliver(rows, cp)            # Steps 1-4
         # Step 5

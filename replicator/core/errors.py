@@ -106,5 +106,14 @@ class TransactionAbortable(KafkaRetriableError):
     """A transactional call failed in a way that needs ``abort`` before the batch is redone."""
 
 
+class GenerationFenced(TransactionAbortable):
+    """The group coordinator refused a transaction's consumer-group metadata
+    (``send_offsets_to_transaction``: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+    FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS), or this member is in no generation at all:
+    the group moved on without it, so the partitions of the transaction may be another
+    member's. Abort; never commit it.
+    """
+
+
 class TopicError(FatalError):
     """A topic is missing, too small, or cannot be created as required."""

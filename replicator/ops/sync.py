@@ -1,6 +1,7 @@
 """Bucket-to-bucket copy of segment objects, for stores without S3 replication.
 
-``replicator sync`` copies every segment key (and ``_topic.json``) under the data prefix
+``replicator sync`` copies every segment key (and ``_topic.json`` and the exported group
+offsets, ``_groups/``) under the data prefix
 from a source bucket to a destination bucket, and deletes destination segments that the
 source no longer has (compaction removed them). Temporary objects are never copied: only
 keys under the data prefix move, and the temp prefix may not lie inside it.
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from replicator.core.errors import ObjectNotFound
-from replicator.core.keys import TOPIC_META_NAME, SegmentKey
+from replicator.core.keys import TOPIC_META_NAME, SegmentKey, parse_group_export_key
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectInfo, ObjectStore
 
@@ -45,12 +46,21 @@ class SyncReport:
 
 
 def is_replicated_key(key: str, prefix: str) -> bool:
-    """True for keys sync moves: final segment keys and topic metadata under ``prefix``."""
+    """True for keys sync moves: final segment keys, topic metadata and exported group
+    offsets under ``prefix``.
+    """
     if not key.startswith(prefix + "/"):
         return False
-    if key.endswith("/" + TOPIC_META_NAME):
+    if _rewritten(key):
         return True
     return SegmentKey.try_parse(key) is not None
+
+
+def _rewritten(key: str) -> bool:
+    """Objects egress rewrites in place (``_topic.json``, exported group offsets): copied
+    when their ETag differs, never deleted by a sync.
+    """
+    return key.endswith("/" + TOPIC_META_NAME) or parse_group_export_key(key) is not None
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,8 @@ def plan_sync(source: Iterable[ObjectInfo], destination: Iterable[ObjectInfo], p
     """Decide a sync pass from two listings.
 
     A key is copied when the destination lacks it or holds a different size; ``_topic.json``
-    is also copied when its ETag differs (it is rewritten in place, segments never are).
+    and exported group offsets also when their ETag differs (they are rewritten in place,
+    segments never are).
     Destination segment keys missing at the source are deleted (when ``delete``).
     """
     src = {o.key: o for o in source if is_replicated_key(o.key, prefix)}
@@ -74,11 +85,10 @@ def plan_sync(source: Iterable[ObjectInfo], destination: Iterable[ObjectInfo], p
     to_copy = []
     for key, info in sorted(src.items()):
         have = dst.get(key)
-        if have is None or have.size != info.size or (
-                key.endswith(TOPIC_META_NAME) and have.etag != info.etag):
+        if have is None or have.size != info.size or (_rewritten(key)
+                                                     and have.etag != info.etag):
             to_copy.append(info)
-    to_delete = sorted(k for k in dst if k not in src and not k.endswith(TOPIC_META_NAME)) \
-        if delete else []
+    to_delete = sorted(k for k in dst if k not in src and not _rewritten(k)) if delete else []
     return SyncPlan(to_copy, to_delete)
 
 

@@ -144,7 +144,16 @@ def env(moto_endpoint: str, dest_brokers: str) -> Env:
 
 @contextmanager
 def running(settings: Settings, **kw: Any) -> Iterator[Ingress]:
-    """An ``Ingress`` running ``run()`` in a thread; stopped and closed on exit."""
+    """An ``Ingress`` running ``run()`` in a thread; stopped and closed on exit.
+
+    Each one is its own instance (``ingress.instance_id``, unique unless the settings name
+    one): on one host, instances would otherwise share the host name in their
+    transactional.id and fence each other.
+    """
+    ingress_cfg = settings.ingress
+    if ingress_cfg is not None and ingress_cfg.instance_id is None:
+        settings = settings.model_copy(update={"ingress": ingress_cfg.model_copy(
+            update={"instance_id": unique_name("instance")})})
     ing = Ingress(settings, **kw)
     ing.start()
     errors: list[BaseException] = []

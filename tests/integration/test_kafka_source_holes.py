@@ -135,9 +135,9 @@ def test_transactional_source_copies_only_committed_records(pipe: Pipeline) -> N
     assert offsets[-1] - offsets[0] + 1 > len(offsets)
 
 
-def test_compacted_source_topic_has_holes_but_no_loss(pipe: Pipeline) -> None:
-    """A source topic compacted by the broker (keys overwritten, tombstones): egress
-    copies what is left, segments touch across the removed offsets, no loss reported."""
+def compact_source(pipe: Pipeline) -> None:
+    """Create a one-partition compacted source, write overwritten keys and tombstones, and
+    wait until the broker's cleaner has removed the older values and the log settled."""
     # Small segments and an eager cleaner, so compaction happens within seconds (the
     # session brokers run the cleaner every 0.5 s).
     pipe.create_source(1, {"cleanup.policy": "compact", "segment.ms": "200",
@@ -171,6 +171,12 @@ def test_compacted_source_topic_has_holes_but_no_loss(pipe: Pipeline) -> None:
         return seen[-1] < n - 100 and len(seen) >= 8 and len(set(seen[-8:])) == 1
 
     wait_for(compacted_and_settled, 90, "the broker to compact the source topic")
+
+
+def test_compacted_source_topic_has_holes_but_no_loss(pipe: Pipeline) -> None:
+    """A source topic compacted by the broker (keys overwritten, tombstones): egress
+    copies what is left, segments touch across the removed offsets, no loss reported."""
+    compact_source(pipe)
     left = offsets_left(pipe)
     end = max(left)
     # The cleaner may still remove a record or two (a tombstone's second pass) while egress

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from replicator.core.keys import SegmentKey, topic_meta_key
+from replicator.core.keys import SegmentKey, group_export_key, topic_meta_key
 from replicator.core.storage import MemoryObjectStore
 from replicator.ops.sync import BucketSync, is_replicated_key, plan_sync
 
@@ -79,6 +79,20 @@ def test_rewritten_topic_metadata_is_copied_again() -> None:
     src.put(meta, b'{"partitions": 2}')
     assert syncer.run_once().copied == [meta]
     assert dst.get(meta) == b'{"partitions": 2}'
+
+
+def test_exported_group_offsets_are_copied_when_rewritten_and_never_deleted() -> None:
+    src, dst = MemoryObjectStore(), MemoryObjectStore()
+    key = group_export_key("data", "us-east-1", "t", "app/1")
+    src.put(key, b'{"offsets": {"0": 1}}')
+    syncer = BucketSync(src, dst, "data")
+    assert syncer.run_once().copied == [key]
+    src.put(key, b'{"offsets": {"0": 2}}')     # same size, new content
+    assert syncer.run_once().copied == [key]
+    assert dst.get(key) == b'{"offsets": {"0": 2}}'
+    src.delete_many([key])
+    assert not syncer.run_once().changed        # what a group had read stays
+    assert dst.get(key) == b'{"offsets": {"0": 2}}'
 
 
 def test_no_delete_keeps_destination_objects() -> None:

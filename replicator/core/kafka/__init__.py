@@ -22,7 +22,7 @@ from replicator.core.kafka.config import (
     PRODUCER_ONLY,
     client_config,
 )
-from replicator.core.kafka.consumer import Consumer, RebalanceCallback
+from replicator.core.kafka.consumer import Consumer, RebalanceCallback, group_generation
 from replicator.core.kafka.producer import GroupMetadata, Producer
 from replicator.core.kafka.reader import read_to_end
 from replicator.core.kafka.types import (
@@ -63,5 +63,6 @@ __all__ = [
     "RebalanceCallback",
     "TopicPartition",
     "client_config",
+    "group_generation",
     "read_to_end",
 ]

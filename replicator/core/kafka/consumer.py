@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import confluent_kafka as ck
 
-from replicator.core.errors import KafkaRetriableError, ReplicatorError
+from replicator.core.errors import KafkaFatalError, KafkaRetriableError, ReplicatorError
 from replicator.core.kafka.config import (
     CLIENT_LOG,
     CONSUMER_DEFAULTS,
@@ -73,6 +74,34 @@ def _sort(events: Sequence[ck.Message], out: Fetched) -> Fetched:
         else:
             run.append(m)
     return out
+
+
+_CGMD_MAGIC = b"CGMDv2:"
+
+
+def group_generation(meta: GroupMetadata) -> tuple[int, str]:
+    """``(generation id, member id)`` carried by a consumer's group metadata.
+
+    librdkafka hands the metadata out serialized (``rd_kafka_consumer_group_metadata_write``):
+    ``"CGMDv2:"``, the generation id (int32, host byte order), the group id and the member
+    id (each NUL-terminated), then the group instance id. A generation below 0 or an empty
+    member id means the member is in no generation; a transactional offset commit with such
+    metadata is not checked against the group by the broker (it is accepted for old
+    clients), so the caller must refuse it itself.
+
+    Raises:
+        KafkaFatalError: the metadata is not in that format (a client this code does not
+            know).
+    """
+    raw = meta if isinstance(meta, bytes) else b""
+    if not raw.startswith(_CGMD_MAGIC) or len(raw) < len(_CGMD_MAGIC) + 4:
+        raise KafkaFatalError("consumer group metadata in an unknown format")
+    at = len(_CGMD_MAGIC)
+    (generation,) = struct.unpack_from("=i", raw, at)
+    parts = raw[at + 4:].split(b"\0", 2)
+    if len(parts) < 3:
+        raise KafkaFatalError("consumer group metadata in an unknown format")
+    return generation, parts[1].decode(errors="replace")
 
 
 class Consumer:
@@ -177,6 +206,12 @@ class Consumer:
             return GroupMetadata(self._c.consumer_group_metadata())
         except ck.KafkaException as e:
             raise translate(e, "consumer group metadata") from e
+
+    def generation(self) -> tuple[int, str]:
+        """``(generation id, member id)`` of this member now; ``(-1, "")`` outside any
+        generation (before the first join, after leaving or being removed).
+        """
+        return group_generation(self.group_metadata())
 
     # --- reading ------------------------------------------------------------------------
 

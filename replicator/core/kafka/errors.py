@@ -6,6 +6,11 @@ The rules (docs/architecture.md, "Errors"):
 * fenced (``_FENCED``, ``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``) → ``ProducerFenced``:
   this producer can no longer commit (a newer producer with its id, or a transaction that
   outlived ``transaction.timeout.ms``); what to do is the caller's decision;
+* the group coordinator refusing a transaction's group metadata (``ILLEGAL_GENERATION``,
+  ``UNKNOWN_MEMBER_ID``, ``FENCED_INSTANCE_ID``, ``REBALANCE_IN_PROGRESS``) →
+  ``GenerationFenced`` (a ``TransactionAbortable``; ``translate_offsets_error``, for
+  ``send_offsets_to_transaction`` only): the member is no longer in the group's current
+  generation, the transaction must never commit;
 * ``txn_requires_abort()`` → ``TransactionAbortable``: abort the transaction, redo the batch;
 * ``retriable()`` → ``KafkaRetriableError``: the same call may pass later;
 * anything else → ``KafkaFatalError``: the client (or the process) has to restart.
@@ -24,6 +29,7 @@ import confluent_kafka as ck
 
 from replicator.core.errors import (
     ConfigError,
+    GenerationFenced,
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
@@ -42,6 +48,15 @@ _FENCED_CODES = frozenset({
 # which the client retries itself).
 _FENCED_DELIVERY_CODES = frozenset({ck.KafkaError._FENCED,
                                     getattr(ck.KafkaError, "PRODUCER_FENCED", -999)})
+
+# The group coordinator's answers to a TxnOffsetCommit from a member of an older generation
+# (KIP-447): the transaction must abort.
+_GENERATION_CODES = frozenset({
+    ck.KafkaError.ILLEGAL_GENERATION,
+    ck.KafkaError.UNKNOWN_MEMBER_ID,
+    ck.KafkaError.FENCED_INSTANCE_ID,
+    ck.KafkaError.REBALANCE_IN_PROGRESS,
+})
 
 KafkaException = ck.KafkaException
 """The client's exception type (seam-internal: nothing outside this package catches it)."""
@@ -69,6 +84,17 @@ def translate(e: BaseException, what: str) -> ReplicatorError:
     if err is None:
         return KafkaFatalError(f"{what}: {e}")
     return classify(err, what)
+
+
+def translate_offsets_error(e: BaseException, what: str) -> ReplicatorError:
+    """``translate`` for ``send_offsets_to_transaction``: the group coordinator's refusal
+    of the member's generation is ``GenerationFenced`` (the transaction must abort).
+    """
+    err = client_error(e)
+    if err is not None and err.code() in _GENERATION_CODES:
+        return GenerationFenced(f"{what}: the consumer group's coordinator refused this "
+                                f"member's generation: {err.str()}")
+    return translate(e, what)
 
 
 def delivery_error(err: ck.KafkaError, what: str) -> ReplicatorError:

@@ -29,7 +29,12 @@ from replicator.core.kafka.config import (
     PRODUCER_DEFAULTS,
     client_config,
 )
-from replicator.core.kafka.errors import construct, delivery_error, translate
+from replicator.core.kafka.errors import (
+    construct,
+    delivery_error,
+    translate,
+    translate_offsets_error,
+)
 from replicator.core.kafka.types import DeliveryReport, Headers, TopicPartition, to_client
 from replicator.core.settings import KafkaSettings
 
@@ -54,6 +59,11 @@ class Producer:
         name: how error messages name what this producer writes (default: its id).
         on_delivery: called (on the thread that polls) with every delivery report; without
             it only failures are reported, and collected for ``check_deliveries``.
+        track_acks: count, per ``(topic, partition)``, the records whose delivery ended
+            (acknowledged or failed): ``done``. Several writers share one producer and
+            each needs its own partition's count (at-least-once ingress).
+        report_successes: successful deliveries are reported too, so per-record listeners
+            (``produce(on_delivery=...)``, ``produce_many(on_ends=...)``) learn offsets.
 
     Raises:
         ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
@@ -61,11 +71,12 @@ class Producer:
 
     def __init__(self, kafka: KafkaSettings, *, transactional_id: str | None = None,
                  overrides: Mapping[str, Any] | None = None, name: str | None = None,
-                 on_delivery: Callable[[DeliveryReport], None] | None = None) -> None:
+                 on_delivery: Callable[[DeliveryReport], None] | None = None,
+                 track_acks: bool = False, report_successes: bool = False) -> None:
         extra: dict[str, Any] = dict(overrides or {})
         if transactional_id is not None:
             extra["transactional.id"] = transactional_id
-        if on_delivery is None:
+        if on_delivery is None and not track_acks and not report_successes:
             # Successful deliveries raise no callback at all: nothing to do per record.
             extra.setdefault("delivery.report.only.error", True)
         extra["on_delivery"] = self._delivered
@@ -74,6 +85,8 @@ class Producer:
         self.name = name or transactional_id or "producer"
         self._listener = on_delivery
         self._failed: list[tuple[str, int, ck.KafkaError]] = []
+        self._track = track_acks
+        self._done: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
         self._produce_lock = threading.RLock()
         self._purged = False
@@ -93,6 +106,9 @@ class Producer:
         if err is not None:
             with self._lock:
                 self._failed.append((topic, p, err))
+        if self._track:
+            with self._lock:
+                self._done[(topic, p)] = self._done.get((topic, p), 0) + 1
         if self._listener is not None:
             offset = msg.offset()
             self._listener(DeliveryReport(
@@ -113,6 +129,13 @@ class Producer:
         if failed:
             raise delivery_error(failed[0][2], f"{where}: {len(failed)} record(s) failed")
 
+    def done(self, topic: str, partition: int) -> int:
+        """Records of ``topic[partition]`` whose delivery ended, acknowledged or failed
+        (``track_acks``; served by ``poll``/``outstanding``/``flush``).
+        """
+        with self._lock:
+            return self._done.get((topic, partition), 0)
+
     def take_failures(self, topic: str | None = None,
                       partition: int | None = None) -> list[DeliveryReport]:
         """Failed deliveries since the last check (of one topic/partition if given)."""
@@ -130,28 +153,47 @@ class Producer:
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None, *,
                 partition: int | None = None, timestamp: int = 0,
-                headers: Headers | None = None) -> None:
+                headers: Headers | None = None,
+                on_delivery: Callable[[DeliveryReport], None] | None = None) -> None:
         """Enqueue one record (waiting while the local queue is full).
 
         ``partition`` ``None`` lets the partitioner choose; ``timestamp`` ``0`` lets the
-        client stamp the current time.
+        client stamp the current time. ``on_delivery`` is called with this record's report
+        on the thread that polls (a success only reaches it when the producer reports
+        successes: ``track_acks`` or a producer-wide ``on_delivery``).
 
         Raises:
             KafkaRetriableError / KafkaFatalError: the client refused the record.
         """
         p = self._p
         part = -1 if partition is None else partition
+        kw: dict[str, Any] = {}
+        if on_delivery is not None:
+            kw["on_delivery"] = self._one(on_delivery)
         with self._produce_lock:
             while True:
                 self._check_open(topic)
                 try:
                     p.produce(topic, value, key, part, timestamp=timestamp,
-                              headers=cast("_ClientHeaders", headers))
+                              headers=cast("_ClientHeaders", headers), **kw)
                     return
                 except BufferError:
                     p.poll(QUEUE_FULL_WAIT)
                 except ck.KafkaException as e:
                     raise translate(e, f"produce to {topic}") from e
+
+    def _one(self, listener: Callable[[DeliveryReport], None]
+             ) -> Callable[[ck.KafkaError | None, ck.Message], None]:
+        """A per-record delivery callback: the producer's own bookkeeping, then ``listener``."""
+        def delivered(err: ck.KafkaError | None, msg: ck.Message) -> None:
+            self._delivered(err, msg)
+            topic, partition, offset = msg.topic() or "", msg.partition(), msg.offset()
+            p = -1 if partition is None else partition
+            listener(DeliveryReport(
+                topic, p, -1 if err is not None or offset is None else offset,
+                None if err is None else delivery_error(err, f"{topic}[{p}]"),
+                "" if err is None else err.str()))
+        return delivered
 
     def _check_open(self, topic: str) -> None:
         if self._purged:
@@ -160,15 +202,36 @@ class Producer:
 
     def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None],
-                     headers: Sequence[Headers | None], ids: Sequence[int]) -> None:
+                     headers: Sequence[Headers | None], ids: Sequence[int], *,
+                     on_ends: Callable[[int, DeliveryReport], None] | None = None) -> None:
         """Enqueue records column by column to one partition, then serve callbacks once.
 
         The hot path of a replay: one client call per record and nothing else. ``ids``
         name the records in an error (``topic[partition]@id``: the source offsets).
+        ``on_ends`` is called with ``(0, report)`` for the first record and ``(n - 1,
+        report)`` for the last (successes need ``report_successes``): where the batch
+        landed, at the cost of two callbacks, not one per record.
 
         Raises:
             KafkaRetriableError / KafkaFatalError: the client refused a record.
         """
+        n = len(ids)
+        if on_ends is not None and n:
+            # The ends with their own callbacks, the middle on the plain hot path.
+            def end(i: int) -> None:
+                self.produce(topic, values[i], keys[i], partition=partition,
+                             timestamp=timestamps[i], headers=headers[i],
+                             on_delivery=lambda report: on_ends(i, report))
+
+            with self._produce_lock:    # the batch stays contiguous in the partition
+                end(0)
+                if n > 2:
+                    mid = slice(1, n - 1)
+                    self.produce_many(topic, partition, timestamps[mid], keys[mid],
+                                      values[mid], headers[mid], ids[mid])
+                if n > 1:
+                    end(n - 1)
+            return
         p = self._p
         # The client's own signature, typed for our headers (the same list at run time).
         produce = cast("Callable[..., None]", p.produce)
@@ -242,14 +305,20 @@ class Producer:
                                     group: GroupMetadata, timeout: float) -> None:
         """Commit consumer ``offsets`` of ``group`` as part of the open transaction.
 
+        This is where a transaction is fenced by the group's generation (KIP-447): the group
+        coordinator refuses the offsets of a member that is no longer in the group's
+        current generation.
+
         Raises:
+            GenerationFenced: the coordinator refused the member's generation (abort).
             ProducerFenced / TransactionAbortable / KafkaRetriableError / KafkaFatalError.
         """
         try:
             self._p.send_offsets_to_transaction([to_client(tp) for tp in offsets], group,
                                                 timeout)
         except ck.KafkaException as e:
-            raise translate(e, f"send offsets to the transaction on {self.name}") from e
+            raise translate_offsets_error(
+                e, f"send offsets to the transaction on {self.name}") from e
 
     def commit_transaction(self, timeout: float) -> None:
         """Commit the open transaction: everything produced in it becomes visible.

@@ -350,6 +350,15 @@ class IngressSettings(Model):
     segment_events_topic: str = Field("replicator.segmentevents", description="Events topic.")
     segment_events_retention: Duration = Field(timedelta(hours=1), description="Its retention.")
     checkpoint_topic: str = Field("replicator.checkpoint", description="Checkpoint topic.")
+    offset_map: bool = Field(
+        True, description="Exactly-once only: write, in each transaction, where its "
+        "records landed in the destination (the offset map), so consumer groups can be "
+        "translated after a failover (docs/failover.md). Costs two delivery callbacks and "
+        "about 100 bytes per produced batch.")
+    offset_map_topic: str = Field(
+        "replicator.offsetmap", description="Compacted topic of the offset map: where each "
+        "replayed batch of source records landed in the destination, read by `replicator "
+        "groups` to translate consumer-group offsets (docs/failover.md).")
     delivery: Literal["exactly-once", "at-least-once"] = Field(
         "exactly-once", description="Transactional or idempotent replay.")
     batch_size: int = Field(10_000, ge=1, description="Records per produced batch/transaction.")
@@ -384,11 +393,25 @@ class IngressSettings(Model):
         "region can skip it (skip_origins) and active-active replication never loops "
         "(README, \"Topologies\"). Off: records are copied byte for byte.")
     origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+    instance_id: str | None = Field(
+        None, description="Names this process in the transactional.id of its one producer "
+                          "({group_id}.{instance_id}): unique among the group's live "
+                          "processes and the same across restarts of one instance, so a "
+                          "restarted process fences its own former run at once. Default: "
+                          "group.instance.id of kafka.config, else the host name (a pod's "
+                          "name).")
 
     @field_validator("origin_header")
     @classmethod
     def _origin_header_ok(cls, v: str) -> str:
         return _header_name(v)
+
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id_ok(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
+            raise ValueError("must be 1-200 characters of A-Z a-z 0-9 . _ -")
+        return v
 
     @field_validator("sqs_wait_time")
     @classmethod

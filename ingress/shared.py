@@ -1,0 +1,734 @@
+"""The process's one producer, shared by every replay worker (ingress/README.md, "Producer
+and fencing").
+
+* ``Ownership``: the destination partitions this process owns now; the revoke callback
+  takes them away, and waits for a commit that contains one of them.
+* ``TransactionLoop`` (exactly-once): one transactional producer and one thread. Workers
+  hand it a batch (records + checkpoint) and wait; it puts every batch waiting into one
+  transaction, fenced by the placement group's generation (``_transact``).
+* ``SharedAcks`` (at-least-once): one idempotent producer, acknowledgements counted per
+  destination partition.
+* ``SharedTxnSink`` / ``SharedAckSink``: a worker's ``ReplaySink`` over them.
+
+Threads and producers no longer grow with the partition count: one producer (its
+librdkafka threads and connections) and, in exactly-once mode, one transaction thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ingress.metrics import IngressMetrics
+from ingress.offset_map import OffsetMapWriter
+from ingress.rows import Rows
+from ingress.sink import PURGE_WAIT, ReplaySink, transaction_timeout_ms
+from replicator.core.errors import (
+    FatalError,
+    GenerationFenced,
+    KafkaFatalError,
+    KafkaRetriableError,
+    ProducerFenced,
+    ReplicatorError,
+    RetriableError,
+)
+from replicator.core.kafka import (
+    DeliveryReport,
+    GroupMetadata,
+    Producer,
+    TopicPartition,
+    group_generation,
+)
+from replicator.core.retry import Backoff
+from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
+
+log = logging.getLogger(__name__)
+
+TP = tuple[str, int]
+"""A destination partition: ``(topic, partition)``."""
+
+WAIT_SLICE = 0.1
+"""Seconds a worker waits for its transaction before checking that the loop still runs."""
+
+
+class PartitionRevoked(RetriableError):
+    """The batch's destination partition was revoked before its transaction committed:
+    nothing of it was committed (the next owner replays it).
+    """
+
+
+def producer_fenced_backoff() -> Backoff:
+    """Delays before a fenced (or failed) shared producer is recreated: a transaction that
+    outlived its timeout recovers at once; another live process with the same
+    ``transactional.id`` is not fenced back in a hot loop.
+    """
+    return Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
+                   maximum=timedelta(seconds=30), jitter=0.2)
+
+
+class Ownership:
+    """The destination partitions this process owns, each with the epoch of its grant, and
+    the commit in progress.
+
+    ``grant`` and ``revoke`` run in the placement consumer's rebalance callbacks. Every
+    grant of a partition gets a new epoch, and a worker's batches carry the epoch the
+    worker was started in: a batch of a former worker of the same partition (one that
+    missed its revoke deadline, still waiting when the partition came back) is never
+    committed beside the new worker's. The transaction loop checks ownership when a batch
+    joins a transaction and again, under the same lock, right before the commit
+    (``commit_guard``). ``revoke`` returns only when no commit containing a revoked
+    partition is running (or after its timeout), so once the callback returns, no
+    transaction of this process with a batch of those partitions commits any more.
+    """
+
+    def __init__(self) -> None:
+        self._owned: dict[TP, int] = {}
+        self._epochs = 0
+        self._committing: frozenset[TP] = frozenset()
+        self._cond = threading.Condition()
+
+    def grant(self, parts: Iterable[TP]) -> None:
+        """The partitions were assigned to this process (a new epoch each)."""
+        with self._cond:
+            for tp in parts:
+                self._epochs += 1
+                self._owned[tp] = self._epochs
+
+    def epoch(self, tp: TP) -> int | None:
+        """The epoch of ``tp``'s current grant (``None`` while not owned)."""
+        with self._cond:
+            return self._owned.get(tp)
+
+    def owns(self, tp: TP, epoch: int) -> bool:
+        """True while ``tp`` is owned under the grant of ``epoch``."""
+        with self._cond:
+            return self._owned.get(tp) == epoch
+
+    def abandoned(self, tp: TP, epoch: int) -> bool:
+        """True once ``tp`` is no longer owned under ``epoch`` and no commit containing it
+        runs: a batch of that epoch can never commit any more.
+        """
+        with self._cond:
+            return self._owned.get(tp) != epoch and tp not in self._committing
+
+    def revoke(self, parts: Iterable[TP], timeout: float) -> bool:
+        """Take ``parts`` away; wait (up to ``timeout`` seconds) for a commit that contains
+        one of them. False if that commit was still running at the deadline (its
+        checkpoint records are in the log already, so the next owner's checkpoint load
+        waits for the transaction's end: ingress/README.md, point 3).
+        """
+        gone = frozenset(parts)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            for tp in gone:
+                self._owned.pop(tp, None)
+            while self._committing & gone:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    @contextmanager
+    def commit_guard(self, batches: Iterable[tuple[TP, int]]) -> Iterator[frozenset[TP]]:
+        """Yields the partitions of ``batches`` (partition, epoch) no longer owned under
+        that epoch; when none, the body (the commit) runs with them marked as committing,
+        and ``revoke`` waits for it.
+        """
+        with self._cond:
+            wanted = list(batches)
+            lost = frozenset(tp for tp, e in wanted if self._owned.get(tp) != e)
+            if not lost:
+                self._committing = frozenset(tp for tp, _ in wanted)
+        try:
+            yield lost
+        finally:
+            if not lost:
+                with self._cond:
+                    self._committing = frozenset()
+                    self._cond.notify_all()
+
+
+@dataclass(eq=False)
+class Batch:
+    """One worker's batch: records of one destination partition and their checkpoint."""
+
+    topic: str
+    partition: int
+    epoch: int
+    rows: Rows | None
+    key: str
+    checkpoint: Checkpoint
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    @property
+    def tp(self) -> TP:
+        """The destination partition."""
+        return (self.topic, self.partition)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Hand the outcome to the waiting worker."""
+        self.error = error
+        self.done.set()
+
+
+class _Revoked(Exception):
+    """A partition of the transaction was revoked before the commit (internal)."""
+
+    def __init__(self, lost: frozenset[TP]) -> None:
+        super().__init__(", ".join(f"{t}[{p}]" for t, p in sorted(lost)))
+        self.lost = lost
+
+
+class TransactionLoop:
+    """Exactly-once: one transactional producer for every partition of the process.
+
+    Args:
+        kafka_settings: the destination cluster.
+        transactional_id: unique per live process, the same across restarts of one
+            instance (so a restarted process fences its own zombie at start).
+        checkpoint_topic: where checkpoints go.
+        ownership: the partitions this process owns.
+        group: the placement consumer's group metadata, now (the fencing generation).
+        metrics: ``transactions`` by outcome.
+        timeout: seconds each flush / commit / abort / offsets call may take.
+        make_producer: builds the producer (tests); default: the Kafka seam's.
+        offset_map: writes each batch's offset-map entries into its transaction
+            (``ingress.offset_map``); ``None``: no map.
+    """
+
+    def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
+                 checkpoint_topic: str, ownership: Ownership,
+                 group: Callable[[], GroupMetadata], metrics: IngressMetrics,
+                 timeout: float = 60.0,
+                 make_producer: Callable[[], Producer] | None = None,
+                 offset_map: OffsetMapWriter | None = None) -> None:
+        self.kafka_settings = kafka_settings
+        self.transactional_id = transactional_id
+        self.checkpoint_topic = checkpoint_topic
+        self.ownership = ownership
+        self.group = group
+        self.metrics = metrics
+        self.timeout = timeout
+        self._make = make_producer or self._new_producer
+        self.offset_map = offset_map
+        self._producer: Producer | None = None
+        self._pending: deque[Batch] = deque()
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backoff = producer_fenced_backoff()
+        self._next_init = 0.0
+
+    def _new_producer(self) -> Producer:
+        overrides = {}
+        if "transaction.timeout.ms" not in self.kafka_settings.config:
+            # Above the worst flush + commit (each may take ``timeout``), as for a
+            # per-partition sink: a transaction that is merely slow is not aborted.
+            overrides["transaction.timeout.ms"] = transaction_timeout_ms(self.timeout)
+        return Producer(self.kafka_settings, transactional_id=self.transactional_id,
+                        overrides=overrides,
+                        # The offset map needs where each batch's ends landed.
+                        report_successes=self.offset_map is not None)
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the producer and ``init_transactions`` (fails fast), start the thread.
+
+        ``init_transactions`` fences a former run of this process (same id) and aborts its
+        open transaction.
+
+        Raises:
+            ReplicatorError: the producer cannot be created or initialised.
+        """
+        self._ready_producer()
+        self._thread = threading.Thread(target=self._run, name="transactions", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread; batches still waiting fail (``KafkaFatalError``); idempotent."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(3 * self.timeout)
+        with self._cond:
+            left, self._pending = list(self._pending), deque()
+        for b in left:
+            b.finish(KafkaFatalError(f"{b.topic}[{b.partition}]: ingress is closing"))
+        self._producer = None
+
+    @property
+    def alive(self) -> bool:
+        """True while the transaction thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- worker side ------------------------------------------------------------------
+
+    def submit(self, batch: Batch) -> None:
+        """Queue a batch for the next transaction (FIFO)."""
+        with self._cond:
+            self._pending.append(batch)
+            self._cond.notify()
+
+    def wait(self, batch: Batch) -> None:
+        """Wait for the batch's transaction. A batch whose partition was revoked (or
+        granted again since: another epoch) and is not being committed is given up at once:
+        the loop can no longer commit it, and the revoke callback waits for this worker.
+
+        Raises:
+            PartitionRevoked / GenerationFenced / ProducerFenced / RetriableError /
+            FatalError: the batch was not committed.
+        """
+        while not batch.done.wait(WAIT_SLICE):
+            if self.ownership.abandoned(batch.tp, batch.epoch) and not batch.done.is_set():
+                raise PartitionRevoked(f"{batch.topic}[{batch.partition}]: revoked while "
+                                       "its batch waited for a transaction")
+            if not self.alive and not batch.done.is_set():
+                raise KafkaFatalError(f"{batch.topic}[{batch.partition}]: the transaction "
+                                      "thread is not running")
+        if batch.error is not None:
+            raise batch.error
+
+    # --- the transaction thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            with self._cond:
+                if not self._pending:
+                    self._cond.wait(0.2)
+                batches, self._pending = list(self._pending), deque()
+            if not batches:
+                continue
+            try:
+                self._transact(batches)
+            except Exception as e:  # a bug or a client surprise must not end the loop
+                log.exception("transaction of %d batch(es) failed unexpectedly; the "
+                              "producer is recreated", len(batches))
+                self._drop_producer(e)
+                self._fail([b for b in batches if not b.done.is_set()],
+                           KafkaFatalError(f"transaction failed unexpectedly: {e!r}"))
+
+    def _ready_producer(self) -> Producer:
+        if self._producer is None:
+            wait = self._next_init - time.monotonic()
+            if wait > 0:
+                self._stopping.wait(wait)
+            p = self._make()
+            p.init_transactions(self.timeout)
+            self._producer = p
+            log.info("shared transactional producer %s ready", self.transactional_id)
+        return self._producer
+
+    def _drop_producer(self, why: BaseException) -> None:
+        self._producer = None
+        delay = self._backoff.next()
+        self._next_init = time.monotonic() + delay
+        log.warning("shared producer %s is recreated in %.1fs: %s", self.transactional_id,
+                    delay, why)
+
+    def _transact(self, batches: list[Batch]) -> None:
+        """Commit ``batches`` (several partitions) in one transaction (``_steps``); on
+        failure, hand each batch its error (a revoked partition's batch fails, the others
+        go into the next transaction).
+        """
+        keep: list[Batch] = []
+        for b in batches:                                               # Step 0
+            if self.ownership.owns(b.tp, b.epoch):
+                keep.append(b)
+            else:
+                b.finish(PartitionRevoked(f"{b.topic}[{b.partition}]: revoked before its "
+                                          "transaction"))
+        if not keep:
+            return
+        try:
+            p = self._ready_producer()
+        except ReplicatorError as e:
+            self._drop_producer(e)
+            self._fail(keep, e)
+            return
+        try:
+            self._steps(p, keep)
+        except _Revoked as r:
+            self._abort(p, r)
+            self.metrics.transactions.labels(outcome="revoked").inc()
+            for b in keep:
+                if b.tp in r.lost:
+                    b.finish(PartitionRevoked(f"{b.topic}[{b.partition}]: revoked before "
+                                              "its transaction committed"))
+            with self._cond:
+                self._pending.extendleft(reversed([b for b in keep if b.tp not in r.lost]))
+            return
+        except (RetriableError, FatalError) as e:
+            self._failed(p, keep, e)
+            return
+        self._backoff.reset()
+        self.metrics.transactions.labels(outcome="committed").inc()
+        for b in keep:
+            b.finish()
+
+    def _steps(self, p: Producer, keep: list[Batch]) -> None:
+        """One transaction for batches of several partitions.
+
+        0. (``_transact``) A batch joins only if its partition is owned now.
+        1. Begin the transaction.
+        2. Produce the records of every batch to their destination partitions.
+        3. Flush: the records are in the destination logs before any checkpoint is sent
+           (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
+           checkpoint without its records).
+        4. Produce every batch's checkpoint record, and its offset-map entries (where its
+           records landed, learnt from the delivery reports of its first and last record).
+        5. ``send_offsets_to_transaction`` with the placement consumer's group metadata:
+           the group coordinator refuses a member of an older generation
+           (``GenerationFenced``). A member in no generation at all is refused here
+           (the broker would accept its metadata unchecked).
+        6. Check ownership again, under the lock the revoke callback takes; a revoked
+           partition aborts the transaction (``_Revoked``).
+        7. Commit, still marked "committing" under that lock: ``revoke`` waits for it.
+
+        Raises:
+            _Revoked / ProducerFenced / GenerationFenced / RetriableError / FatalError.
+        """
+        om = self.offset_map
+        p.begin_transaction()                                           # Step 1
+        for b in keep:                                                  # Step 2
+            if b.rows is not None:
+                r = b.rows
+                if om is None:
+                    p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                                   r.headers, r.offsets)
+                else:
+                    p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                                   r.headers, r.offsets, on_ends=om.on_ends(b))
+        left = p.flush(self.timeout)                                    # Step 3
+        if left:
+            raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
+                                      f"{self.timeout:.0f}s")
+        p.check_deliveries(self.transactional_id)
+        for b in keep:                                                  # Step 4
+            p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
+        if om is not None:
+            om.produce(keep, p.produce)
+        self._send_offsets(p, keep)                                     # Step 5
+        with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
+            if lost:
+                raise _Revoked(lost)
+            p.commit_transaction(self.timeout)                          # Step 7
+
+    def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
+        if isinstance(e, ProducerFenced):
+            # A transaction that outlived transaction.timeout.ms, or another live process
+            # with this transactional.id: the producer cannot abort; recreate it.
+            self.metrics.transactions.labels(outcome="fenced").inc()
+            self._drop_producer(e)
+        elif isinstance(e, GenerationFenced):
+            log.warning("transaction of %s refused by the placement group: aborted, never "
+                        "committed: %s", ", ".join(f"{b.topic}[{b.partition}]" for b in keep),
+                        e)
+            self.metrics.transactions.labels(outcome="generation").inc()
+            self._abort(p, e)
+        else:
+            self.metrics.transactions.labels(outcome="aborted").inc()
+            self._abort(p, e)
+            if isinstance(e, FatalError):
+                self._drop_producer(e)
+        self._fail(keep, e)
+
+    def _send_offsets(self, p: Producer, keep: list[Batch]) -> None:
+        """Step 5. The offsets are harmless: the placement group never reads its
+        partitions (they stay paused), so offset 0 of the first batch's destination
+        partition is committed; what matters is the generation check that comes with it
+        (an empty offset list would skip the request altogether).
+        """
+        meta = self.group()
+        generation, member = group_generation(meta)
+        if generation < 0 or not member:
+            raise GenerationFenced(f"this process is in no generation of the placement "
+                                   f"group (generation {generation}, member {member!r})")
+        first = keep[0]
+        p.send_offsets_to_transaction([TopicPartition(first.topic, first.partition, 0)],
+                                      meta, self.timeout)
+
+    def _abort(self, p: Producer, why: BaseException) -> None:
+        try:
+            p.abort_transaction(self.timeout)
+        except ReplicatorError as e:
+            log.warning("aborting the transaction of %s failed (%s) after: %s",
+                        self.transactional_id, e, why)
+            self._drop_producer(e)
+
+    @staticmethod
+    def _fail(batches: list[Batch], e: BaseException) -> None:
+        for b in batches:
+            b.finish(e)
+
+
+class SharedTxnSink(ReplaySink):
+    """A worker's exactly-once sink: ``commit`` hands records + checkpoint to the
+    process's ``TransactionLoop`` and waits for that transaction.
+    """
+
+    transactional = True
+
+    def __init__(self, loop: TransactionLoop, *, topic: str, partition: int,
+                 epoch: int) -> None:
+        self.loop = loop
+        self.topic = topic
+        self.partition = partition
+        self.epoch = epoch
+        self._rows: Rows | None = None
+        self._cp: tuple[str, Checkpoint] | None = None
+        self._purged = False
+
+    def _check(self) -> None:
+        if self._purged:
+            raise KafkaFatalError(f"{self.topic}[{self.partition}]: sink purged after the "
+                                  "revoke deadline")
+
+    def start(self) -> None:
+        self._check()  # the shared producer was initialised when the process started
+
+    def begin(self) -> None:
+        self._rows, self._cp = None, None
+
+    def produce(self, rows: Rows) -> None:
+        self._check()
+        self._rows = rows
+
+    def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
+        self._check()
+        self._cp = (key, checkpoint)
+
+    def commit(self) -> None:
+        self._check()
+        assert self._cp is not None, "produce_checkpoint first"
+        key, cp = self._cp
+        batch = Batch(self.topic, self.partition, self.epoch, self._rows, key, cp)
+        self._rows, self._cp = None, None
+        self.loop.submit(batch)
+        self.loop.wait(batch)
+
+    def flush(self) -> None:
+        """Nothing to do: the transaction flushes records before checkpoints."""
+
+    def outstanding(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def abort(self) -> None:
+        self._rows, self._cp = None, None
+
+    def close(self) -> None:
+        self._rows, self._cp = None, None
+
+    def purge(self) -> None:
+        # The revoke callback took the partition from ``Ownership`` already: no
+        # transaction with its batch commits any more. Later calls are refused.
+        self._purged = True
+
+
+class SharedAcks:
+    """At-least-once: one idempotent producer for every partition of the process, with
+    acknowledgements counted per destination partition (``Producer.done``).
+
+    A worker that misses its revoke deadline with records still unacknowledged gets the
+    whole producer purged (librdkafka purges per producer, not per partition) and
+    replaced: its queued records never reach the partition once it is released; the other
+    workers' unacknowledged records are dropped too, so their sinks fail once and their
+    sessions redo them from their checkpoints (duplicates, never interleaving).
+    """
+
+    def __init__(self, kafka_settings: KafkaSettings, *, timeout: float = 60.0,
+                 make_producer: Callable[[], Producer] | None = None) -> None:
+        self.kafka_settings = kafka_settings
+        self.timeout = timeout
+        self._make = make_producer or (
+            lambda: Producer(kafka_settings, name="ingress producer", track_acks=True))
+        self.lock = threading.RLock()
+        self._producer: Producer | None = None
+        self._sent: dict[TP, int] = {}
+        self._sinks: set[SharedAckSink] = set()
+
+    def start(self) -> None:
+        """Create the producer.
+
+        Raises:
+            ConfigError: librdkafka refuses the configuration.
+        """
+        self._producer = self._make()
+
+    @property
+    def producer(self) -> Producer:
+        """The current producer (after ``start``)."""
+        assert self._producer is not None, "start() first"
+        return self._producer
+
+    def register(self, sink: SharedAckSink) -> None:
+        """A new worker session's sink."""
+        with self.lock:
+            self._sinks.add(sink)
+
+    def unregister(self, sink: SharedAckSink) -> None:
+        """The session ended."""
+        with self.lock:
+            self._sinks.discard(sink)
+
+    def produce(self, sink: SharedAckSink, rows: Rows) -> None:
+        """Enqueue ``rows`` for the sink's partition (refused once the sink is purged)."""
+        with self.lock:
+            sink.check()
+            p = self.producer
+            p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
+                           rows.values, rows.headers, rows.offsets)
+            self._sent[sink.tp] = self._sent.get(sink.tp, 0) + len(rows)
+
+    def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
+                           value: bytes) -> None:
+        """Enqueue a checkpoint; its acknowledgement is counted by the sink."""
+        with self.lock:
+            sink.check()
+            sink.checkpoints_in_flight += 1
+            self.producer.produce(topic, value, key.encode(), on_delivery=sink.cp_delivered)
+
+    def outstanding(self, sink: SharedAckSink, timeout: float) -> int:
+        """Records of the sink's partition not acknowledged yet (after serving callbacks
+        for up to ``timeout``).
+
+        Raises:
+            KafkaRetriableError: a record of the partition failed.
+        """
+        p = self.producer
+        p.poll(timeout)
+        failed = p.take_failures(sink.topic, sink.partition)
+        if failed:
+            raise KafkaRetriableError(f"{sink.topic}[{sink.partition}]: {len(failed)} "
+                                      f"record(s) failed: {failed[0].reason}")
+        with self.lock:
+            if p is not self._producer:
+                return 0
+            return self._sent.get(sink.tp, 0) - p.done(sink.topic, sink.partition)
+
+    def release(self, sink: SharedAckSink) -> None:
+        """``sink``'s worker missed its revoke deadline: refuse its later records; if some
+        of its records are still unacknowledged, purge the whole producer (see the class).
+        """
+        sink.purged = True
+        left = sink.outstanding_now()
+        if not left:
+            return
+        with self.lock:
+            old = self.producer
+            for s in self._sinks:
+                if s is not sink:
+                    s.broken = True
+            old.purge()
+            unanswered = old.flush(min(self.timeout, PURGE_WAIT))
+            if unanswered:
+                old.purge(in_flight=True)
+                log.error("%s: %d record(s) already sent were not acknowledged within %.0fs "
+                          "of the purge; they may still reach the partition beside its new "
+                          "owner", sink.where, unanswered, min(self.timeout, PURGE_WAIT))
+            self._producer = self._make()
+            self._sent = {}
+        log.warning("%s: %d record(s) unacknowledged at the revoke deadline: the shared "
+                    "producer was purged and replaced; other partitions redo their "
+                    "unacknowledged batches from their checkpoints", sink.where, left)
+
+
+class SharedAckSink(ReplaySink):
+    """A worker's at-least-once sink over the process's ``SharedAcks``."""
+
+    transactional = False
+
+    def __init__(self, shared: SharedAcks, *, topic: str, partition: int,
+                 checkpoint_topic: str) -> None:
+        self.shared = shared
+        self.topic = topic
+        self.partition = partition
+        self.checkpoint_topic = checkpoint_topic
+        self.tp: TP = (topic, partition)
+        self.where = f"{topic}[{partition}]"
+        self.purged = False
+        self.broken = False
+        self.checkpoints_in_flight = 0
+        self._cp_error: str | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Raise if this sink may not produce (purged, or its records were purged)."""
+        if self.purged:
+            raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
+        if self.broken:
+            raise KafkaRetriableError(f"{self.where}: the shared producer was purged for "
+                                      "another partition; redo from the checkpoint")
+        if self._cp_error is not None:
+            raise KafkaRetriableError(f"{self.where}: a checkpoint was not delivered: "
+                                      f"{self._cp_error}")
+
+    def cp_delivered(self, report: DeliveryReport) -> None:
+        """A checkpoint's delivery report (the producer's polling thread)."""
+        with self._lock:
+            self.checkpoints_in_flight -= 1
+            if report.error is not None:
+                self._cp_error = report.reason or str(report.error)
+
+    def start(self) -> None:
+        self.check()
+        self.shared.register(self)
+
+    def begin(self) -> None:
+        raise NotImplementedError("at-least-once: no transactions")
+
+    def produce(self, rows: Rows) -> None:
+        self.shared.produce(self, rows)
+
+    def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
+        self.shared.produce_checkpoint(self, self.checkpoint_topic, key, checkpoint.encode())
+
+    def commit(self) -> None:
+        raise NotImplementedError("at-least-once: no transactions")
+
+    def outstanding(self, timeout: float = 0.0) -> int:
+        self.check()
+        n = self.shared.outstanding(self, timeout) + self.checkpoints_in_flight
+        self.check()
+        return n
+
+    def outstanding_now(self) -> int:
+        """Unacknowledged records and checkpoints, without raising (revoke)."""
+        try:
+            return self.shared.outstanding(self, 0.0) + self.checkpoints_in_flight
+        except ReplicatorError:
+            return 0
+
+    def flush(self) -> None:
+        deadline = time.monotonic() + self.shared.timeout
+        while (left := self.outstanding(0.05)) > 0:
+            if time.monotonic() > deadline:
+                raise KafkaRetriableError(f"{self.where}: {left} record(s) not acknowledged "
+                                          f"within {self.shared.timeout:.0f}s")
+
+    def abort(self) -> None:
+        """Nothing to abort (idempotent producer)."""
+
+    def close(self) -> None:
+        try:
+            if not self.purged and not self.broken:
+                deadline = time.monotonic() + min(self.shared.timeout, PURGE_WAIT)
+                while self.outstanding(0.05) and time.monotonic() < deadline:
+                    pass
+        except ReplicatorError as e:
+            log.warning("%s: closing the sink: %s", self.where, e)
+        finally:
+            self.shared.unregister(self)
+
+    def purge(self) -> None:
+        self.shared.release(self)

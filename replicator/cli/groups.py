@@ -1,0 +1,98 @@
+"""``replicator groups show|sync``: source consumer groups translated into the destination
+(docs/failover.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ingress.checkpoints import KafkaCheckpointStore
+from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
+from replicator.cli.stores import settings_store
+from replicator.cli.tables import print_table
+from replicator.core.errors import ReplicatorError, TopicError
+from replicator.core.kafka import Admin
+from replicator.core.metrics import Metrics
+from replicator.core.settings import IngressSettings
+from replicator.ops.checkpoints import configured_sources
+from replicator.ops.groups import GroupRow, plan, read_exports, read_offset_map, sync
+
+
+@click.group()
+def groups() -> None:
+    """Consumer-group offsets for a failover."""
+
+
+def _rows(config: Path) -> tuple[list[GroupRow], Admin]:
+    settings, store = settings_store(config)
+    ingress: IngressSettings | None = settings.ingress
+    if ingress is None:
+        fail("ingress: section [ingress] is required by this command", 2)
+    try:
+        admin = Admin(settings.kafka)
+        exports = read_exports(store, settings.s3.prefix, ingress)
+        try:
+            entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
+        except TopicError:
+            entries = {}        # nothing replayed with a map yet: every row is "unmapped"
+        cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
+                                   timeout=30).load_all()
+        sources = configured_sources(ingress, settings.s3.prefix, store)
+        return plan(exports, sources, admin, entries, cps), admin
+    except (ReplicatorError, ValueError) as e:
+        fail(str(e), EXIT_FAILURE)
+
+
+def _print(rows: list[GroupRow]) -> None:
+    if not rows:
+        click.echo("no exported consumer groups for the configured sources yet")
+        return
+
+    def show(v: int | None) -> str | int:
+        return "-" if v is None else v
+
+    print_table(["group", "source", "partition", "destination", "source committed",
+                 "translated", "replicated to", "destination committed", "state"],
+                [[r.group, f"{r.region}/{r.topic}", r.partition, r.destination_topic,
+                  r.source_committed, show(r.translated), show(r.replicated_to),
+                  show(r.destination_committed), r.state] for r in rows])
+
+
+@groups.command("show")
+@config_option
+@click.option("--output", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+def show_cmd(config: Path, output: str) -> None:
+    """Per group and source partition: the offset the group committed in the source, its
+    translation into the destination, how far the partition is replicated, what the group
+    has committed in the destination, and the state (synced, to sync, waiting for data,
+    skipped: active, kept: destination ahead, unmapped, skipped: several sources).
+
+    Reads the exported groups in the destination bucket, the offset map and checkpoint
+    topics and the destination cluster's groups (an ingress config).
+    """
+    rows, _ = _rows(config)
+    if output == "json":
+        echo_json([r.as_dict() for r in rows])
+    else:
+        _print(rows)
+
+
+@groups.command("sync")
+@config_option
+def sync_cmd(config: Path) -> None:
+    """Commit the translated offsets in the destination cluster, once.
+
+    Only for groups with no members there, only forward, only as far as the data is
+    replicated (docs/failover.md). Prints what it committed and the groups afterwards; exit
+    1 if a commit failed.
+    """
+    rows, admin = _rows(config)
+    try:
+        done = sync(rows, admin)
+    except ReplicatorError as e:
+        fail(str(e), EXIT_FAILURE)
+    click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} group(s)")
+    _print(_rows(config)[0])

@@ -1,0 +1,208 @@
+"""``replicator groups show|sync``: source consumer groups translated into the destination.
+
+Inputs, all in the destination region (docs/failover.md):
+
+* the groups' committed source offsets, exported by egress next to the data
+  (``{prefix}/{region}/{topic}/_groups/{group}.json``);
+* the offset map ingress wrote with the records (``replicator.core.offset_map``);
+* how far each source partition is replicated (the ingress checkpoints);
+* the destination cluster's groups: members and committed offsets.
+
+``plan_group`` decides, per partition, what to commit (pure); ``sync`` commits it:
+
+* never for a group with members in the destination (a live consumer is never disturbed:
+  ``skipped: active``);
+* never backwards (a destination commit at or past the translation is kept);
+* never past the replicated data: a group ahead of replication moves as far as the data
+  (``waiting for data``) and follows as replication catches up;
+* never for a destination topic fed by several sources (aggregation: one destination
+  offset cannot stand for several sources' positions) or a partition the map does not
+  cover (``unmapped``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from replicator.core.kafka import read_to_end
+from replicator.core.keys import group_exports_prefix, parse_group_export_key
+from replicator.core.offset_map import MapPartition, OffsetMapEntry, parse_map_key, translate
+from replicator.core.settings import IngressSettings, IngressSourceSettings, KafkaSettings
+from replicator.core.storage import ObjectStore
+from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
+from replicator.ops.checkpoints import configured_sources
+
+SYNCED = "synced"
+TO_SYNC = "to sync"
+WAITING = "waiting for data"
+ACTIVE = "skipped: active"
+AHEAD = "kept: destination ahead"
+UNMAPPED = "unmapped"
+AGGREGATED = "skipped: several sources"
+
+
+class GroupsAdmin(Protocol):
+    """The destination cluster's group administration (the Kafka seam's ``Admin``)."""
+
+    def group_members(self, group: str) -> int: ...
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]: ...
+
+    def alter_group_offsets(self, group: str,
+                            offsets: Mapping[tuple[str, int], int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One group and source partition."""
+
+    group: str
+    region: str
+    topic: str
+    partition: int
+    destination_topic: str
+    source_committed: int
+    translated: int | None
+    replicated_to: int | None
+    destination_committed: int | None
+    state: str
+    commit: int | None = None
+    """What ``sync`` commits (``None``: nothing)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "region": self.region, "topic": self.topic,
+                "partition": self.partition, "destination_topic": self.destination_topic,
+                "source_committed": self.source_committed, "translated": self.translated,
+                "replicated_to": self.replicated_to,
+                "destination_committed": self.destination_committed, "state": self.state}
+
+
+def read_exports(store: ObjectStore, prefix: str, ingress: IngressSettings
+                 ) -> list[GroupExport]:
+    """Every exported group of the configured sources found in the bucket (unreadable
+    objects raise: an operator should see them).
+    """
+    out = []
+    for src in configured_sources(ingress, prefix, store):
+        for info in store.list(group_exports_prefix(prefix, src.region, src.name)):
+            if parse_group_export_key(info.key) is not None:
+                out.append(GroupExport.parse(store.get(info.key), where=info.key))
+    return out
+
+
+def read_offset_map(kafka: KafkaSettings, topic: str, *, timeout: float = 60.0
+                    ) -> dict[MapPartition, list[OffsetMapEntry]]:
+    """The offset-map topic read to its end (read_committed; a tombstone removes its key).
+
+    Raises:
+        TopicError: the topic does not exist.
+        ValueError: an entry cannot be parsed (naming its key).
+    """
+    latest: dict[str, bytes | None] = {}
+    for msg in read_to_end(kafka, topic, timeout=timeout, what="offset-map topic"):
+        raw = msg.key()
+        if raw is not None:
+            latest[raw.decode("utf-8", "replace")] = msg.value()
+    pairs = []
+    for name, value in latest.items():
+        parsed = parse_map_key(name)
+        if parsed is not None and value is not None:
+            pairs.append((parsed[0], OffsetMapEntry.decode(value, where=f"{topic} {name}")))
+    return map_by_partition(pairs)
+
+
+def map_by_partition(entries: Iterable[tuple[MapPartition, OffsetMapEntry]]
+                     ) -> dict[MapPartition, list[OffsetMapEntry]]:
+    """The map's entries grouped per partition and sorted."""
+    out: dict[MapPartition, list[OffsetMapEntry]] = defaultdict(list)
+    for part, entry in entries:
+        out[part].append(entry)
+    for v in out.values():
+        v.sort()
+    return dict(out)
+
+
+def plan_group(export: GroupExport, destination: str, *, members: int,
+               destination_committed: Mapping[tuple[str, int], int],
+               entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
+               replicated: Mapping[int, int], aggregated: bool) -> list[GroupRow]:
+    """The rows of one exported group for one source (see the module docstring).
+
+    Args:
+        export: the group's exported source offsets for the source topic.
+        destination: the source's destination topic.
+        members: the group's members in the destination cluster now.
+        destination_committed: the group's committed offsets in the destination.
+        entries: the offset map, per partition.
+        replicated: per partition, the next source position ingress replays.
+        aggregated: the destination topic has several sources.
+    """
+    rows = []
+    for p, committed in sorted(export.offsets.items()):
+        part = (export.region, export.topic, p, destination)
+        done = replicated.get(p)
+        current = destination_committed.get((destination, p))
+        t = translate(entries.get(part, ()), committed, done)
+        commit = None
+        if aggregated:
+            state = AGGREGATED
+        elif t.offset is None:
+            state = UNMAPPED
+        elif members:
+            state = ACTIVE
+        elif current is not None and current >= t.offset:
+            state = (WAITING if t.state == "waiting" else SYNCED) if current == t.offset \
+                else AHEAD
+        else:
+            state = WAITING if t.state == "waiting" else TO_SYNC
+            commit = t.offset
+        rows.append(GroupRow(export.group, export.region, export.topic, p, destination,
+                             committed, t.offset, done, current, state, commit))
+    return rows
+
+
+def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings],
+         admin: GroupsAdmin, entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
+         checkpoints: Mapping[str, Checkpoint]) -> list[GroupRow]:
+    """Rows for every exported group of ``sources`` (named, and those ``topic_pattern``
+    entries select now: ``configured_sources``).
+    """
+    by_source = {(s.region, s.name): s.destination for s in sources}
+    fan_in: dict[str, int] = defaultdict(int)
+    for destination in by_source.values():
+        fan_in[destination] += 1
+    rows: list[GroupRow] = []
+    members: dict[str, int] = {}
+    committed: dict[str, dict[tuple[str, int], int]] = {}
+    for export in sorted(exports, key=lambda e: (e.group, e.region, e.topic)):
+        dest = by_source.get((export.region, export.topic))
+        if dest is None:
+            continue
+        if export.group not in members:
+            members[export.group] = admin.group_members(export.group)
+            committed[export.group] = admin.group_offsets(export.group)
+        replicated = {}
+        for p in export.offsets:
+            cp = checkpoints.get(checkpoint_key(export.region, export.topic, p, dest))
+            if cp is not None:
+                replicated[p] = cp.offset + 1
+        rows += plan_group(export, dest, members=members[export.group],
+                           destination_committed=committed[export.group], entries=entries,
+                           replicated=replicated, aggregated=fan_in[dest] > 1)
+    return rows
+
+
+def sync(rows: Sequence[GroupRow], admin: GroupsAdmin) -> dict[str, int]:
+    """Commit what ``rows`` say, one request per group; returns partitions committed per
+    group. The broker refuses a group that gained members meanwhile (the error names it).
+    """
+    per_group: dict[str, dict[tuple[str, int], int]] = defaultdict(dict)
+    for r in rows:
+        if r.commit is not None:
+            per_group[r.group][(r.destination_topic, r.partition)] = r.commit
+    for group, offsets in sorted(per_group.items()):
+        admin.alter_group_offsets(group, offsets)
+    return {g: len(o) for g, o in per_group.items()}

@@ -1,0 +1,246 @@
+"""The process's shared producer: ownership epochs, the transaction loop's steps and its
+refusals, with a fake producer (the Kafka behaviour itself is in
+tests/integration/test_kafka_ingress_fencing.py and test_kafka_exactly_once.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import pytest
+
+from ingress.metrics import IngressMetrics
+from ingress.rows import Rows
+from ingress.shared import Batch, Ownership, PartitionRevoked, TransactionLoop
+from replicator.core.errors import GenerationFenced, ProducerFenced, ReplicatorError
+from replicator.core.kafka import GroupMetadata, Producer, TopicPartition
+from replicator.core.metrics import Metrics
+from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
+
+T = "dest"
+IN_GENERATION = GroupMetadata(b"CGMDv2:\x07\x00\x00\x00grp\x00member-1\x00\x01")
+NO_GENERATION = GroupMetadata(b"CGMDv2:\xff\xff\xff\xffgrp\x00\x00\x01")
+
+
+class FakeProducer:
+    """Records what a transaction did; hooks make steps fail or block."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.open: list[tuple[str, int, int]] = []
+        self.committed: list[tuple[str, int, int]] = []
+        self.on_offsets: Callable[[], None] = lambda: None
+        self.on_commit: Callable[[], None] = lambda: None
+
+    def init_transactions(self, timeout: float) -> None:
+        self.log.append("init")
+
+    def begin_transaction(self) -> None:
+        self.log.append("begin")
+        self.open = []
+
+    def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
+                     keys: Sequence[bytes | None], values: Sequence[bytes | None],
+                     headers: Sequence[Any], ids: Sequence[int]) -> None:
+        self.open += [(topic, partition, o) for o in ids]
+
+    def flush(self, timeout: float) -> int:
+        self.log.append("flush")
+        return 0
+
+    def check_deliveries(self, where: str) -> None:
+        pass
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
+        self.log.append(f"checkpoint {key!r}")
+
+    def send_offsets_to_transaction(self, offsets: list[TopicPartition], group: GroupMetadata,
+                                    timeout: float) -> None:
+        self.log.append("offsets")
+        self.on_offsets()
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.on_commit()
+        self.log.append("commit")
+        self.committed += self.open
+        self.open = []
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.log.append("abort")
+        self.open = []
+
+
+class Harness:
+    def __init__(self, group: GroupMetadata = IN_GENERATION) -> None:
+        self.log: list[str] = []
+        self.producers: list[FakeProducer] = []
+        self.ownership = Ownership()
+        self.metrics = Metrics()
+        self.group = group
+        self.loop = TransactionLoop(KafkaSettings(brokers="unused:1"), transactional_id="g.a",
+                                    checkpoint_topic="cps", ownership=self.ownership,
+                                    group=lambda: self.group,
+                                    metrics=IngressMetrics.create(self.metrics), timeout=5,
+                                    make_producer=self._make)
+
+    def _make(self) -> Producer:
+        p = FakeProducer(self.log)
+        self.producers.append(p)
+        return cast("Producer", p)
+
+    @property
+    def producer(self) -> FakeProducer:
+        return self.producers[-1]
+
+    def batch(self, partition: int, lo: int, hi: int, epoch: int | None = None) -> Batch:
+        e = self.ownership.epoch((T, partition)) if epoch is None else epoch
+        n = hi - lo
+        rows = Rows(list(range(lo, hi)), [1] * n, [b"k"] * n, [b"v"] * n, [None] * n)
+        return Batch(T, partition, e or 0, rows, f"src:{partition}",
+                     Checkpoint(hi - 1, "seg", datetime.now(UTC)))
+
+    def outcome(self, b: Batch) -> BaseException | None:
+        try:
+            self.loop.wait(b)
+        except ReplicatorError as e:
+            return e
+        return None
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    h = Harness()
+    h.ownership.grant([(T, 0), (T, 1)])
+    yield h
+    h.loop.close()
+
+
+def test_batches_of_several_partitions_share_one_transaction_in_the_durability_order(
+        h: Harness) -> None:
+    b0, b1 = h.batch(0, 0, 3), h.batch(1, 0, 2)
+    h.loop.submit(b0)
+    h.loop.submit(b1)
+    h.loop.start()
+    assert h.outcome(b0) is None and h.outcome(b1) is None
+    assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2), (T, 1, 0), (T, 1, 1)]
+    assert h.log == ["init", "begin", "flush", "checkpoint b'src:0'", "checkpoint b'src:1'",
+                     "offsets", "commit"]
+
+
+def test_a_batch_of_a_revoked_partition_never_joins_a_transaction(h: Harness) -> None:
+    b0 = h.batch(0, 0, 3)
+    assert h.ownership.revoke([(T, 0)], 1.0)
+    h.loop.start()
+    h.loop.submit(b0)
+    assert isinstance(h.outcome(b0), PartitionRevoked)
+    assert "begin" not in h.log and h.producer.committed == []
+
+
+def test_a_batch_of_a_former_grant_is_refused_although_the_partition_came_back(
+        h: Harness) -> None:
+    """A worker that missed its revoke deadline still waits with its batch when the
+    partition is assigned to this process again: only the new worker's batches commit."""
+    old = h.batch(0, 0, 3)
+    h.ownership.revoke([(T, 0)], 1.0)
+    h.ownership.grant([(T, 0)])
+    new = h.batch(0, 0, 3)
+    assert new.epoch != old.epoch
+    h.loop.submit(old)
+    h.loop.submit(new)
+    h.loop.start()
+    assert isinstance(h.outcome(old), PartitionRevoked)
+    assert h.outcome(new) is None
+    assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]
+
+
+def test_a_partition_revoked_before_the_commit_aborts_and_the_others_commit_next(
+        h: Harness) -> None:
+    b0, b1 = h.batch(0, 0, 3), h.batch(1, 0, 2)
+    revoked = threading.Event()
+
+    def revoke_once() -> None:
+        if not revoked.is_set():
+            revoked.set()
+            h.ownership.revoke([(T, 0)], 1.0)
+
+    h.loop.start()
+    h.producer.on_offsets = revoke_once
+    h.loop.submit(b0)
+    h.loop.submit(b1)
+    assert isinstance(h.outcome(b0), PartitionRevoked)
+    assert h.outcome(b1) is None
+    assert h.producer.committed == [(T, 1, 0), (T, 1, 1)]
+    assert h.log.count("abort") == 1 and h.log.count("commit") == 1
+    assert h.metrics.total("replicator_ingress_transactions_total", outcome="revoked") == 1
+
+
+def test_revoke_waits_for_a_commit_that_contains_the_partition(h: Harness) -> None:
+    release = threading.Event()
+    committing = threading.Event()
+
+    def slow_commit() -> None:
+        committing.set()
+        release.wait(10)
+
+    h.loop.start()
+    h.producer.on_commit = slow_commit
+    b0 = h.batch(0, 0, 3)
+    h.loop.submit(b0)
+    assert committing.wait(5)
+    assert not h.ownership.revoke([(T, 0)], 0.2)     # still committing at the deadline
+    threading.Timer(0.3, release.set).start()
+    started = time.monotonic()
+    assert h.ownership.revoke([(T, 0)], 5.0)          # returns once the commit ended
+    assert time.monotonic() - started >= 0.2
+    assert h.outcome(b0) is None
+
+
+def test_a_waiting_worker_gives_up_its_batch_once_the_partition_is_revoked(
+        h: Harness) -> None:
+    b0 = h.batch(0, 0, 3)
+    h.loop.submit(b0)          # the loop is not running: the batch waits
+    threading.Timer(0.3, lambda: h.ownership.revoke([(T, 0)], 1.0)).start()
+    h.loop._thread = threading.Thread(target=time.sleep, args=(3,))  # "alive"
+    h.loop._thread.start()
+    started = time.monotonic()
+    assert isinstance(h.outcome(b0), PartitionRevoked)
+    assert time.monotonic() - started < 2
+
+
+def test_a_member_in_no_generation_never_commits() -> None:
+    h = Harness(group=NO_GENERATION)
+    h.ownership.grant([(T, 0)])
+    try:
+        h.loop.start()
+        b0 = h.batch(0, 0, 3)
+        h.loop.submit(b0)
+        assert isinstance(h.outcome(b0), GenerationFenced)
+        assert h.producer.committed == [] and "abort" in h.log and "offsets" not in h.log
+        assert h.metrics.total("replicator_ingress_transactions_total",
+                               outcome="generation") == 1
+    finally:
+        h.loop.close()
+
+
+def test_a_fenced_producer_is_recreated_and_initialised_again(h: Harness) -> None:
+    fenced = [True]
+
+    def fence_once() -> None:
+        if fenced.pop() if fenced else False:
+            raise ProducerFenced("injected: fenced")
+
+    h.loop.start()
+    h.producer.on_commit = fence_once
+    b0 = h.batch(0, 0, 3)
+    h.loop.submit(b0)
+    assert isinstance(h.outcome(b0), ProducerFenced)
+    again = h.batch(0, 0, 3)
+    h.loop.submit(again)
+    assert h.outcome(again) is None
+    assert len(h.producers) == 2 and h.log.count("init") == 2
+    assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]

@@ -1,0 +1,107 @@
+"""What ``replicator groups sync`` commits: exact, forward only, never for a live group,
+never past the replicated data, never for a destination fed by several sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from replicator.core.offset_map import entries_of
+from replicator.core.settings import IngressSettings
+from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
+from replicator.ops.groups import (
+    ACTIVE,
+    AGGREGATED,
+    AHEAD,
+    SYNCED,
+    TO_SYNC,
+    UNMAPPED,
+    WAITING,
+    GroupRow,
+    plan,
+    plan_group,
+    sync,
+)
+
+NOW = datetime(2026, 11, 23, tzinfo=UTC)
+# Source offsets 0..99 of orders[0] with a marker after each 10 (offsets 10, 21, ...): the
+# records sit at destination offsets 0.. in batches of 10, each followed by a marker.
+SRC = [o for o in range(110) if o % 11 != 10][:100]
+ENTRIES = {("eu", "orders", 0, "orders"): [
+    e for b in range(10) for e in entries_of(SRC[b * 10:(b + 1) * 10], b * 11)]}
+
+
+class FakeAdmin:
+    def __init__(self, members: int = 0, committed: dict[tuple[str, int], int] | None = None
+                 ) -> None:
+        self.members = members
+        self.committed = dict(committed or {})
+        self.altered: list[tuple[str, dict[tuple[str, int], int]]] = []
+
+    def group_members(self, group: str) -> int:
+        return self.members
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        return dict(self.committed)
+
+    def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        self.altered.append((group, dict(offsets)))
+        self.committed.update(offsets)
+
+
+def export(offsets: dict[int, int], topic: str = "orders", region: str = "eu"
+           ) -> GroupExport:
+    return GroupExport("app", topic, region, offsets, NOW)
+
+
+def rows_for(committed: int, *, replicated: int | None = 200, members: int = 0,
+             current: int | None = None, aggregated: bool = False) -> list[GroupRow]:
+    return plan_group(export({0: committed}), "orders", members=members,
+                      destination_committed={} if current is None else {("orders", 0): current},
+                      entries=ENTRIES, replicated={} if replicated is None else {0: replicated},
+                      aggregated=aggregated)
+
+
+def test_a_group_resumes_at_the_record_after_what_it_consumed() -> None:
+    # Committed 23: the next source record is offset 23 = SRC[21], the second record of
+    # the third batch, which sits at destination 2 * 11 + 1.
+    [row] = rows_for(23)
+    assert SRC.index(23) == 21
+    assert (row.translated, row.state, row.commit) == (23, TO_SYNC, 23)
+    # Committed 21 (a marker in the source): the next record is 22 = SRC[20], the first
+    # of the third batch, at destination 22 (after the second batch's marker at 21).
+    [row] = rows_for(21)
+    assert row.translated in (21, 22)     # the marker or the record after it: same reads
+
+
+def test_states() -> None:
+    assert rows_for(50, members=1)[0].state == ACTIVE
+    assert rows_for(50, members=1)[0].commit is None
+    assert rows_for(50, current=10_000)[0].state == AHEAD
+    assert rows_for(50, current=10_000)[0].commit is None
+    assert rows_for(50, aggregated=True)[0].state == AGGREGATED
+    waiting = rows_for(80, replicated=40)[0]
+    assert waiting.state == WAITING and waiting.commit == rows_for(40)[0].commit
+    synced = rows_for(50)[0]
+    assert rows_for(50, current=synced.translated)[0].state == SYNCED
+    assert rows_for(50, current=synced.translated)[0].commit is None
+    assert plan_group(export({0: 5}), "orders", members=0, destination_committed={},
+                      entries={}, replicated={0: 100}, aggregated=False)[0].state == UNMAPPED
+
+
+def test_plan_and_sync_commit_forward_once_per_group() -> None:
+    ingress = IngressSettings.model_validate({
+        "group_id": "ing", "sqs_queue": "q",
+        "sources": [{"region": "eu", "topic": "orders", "destination_topic": "orders"},
+                    {"region": "eu", "topic": "mix", "destination_topic": "all"},
+                    {"region": "us", "topic": "mix", "destination_topic": "all"}]})
+    cps = {checkpoint_key("eu", "orders", 0, "orders"): Checkpoint(99, "seg", NOW)}
+    admin = FakeAdmin()
+    rows = plan([export({0: 50}), export({0: 3}, topic="mix"), export({0: 1}, "other")],
+                ingress.sources, admin, ENTRIES, cps)
+    assert [(r.topic, r.state) for r in rows] == [("mix", AGGREGATED), ("orders", TO_SYNC)]
+    assert sync(rows, admin) == {"app": 1}
+    assert admin.altered == [("app", {("orders", 0): rows[1].translated})]
+    again = plan([export({0: 50})], ingress.sources, admin, ENTRIES, cps)
+    assert again[0].state == SYNCED and sync(again, admin) == {}
