@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
@@ -16,6 +17,7 @@ from replicator.core.errors import ReplicatorError, TopicError
 from replicator.core.kafka import Admin
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSettings
+from replicator.core.units import parse_duration
 from replicator.ops.checkpoints import configured_sources
 from replicator.ops.groups import GroupRow, plan, read_exports, read_offset_map, sync
 
@@ -26,23 +28,29 @@ def groups() -> None:
 
 
 def _rows(config: Path) -> tuple[list[GroupRow], Admin]:
+    """The plan; fails the command (exit 1) when the stores cannot be read."""
+    try:
+        return _plan(config)
+    except (ReplicatorError, ValueError) as e:
+        fail(str(e), EXIT_FAILURE)
+
+
+def _plan(config: Path) -> tuple[list[GroupRow], Admin]:
+    """Read exports, offset map and checkpoints; plan every group (raises on failure)."""
     settings, store = settings_store(config)
     ingress: IngressSettings | None = settings.ingress
     if ingress is None:
         fail("ingress: section [ingress] is required by this command", 2)
+    admin = Admin(settings.kafka)
+    exports = read_exports(store, settings.s3.prefix, ingress)
     try:
-        admin = Admin(settings.kafka)
-        exports = read_exports(store, settings.s3.prefix, ingress)
-        try:
-            entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
-        except TopicError:
-            entries = {}        # nothing replayed with a map yet: every row is "unmapped"
-        cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
-                                   timeout=30).load_all()
-        sources = configured_sources(ingress, settings.s3.prefix, store)
-        return plan(exports, sources, admin, entries, cps), admin
-    except (ReplicatorError, ValueError) as e:
-        fail(str(e), EXIT_FAILURE)
+        entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
+    except TopicError:
+        entries = {}        # nothing replayed with a map yet: every row is "unmapped"
+    cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
+                               timeout=30).load_all()
+    sources = configured_sources(ingress, settings.s3.prefix, store)
+    return plan(exports, sources, admin, entries, cps), admin
 
 
 def _print(rows: list[GroupRow]) -> None:
@@ -82,17 +90,36 @@ def show_cmd(config: Path, output: str) -> None:
 
 @groups.command("sync")
 @config_option
-def sync_cmd(config: Path) -> None:
-    """Commit the translated offsets in the destination cluster, once.
+@click.option("--every", "every", default=None, metavar="DURATION",
+              help="Sync again at this interval until interrupted (e.g. 30s), so groups "
+                   "waiting for data follow replication.")
+def sync_cmd(config: Path, every: str | None) -> None:
+    """Commit the translated offsets in the destination cluster, once (or --every).
 
     Only for groups with no members there, only forward, only as far as the data is
     replicated (docs/failover.md). Prints what it committed and the groups afterwards; exit
-    1 if a commit failed.
+    1 if a commit failed (with --every: logged, tried again at the next round).
     """
-    rows, admin = _rows(config)
-    try:
-        done = sync(rows, admin)
-    except ReplicatorError as e:
-        fail(str(e), EXIT_FAILURE)
-    click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} group(s)")
-    _print(_rows(config)[0])
+    interval = None
+    if every is not None:
+        try:
+            interval = parse_duration(every).total_seconds()
+        except ValueError as e:
+            fail(f"--every: {e}", 2)
+        if interval <= 0:
+            fail(f"--every: must be positive, got {every!r}", 2)
+    while True:
+        try:
+            rows, admin = _rows(config) if interval is None else _plan(config)
+            done = sync(rows, admin)
+        except (ReplicatorError, ValueError) as e:
+            if interval is None:
+                fail(str(e), EXIT_FAILURE)
+            click.echo(f"sync failed, trying again in {every}: {e}", err=True)
+            done = {}
+        click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} "
+                   "group(s)")
+        if interval is None:
+            _print(_rows(config)[0])
+            return
+        time.sleep(interval)
