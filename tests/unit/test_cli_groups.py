@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def test_sync_every_goes_on_after_a_failed_round(monkeypatch: pytest.MonkeyPatch
             raise Stop
 
     monkeypatch.setattr(cli, "_plan", plan)
-    monkeypatch.setattr(cli.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)
     res = CliRunner().invoke(main, ["groups", "sync", "--config", str(tmp_path / "x.toml"),
                                     "--every", "30s"])
     assert isinstance(res.exception, Stop)
