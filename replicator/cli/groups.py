@@ -15,11 +15,18 @@ from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
 from replicator.core.errors import ReplicatorError, TopicError
 from replicator.core.kafka import Admin
-from replicator.core.metrics import Metrics
+from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import IngressSettings
 from replicator.core.units import parse_duration
 from replicator.ops.checkpoints import configured_sources
-from replicator.ops.groups import GroupRow, plan, read_exports, read_offset_map, sync
+from replicator.ops.groups import (
+    GroupMetrics,
+    GroupRow,
+    plan,
+    read_exports,
+    read_offset_map,
+    sync,
+)
 
 
 @click.group()
@@ -93,7 +100,11 @@ def show_cmd(config: Path, output: str) -> None:
 @click.option("--every", "every", default=None, metavar="DURATION",
               help="Sync again at this interval until interrupted (e.g. 30s), so groups "
                    "waiting for data follow replication.")
-def sync_cmd(config: Path, every: str | None) -> None:
+@click.option("--metrics-port", type=int, default=0, show_default=True,
+              help="With --every: serve /metrics on this port (0: off); "
+                   "replicator_groups_not_synced and replicator_groups_translation_lag "
+                   "(docs/metrics.md).")
+def sync_cmd(config: Path, every: str | None, metrics_port: int) -> None:
     """Commit the translated offsets in the destination cluster, once (or --every).
 
     Only for groups with no members there, only forward, only as far as the data is
@@ -108,18 +119,27 @@ def sync_cmd(config: Path, every: str | None) -> None:
             fail(f"--every: {e}", 2)
         if interval <= 0:
             fail(f"--every: must be positive, got {every!r}", 2)
+    metrics = GroupMetrics(Metrics())
+    if interval is not None and metrics_port:
+        MetricsServer(metrics.registry, "0.0.0.0", metrics_port, healthy=lambda: True,
+                      ready=lambda: True).start()
     while True:
         try:
             rows, admin = _rows(config) if interval is None else _plan(config)
             done = sync(rows, admin)
+            after = _rows(config)[0] if interval is None else _plan(config)[0]
         except (ReplicatorError, ValueError) as e:
             if interval is None:
                 fail(str(e), EXIT_FAILURE)
             click.echo(f"sync failed, trying again in {every}: {e}", err=True)
-            done = {}
+            metrics.rounds.labels("failed").inc()
+            time.sleep(interval)
+            continue
+        metrics.rounds.labels("ok").inc()
+        metrics.observe(after)
         click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} "
                    "group(s)")
         if interval is None:
-            _print(_rows(config)[0])
+            _print(after)
             return
         time.sleep(interval)

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from replicator.core.kafka import read_to_end
 from replicator.core.keys import group_exports_prefix, parse_group_export_key
+from replicator.core.metrics import Metrics
 from replicator.core.offset_map import MapPartition, OffsetMapEntry, parse_map_key, translate
 from replicator.core.settings import IngressSettings, IngressSourceSettings, KafkaSettings
 from replicator.core.storage import ObjectStore
@@ -206,3 +207,32 @@ def sync(rows: Sequence[GroupRow], admin: GroupsAdmin) -> dict[str, int]:
     for group, offsets in sorted(per_group.items()):
         admin.alter_group_offsets(group, offsets)
     return {g: len(o) for g, o in per_group.items()}
+
+
+class GroupMetrics:
+    """What ``groups sync --every`` exports after each round (docs/metrics.md)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.registry = metrics
+        self.not_synced = metrics.gauge(
+            "groups_not_synced", "Partitions of an exported group whose destination offset "
+            "is not at its translation (waiting for data, active, unmapped, several "
+            "sources), after the last sync round.", ("group",))
+        self.lag = metrics.gauge(
+            "groups_translation_lag", "Source positions a group has committed beyond what "
+            "its destination offset stands for (0 when synced).",
+            ("group", "region", "topic", "partition"))
+        self.rounds = metrics.counter(
+            "groups_sync_rounds_total", "Sync rounds, by outcome (ok, failed).", ("outcome",))
+
+    def observe(self, rows: Sequence[GroupRow]) -> None:
+        """Set the gauges from the rows of a plan made after the round's commits."""
+        behind: dict[str, int] = defaultdict(int)
+        for r in rows:
+            behind[r.group] += r.state != SYNCED
+            covered = r.source_committed if r.state == SYNCED else (
+                r.replicated_to if r.state == WAITING and r.replicated_to is not None else 0)
+            self.lag.labels(r.group, r.region, r.topic, str(r.partition)).set(
+                max(0, r.source_committed - covered))
+        for group, n in behind.items():
+            self.not_synced.labels(group).set(n)

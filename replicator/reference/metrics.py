@@ -14,12 +14,13 @@ from ingress.checkpoints import KafkaCheckpointStore
 from ingress.metrics import IngressMetrics
 from replicator.core.metrics import MetricDefinition, Metrics
 from replicator.core.settings import KafkaSettings
+from replicator.ops.groups import GroupMetrics
 
 
 def definitions() -> dict[str, list[MetricDefinition]]:
     """Controller name -> the metrics it exports, in definition order."""
     out = {}
-    for name in ("egress", "ingress", "compaction"):
+    for name in ("egress", "ingress", "compaction", "groups sync"):
         m = Metrics()
         if name == "egress":
             EgressMetrics(m)
@@ -27,8 +28,10 @@ def definitions() -> dict[str, list[MetricDefinition]]:
             IngressMetrics.create(m)
             # Constructing the store only registers its metric; it connects on load().
             KafkaCheckpointStore(KafkaSettings(brokers="unused:9092"), "unused", m)
-        else:
+        elif name == "compaction":
             CompactionMetrics(m, "region")
+        else:
+            GroupMetrics(m)
         out[name] = list(m.definitions)
     return out
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from replicator.core.metrics import Metrics
 from replicator.core.offset_map import entries_of
 from replicator.core.settings import IngressSettings
 from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
@@ -18,6 +19,7 @@ from replicator.ops.groups import (
     TO_SYNC,
     UNMAPPED,
     WAITING,
+    GroupMetrics,
     GroupRow,
     plan,
     plan_group,
@@ -105,3 +107,16 @@ def test_plan_and_sync_commit_forward_once_per_group() -> None:
     assert admin.altered == [("app", {("orders", 0): rows[1].translated})]
     again = plan([export({0: 50})], ingress.sources, admin, ENTRIES, cps)
     assert again[0].state == SYNCED and sync(again, admin) == {}
+
+
+def test_metrics_count_partitions_not_synced_and_their_lag() -> None:
+    m = GroupMetrics(Metrics())
+    rows = [GroupRow("a", "eu", "orders", 0, "orders", 50, 52, 100, 52, SYNCED),
+            GroupRow("a", "eu", "orders", 1, "orders", 80, 40, 40, 40, WAITING),
+            GroupRow("b", "eu", "orders", 0, "orders", 9, 9, 100, None, ACTIVE)]
+    m.observe(rows)
+    assert m.registry.value("groups_not_synced", {"group": "a"}) == 1
+    assert m.registry.value("groups_not_synced", {"group": "b"}) == 1
+    lag = {"group": "a", "region": "eu", "topic": "orders"}
+    assert m.registry.value("groups_translation_lag", {**lag, "partition": "0"}) == 0
+    assert m.registry.value("groups_translation_lag", {**lag, "partition": "1"}) == 40
