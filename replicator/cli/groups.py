@@ -13,9 +13,10 @@ from ingress.checkpoints import KafkaCheckpointStore
 from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
-from replicator.core.errors import ReplicatorError, TopicError
-from replicator.core.kafka import Admin
+from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
+from replicator.core.kafka import Admin, Producer
 from replicator.core.metrics import Metrics, MetricsServer
+from replicator.core.offset_map import map_key
 from replicator.core.settings import IngressSettings
 from replicator.core.units import parse_duration
 from replicator.ops.checkpoints import configured_sources
@@ -23,6 +24,7 @@ from replicator.ops.groups import (
     GroupMetrics,
     GroupRow,
     plan,
+    prunable,
     read_exports,
     read_offset_map,
     sync,
@@ -58,6 +60,29 @@ def _plan(config: Path) -> tuple[list[GroupRow], Admin]:
                                timeout=30).load_all()
     sources = configured_sources(ingress, settings.s3.prefix, store)
     return plan(exports, sources, admin, entries, cps), admin
+
+
+def _prune(config: Path) -> int:
+    """Tombstones for the map entries no exported group needs (``prunable``); returns how
+    many (raises on failure).
+    """
+    settings, store = settings_store(config)
+    ingress = settings.require("ingress")
+    exports = read_exports(store, settings.s3.prefix, ingress)
+    try:
+        entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
+    except TopicError:
+        return 0
+    gone = prunable(entries, exports)
+    if gone:
+        producer = Producer(settings.kafka, name="offset-map pruning")
+        for (region, topic, partition, destination), first in gone:
+            producer.produce(ingress.offset_map_topic, None,
+                             map_key(region, topic, partition, destination, first).encode())
+        if producer.flush(30):
+            raise KafkaRetriableError("offset-map tombstones not acknowledged within 30s")
+        producer.check_deliveries("offset-map pruning")
+    return len(gone)
 
 
 def _print(rows: list[GroupRow]) -> None:
@@ -100,11 +125,16 @@ def show_cmd(config: Path, output: str) -> None:
 @click.option("--every", "every", default=None, metavar="DURATION",
               help="Sync again at this interval until interrupted (e.g. 30s), so groups "
                    "waiting for data follow replication.")
+@click.option("--prune", is_flag=True,
+              help="After syncing, delete (tombstone) the offset-map entries that end below "
+                   "every exported group's offset on their partition (the newest entry of a "
+                   "partition stays). A group exported later with an older offset is then "
+                   "'unmapped' there.")
 @click.option("--metrics-port", type=int, default=0, show_default=True,
               help="With --every: serve /metrics on this port (0: off); "
                    "replicator_groups_not_synced and replicator_groups_translation_lag "
                    "(docs/metrics.md).")
-def sync_cmd(config: Path, every: str | None, metrics_port: int) -> None:
+def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) -> None:
     """Commit the translated offsets in the destination cluster, once (or --every).
 
     Only for groups with no members there, only forward, only as far as the data is
@@ -128,6 +158,7 @@ def sync_cmd(config: Path, every: str | None, metrics_port: int) -> None:
             rows, admin = _rows(config) if interval is None else _plan(config)
             done = sync(rows, admin)
             after = _rows(config)[0] if interval is None else _plan(config)[0]
+            pruned = _prune(config) if prune else 0
         except (ReplicatorError, ValueError) as e:
             if interval is None:
                 fail(str(e), EXIT_FAILURE)
@@ -138,7 +169,7 @@ def sync_cmd(config: Path, every: str | None, metrics_port: int) -> None:
         metrics.rounds.labels("ok").inc()
         metrics.observe(after)
         click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} "
-                   "group(s)")
+                   "group(s)" + (f"; pruned {pruned} offset-map entries" if prune else ""))
         if interval is None:
             _print(after)
             return

@@ -196,6 +196,28 @@ def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings
     return rows
 
 
+def prunable(entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
+             exports: Sequence[GroupExport]) -> list[tuple[MapPartition, int]]:
+    """Map entries no exported group can need: of each partition some exported group has
+    committed, those that end before the lowest of those commits, except the newest entry
+    (``(partition, src_first)`` pairs, for tombstones). Partitions no group committed keep
+    everything: a group may still be exported for them.
+    """
+    lowest: dict[tuple[str, str, int], int] = {}
+    for e in exports:
+        for p, offset in e.offsets.items():
+            k = (e.region, e.topic, p)
+            lowest[k] = min(offset, lowest.get(k, offset))
+    out = []
+    for part, items in entries.items():
+        low = lowest.get(part[:3])
+        if low is None:
+            continue
+        ordered = sorted(items)
+        out += [(part, e.src_first) for e in ordered[:-1] if e.src_last < low]
+    return sorted(out)
+
+
 def sync(rows: Sequence[GroupRow], admin: GroupsAdmin) -> dict[str, int]:
     """Commit what ``rows`` say, one request per group; returns partitions committed per
     group. The broker refuses a group that gained members meanwhile (the error names it).

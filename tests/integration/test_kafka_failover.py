@@ -22,6 +22,7 @@ from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSettings, Settings
 from replicator.ops.groups import (
     ACTIVE,
+    SYNCED,
     TO_SYNC,
     WAITING,
     GroupRow,
@@ -78,6 +79,28 @@ def _settings(pipe: Pipeline) -> tuple[Settings, Settings]:
     return egress, ingress
 
 
+def _config(pipe: Pipeline, tmp_path: Path) -> Path:
+    """An ingress config file of the pipeline, for the operator commands."""
+    config = tmp_path / "ingress.toml"
+    config.write_text(f'''region = "us-west-1"
+[s3]
+bucket = "{pipe.bucket}"
+endpoint_url = "{pipe.moto}"
+access_key_id = "test"
+secret_access_key = "test"
+[kafka]
+brokers = "{pipe.dest_brokers}"
+[ingress]
+sqs_queue = "{pipe.queue}"
+checkpoint_topic = "{pipe.checkpoint_topic}"
+[[ingress.sources]]
+region = "us-east-1"
+topic = "{pipe.topic}"
+destination_topic = "{pipe.dest_topic}"
+''')
+    return config
+
+
 def _plan(pipe: Pipeline, ingress: Settings) -> list[GroupRow]:
     cfg: IngressSettings = ingress.require("ingress")
     cps = KafkaCheckpointStore(ingress.kafka, cfg.checkpoint_topic, Metrics(),
@@ -110,7 +133,7 @@ def _resume(pipe: Pipeline, group: str, partitions: int = PARTITIONS
 
 
 def test_a_group_resumes_in_the_destination_exactly_after_what_it_read(
-        pipe: Pipeline) -> None:
+        pipe: Pipeline, tmp_path: Path) -> None:
     pipe.create_source(PARTITIONS)
     _produce_transactions(pipe, "a", 12)
     source = _source(pipe)
@@ -177,6 +200,19 @@ def test_a_group_resumes_in_the_destination_exactly_after_what_it_read(
     for p in range(PARTITIONS):
         expected = [rec for o, rec in source[p] if o >= later[p]]
         assert got[p] == expected, (p, later[p])
+    # Pruning the map below every exported group keeps their translations.
+    cfg: IngressSettings = ingress_settings.require("ingress")
+    before_prune = read_offset_map(pipe.dest_kafka, cfg.offset_map_topic)
+    res = CliRunner().invoke(main, ["groups", "sync", "--config", str(_config(pipe, tmp_path)),
+                                    "--prune"])
+    assert res.exit_code == 0, res.output
+    pruned = int(res.output.split("pruned ")[1].split()[0])
+    after_prune = read_offset_map(pipe.dest_kafka, cfg.offset_map_topic)
+    parts = [k for k in before_prune if k[1] == pipe.topic]
+    assert pruned > 0
+    assert sum(len(after_prune[k]) for k in parts) == sum(len(before_prune[k]) for k in parts) \
+        - pruned
+    assert {r.state for r in _plan(pipe, ingress_settings) if r.group == group} == {SYNCED}
 
 
 def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline, tmp_path: Path
@@ -209,23 +245,7 @@ def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline, tmp_path:
         rows = _plan(pipe, ingress_settings)
         assert {r.state for r in rows} == {TO_SYNC}, rows
         # The operator command, as the README's runbook runs it.
-        config = tmp_path / "ingress.toml"
-        config.write_text(f'''region = "us-west-1"
-[s3]
-bucket = "{pipe.bucket}"
-endpoint_url = "{pipe.moto}"
-access_key_id = "test"
-secret_access_key = "test"
-[kafka]
-brokers = "{pipe.dest_brokers}"
-[ingress]
-sqs_queue = "{pipe.queue}"
-checkpoint_topic = "{pipe.checkpoint_topic}"
-[[ingress.sources]]
-region = "us-east-1"
-topic = "{pipe.topic}"
-destination_topic = "{pipe.dest_topic}"
-''')
+        config = _config(pipe, tmp_path)
         res = CliRunner().invoke(main, ["groups", "sync", "--config", str(config)])
         assert res.exit_code == 0, res.output
         assert f"committed {len(commits)} partition offset(s) of {len(commits)} group(s)" \

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from replicator.core.metrics import Metrics
-from replicator.core.offset_map import entries_of
+from replicator.core.offset_map import entries_of, translate
 from replicator.core.settings import IngressSettings
 from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
 from replicator.ops.groups import (
@@ -23,6 +23,7 @@ from replicator.ops.groups import (
     GroupRow,
     plan,
     plan_group,
+    prunable,
     sync,
 )
 
@@ -120,3 +121,18 @@ def test_metrics_count_partitions_not_synced_and_their_lag() -> None:
     lag = {"group": "a", "region": "eu", "topic": "orders"}
     assert m.registry.value("groups_translation_lag", {**lag, "partition": "0"}) == 0
     assert m.registry.value("groups_translation_lag", {**lag, "partition": "1"}) == 40
+
+
+def test_prunable_entries_are_below_every_group_and_never_the_newest() -> None:
+    part = ("eu", "orders", 0, "orders")
+    entries = {part: ENTRIES[part], ("eu", "orders", 1, "orders"): ENTRIES[part]}
+    # Groups at 23 and 50 on partition 0: entries ending below 23 go (the first two
+    # batches end at 9 and 20); partition 1 has no group: everything stays.
+    gone = prunable(entries, [export({0: 50}), GroupExport("b", "orders", "eu", {0: 23}, NOW)])
+    assert gone == [(part, 0), (part, 11)]
+    # Translation of what the groups need is unchanged without them.
+    kept = [e for e in ENTRIES[part] if (part, e.src_first) not in gone]
+    for c in (23, 50, 200):
+        assert translate(kept, c, 110) == translate(ENTRIES[part], c, 110)
+    # A group past everything: the newest entry stays (it gives the replicated end).
+    assert (part, ENTRIES[part][-1].src_first) not in prunable(entries, [export({0: 10**6})])
