@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from formats.base import SegmentFormat
 from formats.registry import get_format
-from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
+from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
@@ -105,6 +105,7 @@ class Ingress:
         # The process's one producer (docs: ingress/README.md, "Producer and fencing").
         self.ownership = Ownership()
         self.transactions: TransactionLoop | None = None
+        self._checkpoint_reader: FollowingCheckpointStore | None = None
         self.shared_acks: SharedAcks | None = None
         self.relay: SqsRelay | None = None
         self._relay_thread: threading.Thread | None = None
@@ -147,8 +148,12 @@ class Ingress:
             ev.start_reader()
             self.events = ev
         if self.checkpoints is None:
-            self.checkpoints = KafkaCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
-                                                    self.metrics)
+            # One reader per process, loaded once and followed: workers load from memory.
+            reader = FollowingCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
+                                              self.metrics)
+            reader.start()
+            self._checkpoint_reader = reader
+            self.checkpoints = reader
         self.consumer = Consumer(s.kafka, self.cfg.group_id, {"enable.partition.eof": False})
         if self._make_sink is None:
             self._start_producer()
@@ -231,6 +236,8 @@ class Ingress:
         self._stop_workers(list(self.workers))
         if self.transactions is not None:
             self.transactions.close()
+        if self._checkpoint_reader is not None:
+            self._checkpoint_reader.close()
         if self.consumer is not None:
             try:
                 self.consumer.close()
