@@ -28,6 +28,7 @@ from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
+from ingress.permits import FifoPermits
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.shared import (
@@ -98,7 +99,8 @@ class Ingress:
         self.sources = {(s.region, s.topic): SourceState(s) for s in self.cfg.sources}
         self.workers: dict[WorkerId, ReplayWorker] = {}
         # Segments replayed at once, whatever the partition count: bounds memory.
-        self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
+        # Granted in the order asked (FIFO), so no partition starves during a catch-up.
+        self._permits = FifoPermits(self.cfg.max_parallel_replays)
         self.assigned: set[tuple[str, int]] = set()
         self.subscribed: frozenset[str] = frozenset()
         self.consumer: Consumer | None = None
