@@ -106,7 +106,7 @@ class Ingress:
         self.consumer: Consumer | None = None
         # The process's one producer (docs: ingress/README.md, "Producer and fencing").
         self.ownership = Ownership()
-        self.transactions: TransactionLoop | None = None
+        self.transactions: list[TransactionLoop] = []
         self._checkpoint_reader: FollowingCheckpointStore | None = None
         self.shared_acks: SharedAcks | None = None
         self.relay: SqsRelay | None = None
@@ -171,19 +171,26 @@ class Ingress:
         log.info("ingress started: %d source(s), delivery %s, group %s", len(self.sources),
                  self.cfg.delivery, self.cfg.group_id)
 
-    def transactional_id(self) -> str:
-        """``{group_id}.{instance}``: see ``ingress.instance_id``."""
+    def transactional_id(self, n: int = 0) -> str:
+        """``{group_id}.{instance}.{n}`` of producer ``n`` (``ingress.producers``): see
+        ``ingress.instance_id``.
+        """
         instance = self.cfg.instance_id or str(
             self.settings.kafka.config.get("group.instance.id") or socket.gethostname())
-        return f"{self.cfg.group_id}.{instance}"
+        return f"{self.cfg.group_id}.{instance}.{n}"
 
     def _start_producer(self) -> None:
         if self.cfg.delivery == "exactly-once":
-            self.transactions = TransactionLoop(
-                self.settings.kafka, transactional_id=self.transactional_id(),
-                checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
-                group=self._group_metadata, metrics=self.m)
-            self.transactions.start()
+            # A small fixed pool: destination partition p is written by producer
+            # p % producers, so its transactions stay in order, and several transactions
+            # can be in flight at once (each waits a few broker round trips).
+            for n in range(self.cfg.producers):
+                loop = TransactionLoop(
+                    self.settings.kafka, transactional_id=self.transactional_id(n),
+                    checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
+                    group=self._group_metadata, metrics=self.m, name=f"transactions-{n}")
+                loop.start()
+                self.transactions.append(loop)
         else:
             self.shared_acks = SharedAcks(self.settings.kafka)
             self.shared_acks.start()
@@ -236,8 +243,8 @@ class Ingress:
         self._closed = True
         self._stopping.set()
         self._stop_workers(list(self.workers))
-        if self.transactions is not None:
-            self.transactions.close()
+        for loop in self.transactions:
+            loop.close()
         if self._checkpoint_reader is not None:
             self._checkpoint_reader.close()
         if self.consumer is not None:
@@ -344,8 +351,9 @@ class Ingress:
     def _sink(self, src: IngressSourceSettings, partition: int, epoch: int) -> ReplaySink:
         if self._make_sink is not None:
             return self._make_sink(src, src.destination, partition)
-        if self.transactions is not None:
-            return SharedTxnSink(self.transactions, topic=src.destination, partition=partition,
+        if self.transactions:
+            loop = self.transactions[partition % len(self.transactions)]
+            return SharedTxnSink(loop, topic=src.destination, partition=partition,
                                  epoch=epoch)
         assert self.shared_acks is not None
         return SharedAckSink(self.shared_acks, topic=src.destination, partition=partition,

@@ -200,13 +200,16 @@ class TransactionLoop:
         metrics: ``transactions`` by outcome.
         timeout: seconds each flush / commit / abort / offsets call may take.
         make_producer: builds the producer (tests); default: the Kafka seam's.
+        name: the thread's name.
     """
 
     def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
                  checkpoint_topic: str, ownership: Ownership,
                  group: Callable[[], GroupMetadata], metrics: IngressMetrics,
                  timeout: float = 60.0,
-                 make_producer: Callable[[], Producer] | None = None) -> None:
+                 make_producer: Callable[[], Producer] | None = None,
+                 name: str = "transactions") -> None:
+        self.name = name
         self.kafka_settings = kafka_settings
         self.transactional_id = transactional_id
         self.checkpoint_topic = checkpoint_topic
@@ -244,7 +247,7 @@ class TransactionLoop:
             ReplicatorError: the producer cannot be created or initialised.
         """
         self._ready_producer()
-        self._thread = threading.Thread(target=self._run, name="transactions", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def close(self) -> None:

@@ -220,9 +220,15 @@ class IngressSettings(Model):
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
                              "two batches in memory), whatever the number of partitions.")
+    producers: int = Field(
+        1, ge=1, le=16, description="Exactly-once: transactional producers of this process "
+                                    "(destination partition p is written by producer p % "
+                                    "producers). More keep several transactions in flight "
+                                    "when broker round trips are slow; each costs a few "
+                                    "client threads and connections, not per partition.")
     instance_id: str | None = Field(
-        None, description="Names this process in the transactional.id of its one producer "
-                          "({group_id}.{instance_id}): unique among the group's live "
+        None, description="Names this process in the transactional.ids of its producers "
+                          "({group_id}.{instance_id}.{n}): unique among the group's live "
                           "processes and the same across restarts of one instance, so a "
                           "restarted process fences its own former run at once. Default: "
                           "group.instance.id of kafka.config, else the host name (a pod's "
