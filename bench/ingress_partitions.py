@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -241,6 +242,7 @@ def main() -> None:
         child(a)
         return
     pid = None
+    workdir = Path("/nonexistent")
     brokers = a.brokers
     if brokers is None:
         workdir = Path(f"/tmp/bench-kafka-{uuid.uuid4().hex[:6]}")
@@ -268,6 +270,13 @@ def main() -> None:
     finally:
         if pid is not None:
             os.kill(pid, 15)
+            for _ in range(100):       # the broker exits within a few seconds
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
