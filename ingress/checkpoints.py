@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from replicator.core.errors import KafkaRetriableError
-from replicator.core.kafka import read_to_end
+from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
+from replicator.core.kafka import Consumer, TopicPartition, read_to_end
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -199,3 +201,219 @@ class KafkaCheckpointStore(CheckpointStore):
             raise KafkaRetriableError(f"{e} (an open transaction of another writer holds "
                                       "the stable offset back)") from e
         return values, last
+
+
+COLLAPSE_AT = 8
+"""Raw values a key may collect in a ``FollowingCheckpointStore`` before they are reduced to
+the latest valid one (decoding is lazy: a key replayed elsewhere is decoded once per this
+many records, not per record)."""
+
+
+def latest_from_end(key: str, values: list[bytes | None], metrics: Any | None
+                    ) -> tuple[Checkpoint | None, list[bytes | None]]:
+    """``latest_valid`` read from the end: the last value that is a tombstone or decodes
+    wins; invalid ones after it are logged and counted. Also returns the values reduced to
+    that one (``[]`` when none is valid), for the next call.
+    """
+    for i in range(len(values) - 1, -1, -1):
+        v = values[i]
+        if v is None:
+            return None, [None]
+        try:
+            cp = Checkpoint.decode(v)
+        except ValueError as e:
+            log.error("invalid checkpoint record for %s ignored: %s", key, e)
+            if metrics is not None:
+                metrics.labels(key=key).inc()
+            continue
+        return cp, [v]
+    return None, []
+
+
+class FollowingCheckpointStore(CheckpointStore):
+    """One reader per process: the checkpoint topic read once, read_committed, into a map
+    of the latest value per key, and followed from then on; workers load from memory.
+
+    A load waits until the reader has passed the topic's end offsets (read_uncommitted:
+    committed or not) taken *after* the load began, i.e. until every transaction that had
+    written a checkpoint by then has committed or aborted (read_committed reads stop at the
+    last stable offset). So a partition's new owner, whose load starts after its assignment,
+    never starts from a checkpoint older than one a former owner's transaction was still
+    committing (ingress/README.md, "Producer and fencing", point 3), and a session restarted
+    after a commit of unknown outcome sees that commit's result. Loads that start while end
+    offsets are being taken share the next round (one ListOffsets per partition of the
+    checkpoint topic per round, whatever the number of workers).
+
+    On a broker whose ListOffsets "latest" is the start of the last record batch + 1
+    (the embedded Tansu), the offset taken still lies inside that batch's transaction, so
+    waiting past it still waits for that transaction.
+    """
+
+    def __init__(self, kafka_settings: KafkaSettings, topic: str, metrics: Metrics, *,
+                 timeout: float = 60.0) -> None:
+        self.kafka_settings = kafka_settings
+        self.topic = topic
+        self.timeout = timeout
+        self._invalid = metrics.counter(
+            "ingress_checkpoints_invalid_total",
+            "Checkpoint records that could not be parsed (ignored).", ["key"])
+        self._raw: dict[str, list[bytes | None]] = {}
+        self._reached: dict[int, int] = {}
+        self._cond = threading.Condition()
+        self._round = 0                      # end-offset rounds completed
+        self._targets: dict[int, int] = {}   # the last round's end offsets
+        self._taking = False
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+        self._consumer: Consumer | None = None
+        self._ends: Consumer | None = None
+        self._partitions: list[int] = []
+
+    def start(self) -> None:
+        """Assign every partition from the beginning (read_committed) and start the reader.
+
+        Raises:
+            TopicError / KafkaRetriableError: the topic is missing or unreadable.
+        """
+        group = f"replicator.checkpoints.{uuid.uuid4().hex}"   # never joined: no commits
+        self._consumer = Consumer(self.kafka_settings, group, {
+            "enable.partition.eof": True, "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10})
+        self._ends = Consumer(self.kafka_settings, group + ".ends",
+                              {"isolation.level": "read_uncommitted"})
+        # Right after the topic was created, the broker's metadata may not list it yet.
+        deadline = time.monotonic() + min(self.timeout, 10.0)
+        while not (parts := self._consumer.partitions_of(self.topic, timeout=self.timeout)):
+            if time.monotonic() > deadline:
+                raise TopicError(f"checkpoint topic {self.topic} is missing")
+            time.sleep(0.2)
+        self._partitions = parts
+        self._consumer.assign_from_beginning(self.topic, self._partitions)
+        self._thread = threading.Thread(target=self._run, name="checkpoint-reader",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the reader; idempotent."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        for c in (self._consumer, self._ends):
+            if c is not None:
+                try:
+                    c.close()
+                except ReplicatorError as e:
+                    log.warning("closing the checkpoint reader: %s", e)
+        self._consumer = self._ends = None
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            while not self._stopping.is_set():
+                fetched = consumer.fetch(1000, 0.1)
+                for err in fetched.errors:
+                    log.warning("reading checkpoint topic %s: %s", self.topic, err)
+                with self._cond:
+                    for (_t, p), run in fetched.runs.items():
+                        for msg in run:
+                            self._add(msg.key(), msg.value())
+                        last = run[-1].offset()
+                        if last is not None:
+                            self._reached[p] = max(self._reached.get(p, 0), last + 1)
+                    for (_t, p), end in fetched.ends.items():
+                        self._reached[p] = max(self._reached.get(p, 0), end)
+                    if fetched.runs or fetched.ends:
+                        self._cond.notify_all()
+        except BaseException as e:
+            log.exception("the checkpoint reader stopped")
+            with self._cond:
+                self._failed = e
+                self._cond.notify_all()
+
+    def _add(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None:
+            return
+        k = key.decode(errors="replace")
+        values = self._raw.setdefault(k, [])
+        values.append(value)
+        if len(values) >= COLLAPSE_AT:
+            self._raw[k] = latest_from_end(k, values, self._invalid)[1]
+
+    # --- loads ------------------------------------------------------------------------
+
+    def _end_offsets(self) -> dict[int, int]:
+        ends = self._ends
+        assert ends is not None, "start() first"
+        return {p: ends.watermarks(TopicPartition(self.topic, p),
+                                   timeout=self.timeout)[1] for p in self._partitions}
+
+    def _wait_for_round(self, deadline: float) -> dict[int, int]:
+        """End offsets taken after this call began (a round started later)."""
+        with self._cond:
+            want = self._round + (2 if self._taking else 1)
+            while self._round < want:
+                if not self._taking:
+                    self._taking = True
+                    self._cond.release()
+                    try:
+                        targets = self._end_offsets()
+                    except BaseException:
+                        with self._cond:
+                            self._taking = False
+                            self._cond.notify_all()
+                        raise
+                    finally:
+                        self._cond.acquire()
+                    self._targets = targets
+                    self._round += 1
+                    self._taking = False
+                    self._cond.notify_all()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KafkaRetriableError(f"checkpoint topic {self.topic}: end offsets "
+                                              f"not taken within {self.timeout:.0f}s")
+                self._cond.wait(left)
+            return dict(self._targets)
+
+    def wait_passed(self, targets: Mapping[int, int], deadline: float) -> None:
+        """Wait until the reader has read every partition to at least ``targets``.
+
+        Raises:
+            KafkaRetriableError: not within the deadline (an open transaction of another
+                writer holds the stable offset back), or the reader failed.
+        """
+        with self._cond:
+            while True:
+                if self._failed is not None:
+                    raise KafkaRetriableError(f"the checkpoint reader failed: "
+                                              f"{self._failed}")
+                behind = {p: t for p, t in targets.items() if self._reached.get(p, 0) < t}
+                if not behind:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise KafkaRetriableError(
+                        f"checkpoint topic {self.topic}: partitions {sorted(behind)} not read "
+                        f"to {behind} within {self.timeout:.0f}s (an open transaction of "
+                        "another writer holds the stable offset back)")
+                self._cond.wait(min(left, 1.0))
+
+    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
+        deadline = time.monotonic() + self.timeout
+        self.wait_passed(self._wait_for_round(deadline), deadline)
+        with self._cond:
+            latest: dict[str, list[bytes | None]] = {}
+            for k in (key, legacy):
+                if k is not None and k in self._raw:
+                    _cp, reduced = latest_from_end(k, self._raw[k], self._invalid)
+                    self._raw[k] = reduced
+                    latest[k] = reduced
+            if legacy is not None and key not in self._raw:
+                prefix = legacy + ":"
+                for k in self._raw:
+                    if k.startswith(prefix) and k != key:
+                        latest.setdefault(k, [])
+        return resolve(key, legacy, latest, self._invalid)

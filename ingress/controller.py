@@ -24,13 +24,14 @@ from collections.abc import Callable
 
 from formats.base import SegmentFormat
 from formats.registry import get_format
-from ingress.checkpoints import CheckpointStore, KafkaCheckpointStore
+from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
+from ingress.permits import FifoPermits
 from ingress.relay import EventQueue, SqsRelay
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.shared import (
@@ -104,13 +105,15 @@ class Ingress:
         self.discovery = TopicDiscovery(self.cfg, settings.s3.prefix, self.m)
         self.workers: dict[WorkerId, ReplayWorker] = {}
         # Segments replayed at once, whatever the partition count: bounds memory.
-        self._permits = threading.BoundedSemaphore(self.cfg.max_parallel_replays)
+        # Granted in the order asked (FIFO), so no partition starves during a catch-up.
+        self._permits = FifoPermits(self.cfg.max_parallel_replays)
         self.assigned: set[tuple[str, int]] = set()
         self.subscribed: frozenset[str] = frozenset()
         self.consumer: Consumer | None = None
         # The process's one producer (docs: ingress/README.md, "Producer and fencing").
         self.ownership = Ownership()
-        self.transactions: TransactionLoop | None = None
+        self.transactions: list[TransactionLoop] = []
+        self._checkpoint_reader: FollowingCheckpointStore | None = None
         self.shared_acks: SharedAcks | None = None
         self.relay: SqsRelay | None = None
         self._relay_thread: threading.Thread | None = None
@@ -153,8 +156,12 @@ class Ingress:
             ev.start_reader()
             self.events = ev
         if self.checkpoints is None:
-            self.checkpoints = KafkaCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
-                                                    self.metrics)
+            # One reader per process, loaded once and followed: workers load from memory.
+            reader = FollowingCheckpointStore(s.kafka, self.cfg.checkpoint_topic,
+                                              self.metrics)
+            reader.start()
+            self._checkpoint_reader = reader
+            self.checkpoints = reader
         self.consumer = Consumer(s.kafka, self.cfg.group_id, {"enable.partition.eof": False})
         if self._make_sink is None:
             self._start_producer()
@@ -170,11 +177,13 @@ class Ingress:
         log.info("ingress started: %d source(s), delivery %s, group %s", len(self.sources),
                  self.cfg.delivery, self.cfg.group_id)
 
-    def transactional_id(self) -> str:
-        """``{group_id}.{instance}``: see ``ingress.instance_id``."""
+    def transactional_id(self, n: int = 0) -> str:
+        """``{group_id}.{instance}.{n}`` of producer ``n`` (``ingress.producers``): see
+        ``ingress.instance_id``.
+        """
         instance = self.cfg.instance_id or str(
             self.settings.kafka.config.get("group.instance.id") or socket.gethostname())
-        return f"{self.cfg.group_id}.{instance}"
+        return f"{self.cfg.group_id}.{instance}.{n}"
 
     def _start_producer(self) -> None:
         if self.cfg.delivery == "exactly-once":
@@ -183,11 +192,19 @@ class Ingress:
                 assert self.admin is not None
                 ensure_offset_map_topic(self.admin, self.cfg.offset_map_topic)
                 offset_map = OffsetMapWriter(self.cfg.offset_map_topic, self.m)
-            self.transactions = TransactionLoop(
-                self.settings.kafka, transactional_id=self.transactional_id(),
-                checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
-                group=self._group_metadata, metrics=self.m, offset_map=offset_map)
-            self.transactions.start()
+            # A small fixed pool: destination partition p is written by producer
+            # p % producers, so its transactions stay in order, and several transactions
+            # can be in flight at once (each waits a few broker round trips). One producer
+            # per destination partition also keeps each batch's records consecutive there
+            # (the offset map relies on it).
+            for n in range(self.cfg.producers):
+                loop = TransactionLoop(
+                    self.settings.kafka, transactional_id=self.transactional_id(n),
+                    checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
+                    group=self._group_metadata, metrics=self.m, offset_map=offset_map,
+                    name=f"transactions-{n}")
+                loop.start()
+                self.transactions.append(loop)
         else:
             self.shared_acks = SharedAcks(self.settings.kafka)
             self.shared_acks.start()
@@ -240,8 +257,10 @@ class Ingress:
         self._closed = True
         self._stopping.set()
         self._stop_workers(list(self.workers))
-        if self.transactions is not None:
-            self.transactions.close()
+        for loop in self.transactions:
+            loop.close()
+        if self._checkpoint_reader is not None:
+            self._checkpoint_reader.close()
         if self.consumer is not None:
             try:
                 self.consumer.close()
@@ -349,8 +368,9 @@ class Ingress:
     def _sink(self, src: IngressSourceSettings, partition: int, epoch: int) -> ReplaySink:
         if self._make_sink is not None:
             return self._make_sink(src, src.destination, partition)
-        if self.transactions is not None:
-            return SharedTxnSink(self.transactions, topic=src.destination, partition=partition,
+        if self.transactions:
+            loop = self.transactions[partition % len(self.transactions)]
+            return SharedTxnSink(loop, topic=src.destination, partition=partition,
                                  epoch=epoch)
         assert self.shared_acks is not None
         return SharedAckSink(self.shared_acks, topic=src.destination, partition=partition,

@@ -1,15 +1,19 @@
 """What a replay worker knows about its partition's segments, and which it cannot use.
 
-Segments are listed from the store (all levels) at a session's start and on paced reloads,
-and learned from segment events in between. A segment that was gone when read (compacted
-or deleted) or that could not be read (corrupt) is excluded until an event announces it
-again (or, for a gone one, until a paced reload still lists it).
+Segments are listed from the store at a session's start and on paced reloads, and learned
+from segment events in between. A listing starts at the resume position (``start_after``
+within level 0, where nearly all segments are; every higher level in full) and keeps only
+what replay still needs; a gap right after the position makes the next listing complete
+(a segment that starts earlier and covers the position is then found too). A segment that
+was gone when read (compacted or deleted) or that could not be read (corrupt) is excluded
+until an event announces it again (or, for a gone one, until a paced reload still lists
+it).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from ingress.events import SegmentEvent
@@ -30,10 +34,21 @@ class SegmentInventory:
             reload.
     """
 
-    def __init__(self, store: ObjectStore, ref: PartitionRef, where: str) -> None:
+    def __init__(self, store: ObjectStore, ref: PartitionRef, where: str,
+                 horizon: Callable[[], tuple[int | None, int | None]] = lambda: (None, None)
+                 ) -> None:
         self.store = store
         self.ref = ref
         self.where = where
+        # (replayed through, origin) of the worker: what a listing may leave out.
+        self.horizon = horizon
+        self.partial = False
+        """The last listing started at the resume position (not every segment seen)."""
+        self.listed_fully = False
+        """A complete listing happened since the last ``anchor`` was set (this session)."""
+        self.anchor: int | None = None
+        """Set by the worker at a session's start: the start of the level-0 segment its
+        checkpoint came from (the checkpoint may lie inside it)."""
         self.known: set[SegmentKey] = set()
         self.bad: set[SegmentKey] = set()
         self.gone: set[SegmentKey] = set()
@@ -61,24 +76,50 @@ class SegmentInventory:
             else:
                 self.known.discard(ev.key)
 
-    def reload(self, *, retry_gone: bool = True) -> None:
-        """List the partition's segments (all levels).
+    def reload(self, *, retry_gone: bool = True, full: bool = False) -> None:
+        """List the partition's segments: from the resume position (``_start_after``), or
+        every one with ``full`` (or before anything was replayed); keep what replay still
+        needs (ending after the position, or lying below the origin: reported as skipped).
 
         With ``retry_gone`` (the periodic and late reloads, which are paced), segments
         that were missing when read get one more chance if the listing still shows them.
         """
         if retry_gone:
             self.gone.clear()
+        position, origin = self.horizon()
+        after = None if full or position is None else self._start_after(position)
         found: set[SegmentKey] = set()
-        for info in self.store.list(self.ref.segments_prefix()):
+        arrived: dict[SegmentKey, datetime] = {}
+        for info in self.store.list(self.ref.segments_prefix(), start_after=after):
             seg = SegmentKey.try_parse(info.key)
-            if seg is not None and seg.partition_ref == self.ref:
-                found.add(seg)
-                self.arrived[seg] = info.last_modified
-            else:
+            if seg is None or seg.partition_ref != self.ref:
                 log.debug("%s: ignoring non-segment object %s", self.where, info.key)
+                continue
+            if position is not None and seg.end <= position and \
+                    (origin is None or seg.start >= origin):
+                continue     # replayed already: not needed
+            found.add(seg)
+            arrived[seg] = info.last_modified
         self.known = found
-        log.debug("%s: %d segment(s) listed", self.where, len(found))
+        self.arrived = {s: t for s, t in self.arrived.items() if s in found} | arrived
+        self.bad &= found
+        self.gone &= found
+        self.partial = after is not None
+        self.listed_fully |= after is None
+        log.debug("%s: %d segment(s) listed%s", self.where, len(found),
+                  "" if after is None else f" after {after}")
+
+    def _start_after(self, position: int) -> str:
+        """Level 0 from the start of the segment that covers ``position + 1`` (the one the
+        checkpoint came from, or a known one), else from ``position + 1``; every higher
+        level in full (they follow level 0 in key order).
+        """
+        covering = [s.start for s in self.known
+                    if s.level == 0 and s.start <= position + 1 <= s.end]
+        if self.anchor is not None and self.anchor <= position + 1:
+            covering.append(self.anchor)
+        start = min(covering, default=position + 1)
+        return self.ref.starting_from(0, start)
 
     def mark_gone(self, seg: SegmentKey) -> None:
         """``seg`` was missing when read: reload, and do not try it again before a new

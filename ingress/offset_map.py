@@ -7,10 +7,10 @@ after the flush, before the commit, this writer produces the batch's entries
 map holds an entry exactly when the records it describes are committed, and a consumer
 group can later be translated exactly (docs/failover.md).
 
-A batch's records are consecutive in the destination partition: one producer per process
-writes every partition this process owns (ownership follows destination partitions, so all
-the sources of a partition are replayed by the same process), and it produces one batch
-after the other. The writer checks it anyway (last - first + 1 == records): a batch that is
+A batch's records are consecutive in the destination partition: one producer writes each
+destination partition (producer p % ``ingress.producers``; ownership follows destination
+partitions, so all the sources of a partition are replayed by the same process), and it
+produces one batch after the other. The writer checks it anyway (last - first + 1 == records): a batch that is
 not consecutive gets no entry (an ERROR and a metric; translation of that range reports
 "unmapped" instead of a wrong offset).
 

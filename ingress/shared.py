@@ -203,6 +203,7 @@ class TransactionLoop:
         make_producer: builds the producer (tests); default: the Kafka seam's.
         offset_map: writes each batch's offset-map entries into its transaction
             (``ingress.offset_map``); ``None``: no map.
+        name: the thread's name.
     """
 
     def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
@@ -210,7 +211,9 @@ class TransactionLoop:
                  group: Callable[[], GroupMetadata], metrics: IngressMetrics,
                  timeout: float = 60.0,
                  make_producer: Callable[[], Producer] | None = None,
-                 offset_map: OffsetMapWriter | None = None) -> None:
+                 offset_map: OffsetMapWriter | None = None,
+                 name: str = "transactions") -> None:
+        self.name = name
         self.kafka_settings = kafka_settings
         self.transactional_id = transactional_id
         self.checkpoint_topic = checkpoint_topic
@@ -251,7 +254,7 @@ class TransactionLoop:
             ReplicatorError: the producer cannot be created or initialised.
         """
         self._ready_producer()
-        self._thread = threading.Thread(target=self._run, name="transactions", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from ingress.events import SegmentEvent
 from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
+from ingress.permits import FifoPermits
 from ingress.planner import (
     DeclareLost,
     Idle,
@@ -104,7 +105,7 @@ class ReplayWorker:
                  checkpoints: CheckpointStore, make_sink: Callable[[], ReplaySink],
                  metrics: IngressMetrics, clock: Clock = utc_now,
                  sleep: Callable[[float], None] | None = None,
-                 permits: threading.Semaphore | None = None) -> None:
+                 permits: FifoPermits | None = None) -> None:
         self.cfg = cfg
         self.permits = permits
         self.store = store
@@ -136,7 +137,8 @@ class ReplayWorker:
         """See ``Checkpoint.origin``; carried in every checkpoint once set."""
         self._reported_below: int | None = None
         """Positions from here up to ``origin`` were reported as skipped (this worker)."""
-        self.inventory = SegmentInventory(store, ref, self.where)
+        self.inventory = SegmentInventory(store, ref, self.where,
+                                          horizon=lambda: (self.position, self.origin))
         self.late: LateGap | None = None
         self.first_seen: datetime | None = None
         self.sink: ReplaySink | None = None
@@ -242,12 +244,13 @@ class ReplayWorker:
         self.fenced_in_a_row += 1
         self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
         if self.fenced_in_a_row >= FENCED_STALL and not self.stalled:
-            self.stalled = True
-            self.metrics.partition_stalled.labels(**self._labels).set(1)
             log.error("%s: STALLED: the producer was fenced %d times in a row although this "
                       "process owns the partition (another live instance with the same "
-                      "transactional.id?); retrying every %.0fs at most: %s", self.where,
-                      self.fenced_in_a_row, delay, e)
+                      "transactional.id, i.e. the same ingress.instance_id?); retrying "
+                      "every %.0fs at most: %s", self.where, self.fenced_in_a_row, delay, e)
+            # After the log line: whoever sees the metric finds the line too.
+            self.stalled = True
+            self.metrics.partition_stalled.labels(**self._labels).set(1)
         else:
             log.warning("%s: producer fenced (a transaction that outlived "
                         "transaction.timeout.ms, or a former owner); new session in %.1fs: %s",
@@ -316,6 +319,12 @@ class ReplayWorker:
                 log.info("%s: positions from %d have been late since %s", self.where,
                          cp.late[0], cp.late[1].isoformat())
             self._drain_inbox()
+            # List from the resume position: level 0 from the segment the checkpoint came
+            # from (the checkpoint may lie inside it).
+            anchor = None if cp is None else SegmentKey.try_parse(cp.segment)
+            self.inventory.anchor = anchor.start if anchor is not None and anchor.level == 0 \
+                and anchor.partition_ref == self.cfg.ref else None
+            self.inventory.listed_fully = False
             self.inventory.reload()
             self._loop()
             self._delivery.settle()
@@ -377,7 +386,9 @@ class ReplayWorker:
             else:
                 assert isinstance(action, Idle)
                 if not self._wait_until(now + self.cfg.rescan_interval):
-                    inventory.reload()
+                    # The session's first rescan lists everything once (a segment starting
+                    # before the resume position may cover it); later ones start there.
+                    inventory.reload(full=not inventory.listed_fully)
 
     def _plan_from(self) -> int | Literal["pending"] | None:
         """The position the planner continues after: the checkpoint; without one, the
@@ -436,6 +447,11 @@ class ReplayWorker:
         return self._wait_for((until - self.clock()).total_seconds())
 
     def _wait_late(self, action: WaitLate) -> None:
+        if self.inventory.partial:
+            # The list started at the resume position: see every segment once before the
+            # gap counts as late (one that starts earlier may cover it).
+            self.inventory.reload(full=True)
+            return
         late = action.late
         if self.position is None and (self.late is None or self.late.first != late.first):
             # Nothing replayed yet, so no checkpoint keeps the gap's clock across restarts:
@@ -453,7 +469,7 @@ class ReplayWorker:
         self._m_late.set(late.size)
         self._persist_late(late)
         if not self._wait_until(action.until):
-            self.inventory.reload()
+            self.inventory.reload(full=True)
             self.late = replace(late, reloads=late.reloads + 1)
 
     def _persist_late(self, late: LateGap) -> None:
@@ -492,9 +508,9 @@ class ReplayWorker:
         if permits is None:
             self._replay_segment(seg, skip_through)
             return
-        while not permits.acquire(timeout=0.2):
-            if self.stopping:
-                return
+        # FIFO: a partition that asked first gets the next free slot (no starvation).
+        if not permits.acquire(lambda: self.stopping):
+            return
         try:
             self._replay_segment(seg, skip_through)
         finally:

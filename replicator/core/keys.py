@@ -66,6 +66,17 @@ class PartitionRef:
         base = f"{self.prefix}/{self.region}/{self.topic}/{self.partition}/"
         return base if level is None else f"{base}{level}/"
 
+    def starting_from(self, level: int, start: int) -> str:
+        """A ``start_after`` for listing this partition's segments of ``level`` whose start
+        is at least ``start`` (and, after them, every higher level): it sorts just before
+        the first key with that start.
+        """
+        return f"{self.segments_prefix(level)}{start:020d}"
+
+    def after_level(self, level: int) -> str:
+        """A ``start_after`` past every key of ``level`` (the next levels follow)."""
+        return f"{self.segments_prefix(level)}~"
+
     def __str__(self) -> str:
         return f"{self.region}/{self.topic}[{self.partition}]"
 

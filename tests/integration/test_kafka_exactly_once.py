@@ -153,7 +153,7 @@ def process_config(env: Env, tmp_path: Path, name: str, port: int) -> Path:
     data["metrics"] = {"port": port, "host": "127.0.0.1"}
     data["kafka"]["config"].update({"session.timeout.ms": 3000, "heartbeat.interval.ms": 300})
     data["ingress"].update({"batch_size": MEMBERS_BATCH, "instance_id": name,
-                            "revoke_timeout": "5s"})
+                            "revoke_timeout": "5s", "producers": 2})
     sources = data["ingress"].pop("sources")
     cfg = tmp_path / f"{name}.toml"
     write_config(cfg, data)
@@ -175,10 +175,10 @@ def all_checkpointed(env: Env, topic: str, last: int) -> bool:
 
 def test_two_processes_64_partitions_one_killed_mid_transaction_and_restarted(
         env: Env, tmp_path: Path) -> None:
-    """Two ingress processes share 64 partitions, each through its one transactional
-    producer; one is SIGKILLed while its transactions (batches of several partitions) are
-    open and restarted with the same instance id. read_committed, the destination equals
-    the source: 0 duplicates, 0 lost, in order.
+    """Two ingress processes share 64 partitions, each through its transactional producers
+    (a pool of two: ``ingress.producers``); one is SIGKILLed while its transactions
+    (batches of several partitions) are open and restarted with the same instance id.
+    read_committed, the destination equals the source: 0 duplicates, 0 lost, in order.
     """
     n, per = MEMBERS_PARTITIONS, MEMBERS_PER_PARTITION
     env.write_meta(n)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -76,3 +77,42 @@ def test_a_timed_out_transaction_does_not_stop_the_partition(
     assert report.ok, report_text(report)
     assert report.totals()["destination_records"] == RECORDS
     print(f"fenced sessions: {fenced}; {errors[:1]}")
+
+
+def test_a_timed_out_shared_transaction_recreates_the_producer_and_goes_on(
+        pipe: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same with the process's shared producer: its first transaction stalls right
+    before the commit for longer than transaction.timeout.ms; the coordinator aborts it,
+    the producer is fenced and recreated (with backoff), and the partition goes on from its
+    committed checkpoint: the copy equals the source."""
+    from ingress.shared import Ownership
+
+    stalled = threading.Event()
+    guard = Ownership.commit_guard
+
+    def slow_once(self: Ownership, batches: Any) -> Any:
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(STALL)
+        return guard(self, batches)
+
+    monkeypatch.setattr(Ownership, "commit_guard", slow_once)
+    pipe.create_source(1)
+    p = Producer(pipe.source_kafka)
+    for i in range(RECORDS):
+        p.produce(pipe.topic, value=f"v{i}".encode(), key=f"k{i}".encode(), partition=0,
+                  timestamp=int(time.time() * 1000))
+    assert p.flush(30) == 0
+    settings = pipe.ingress_settings(kafka_config={"transaction.timeout.ms": 2000},
+                                     batch_size=50)
+    egress = Egress(pipe.egress_settings(max_segment_messages=100), store=pipe.store)
+    with running_egress(egress), running(settings) as ing:
+        wait_for(lambda: pipe.checkpoint_offsets(ing) == {0: RECORDS - 1}, 90,
+                 "the partition to be replayed to its end")
+        assert stalled.is_set()
+        assert ing.metrics.total("replicator_ingress_transactions_total",
+                                 outcome="fenced") >= 1
+        assert ing.ready()
+    report = pipe.verify()
+    assert report.ok, report_text(report)
+    assert report.totals()["destination_records"] == RECORDS

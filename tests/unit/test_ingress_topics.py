@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -10,6 +11,8 @@ from datetime import timedelta
 import pytest
 
 from ingress.topics import (
+    CHECKPOINT_TOPIC_CONFIG,
+    checkpoint_topic_problems,
     destination_step,
     ensure_destination,
     ensure_internal_topics,
@@ -92,9 +95,28 @@ def test_internal_topics() -> None:
     ensure_internal_topics(a, events_topic="ev", events_retention=timedelta(hours=1),
                            checkpoint_topic="cp")
     assert a.configs == {"ev": {"cleanup.policy": "delete", "retention.ms": "3600000"},
-                         "cp": {"cleanup.policy": "compact"}}
+                         "cp": {"cleanup.policy": "compact", "segment.ms": "3600000",
+                                "min.cleanable.dirty.ratio": "0.1",
+                                "min.compaction.lag.ms": "0"}}
     ensure_internal_topics(a, events_topic="ev", events_retention=timedelta(hours=1),
                            checkpoint_topic="cp")  # idempotent
+
+
+def test_an_existing_checkpoint_topic_that_does_not_compact_well_is_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    a = FakeAdmin(topics={"cp": 1}, configs={"cp": {"cleanup.policy": "delete"}},
+                  defaults={"segment.ms": "604800000", "min.cleanable.dirty.ratio": "0.5"})
+    with caplog.at_level(logging.WARNING, logger="ingress.topics"):
+        ensure_internal_topics(a, events_topic="ev", events_retention=timedelta(hours=1),
+                               checkpoint_topic="cp")
+    levels = {(r.levelno, r.getMessage().split(":")[1].strip().split("=")[0])
+              for r in caplog.records}
+    assert levels == {(logging.ERROR, "cleanup.policy"), (logging.WARNING, "segment.ms")}
+    assert checkpoint_topic_problems(dict(CHECKPOINT_TOPIC_CONFIG)) == []
+    assert checkpoint_topic_problems({}) == []      # a broker that describes nothing
+    assert [lvl for lvl, _ in checkpoint_topic_problems(
+        {"cleanup.policy": "compact,delete", "min.cleanable.dirty.ratio": "0.9"})] == \
+        [logging.ERROR, logging.WARNING]
 
 
 def test_topic_meta() -> None:

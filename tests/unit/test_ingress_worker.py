@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -25,6 +24,7 @@ from ingress.checkpoints import MemoryCheckpointStore
 from ingress.delivery import PIPELINE_DEPTH, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
+from ingress.permits import FifoPermits
 from ingress.rows import Rows
 from ingress.sink import MemorySink
 from ingress.worker import ReplayWorker, WorkerConfig
@@ -647,7 +647,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
             return io.BufferedReader(raw, buffer_size=buffer_size)
 
     store = CountingStore("dest")
-    permits = threading.Semaphore(1)
+    permits = FifoPermits(1)
     workers, sinks = [], []
     for p in (0, 1, 2):
         ref = PartitionRef("data", "us-east-1", "t", p)
@@ -772,3 +772,18 @@ def test_checkpoint_origin_round_trips_and_old_values_have_none() -> None:
     assert Checkpoint.decode(old).origin is None
     weird = b'{"offset": 41, "segment": "s", "updated_at": "2026-01-02T03:04:05Z", "origin": "x"}'
     assert Checkpoint.decode(weird).origin is None
+
+
+def test_a_segment_starting_before_the_checkpoints_one_is_found_before_the_gap_counts(
+        h: Harness) -> None:
+    """The session lists level 0 from the checkpoint's segment on. The only segment
+    covering the next position starts before it (an overlap of level-0 segments): the
+    complete listing finds it before anything is reported late."""
+    write(h.store, key(100, 149))                 # the checkpoint's segment, replayed
+    write(h.store, key(90, 199))                  # starts before it, covers 150-199
+    cp = Checkpoint(149, key(100, 149).to_key(), datetime.now(UTC))
+    h.checkpoints.append("us-east-1:t:3:copy", cp.encode())
+    w = h.start()
+    h.wait(lambda: w.checkpointed == 199)
+    assert h.offsets() == list(range(150, 200))
+    assert h.metric("replicator_ingress_late_gaps_total") == 0

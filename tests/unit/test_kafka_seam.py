@@ -6,6 +6,7 @@ allowed to look at them, and these rules are what every service relies on.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import confluent_kafka as ck
@@ -13,14 +14,21 @@ import pytest
 
 from replicator.core.errors import (
     ConfigError,
+    GenerationFenced,
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
     TransactionAbortable,
 )
-from replicator.core.kafka import Producer, TopicPartition
+from replicator.core.kafka import GroupMetadata, Producer, TopicPartition, group_generation
 from replicator.core.kafka.consumer import _sort
-from replicator.core.kafka.errors import classify, delivery_error, event_error
+from replicator.core.kafka.errors import (
+    classify,
+    delivery_error,
+    event_error,
+    translate,
+    translate_offsets_error,
+)
 from replicator.core.kafka.types import Fetched, from_client, to_client
 from replicator.core.settings import KafkaSettings
 
@@ -172,3 +180,29 @@ def test_cooperative_assignment_is_recognised_from_kafka_config() -> None:
     assert not cooperative({})
     assert cooperative({"partition.assignment.strategy": "cooperative-sticky"})
     assert not cooperative({"partition.assignment.strategy": "roundrobin"})
+
+
+@pytest.mark.parametrize("code", [ck.KafkaError.ILLEGAL_GENERATION,
+                                  ck.KafkaError.UNKNOWN_MEMBER_ID,
+                                  ck.KafkaError.FENCED_INSTANCE_ID,
+                                  ck.KafkaError.REBALANCE_IN_PROGRESS])
+def test_a_refused_generation_is_generation_fenced_only_for_transactional_offsets(
+        code: int) -> None:
+    e = ck.KafkaException(ck.KafkaError(code, "refused", txn_requires_abort=True))
+    err = translate_offsets_error(e, "send offsets")
+    assert isinstance(err, GenerationFenced) and isinstance(err, TransactionAbortable)
+    # Elsewhere (a consumer's own commit) the same codes keep their old classification.
+    assert not isinstance(translate(e, "commit"), GenerationFenced)
+    fenced = ck.KafkaException(ck.KafkaError(ck.KafkaError._FENCED, "f"))
+    assert isinstance(translate_offsets_error(fenced, "send offsets"), ProducerFenced)
+
+
+def test_group_generation_reads_librdkafkas_serialized_metadata() -> None:
+    meta = ck.Consumer({"group.id": "grp", "bootstrap.servers": "127.0.0.1:1",
+                        "log_level": 0}).consumer_group_metadata()
+    assert group_generation(GroupMetadata(meta)) == (-1, "")     # never joined
+    joined = GroupMetadata(b"CGMDv2:" + (7).to_bytes(4, sys.byteorder, signed=True)
+                           + b"grp\0member-1\0\x01")
+    assert group_generation(joined) == (7, "member-1")
+    with pytest.raises(KafkaFatalError):
+        group_generation(GroupMetadata(b"something else"))

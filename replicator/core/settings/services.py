@@ -393,9 +393,15 @@ class IngressSettings(Model):
         "region can skip it (skip_origins) and active-active replication never loops "
         "(README, \"Topologies\"). Off: records are copied byte for byte.")
     origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+    producers: int = Field(
+        1, ge=1, le=16, description="Exactly-once: transactional producers of this process "
+                                    "(destination partition p is written by producer p % "
+                                    "producers). More keep several transactions in flight "
+                                    "when broker round trips are slow; each costs a few "
+                                    "client threads and connections, not per partition.")
     instance_id: str | None = Field(
-        None, description="Names this process in the transactional.id of its one producer "
-                          "({group_id}.{instance_id}): unique among the group's live "
+        None, description="Names this process in the transactional.ids of its producers "
+                          "({group_id}.{instance_id}.{n}): unique among the group's live "
                           "processes and the same across restarts of one instance, so a "
                           "restarted process fences its own former run at once. Default: "
                           "group.instance.id of kafka.config, else the host name (a pod's "
