@@ -10,9 +10,9 @@ group can later be translated exactly (docs/failover.md).
 A batch's records are consecutive in the destination partition: one producer writes each
 destination partition (producer p % ``ingress.producers``; ownership follows destination
 partitions, so all the sources of a partition are replayed by the same process), and it
-produces one batch after the other. The writer checks it anyway (last - first + 1 == records): a batch that is
-not consecutive gets no entry (an ERROR and a metric; translation of that range reports
-"unmapped" instead of a wrong offset).
+produces one batch after the other. The writer checks it anyway (last - first + 1 ==
+records): a batch that is not consecutive gets no entry (an ERROR and a metric; translation
+of that range reports "unmapped" instead of a wrong offset).
 
 Entries tile the replayed positions: a batch's entry starts after the previous checkpoint
 of its source partition (``Rows.start``) and ends at its checkpoint, so positions without
