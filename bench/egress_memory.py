@@ -13,7 +13,11 @@ the RSS is the egress's own; ``--s3`` uses moto instead.
 
 Printed per run: RSS before consuming (the fixed overhead: interpreter, pyarrow, librdkafka
 and its prefetch queue), peak RSS, peak growth over the baseline, the peak of the bytes the
-egress accounts as held (``replicator_egress_buffered_bytes``), and segments by reason.
+egress accounts as held (``replicator_egress_buffered_bytes``), and segments by reason;
+for the partition-count question also the peak thread count, start-up (``Egress.start``
+returned; every partition assigned; first record consumed, from the constructor) and the
+consume rate (raw MB/s from the first record until every record was consumed, before the
+last segments are durable), e.g. ``--partitions 4,1000 --budgets 256MiB``.
 """
 
 from __future__ import annotations
@@ -154,19 +158,25 @@ def child(args: argparse.Namespace) -> int:
                                            "max_segment_age": "1h"}}},
     }, environ={})
     store = None if args.s3 else null_store()
+    t_launch = time.monotonic()
     eg = Egress(settings, store=store)
     proc = psutil.Process()
     eg.start()
+    t_started = time.monotonic()
     baseline = proc.memory_info().rss
     import pyarrow as pa
 
-    peak = {"rss": baseline, "held": 0, "arrow": 0}
+    peak = {"rss": baseline, "held": 0, "arrow": 0, "threads": proc.num_threads()}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             peak["rss"] = max(peak["rss"], proc.memory_info().rss)
-            peak["held"] = max(peak["held"], int(eg.metrics.total("egress_buffered_bytes")))
+            peak["threads"] = max(peak["threads"], proc.num_threads())
+            # The gauge's own family, not Metrics.total: that collects every metric child,
+            # and with 1,000 partitions this sampler took more of the GIL than egress.
+            held = sum(smp.value for fam in eg.m.buffered.collect() for smp in fam.samples)
+            peak["held"] = max(peak["held"], int(held))
             peak["arrow"] = max(peak["arrow"], pa.total_allocated_bytes())
             time.sleep(0.02)
 
@@ -175,10 +185,18 @@ def child(args: argparse.Namespace) -> int:
     runner = threading.Thread(target=eg.run, daemon=True)
     runner.start()
     t0 = time.monotonic()
-    while sum(w.next_offset or 0 for w in list(eg._writers.values())) < args.records:
-        time.sleep(0.05)
+    t_first = t_assigned = None
+    while (consumed := sum(w.next_offset or 0 for w in list(eg._writers.values()))
+           ) < args.records:
+        # Summing every writer's position is work under the GIL: less often when many.
+        time.sleep(0.02 if (args.partitions_n or 0) <= 64 else 0.1)
+        if t_assigned is None and len(eg._writers) >= args.partitions_n:
+            t_assigned = time.monotonic()
+        if t_first is None and consumed > 0:
+            t_first = time.monotonic()
         if time.monotonic() - t0 > 600:
             raise SystemExit("egress did not consume the topic within 10 minutes")
+    t_consumed = time.monotonic()
     eg.stop()
     runner.join()
     done.set()
@@ -188,7 +206,12 @@ def child(args: argparse.Namespace) -> int:
                for r in ("size", "memory", "shutdown")}
     print(json.dumps({"baseline_rss": baseline, "peak_rss": peak["rss"],
                       "peak_held": peak["held"], "peak_arrow": peak["arrow"],
-                      "reasons": reasons,
+                      "reasons": reasons, "peak_threads": peak["threads"],
+                      "start_s": t_started - t_launch,
+                      "assigned_s": (t_assigned or t_consumed) - t_launch,
+                      "first_record_s": (t_first or t_consumed) - t_launch,
+                      # first record -> every record consumed (not yet durable)
+                      "consume_s": t_consumed - (t_first or t_started),
                       "seconds": time.monotonic() - t0}))
     return 0
 
@@ -230,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--records", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child-partitions", dest="partitions_n", type=int,
+                    help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
@@ -260,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                                   bucket, "us-east-1")
                 cmd = [sys.executable, __file__, "--child", "--brokers", tansu.address,
                        "--endpoint", endpoint, "--bucket", bucket, "--topic", topic,
-                       "--budget", str(budget), "--records", str(records)]
+                       "--budget", str(budget), "--records", str(records),
+                       "--child-partitions", str(n)]
                 if args.s3:
                     cmd.append("--s3")
                 if args.kafka_config:
@@ -277,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
           f"values, segment limit "
           f"100 MiB, {'moto S3' if args.s3 else 'discarding store'}")
     print(f"{'partitions':>10} {'budget':>9} {'base RSS':>9} {'peak RSS':>9} {'growth':>9} "
-          f"{'held max':>9} {'arrow max':>9} {'growth/budget':>13}  segments by reason")
+          f"{'held max':>9} {'arrow max':>9} {'growth/budget':>13} {'threads':>7} "
+          f"{'start s':>7} {'assigned s':>10} {'1st rec s':>9} {'MB/s':>6}  segments by reason")
     for r in rows:
         growth = r["peak_rss"] - r["baseline_rss"]
         reasons = ", ".join(f"{k} {v:.0f}" for k, v in r["reasons"].items() if v)
@@ -285,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['baseline_rss'] / MiB:>8.0f}M {r['peak_rss'] / MiB:>8.0f}M "
               f"{growth / MiB:>8.0f}M {r['peak_held'] / MiB:>8.0f}M "
               f"{r['peak_arrow'] / MiB:>8.0f}M "
-              f"{growth / r['budget']:>13.2f}  {reasons}")
+              f"{growth / r['budget']:>13.2f} {r['peak_threads']:>7} {r['start_s']:>7.1f} "
+              f"{r['assigned_s']:>10.1f} {r['first_record_s']:>9.1f} "
+              f"{records * record_size / 1e6 / r['consume_s']:>6.1f}  {reasons}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -81,6 +81,25 @@ def shares(stacks: Sequence[Stack], *, skip_threads: bool = True
             {k: v / total for k, v in own.items()})
 
 
+WAITS = re.compile(r"^(pthread_cond_(timed)?wait|cnd_(timed)?wait|poll|epoll_wait|select|"
+                   r"__select|sem_(timed)?wait|futex_wait|__futex_abstimed_wait_common|"
+                   r"PyThread_acquire_lock_timed|nanosleep|clock_nanosleep|accept4?|recv|"
+                   r"recvfrom|read|__lll_lock_wait(_private)?)\b")
+"""Leaf frames of a thread that waits instead of running. py-spy ``--native`` samples idle
+threads too (its idle detection is off then), so waits would fill most of the graph."""
+
+
+def busy(stacks: Sequence[Stack]) -> list[Stack]:
+    """The samples of running threads: stacks whose innermost named frame (unresolved
+    ``[lib.so]`` addresses below it skipped: the system call) is not a wait (``WAITS``)."""
+    out: list[Stack] = []
+    for frames, n in stacks:
+        named = [f for f in frames if not f.startswith("[")]
+        if named and not WAITS.match(named[-1]):
+            out.append((frames, n))
+    return out
+
+
 def thread_names(stacks: Sequence[Stack]) -> dict[int, str]:
     """OS thread id -> Python thread name, from ``thread (TID): name`` frames."""
     out: dict[int, str] = {}
@@ -192,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--title", default=None)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--all", action="store_true",
+                    help="keep samples of waiting threads (default: only running ones)")
     args = ap.parse_args(argv)
     stacks = parse(args.raw.read_text().splitlines())
+    if not args.all:
+        stacks = busy(stacks)
     if args.svg is not None:
         args.svg.write_text(render_svg(stacks, args.title or args.raw.name))
     print(top_table(stacks, args.top))

@@ -880,6 +880,8 @@ class Peer:
                         start, end = r["task_cpu"][proc]
                         entry[f"{proc}_thread_cpu_s"] = named_thread_cpu(
                             start, end, flame.thread_names(stacks))
+                        # Only running threads: --native samples waiting ones too.
+                        stacks = flame.busy(stacks)
                         svg = out_dir / f"{proc}-{ds.name}-{short}.svg"
                         svg.write_text(flame.render_svg(
                             stacks, f"{proc}, {ds.name}, {delivery}: py-spy, {r['mb_per_s']:.0f}"

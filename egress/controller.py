@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from egress.commits import CommitService
-from egress.flow import FlowLimits
+from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
 from egress.metrics import EgressMetrics
 from egress.origin import origin_filter
@@ -179,11 +179,17 @@ class Egress:
             # Incremental rebalancing: a member joining or leaving moves only the
             # partitions it takes or gives; the others keep their open segments.
             overrides["partition.assignment.strategy"] = DEFAULT_ASSIGNOR
+        # librdkafka's prefetch is a share of max_buffered_bytes (egress.flow.Prefetch): its
+        # defaults (a 64 MiB queue of up to 100 000 messages, plus a 50 MB fetch response)
+        # held several times a small budget. Settings in kafka.config win.
+        overrides.update(prefetch_overrides(self.config.max_buffered_bytes,
+                                            self.settings.kafka.config))
         self._consumer = Consumer(self.settings.kafka, self.config.group_id,
                                   {**overrides, **self._consumer_overrides})
         self._loop = PollLoop(self._consumer, self._writers, self._commits, self._outcomes,
                               self.m, self.region,
-                              FlowLimits.for_budget(self.config.max_buffered_bytes),
+                              FlowLimits.for_budget(
+                                  segment_budget(self.config.max_buffered_bytes)),
                               self.clock, self._maybe_check_topics, self._pool,
                               self._log_start)
         self._loop.skip = origin_filter(self.config, self.m, self.region)

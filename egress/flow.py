@@ -28,6 +28,74 @@ loaded machine encoded them paused partitions (and threw their prefetch away) in
 of two, a fifth of the throughput."""
 
 
+PREFETCH_SHARE = 32
+"""librdkafka's prefetch gets ``max_buffered_bytes / PREFETCH_SHARE`` (half for its consumer
+queue, half for a fetch response); the segments get the rest. Small, because a prefetched
+message costs librdkafka several hundred bytes beyond its own (with 64-byte records, a
+share of 1/8 still grew RSS by 2.9 times the budget, 1/32 by 2.3 times; bench/RESULTS.md)."""
+MIN_PREFETCH = 2 * 1024**2
+"""The smallest prefetch: a 1 MiB queue and a 1 MiB fetch (``max.partition.fetch.bytes``)."""
+QUEUED_MESSAGE_BYTES = 256
+"""Memory librdkafka holds per queued message beyond its bytes (its op and message structs).
+``queued.min.messages`` is sized so the count of a full queue costs no more than its bytes:
+with 64-byte records the default 100 000 messages, plus a 50 MB fetch response of about
+700 000 more, held 5.4 times the budget (bench/RESULTS.md, "Memory")."""
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """How much librdkafka may prefetch: derived from ``max_buffered_bytes``, so egress memory
+    is bounded by settings and not by the partition count.
+
+    The consumer queue is shared by all assigned partitions; librdkafka stops fetching while
+    it holds ``queue_messages`` messages or ``queue_bytes`` bytes, and one fetch response
+    (``fetch_bytes``, or one record batch if that is larger) can arrive on top per broker
+    connection. So prefetched memory is at most ``queue_bytes + brokers * fetch_bytes`` plus
+    ``QUEUED_MESSAGE_BYTES`` per message.
+
+    Attributes:
+        queue_bytes: ``queued.max.messages.kbytes`` (in bytes).
+        fetch_bytes: ``fetch.max.bytes``.
+        queue_messages: ``queued.min.messages``.
+    """
+
+    queue_bytes: int
+    fetch_bytes: int
+    queue_messages: int
+
+    @classmethod
+    def for_budget(cls, budget: int) -> Prefetch:
+        """The prefetch bounds of a ``max_buffered_bytes`` budget."""
+        half = max(MIN_PREFETCH, budget // PREFETCH_SHARE) // 2
+        return cls(half, half, max(1000, half // QUEUED_MESSAGE_BYTES))
+
+    @property
+    def nbytes(self) -> int:
+        """The share of the budget this prefetch takes (one broker's fetch)."""
+        return self.queue_bytes + self.fetch_bytes
+
+    def client_config(self) -> dict[str, int]:
+        """The librdkafka consumer settings."""
+        return {"queued.max.messages.kbytes": max(1, self.queue_bytes // 1024),
+                "fetch.max.bytes": self.fetch_bytes,
+                "queued.min.messages": self.queue_messages}
+
+
+def prefetch_overrides(budget: int, kafka_config: Mapping[str, object]) -> dict[str, int]:
+    """The consumer settings of ``Prefetch.for_budget(budget)`` that ``kafka.config`` does
+    not set itself (an operator's explicit setting wins).
+    """
+    return {k: v for k, v in Prefetch.for_budget(budget).client_config().items()
+            if k not in kafka_config}
+
+
+def segment_budget(budget: int) -> int:
+    """What open and closing segments may hold of ``max_buffered_bytes``: the rest after the
+    prefetch's share (at least half of it).
+    """
+    return max(budget - Prefetch.for_budget(budget).nbytes, budget // 2)
+
+
 @dataclass(frozen=True)
 class FlowLimits:
     """The thresholds derived from ``egress.max_buffered_bytes``.

@@ -79,6 +79,7 @@ class ArrowIpcSegmentWriter(SegmentWriter):
             pa.PythonFile(stream, mode="w"), SEGMENT_SCHEMA,
             options=pa.ipc.IpcWriteOptions(compression=compression),
         )
+        self._encoding = 0
         self._finished = False
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
@@ -96,7 +97,12 @@ class ArrowIpcSegmentWriter(SegmentWriter):
         # One IPC batch per group: compression works on whole buffers, so tiny batches
         # compress badly. Concatenating copies the group once (bounded by the group size).
         batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
-        self._writer.write_batch(batch)
+        # Held until written, though GroupBuffer has let go of it (as in the Parquet writer).
+        self._encoding = batch.nbytes
+        try:
+            self._writer.write_batch(batch)
+        finally:
+            self._encoding = 0
 
     def finish(self, metadata: SegmentMetadata) -> None:
         if self._finished:
@@ -109,7 +115,7 @@ class ArrowIpcSegmentWriter(SegmentWriter):
 
     @property
     def buffered_bytes(self) -> int:
-        return self._buffer.nbytes
+        return self._buffer.nbytes + self._encoding
 
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:

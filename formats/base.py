@@ -167,7 +167,9 @@ class SegmentWriter(ABC):
     @property
     @abstractmethod
     def buffered_bytes(self) -> int:
-        """Bytes held by the writer and not yet written to the stream."""
+        """Bytes held by the writer and not yet written to the stream (the group being
+        encoded included).
+        """
 
 
 class SegmentReader(ABC):

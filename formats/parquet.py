@@ -81,6 +81,7 @@ class ParquetSegmentWriter(SegmentWriter):
             # replicated as data. Costs well under 1 % of the write time.
             write_page_checksum=True,
         )
+        self._encoding = 0
         self._finished = False
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
@@ -96,8 +97,15 @@ class ParquetSegmentWriter(SegmentWriter):
         if not batches:
             return
         table = pa.Table.from_batches(batches, schema=SEGMENT_SCHEMA)
-        # One row group for the whole table: the group bound was decided by GroupBuffer.
-        self._writer.write_table(table, row_group_size=table.num_rows)
+        # While the group is encoded it is still held (GroupBuffer has let go of it): an
+        # uncounted 32 MiB group per encoding thread was much of egress's RSS beyond its
+        # budget (bench/RESULTS.md, "Memory").
+        self._encoding = table.nbytes
+        try:
+            # One row group for the whole table: the group bound was decided by GroupBuffer.
+            self._writer.write_table(table, row_group_size=table.num_rows)
+        finally:
+            self._encoding = 0
 
     def finish(self, metadata: SegmentMetadata) -> None:
         if self._finished:
@@ -109,7 +117,7 @@ class ParquetSegmentWriter(SegmentWriter):
 
     @property
     def buffered_bytes(self) -> int:
-        return self._buffer.nbytes
+        return self._buffer.nbytes + self._encoding
 
 
 class ParquetSegmentReader(SegmentReader):

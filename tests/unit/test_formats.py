@@ -31,7 +31,7 @@ from formats import (
     available_formats,
     get_format,
 )
-from formats.base import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+from formats.base import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, SegmentWriter
 from formats.records import Record, batch_to_records, read_all_records, records_to_batch
 from replicator.core.errors import ConfigError, SegmentCorrupt
 from replicator.core.keys import SegmentKey
@@ -309,6 +309,28 @@ def test_writer_holds_at_most_one_group(name: str) -> None:
     assert writer.buffered_bytes == 0
     stream.seek(0)
     assert sum(b.num_rows for b in fmt.open_reader(stream).iter_batches(100)) == 1000
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_group_counts_as_buffered_while_it_is_encoded(name: str) -> None:
+    # The group buffer lets go of a group before it is encoded; the writer still holds it
+    # (and egress's memory budget must see it) until it is on the stream.
+    writers: list[SegmentWriter] = []
+
+    class Watching(io.BytesIO):
+        seen: list[int] = []
+
+        def write(self, b: bytes) -> int:  # type: ignore[override]
+            self.seen.extend(w.buffered_bytes for w in writers)  # none yet while opening
+            return super().write(b)
+
+    stream = Watching()
+    writer = get_format(name).open_writer(stream, WriterOptions(row_group_size=256 * 1024))
+    writers.append(writer)
+    batch = records_to_batch([Record(j, 0, b"k", os.urandom(1000)) for j in range(300)])
+    writer.write_batch(batch)     # more than a group: written at once
+    assert stream.seen and max(stream.seen) >= 200 * 1024
+    assert writer.buffered_bytes < batch.nbytes
 
 
 @pytest.mark.parametrize("name", FORMATS)

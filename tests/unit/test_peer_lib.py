@@ -195,3 +195,22 @@ def test_thread_cpu_is_attributed_to_python_thread_names() -> None:
            103: ("rdk:broker1", 1.5), 104: ("rdk:broker2", 0.25)}
     assert pl.named_thread_cpu(start, end, names) == {
         "replay-us-east-N:t:N": 3.0, "egress-upload_N": 2.0, "rdk:brokerN": 1.25}
+
+
+def test_flame_busy_drops_waiting_threads() -> None:
+    stacks = flame.parse([
+        # Waiting: the innermost named frame is a wait (the unresolved libc frame below is
+        # the system call).
+        "thread (1): MainThread;turn (egress/poll_loop.py:1);cnd_timedwait (libc.so.6);"
+        "pthread_cond_timedwait (libc.so.6);0x7f01 (libc.so.6) 7",
+        "thread (2): egress-upload_0;_worker (t.py:1);PyThread_acquire_lock_timed "
+        "(libpython3.11.so.1.0);0x7f02 (libc.so.6) 5",
+        # Running: zstd, and a memcpy inside libc under Arrow.
+        "thread (2): egress-upload_0;_write (p.py:1);ZSTD_compressBlock_fast (libarrow.so) 2",
+        "thread (1): MainThread;take (egress/columns.py:1);"
+        "arrow::PoolBuffer::Reserve (libarrow.so);0x7f03 (libc.so.6) 3",
+    ])
+    running = flame.busy(stacks)
+    assert [n for _, n in running] == [2, 3]
+    assert flame.by_thread(running) == {"MainThread": pytest.approx(0.6),
+                                        "egress-upload_N": pytest.approx(0.4)}

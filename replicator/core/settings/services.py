@@ -146,7 +146,10 @@ class EgressSettings(Model):
         description="Segment thresholds of selected topics, and of [egress.topics.\"NAME\"] "
                     "keys a table leaves out.")
     max_buffered_bytes: Size = Field(
-        256 * 1024**2, description="Memory budget of all open segments of this process.")
+        256 * 1024**2, description="Memory budget of the records this process buffers: "
+                                   "librdkafka's prefetch gets 1/32 of it (at least 2 MiB), "
+                                   "open and closing segments the rest (README, Egress, "
+                                   "\"Memory\").")
     shutdown_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, open segments that cannot be made "
                                            "durable within this time are aborted.")

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from egress.flow import (
     MAX_CLOSING,
+    MIN_PREFETCH,
+    PREFETCH_SHARE,
+    QUEUED_MESSAGE_BYTES,
     FlowLimits,
     PartitionLoad,
+    Prefetch,
     memory_pressure,
     paused_partitions,
     pick_memory_victims,
+    prefetch_overrides,
+    segment_budget,
 )
+from replicator.core.kafka import Consumer
+from replicator.core.settings import KafkaSettings
 
 
 def test_no_victims_within_budget() -> None:
@@ -95,3 +104,48 @@ def test_pauses_the_partitions_that_fall_behind() -> None:
         "closing", "backlog", "failing"}
     assert paused_partitions(loads, limits, memory_paused=True) == set(loads)
     assert paused_partitions({}, limits, memory_paused=True) == set()
+
+
+MiB = 1024**2
+
+
+def test_prefetch_is_a_share_of_the_budget() -> None:
+    p = Prefetch.for_budget(64 * MiB)
+    assert (p.queue_bytes, p.fetch_bytes) == (MiB, MiB)
+    assert p.queue_messages == MiB // QUEUED_MESSAGE_BYTES
+    assert p.client_config() == {"queued.max.messages.kbytes": 1024,
+                                 "fetch.max.bytes": MiB,
+                                 "queued.min.messages": 4096}
+    # The default budget (256 MiB): 8 MiB prefetched instead of librdkafka's 64 MiB queue of
+    # up to 100 000 messages plus a 50 MB fetch.
+    assert Prefetch.for_budget(256 * MiB).nbytes == 8 * MiB
+    assert segment_budget(256 * MiB) == 248 * MiB
+
+
+def test_small_budgets_keep_a_working_prefetch() -> None:
+    # One 1 MiB partition fetch (max.partition.fetch.bytes) must still fit.
+    p = Prefetch.for_budget(4 * MiB)
+    assert p.fetch_bytes == MiB and p.queue_bytes == MiB and p.queue_messages >= 1000
+    assert segment_budget(4 * MiB) == 2 * MiB      # never less than half the budget
+
+
+@given(st.integers(min_value=1, max_value=64 * 1024**3))
+def test_prefetch_and_segments_stay_within_the_budget(budget: int) -> None:
+    p = Prefetch.for_budget(budget)
+    assert p.nbytes <= max(budget // PREFETCH_SHARE, MIN_PREFETCH)
+    assert p.queue_messages * QUEUED_MESSAGE_BYTES <= max(p.queue_bytes, 1000 * 256)
+    if budget >= 2 * MIN_PREFETCH:
+        assert segment_budget(budget) + p.nbytes <= budget
+
+
+def test_prefetch_settings_in_kafka_config_win() -> None:
+    over = prefetch_overrides(64 * MiB, {"fetch.max.bytes": 52428800, "client.id": "x"})
+    assert over == {"queued.max.messages.kbytes": 1024, "queued.min.messages": 4096}
+
+
+@pytest.mark.parametrize("budget", [MiB, 64 * MiB, 256 * MiB, 8 * 1024 * MiB])
+def test_librdkafka_accepts_the_derived_settings(budget: int) -> None:
+    # Constructing a consumer validates the configuration; no broker is contacted.
+    c = Consumer(KafkaSettings(brokers="127.0.0.1:9"), "g",
+                 Prefetch.for_budget(budget).client_config())
+    c.close()

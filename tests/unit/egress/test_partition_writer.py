@@ -5,11 +5,13 @@ from __future__ import annotations
 import tracemalloc
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 
 from egress.columns import ColumnBuffer
 from egress.rotation import CloseReason, SegmentLimits
 from egress.segment import Segment
+from formats.base import SEGMENT_SCHEMA
 from formats.records import Record, batch_to_records
 from formats.registry import get_format
 from formats.segment_io import open_segment
@@ -43,6 +45,29 @@ def test_column_buffer_keeps_nulls_headers_and_timestamps() -> None:
     assert (taken, raw) == (3, 1 + 1 + 1 + 1 + 1)
     assert list(batch_to_records(buf.take())) == recs
     assert len(buf) == 0 and buf.raw_bytes == 0
+
+
+@pytest.mark.parametrize("keys", ["all", "none", "some"])
+def test_column_buffer_batch_equals_arrow_built_one(keys: str) -> None:
+    # take() joins binary columns into one buffer (and falls back to pa.array when a
+    # column has nulls): the batch must be the one pa.array builds, value for value.
+    recs = [Record(o, 1_700_000_000_000 + o,
+                   None if keys == "none" or (keys == "some" and o % 3 == 0) else b"k%d" % o,
+                   b"" if o % 5 == 0 else bytes(range(o % 256)) * 3, (), o % 3)
+            for o in range(10**9, 10**9 + 2500)]
+    buf = ColumnBuffer()
+    buf.add(messages(recs))
+    batch = buf.take()
+    expected = pa.RecordBatch.from_arrays(
+        [pa.array([r.offset for r in recs], pa.int64()),
+         pa.array([r.timestamp_ms for r in recs], SEGMENT_SCHEMA.field("timestamp").type),
+         pa.array([r.timestamp_type for r in recs], pa.int8()),
+         pa.array([r.key for r in recs], pa.binary()),
+         pa.array([r.value for r in recs], pa.binary()),
+         pa.array([[] for _ in recs], SEGMENT_SCHEMA.field("headers").type)],
+        schema=SEGMENT_SCHEMA)
+    assert batch.equals(expected)
+    assert list(batch_to_records(batch)) == recs
 
 
 def test_column_buffer_stops_at_the_byte_budget() -> None:

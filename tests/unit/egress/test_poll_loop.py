@@ -10,7 +10,7 @@ import pytest
 
 from egress.commits import CommitService
 from egress.flow import FlowLimits
-from egress.poll_loop import PollLoop
+from egress.poll_loop import TICK_INTERVAL, PollLoop, tick_interval
 from egress.rotation import CloseReason
 from egress.segment import SegmentOutcome
 from replicator.core.errors import KafkaRetriableError
@@ -186,3 +186,11 @@ def test_a_partition_stopped_out_of_range_while_failed_is_restarted_by_the_rewin
     loop._tick(h.now)
     assert [(tp.partition, tp.offset) for tp in consumer.restarts] == [(0, 0)]
     assert h.writer.failed is None and loop.out_of_range == {}
+
+
+def test_ticks_space_out_with_many_partitions() -> None:
+    # A tick walks every writer: with 1,000 partitions a 20 ms tick took a third of the poll
+    # thread, so the interval grows with the partition count (age rotations wait that long).
+    assert tick_interval(0) == tick_interval(64) == TICK_INTERVAL
+    assert tick_interval(1000) == pytest.approx(0.1)
+    assert tick_interval(10_000) == pytest.approx(1.0)
