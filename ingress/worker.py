@@ -351,6 +351,9 @@ class ReplayWorker:
             usable = inventory.usable()
             self._report_below_origin(usable)
             now = self.clock()
+            if self.position is None and src.start == "latest" and usable:
+                self._start_latest(usable)
+                continue
             plan_from = self._plan_from()
             if plan_from == PENDING:
                 self._wait_first_position(usable)
@@ -407,6 +410,20 @@ class ReplayWorker:
             return first - 1
         return None
 
+    def _start_latest(self, usable: set[SegmentKey]) -> None:
+        """``start = "latest"``, no checkpoint: skip the history the bucket holds now (an
+        explicit choice: WARNING with the range, ``messages_skipped``) and checkpoint its
+        end at once, so a restart resumes there instead of skipping further.
+        """
+        newest = max(usable, key=lambda s: (s.end, -s.start))
+        first = min(s.start for s in usable)
+        log.warning("%s: start = latest: positions %d-%d (%d) already in the bucket are "
+                    "skipped; replay starts at %d", self.where, first, newest.end,
+                    newest.end - first + 1, newest.end + 1)
+        self.metrics.messages_skipped.labels(**self._labels).inc(newest.end - first + 1)
+        self.origin = newest.end + 1
+        self._deliver(None, Checkpoint(newest.end, newest.to_key(), self.clock()))
+
     def _wait_first_position(self, usable: set[SegmentKey]) -> None:
         """No checkpoint, and egress has not recorded where this partition begins yet."""
         assert self._delivery is not None
@@ -424,9 +441,10 @@ class ReplayWorker:
         The first replay without a checkpoint starts at the earliest segment known after
         ``first_segment_delay``; a segment that arrives later below that start was never
         replayed and never will be (replay only moves forward). Each position is reported
-        once per worker.
+        once per worker. With ``start = "latest"`` everything below the start is history
+        skipped by choice, reported once when the start was chosen (``_start_latest``).
         """
-        if self.origin is None:
+        if self.origin is None or self.cfg.source.start == "latest":
             return
         low = self.origin if self._reported_below is None else self._reported_below
         below = [s for s in usable if s.start < low]

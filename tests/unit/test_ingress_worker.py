@@ -505,6 +505,32 @@ def test_start_earliest_available_keeps_the_first_segment_delay_behaviour() -> N
         h.stop()
 
 
+def test_start_latest_skips_the_history_loudly_and_keeps_its_start_across_restarts() -> None:
+    h = Harness()
+    h.cfg = replace(h.cfg, source=h.cfg.source.model_copy(update={"start": "latest"}))
+    try:
+        topic_json(h.store, {"3": 0})
+        write(h.store, key(0, 49))
+        write(h.store, key(50, 99))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 99)
+        assert h.offsets() == []                       # the history is not replayed
+        assert h.metric("replicator_ingress_messages_skipped_total") == 100
+        write(h.store, key(100, 119))
+        w.offer(SegmentEvent("created", key(100, 119)))
+        h.wait(lambda: w.checkpointed == 119)
+        assert h.offsets() == list(range(100, 120))
+        h.stop()
+        # A restart resumes from the checkpoint: the newer segment is not skipped.
+        write(h.store, key(120, 139))
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 139)
+        assert h.offsets() == list(range(100, 140))
+        assert h.metric("replicator_ingress_messages_skipped_total") == 100
+    finally:
+        h.stop()
+
+
 def test_first_segment_delay_waits_for_earlier_segments() -> None:
     h = Harness(first_delay="400ms")
     try:

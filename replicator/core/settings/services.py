@@ -248,12 +248,16 @@ class IngressSourceSettings(Model):
     first_segment_delay: Duration = Field(
         timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists "
                                           "and egress records no first position.")
-    start: Literal["first-position", "earliest-available"] = Field(
+    start: Literal["first-position", "earliest-available", "latest"] = Field(
         "first-position", description="Without a checkpoint: start at the partition's first "
                                       "position recorded by egress in _topic.json, waiting "
-                                      "for its segment like any gap (first-position), or at "
+                                      "for its segment like any gap (first-position), at "
                                       "the earliest segment known after first_segment_delay "
-                                      "(earliest-available).")
+                                      "(earliest-available), or after the newest segment "
+                                      "in the bucket when the partition is first replayed "
+                                      "(latest: the history is skipped, logged with its "
+                                      "range and counted, and checkpointed so a restart "
+                                      "does not move it).")
 
     @field_validator("late_segment_retries")
     @classmethod
