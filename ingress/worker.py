@@ -351,10 +351,7 @@ class ReplayWorker:
             usable = inventory.usable()
             self._report_below_origin(usable)
             now = self.clock()
-            if self.position is None and src.start == "latest" and usable:
-                self._start_latest(usable)
-                continue
-            plan_from = self._plan_from()
+            plan_from = self._plan_from(usable)
             if plan_from == PENDING:
                 self._wait_first_position(usable)
                 continue
@@ -393,12 +390,14 @@ class ReplayWorker:
                     # before the resume position may cover it); later ones start there.
                     inventory.reload(full=not inventory.listed_fully)
 
-    def _plan_from(self) -> int | Literal["pending"] | None:
+    def _plan_from(self, usable: set[SegmentKey]) -> int | Literal["pending"] | None:
         """The position the planner continues after: the checkpoint; without one, the
         position before the partition's recorded first one (a late first segment is then
         a gap like any other, lost only after lost_segment_timeout); ``None`` when egress
         records none (first_segment_delay); ``PENDING`` while its entry is not there yet.
         """
+        if self.position is None and self.cfg.source.start == "latest" and usable:
+            self._start_latest(usable)
         if self.position is not None:
             return self.position
         first = self.first.get()
