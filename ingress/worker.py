@@ -395,6 +395,8 @@ class ReplayWorker:
         position before the partition's recorded first one (a late first segment is then
         a gap like any other, lost only after lost_segment_timeout); ``None`` when egress
         records none (first_segment_delay); ``PENDING`` while its entry is not there yet.
+        With ``start = "latest"`` and no checkpoint, the bucket's history is skipped first
+        (``_start_latest`` checkpoints the newest segment's end).
         """
         if self.position is None and self.cfg.source.start == "latest" and usable:
             self._start_latest(usable)
