@@ -155,7 +155,7 @@ def run(name: str, records: int, value_size: int, compression: str) -> None:
     base = proc.memory_info().rss
     cpu0, wall0 = time.process_time(), time.perf_counter()
     rows = 0
-    with open_segment(store, fmt, key) as reader:
+    with open_segment(store, key) as reader:
         for batch in reader.iter_batches(10_000):
             rows += batch.num_rows
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

@@ -34,11 +34,9 @@ BATCH = 10_000  # ingress.batch_size default: records per transaction / produced
 def read_segments(store: Any, region: str, topic: str, partitions: int
                   ) -> dict[int, tuple[list[int], list[bytes | None], list[bytes | None]]]:
     """Partition -> (timestamps ms, keys, values) of every level-0 segment, in order."""
-    from formats.registry import get_format
     from formats.segment_io import open_segment
     from replicator.core.keys import PartitionRef, SegmentKey
 
-    fmt = get_format("parquet")
     out: dict[int, tuple[list[int], list[bytes | None], list[bytes | None]]] = {}
     for p in range(partitions):
         ts: list[int] = []
@@ -48,7 +46,7 @@ def read_segments(store: Any, region: str, topic: str, partitions: int
         segs = sorted(k for k in (SegmentKey.try_parse(i.key)
                                   for i in store.list(ref.segments_prefix(0))) if k)
         for seg in segs:
-            with open_segment(store, fmt, seg) as reader:
+            with open_segment(store, seg) as reader:
                 for b in reader.iter_batches(BATCH):
                     ts += b.column("timestamp").cast("int64").to_pylist()
                     keys += b.column("key").to_pylist()

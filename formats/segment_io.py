@@ -309,8 +309,7 @@ class SegmentStreamReader(SegmentReader):
         self.close()
 
 
-def open_segment(store: ObjectStore, key: SegmentKey | SegmentFormat,
-                 legacy_key: SegmentKey | None = None, *,
+def open_segment(store: ObjectStore, key: SegmentKey, *,
                  buffer_size: int = DEFAULT_READ_BUFFER) -> SegmentStreamReader:
     """Open a published segment, its footer checked against ``key``: the one way services
     and tools read segments.
@@ -320,17 +319,11 @@ def open_segment(store: ObjectStore, key: SegmentKey | SegmentFormat,
     change, read the same. Use as a context manager (or call ``close``) to release the
     object stream.
 
-    ``open_segment(store, fmt, key)`` (the form before segments were self-describing) is
-    still accepted while callers move; ``fmt`` is ignored.
-
     Raises:
         SegmentNotFound: no object under the key.
         SegmentCorrupt: no known format, unreadable, or the footer disagrees with the key.
         StorageError: retriable failure.
     """
-    if not isinstance(key, SegmentKey):
-        assert legacy_key is not None, "open_segment(store, key)"
-        key = legacy_key
     where = f"s3://{store.bucket}/{key.to_key()}"
     try:
         stream = store.open_read(key.to_key(), buffer_size=buffer_size)

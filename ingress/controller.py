@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from formats.base import SegmentFormat
 from formats.registry import get_format
 from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
@@ -96,7 +95,9 @@ class Ingress:
         self._make_sink = make_sink
         self.clock = clock
         self.sleep = sleep
-        self.format: SegmentFormat = get_format(settings.format.name)
+        # Replay reads each segment's format from its own bytes; a wrong ``format.name``
+        # is still a configuration error here, as in egress (one file serves both).
+        get_format(settings.format.name)
         # The durability protocol of every worker of this process, chosen once.
         self._delivery: type[Delivery] = delivery_for(self.cfg.delivery)
         self.sources = {(s.region, s.name): SourceState(s) for s in self.cfg.sources
@@ -358,8 +359,7 @@ class Ingress:
                            batch_bytes=self.cfg.batch_bytes,
                            rescan_interval=self.cfg.rescan_interval,
                            origin=origin_marker(self.cfg, src.region))
-        worker = ReplayWorker(cfg, store=self.store, fmt=self.format,
-                              checkpoints=self.checkpoints,
+        worker = ReplayWorker(cfg, store=self.store, checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
                               clock=self.clock, sleep=self.sleep, permits=self._permits)
         self.workers[wid] = worker

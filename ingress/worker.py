@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from formats.base import SegmentFormat
 from formats.segment_io import open_segment
 from ingress.checkpoints import CheckpointStore
 from ingress.delivery import Delivery
@@ -101,15 +100,13 @@ class WorkerConfig:
 class ReplayWorker:
     """Replays one source partition into destination partition ``p``; one thread."""
 
-    def __init__(self, cfg: WorkerConfig, *, store: ObjectStore, fmt: SegmentFormat,
-                 checkpoints: CheckpointStore, make_sink: Callable[[], ReplaySink],
-                 metrics: IngressMetrics, clock: Clock = utc_now,
-                 sleep: Callable[[float], None] | None = None,
+    def __init__(self, cfg: WorkerConfig, *, store: ObjectStore, checkpoints: CheckpointStore,
+                 make_sink: Callable[[], ReplaySink], metrics: IngressMetrics,
+                 clock: Clock = utc_now, sleep: Callable[[float], None] | None = None,
                  permits: FifoPermits | None = None) -> None:
         self.cfg = cfg
         self.permits = permits
         self.store = store
-        self.fmt = fmt
         self.checkpoints = checkpoints
         self.make_sink = make_sink
         self.metrics = metrics

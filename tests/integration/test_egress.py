@@ -16,7 +16,6 @@ import pytest
 
 from egress.controller import Egress
 from formats.records import Record, read_all_records
-from formats.registry import get_format
 from formats.segment_io import open_segment
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
@@ -94,10 +93,9 @@ def segment_keys(store: ObjectStore, topic: str, partition: int) -> list[Segment
 
 
 def read_partition(store: ObjectStore, topic: str, partition: int) -> list[Record]:
-    fmt = get_format("parquet")
     out: list[Record] = []
     for key in segment_keys(store, topic, partition):
-        with open_segment(store, fmt, key) as reader:
+        with open_segment(store, key) as reader:
             assert reader.metadata.start_offset == key.start
             assert reader.metadata.end_offset == key.end
             out.extend(read_all_records(reader.iter_batches(10_000)))

@@ -55,5 +55,5 @@ def write_segment(store: ObjectStore, key: SegmentKey, records: list[Record],
 
 
 def read_segment(store: ObjectStore, key: SegmentKey, fmt_name: str = "parquet") -> list[Record]:
-    with open_segment(store, get_format(fmt_name), key) as reader:
+    with open_segment(store, key) as reader:
         return [r for b in reader.iter_batches(1000) for r in batch_to_records(b)]

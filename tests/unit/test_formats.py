@@ -626,7 +626,7 @@ def _stored_reader_rows(name: str, data: bytes, key: SegmentKey) -> int:
 
     store = MemoryObjectStore("bucket")
     store.put(key.to_key(), data)
-    with open_segment(store, get_format(name), key, buffer_size=4096) as reader:
+    with open_segment(store, key, buffer_size=4096) as reader:
         return sum(b.num_rows for b in reader.iter_batches(7))
 
 

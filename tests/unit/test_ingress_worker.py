@@ -81,7 +81,7 @@ class Harness:
         self.worker: ReplayWorker | None = None
 
     def start(self, clock: Callable[[], datetime] | None = None) -> ReplayWorker:
-        self.worker = ReplayWorker(self.cfg, store=self.store, fmt=FMT,
+        self.worker = ReplayWorker(self.cfg, store=self.store,
                                    checkpoints=self.checkpoints, make_sink=lambda: self.sink,
                                    metrics=self.m, clock=clock or utc_now)
         self.worker.start()
@@ -685,7 +685,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
         cfg = WorkerConfig(source=h.cfg.source, ref=ref, destination_topic="copy",
                            delivery=delivery_for("exactly-once"), batch_size=7,
                            rescan_interval=timedelta(seconds=5))
-        w = ReplayWorker(cfg, store=store, fmt=FMT, checkpoints=h.checkpoints,
+        w = ReplayWorker(cfg, store=store, checkpoints=h.checkpoints,
                          make_sink=functools.partial(lambda s: s, sink), metrics=h.m,
                          permits=permits)
         workers.append(w)

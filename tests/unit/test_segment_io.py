@@ -84,7 +84,7 @@ def test_upload_publish_open_round_trip(name: str) -> None:
     assert store.keys() == [key.to_key()]
     assert final.size == temp.size
 
-    with open_segment(store, get_format(name), key, buffer_size=64 * 1024) as reader:
+    with open_segment(store, key, buffer_size=64 * 1024) as reader:
         assert reader.metadata.message_count == 950
         assert reader.metadata.start_offset == 1000
         assert read_all_records(reader.iter_batches(128)) == records
@@ -217,7 +217,7 @@ def test_finish_can_be_retried_after_a_failed_complete(name: str) -> None:
             upload.finish(meta)
     temp = upload.finish(meta)  # the footer was written once; the object is whole
     publish_segment(store, temp.key, key_for(0, 99))
-    with open_segment(store, get_format(name), key_for(0, 99)) as reader:
+    with open_segment(store, key_for(0, 99)) as reader:
         assert read_all_records(reader.iter_batches(1000)) == records
 
 
@@ -255,22 +255,20 @@ def test_publish_reports_a_temp_left_behind_and_runs_each_step_through_attempt()
 
 def test_open_segment_refuses_missing_and_mismatched_objects() -> None:
     store = _FlakyStore(failures=0)
-    fmt = get_format("parquet")
     with pytest.raises(SegmentNotFound, match="s3://bucket/data/us-east-1/orders/2/0/"):
-        open_segment(store, fmt, key_for(0, 19))
+        open_segment(store, key_for(0, 19))
     _, temp = upload_records(store, "parquet", make_records(0, 20))
     wrong = key_for(0, 29)
     store.copy(temp.key, wrong.to_key())  # right bytes, wrong key
     with pytest.raises(SegmentCorrupt, match=r"end_offset") as err:
-        open_segment(store, fmt, wrong)
+        open_segment(store, wrong)
     assert wrong.to_key() in str(err.value)
     assert store.streams[-1].closed  # a refused segment does not leak its stream
     store.put(key_for(50, 59).to_key(), b"garbage bytes, not parquet")
     with pytest.raises(SegmentCorrupt, match=r"s3://bucket/.*00000000000000000050"):
-        open_segment(store, fmt, key_for(50, 59))
-    # The form that named a format: the segment's own bytes decide, not the argument.
+        open_segment(store, key_for(50, 59))
     publish_segment(store, temp.key, key_for(0, 19))
-    with open_segment(store, get_format("arrow"), key_for(0, 19)) as reader:
+    with open_segment(store, key_for(0, 19)) as reader:  # the segment's own bytes name it
         assert reader.format is not None and reader.format.name == "parquet"
 
 
@@ -278,7 +276,7 @@ def test_reader_closes_its_stream() -> None:
     store = _FlakyStore(failures=0)
     _, temp = upload_records(store, "parquet", make_records(0, 20))
     publish_segment(store, temp.key, key_for(0, 19))
-    reader = open_segment(store, get_format("parquet"), key_for(0, 19))
+    reader = open_segment(store, key_for(0, 19))
     assert not store.streams[-1].closed
     assert sum(b.num_rows for b in reader.iter_batches(7)) == 20
     reader.close()
@@ -336,15 +334,14 @@ def test_storage_errors_while_reading_stay_retriable(name: str) -> None:
                              WriterOptions(row_group_size=64 * 1024, compression="none"))
     key = key_for(0, 999)
     publish_segment(store, temp.key, key)
-    fmt = get_format(name)
-    with open_segment(store, fmt, key, buffer_size=64 * 1024) as reader:
+    with open_segment(store, key, buffer_size=64 * 1024) as reader:
         assert sum(b.num_rows for b in reader.iter_batches(100)) == 1000
     total = store.calls
     assert total > 10
     for fail_at in (1, 2, total // 2, total):
         store.calls, store.fail_at = 0, fail_at
         with pytest.raises(StorageError, match="503"), \
-                open_segment(store, fmt, key, buffer_size=64 * 1024) as reader:
+                open_segment(store, key, buffer_size=64 * 1024) as reader:
             for _ in reader.iter_batches(100):
                 pass
 

@@ -13,7 +13,6 @@ from egress.rotation import CloseReason, SegmentLimits
 from egress.segment import Segment
 from formats.base import SEGMENT_SCHEMA
 from formats.records import Record, batch_to_records
-from formats.registry import get_format
 from formats.segment_io import open_segment
 from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.keys import SegmentKey
@@ -33,7 +32,7 @@ def make(**kw: object) -> Harness:
 
 
 def read(h: Harness, key: str) -> list[Record]:
-    with open_segment(h.store, get_format("parquet"), SegmentKey.parse(key)) as r:
+    with open_segment(h.store, SegmentKey.parse(key)) as r:
         return [rec for b in r.iter_batches(1000) for rec in batch_to_records(b)]
 
 
