@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -16,13 +17,15 @@ from replicator.cli.tables import print_table
 from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
 from replicator.core.kafka import Admin, Producer
 from replicator.core.metrics import Metrics, MetricsServer
-from replicator.core.offset_map import map_key
-from replicator.core.settings import IngressSettings
+from replicator.core.offset_map import MapPartition, OffsetMapEntry, map_key
+from replicator.core.settings import IngressSettings, KafkaSettings
 from replicator.core.units import parse_duration
+from replicator.core.wire import GroupExport
 from replicator.ops.checkpoints import configured_sources
 from replicator.ops.groups import (
     GroupMetrics,
     GroupRow,
+    after_sync,
     plan,
     prunable,
     read_exports,
@@ -36,15 +39,27 @@ def groups() -> None:
     """Consumer-group offsets for a failover."""
 
 
-def _rows(config: Path) -> tuple[list[GroupRow], Admin]:
+@dataclass(frozen=True)
+class Planned:
+    """One read of the stores and the plan made from it."""
+
+    rows: list[GroupRow]
+    admin: Admin
+    kafka: KafkaSettings
+    map_topic: str
+    exports: list[GroupExport]
+    entries: dict[MapPartition, list[OffsetMapEntry]]
+
+
+def _rows(config: Path) -> list[GroupRow]:
     """The plan; fails the command (exit 1) when the stores cannot be read."""
     try:
-        return _plan(config)
+        return _plan(config).rows
     except (ReplicatorError, ValueError) as e:
         fail(str(e), EXIT_FAILURE)
 
 
-def _plan(config: Path) -> tuple[list[GroupRow], Admin]:
+def _plan(config: Path) -> Planned:
     """Read exports, offset map and checkpoints; plan every group (raises on failure)."""
     settings, store = settings_store(config)
     ingress: IngressSettings | None = settings.ingress
@@ -59,25 +74,19 @@ def _plan(config: Path) -> tuple[list[GroupRow], Admin]:
     cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
                                timeout=30).load_all()
     sources = configured_sources(ingress, settings.s3.prefix, store)
-    return plan(exports, sources, admin, entries, cps), admin
+    return Planned(plan(exports, sources, admin, entries, cps), admin, settings.kafka,
+                   ingress.offset_map_topic, exports, entries)
 
 
-def _prune(config: Path) -> int:
-    """Tombstones for the map entries no exported group needs (``prunable``); returns how
-    many (raises on failure).
+def _prune(planned: Planned) -> int:
+    """Tombstones for the map entries no exported group needs (``prunable``, from what the
+    plan read); returns how many (raises on failure).
     """
-    settings, store = settings_store(config)
-    ingress = settings.require("ingress")
-    exports = read_exports(store, settings.s3.prefix, ingress)
-    try:
-        entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
-    except TopicError:
-        return 0
-    gone = prunable(entries, exports)
+    gone = prunable(planned.entries, planned.exports)
     if gone:
-        producer = Producer(settings.kafka, name="offset-map pruning")
+        producer = Producer(planned.kafka, name="offset-map pruning")
         for (region, topic, partition, destination), first in gone:
-            producer.produce(ingress.offset_map_topic, None,
+            producer.produce(planned.map_topic, None,
                              map_key(region, topic, partition, destination, first).encode())
         if producer.flush(30):
             raise KafkaRetriableError("offset-map tombstones not acknowledged within 30s")
@@ -113,7 +122,7 @@ def show_cmd(config: Path, output: str) -> None:
     Reads the exported groups in the destination bucket, the offset map and checkpoint
     topics and the destination cluster's groups (an ingress config).
     """
-    rows, _ = _rows(config)
+    rows = _rows(config)
     if output == "json":
         echo_json([r.as_dict() for r in rows])
     else:
@@ -155,10 +164,10 @@ def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) ->
                       ready=lambda: True).start()
     while True:
         try:
-            rows, admin = _rows(config) if interval is None else _plan(config)
-            done = sync(rows, admin)
-            after = _rows(config)[0] if interval is None else _plan(config)[0]
-            pruned = _prune(config) if prune else 0
+            planned = _plan(config)
+            done = sync(planned.rows, planned.admin)
+            after = after_sync(planned.rows)
+            pruned = _prune(planned) if prune else 0
         except (ReplicatorError, ValueError) as e:
             if interval is None:
                 fail(str(e), EXIT_FAILURE)

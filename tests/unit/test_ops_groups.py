@@ -21,6 +21,7 @@ from replicator.ops.groups import (
     WAITING,
     GroupMetrics,
     GroupRow,
+    after_sync,
     plan,
     plan_group,
     prunable,
@@ -136,3 +137,14 @@ def test_prunable_entries_are_below_every_group_and_never_the_newest() -> None:
         assert translate(kept, c, 110) == translate(ENTRIES[part], c, 110)
     # A group past everything: the newest entry stays (it gives the replicated end).
     assert (part, ENTRIES[part][-1].src_first) not in prunable(entries, [export({0: 10**6})])
+
+
+def test_after_sync_is_what_a_new_plan_would_say() -> None:
+    admin = FakeAdmin()
+    for committed, replicated in ((50, 200), (80, 40)):
+        rows = rows_for(committed, replicated=replicated)
+        sync(rows, admin)
+        replanned = plan_group(export({0: committed}), "orders", members=0,
+                               destination_committed=admin.committed, entries=ENTRIES,
+                               replicated={0: replicated}, aggregated=False)
+        assert after_sync(rows) == replanned
