@@ -118,6 +118,12 @@ def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> C
     return best
 
 
+def invalid_checkpoints(metrics: Metrics) -> Any:
+    """The counter of checkpoint records that could not be parsed, by key."""
+    return metrics.counter("ingress_checkpoints_invalid_total",
+                           "Checkpoint records that could not be parsed (ignored).", ["key"])
+
+
 class KafkaCheckpointStore(CheckpointStore):
     """Reads the checkpoint topic with ``read_committed``, from the beginning to its end.
 
@@ -132,9 +138,7 @@ class KafkaCheckpointStore(CheckpointStore):
         self.kafka_settings = kafka_settings
         self.topic = topic
         self.timeout = timeout
-        self._invalid = metrics.counter(
-            "ingress_checkpoints_invalid_total",
-            "Checkpoint records that could not be parsed (ignored).", ["key"])
+        self._invalid = invalid_checkpoints(metrics)
 
     def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
         want = key.encode()
@@ -254,9 +258,7 @@ class FollowingCheckpointStore(CheckpointStore):
         self.kafka_settings = kafka_settings
         self.topic = topic
         self.timeout = timeout
-        self._invalid = metrics.counter(
-            "ingress_checkpoints_invalid_total",
-            "Checkpoint records that could not be parsed (ignored).", ["key"])
+        self._invalid = invalid_checkpoints(metrics)
         self._raw: dict[str, list[bytes | None]] = {}
         self._reached: dict[int, int] = {}
         self._cond = threading.Condition()
