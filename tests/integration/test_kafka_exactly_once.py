@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import read_to_end
@@ -144,6 +146,7 @@ def test_sigkill_mid_transaction_three_times_then_every_record_exactly_once(
 MEMBERS_PARTITIONS = 64
 MEMBERS_PER_PARTITION = 1_000
 MEMBERS_BATCH = 250
+MAX_FREEZES = 20
 
 
 def process_config(env: Env, tmp_path: Path, name: str, port: int) -> Path:
@@ -173,11 +176,43 @@ def all_checkpointed(env: Env, topic: str, last: int) -> bool:
     return len(done) == MEMBERS_PARTITIONS
 
 
+def produced_partitions(port: int) -> set[int]:
+    """The partitions an ingress process has produced records to (its metrics)."""
+    text = metrics_text(port) or ""
+    return {int(line.split('partition="', 1)[1].split('"', 1)[0])
+            for line in text.splitlines()
+            if line.startswith("replicator_ingress_messages_produced_total{")
+            and float(line.rsplit(" ", 1)[1]) > 0}
+
+
+def open_transactions(brokers: str, topic: str, partitions: set[int]) -> set[int]:
+    """Those of ``partitions`` of ``topic`` holding records of an unfinished transaction:
+    the last stable offset stays below the high watermark, unmoved, for 1.5 s (called while
+    their producer is frozen, so a transaction found open stays open).
+    """
+    admin = AdminClient({"bootstrap.servers": brokers})
+
+    def offsets(isolation: IsolationLevel) -> dict[int, int]:
+        req = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        futures = admin.list_offsets(req, isolation_level=isolation, request_timeout=30)
+        return {tp.partition: f.result().offset for tp, f in futures.items()}
+
+    stable = offsets(IsolationLevel.READ_COMMITTED)
+    stuck = set(partitions)
+    for _ in range(3):
+        time.sleep(0.5)
+        high = offsets(IsolationLevel.READ_UNCOMMITTED)
+        again = offsets(IsolationLevel.READ_COMMITTED)
+        stuck &= {p for p in partitions if again[p] == stable[p] < high[p]}
+    return stuck
+
+
 def test_two_processes_64_partitions_one_killed_mid_transaction_and_restarted(
         env: Env, tmp_path: Path) -> None:
     """Two ingress processes share 64 partitions, each through its transactional producers
     (a pool of two: ``ingress.producers``); one is SIGKILLed while its transactions
-    (batches of several partitions) are open and restarted with the same instance id.
+    (batches of several partitions) are open, with records in the log (seen while it is
+    frozen), and restarted with the same instance id.
     read_committed, the destination equals the source: 0 duplicates, 0 lost, in order.
     """
     n, per = MEMBERS_PARTITIONS, MEMBERS_PER_PARTITION
@@ -192,9 +227,26 @@ def test_two_processes_64_partitions_one_killed_mid_transaction_and_restarted(
         for port in ports.values():
             wait_for(lambda port=port: (produced(port) or 0) > 0, 60,  # type: ignore[misc]
                      "both processes to produce")
-        before = produced(ports["a"]) or 0
-        wait_for(lambda: (produced(ports["a"]) or 0) > before, 30, "a's next transaction")
-        time.sleep(random.Random(7).uniform(0.0, 0.05))
+        # Freeze a (SIGSTOP) and look whether it left a transaction open with records in
+        # the log; only then kill it. A kill between two transactions, or during a commit
+        # already sent, proves nothing about abort isolation: otherwise a is resumed and
+        # frozen again after its next transaction (each freeze lasts under the 3 s session
+        # timeout, so a stays in the group).
+        rnd = random.Random(7)
+        cut: set[int] = set()
+        for _ in range(MAX_FREEZES):
+            before = produced(ports["a"]) or 0
+            wait_for(lambda b=before: (produced(ports["a"]) or 0) > b,  # type: ignore[misc]
+                     30, "a's next transaction")
+            time.sleep(rnd.uniform(0.0, 0.1))
+            mine = produced_partitions(ports["a"])
+            os.kill(procs["a"].pid, signal.SIGSTOP)
+            cut = open_transactions(env.brokers, env.dest, mine)
+            if cut:
+                break
+            os.kill(procs["a"].pid, signal.SIGCONT)
+        assert cut, f"a was never caught inside a transaction in {MAX_FREEZES} tries"
+        print(f"a killed with transactions open on partitions {sorted(cut)}")
         os.kill(procs["a"].pid, signal.SIGKILL)
         procs["a"].wait(10)
         procs["a"] = start(cfgs["a"], log)
