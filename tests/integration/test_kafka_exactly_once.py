@@ -23,7 +23,7 @@ from typing import Literal
 
 import pytest
 from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import read_to_end
@@ -193,7 +193,8 @@ def open_transactions(brokers: str, topic: str, partitions: set[int]) -> set[int
     admin = AdminClient({"bootstrap.servers": brokers})
 
     def offsets(isolation: IsolationLevel) -> dict[int, int]:
-        req = {TopicPartition(topic, p): OffsetSpec.latest() for p in partitions}
+        req = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
+               for p in partitions}
         futures = admin.list_offsets(req, isolation_level=isolation, request_timeout=30)
         return {tp.partition: f.result().offset for tp, f in futures.items()}
 
