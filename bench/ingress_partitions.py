@@ -101,7 +101,7 @@ def fill_bucket(partitions: int, records: int, topic: str) -> Any:
 def fill_checkpoints(brokers: str, topic: str, n: int) -> None:
     from datetime import UTC, datetime
 
-    from ingress.topics import CHECKPOINT_TOPIC_CONFIG
+    from replicator.core.compacted_topic import CHECKPOINT_TOPIC_CONFIG
     from replicator.core.kafka import Admin, Producer
     from replicator.core.settings import KafkaSettings
     from replicator.core.wire import Checkpoint

@@ -32,6 +32,7 @@ from typing import Protocol
 from ingress.metrics import IngressMetrics
 from ingress.rows import Rows
 from ingress.topics import TopicAdmin
+from replicator.core.compacted_topic import ensure_compacted_topic
 from replicator.core.kafka import DeliveryReport
 from replicator.core.offset_map import entries_of, map_key
 from replicator.core.wire import Checkpoint, parse_checkpoint_key
@@ -131,6 +132,8 @@ class OffsetMapWriter:
 
 
 def ensure_offset_map_topic(admin: TopicAdmin, topic: str) -> None:
-    """Create the offset-map topic (compacted: one key per entry) if it is missing."""
-    if admin.create_topic(topic, 1, {"cleanup.policy": "compact"}):
-        log.info("created offset-map topic %s (compacted)", topic)
+    """Create the offset-map topic (compacted: one key per entry) if it is missing, with the
+    checkpoint topic's compaction settings (pruned entries' tombstones go within an hour,
+    not after the default week of the active segment); report a badly set existing one.
+    """
+    ensure_compacted_topic(admin, topic, "offset-map topic")

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Literal, Protocol
 
 from ingress.metrics import IngressMetrics
+from replicator.core.compacted_topic import ensure_compacted_topic
 from replicator.core.errors import ReplicatorError, TopicError
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
@@ -177,68 +178,7 @@ def ensure_internal_topics(admin: TopicAdmin, *, events_topic: str,
                                             "retention.ms": retention_ms}):
         log.info("created segment events topic %s (retention %s)", events_topic,
                  events_retention)
-    if admin.create_topic(checkpoint_topic, 1, dict(CHECKPOINT_TOPIC_CONFIG)):
-        log.info("created checkpoint topic %s (%s)", checkpoint_topic,
-                 ", ".join(f"{k}={v}" for k, v in CHECKPOINT_TOPIC_CONFIG.items()))
-        return
-    try:
-        configs = admin.effective_topic_config(checkpoint_topic)
-    except ReplicatorError as e:
-        log.warning("cannot read the configs of checkpoint topic %s: %s", checkpoint_topic, e)
-        return
-    for level, problem in checkpoint_topic_problems(configs):
-        log.log(level, "checkpoint topic %s: %s", checkpoint_topic, problem)
-
-
-CHECKPOINT_TOPIC_CONFIG: Mapping[str, str] = {
-    "cleanup.policy": "compact",
-    # The cleaner never compacts the active segment; with the default segment.ms (7 days)
-    # a week of checkpoints (one per transaction and partition) stays for every start to
-    # read. Rolled hourly, the topic holds about one record per key plus an hour's worth.
-    "segment.ms": str(3600 * 1000),
-    # Clean once a tenth of the log is superseded (default: half).
-    "min.cleanable.dirty.ratio": "0.1",
-    # A checkpoint may go as soon as a newer one of its key exists (the default, 0, kept
-    # explicit: a lag would only keep superseded checkpoints longer).
-    "min.compaction.lag.ms": "0",
-}
-"""Configs of a checkpoint topic ingress creates (ingress/README.md, "Checkpoint topic")."""
-
-MAX_CHECKPOINT_SEGMENT_MS = 24 * 3600 * 1000
-"""A ``segment.ms`` above this keeps that long of superseded checkpoints uncompacted."""
-
-
-def checkpoint_topic_problems(configs: Mapping[str, str]) -> list[tuple[int, str]]:
-    """What is wrong with an existing checkpoint topic's effective configs, as (log level,
-    message): a topic that is not compacted can lose checkpoints (ERROR: replay would
-    restart below them); one whose segments roll rarely or clean late is read slowly at
-    every start (WARNING). Configs the broker does not describe are not judged.
-    """
-    out: list[tuple[int, str]] = []
-    policy = configs.get("cleanup.policy")
-    if policy is not None and "compact" not in policy:
-        out.append((logging.ERROR, f"cleanup.policy={policy}: checkpoints can be deleted "
-                    "(a partition would replay again from an older position); set "
-                    "cleanup.policy=compact"))
-    elif policy is not None and "delete" in policy:
-        out.append((logging.ERROR, f"cleanup.policy={policy}: retention can delete a "
-                    "partition's only checkpoint; set cleanup.policy=compact"))
-    segment_ms = configs.get("segment.ms")
-    if segment_ms is not None and segment_ms.isdigit() \
-            and int(segment_ms) > MAX_CHECKPOINT_SEGMENT_MS:
-        out.append((logging.WARNING, f"segment.ms={segment_ms}: the active segment is never "
-                    "compacted, so every start reads that long of checkpoints; set "
-                    f"segment.ms={CHECKPOINT_TOPIC_CONFIG['segment.ms']}"))
-    ratio = configs.get("min.cleanable.dirty.ratio")
-    try:
-        late = ratio is not None and float(ratio) > 0.5
-    except ValueError:
-        late = False
-    if late:
-        out.append((logging.WARNING, f"min.cleanable.dirty.ratio={ratio}: compacted late; "
-                    f"set min.cleanable.dirty.ratio="
-                    f"{CHECKPOINT_TOPIC_CONFIG['min.cleanable.dirty.ratio']}"))
-    return out
+    ensure_compacted_topic(admin, checkpoint_topic, "checkpoint topic")
 
 
 # --- sources and their destinations -----------------------------------------------------

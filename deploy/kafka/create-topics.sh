@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create the two topics ingress uses in a destination region's Kafka cluster (docs/architecture.md, "Checkpoints" and "Segment events").
+# Create the topics ingress uses in a destination region's Kafka cluster (docs/architecture.md,
+# "Checkpoints" and "Segment events"; docs/failover.md, "The offset map").
 # Ingress creates them itself when its principal may (CreateTopics); run this where topic
 # creation is reserved to operators, before the first ingress start.
 #
@@ -16,6 +17,8 @@
 #   SEGMENT_EVENTS_TOPIC  default replicator.segmentevents  (= ingress.segment_events_topic)
 #   SEGMENT_EVENTS_RETENTION_MS  default 3600000 (1h)      (= ingress.segment_events_retention)
 #   CHECKPOINT_TOPIC      default replicator.checkpoint     (= ingress.checkpoint_topic)
+#   OFFSET_MAP_TOPIC      default replicator.offsetmap      (= ingress.offset_map_topic;
+#                         set it to "" where ingress.offset_map = false)
 #   SEGMENT_EVENTS_PARTITIONS / CHECKPOINT_PARTITIONS  default 1 / 1 (see below)
 set -euo pipefail
 
@@ -26,6 +29,7 @@ MIN_INSYNC_REPLICAS="${MIN_INSYNC_REPLICAS:-2}"
 SEGMENT_EVENTS_TOPIC="${SEGMENT_EVENTS_TOPIC:-replicator.segmentevents}"
 SEGMENT_EVENTS_RETENTION_MS="${SEGMENT_EVENTS_RETENTION_MS:-3600000}"
 CHECKPOINT_TOPIC="${CHECKPOINT_TOPIC:-replicator.checkpoint}"
+OFFSET_MAP_TOPIC="${OFFSET_MAP_TOPIC-replicator.offsetmap}"
 # Every ingress instance reads the whole segment-events topic and the whole checkpoint
 # topic (no shared consumer group), so more partitions buy no parallelism; one keeps the
 # events in arrival order.
@@ -62,5 +66,23 @@ fi
   --config segment.ms=3600000 \
   --config min.cleanable.dirty.ratio=0.1
 
+# Offset map: where each replayed batch landed in this cluster, for consumer-group
+# failover (`replicator groups`). One key per batch entry, superseded entries pruned by
+# tombstones: compacted like the checkpoints, so the tombstones go within the hour.
+if [ -n "$OFFSET_MAP_TOPIC" ]; then
+  "$KAFKA_TOPICS" "${common[@]}" --create --if-not-exists \
+    --topic "$OFFSET_MAP_TOPIC" \
+    --partitions 1 \
+    --replication-factor "$REPLICATION_FACTOR" \
+    --config cleanup.policy=compact \
+    --config min.insync.replicas="$MIN_INSYNC_REPLICAS" \
+    --config min.compaction.lag.ms=0 \
+    --config segment.ms=3600000 \
+    --config min.cleanable.dirty.ratio=0.1
+fi
+
 "$KAFKA_TOPICS" "${common[@]}" --describe --topic "$SEGMENT_EVENTS_TOPIC"
 "$KAFKA_TOPICS" "${common[@]}" --describe --topic "$CHECKPOINT_TOPIC"
+if [ -n "$OFFSET_MAP_TOPIC" ]; then
+  "$KAFKA_TOPICS" "${common[@]}" --describe --topic "$OFFSET_MAP_TOPIC"
+fi

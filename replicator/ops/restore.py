@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from formats.base import TIMESTAMP_NOT_AVAILABLE
 from formats.segment_io import open_segment, raw_size_of_batch, timestamp_range
+from replicator.core.compacted_topic import ensure_compacted_topic
 from replicator.core.errors import (
     FatalError,
     KafkaRetriableError,
@@ -189,8 +190,7 @@ class Restorer:
         """
         req = self.request
         admin = Admin(self.kafka)
-        if admin.create_topic(req.checkpoint_topic, 1, {"cleanup.policy": "compact"}):
-            log.info("created checkpoint topic %s (compacted)", req.checkpoint_topic)
+        ensure_compacted_topic(admin, req.checkpoint_topic, "checkpoint topic")
         wanted = max((p.partition for p in plan_.partitions), default=0) + 1
         meta = read_topic_meta(self.store, self.prefix, req.source_region, req.topic)
         have = existing_partitions(admin, req.to_topic)

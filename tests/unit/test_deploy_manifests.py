@@ -787,6 +787,7 @@ def test_create_topics_matches_the_ingress_settings(overlay: Path, tmp_path: Pat
            "REPLICATION_FACTOR": "5", "COMMAND_CONFIG": "/etc/kafka/client.properties",
            "SEGMENT_EVENTS_TOPIC": s.ingress.segment_events_topic,
            "CHECKPOINT_TOPIC": s.ingress.checkpoint_topic,
+           "OFFSET_MAP_TOPIC": s.ingress.offset_map_topic,
            "SEGMENT_EVENTS_RETENTION_MS":
                str(int(s.ingress.segment_events_retention.total_seconds() * 1000))}
     out = subprocess.run([str(DEPLOY / "kafka" / "create-topics.sh")], env=env,
@@ -795,13 +796,19 @@ def test_create_topics_matches_the_ingress_settings(overlay: Path, tmp_path: Pat
     by_topic = {c[c.index("--topic") + 1]: c for c in creates}
     events = by_topic[s.ingress.segment_events_topic]
     checkpoints = by_topic[s.ingress.checkpoint_topic]
-    for args in (events, checkpoints):
+    offset_map = by_topic[s.ingress.offset_map_topic]
+    for args in (events, checkpoints, offset_map):
         assert args[args.index("--replication-factor") + 1] == "5"
         assert "--command-config" in args and "--if-not-exists" in args
     assert "cleanup.policy=delete" in events
     assert "retention.ms=3600000" in events  # 1h in the shipped configs
     assert "cleanup.policy=compact" in checkpoints
     assert any(a.startswith("min.insync.replicas=") for a in checkpoints)
+    # Both compacted topics get the settings ingress creates them with.
+    from replicator.core.compacted_topic import CHECKPOINT_TOPIC_CONFIG
+    for args in (checkpoints, offset_map):
+        assert {a for a in args if "=" in a} >= {f"{k}={v}"
+                                                 for k, v in CHECKPOINT_TOPIC_CONFIG.items()}
 
 
 def test_create_topics_defaults_match_the_settings_defaults() -> None:
@@ -811,6 +818,7 @@ def test_create_topics_defaults_match_the_settings_defaults() -> None:
     fields = IngressSettings.model_fields
     assert f"SEGMENT_EVENTS_TOPIC:-{fields['segment_events_topic'].default}" in text
     assert f"CHECKPOINT_TOPIC:-{fields['checkpoint_topic'].default}" in text
+    assert f"OFFSET_MAP_TOPIC-{fields['offset_map_topic'].default}" in text
     retention_ms = int(fields["segment_events_retention"].default.total_seconds() * 1000)
     assert f"SEGMENT_EVENTS_RETENTION_MS:-{retention_ms}" in text
 

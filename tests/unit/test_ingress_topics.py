@@ -10,13 +10,13 @@ from datetime import timedelta
 
 import pytest
 
+from ingress.offset_map import ensure_offset_map_topic
 from ingress.topics import (
-    CHECKPOINT_TOPIC_CONFIG,
-    checkpoint_topic_problems,
     destination_step,
     ensure_destination,
     ensure_internal_topics,
 )
+from replicator.core.compacted_topic import CHECKPOINT_TOPIC_CONFIG, checkpoint_topic_problems
 from replicator.core.errors import TopicError
 from replicator.core.storage import MemoryObjectStore
 from replicator.core.topic_copy import read_topic_meta
@@ -102,11 +102,25 @@ def test_internal_topics() -> None:
                            checkpoint_topic="cp")  # idempotent
 
 
+def test_offset_map_topic_gets_the_checkpoint_compaction_settings(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Created with a rolled, eagerly cleaned segment (pruned entries' tombstones go within
+    the hour, not after a week); an existing one set to delete is reported at ERROR."""
+    a = FakeAdmin()
+    ensure_offset_map_topic(a, "om")
+    assert a.configs["om"] == dict(CHECKPOINT_TOPIC_CONFIG)
+    a = FakeAdmin(topics={"om": 1}, configs={"om": {"cleanup.policy": "delete"}})
+    with caplog.at_level(logging.WARNING):
+        ensure_offset_map_topic(a, "om")
+    assert [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records] == [
+        (logging.ERROR, "offset-map topic om")]
+
+
 def test_an_existing_checkpoint_topic_that_does_not_compact_well_is_reported(
         caplog: pytest.LogCaptureFixture) -> None:
     a = FakeAdmin(topics={"cp": 1}, configs={"cp": {"cleanup.policy": "delete"}},
                   defaults={"segment.ms": "604800000", "min.cleanable.dirty.ratio": "0.5"})
-    with caplog.at_level(logging.WARNING, logger="ingress.topics"):
+    with caplog.at_level(logging.WARNING, logger="replicator.core.compacted_topic"):
         ensure_internal_topics(a, events_topic="ev", events_retention=timedelta(hours=1),
                                checkpoint_topic="cp")
     levels = {(r.levelno, r.getMessage().split(":")[1].strip().split("=")[0])
