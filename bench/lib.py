@@ -377,42 +377,7 @@ class BenchStack:
 
 
 def write_toml(path: Path, data: Mapping[str, Any]) -> Path:
-    """A minimal TOML writer for the configs of child processes (dicts, scalars, lists)."""
-    import json
+    """The config file of a child process (``replicator.devstack.toml_writer``)."""
+    from replicator.devstack.toml_writer import write_toml as write
 
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, Mapping):
-            return "{ " + ", ".join(f"{json.dumps(str(k))} = {value(x)}"
-                                    for k, x in v.items()) + " }"
-        raise TypeError(type(v))
-
-    lines: list[str] = []
-
-    def table(prefix: str, d: Mapping[str, Any]) -> None:
-        scalars = {k: v for k, v in d.items() if not isinstance(v, Mapping)
-                   and not (isinstance(v, list) and v and isinstance(v[0], Mapping))}
-        if prefix:
-            lines.append(f"[{prefix}]")
-        for k, v in scalars.items():
-            lines.append(f"{json.dumps(str(k))} = {value(v)}")
-        for k, v in d.items():
-            name = f"{prefix}.{json.dumps(str(k))}" if prefix else json.dumps(str(k))
-            if isinstance(v, Mapping):
-                table(name, v)
-            elif isinstance(v, list) and v and isinstance(v[0], Mapping):
-                for item in v:
-                    lines.append(f"[[{name}]]")
-                    for ik, iv in item.items():
-                        lines.append(f"{json.dumps(str(ik))} = {value(iv)}")
-
-    table("", data)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write(path, data)

@@ -4,9 +4,10 @@ TOML config of each controller on it (``render_config``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal
+
+from replicator.devstack.toml_writer import toml_value
 
 Role = Literal["egress", "ingress", "compaction"]
 ROLES: tuple[Role, ...] = ("egress", "ingress", "compaction")
@@ -36,15 +37,6 @@ FAST_GROUP_CONFIG: dict[str, int | str] = {
     "partition.assignment.strategy": "range",
 }
 
-def _toml_str(s: str) -> str:
-    return json.dumps(s)  # a JSON string is a valid TOML basic string
-
-
-def _toml_table(d: Mapping[str, Any]) -> str:
-    items = ", ".join(f"{_toml_str(k)} = {json.dumps(v)}" for k, v in d.items())
-    return "{ " + items + " }"
-
-
 def render_config(role: Role, endpoints: Mapping[str, str], *, topic: str = TOPIC,
                   metrics_port: int = 0) -> str:
     """The TOML config of one controller on the local stack (keys: docs/configuration.md).
@@ -58,20 +50,20 @@ def render_config(role: Role, endpoints: Mapping[str, str], *, topic: str = TOPI
     brokers = endpoints["destination_kafka" if role == "ingress" else "source_kafka"]
     head = f"""# Written by `replicator local up` for the embedded stack; {role} in {region}.
 # Any value can be overridden with REPLICATOR_<SECTION>__<KEY> environment variables.
-region = {_toml_str(region)}
+region = {toml_value(region)}
 
 [s3]
-bucket = {_toml_str(bucket)}
-prefix = {_toml_str(DATA_PREFIX)}
-temp_prefix = {_toml_str(TEMP_PREFIX)}
-endpoint_url = {_toml_str(endpoints["s3"])}
-access_key_id = {_toml_str(ACCESS_KEY)}
-secret_access_key = {_toml_str(SECRET_KEY)}
+bucket = {toml_value(bucket)}
+prefix = {toml_value(DATA_PREFIX)}
+temp_prefix = {toml_value(TEMP_PREFIX)}
+endpoint_url = {toml_value(endpoints["s3"])}
+access_key_id = {toml_value(ACCESS_KEY)}
+secret_access_key = {toml_value(SECRET_KEY)}
 
 [kafka]
-brokers = {_toml_str(brokers)}
+brokers = {toml_value(brokers)}
 # Short group timeouts: joins and rebalances take seconds, not the librdkafka defaults.
-config = {_toml_table(FAST_GROUP_CONFIG)}
+config = {toml_value(FAST_GROUP_CONFIG)}
 
 [format]
 name = "parquet"
@@ -89,7 +81,7 @@ level = "INFO"
 [egress]
 group_id = "replicator.egress"
 
-[egress.topics.{_toml_str(topic)}]
+[egress.topics.{toml_value(topic)}]
 max_segment_messages = 10000
 max_segment_size = "1MiB"
 max_segment_age = "2s"
@@ -98,17 +90,17 @@ max_segment_age = "2s"
         body = f"""
 [ingress]
 group_id = "replicator.ingress"
-sqs_queue = {_toml_str(QUEUE)}
-sqs_endpoint_url = {_toml_str(endpoints["sqs"])}
+sqs_queue = {toml_value(QUEUE)}
+sqs_endpoint_url = {toml_value(endpoints["sqs"])}
 segment_events_topic = "replicator.segmentevents"
 segment_events_retention = "1h"
 checkpoint_topic = "replicator.checkpoint"
 delivery = "exactly-once"
 
 [[ingress.sources]]
-region = {_toml_str(SOURCE_REGION)}
-topic = {_toml_str(topic)}
-destination_topic = {_toml_str(topic + ".copy")}
+region = {toml_value(SOURCE_REGION)}
+topic = {toml_value(topic)}
+destination_topic = {toml_value(topic + ".copy")}
 lost_segment_timeout = "30s"
 late_segment_retries = 3
 first_segment_delay = "2s"
@@ -121,7 +113,7 @@ parallelism = 2
 spark_master = "local[2]"
 spark_conf = {{ "spark.ui.enabled" = "false", "spark.driver.host" = "127.0.0.1" }}
 
-[compaction.topics.{_toml_str(topic)}]
+[compaction.topics.{toml_value(topic)}]
 min_level = 0
 max_level = 0
 min_segment_age = "10s"

@@ -57,6 +57,7 @@ from replicator.devstack.processes import (
     stop_seconds,
 )
 from replicator.devstack.sample import SampleRecord
+from replicator.devstack.toml_writer import write_toml
 from replicator.ops.sync import BucketSync
 from replicator.ops.verify import digest, read_partition, record_view
 from tests.chaos.fault_proxy import FaultProxy
@@ -75,25 +76,6 @@ BATCH_SIZE = 100  # records per ingress transaction: small, so kills land mid-se
 GROUP_CONFIG = {"session.timeout.ms": 4000, "heartbeat.interval.ms": 400,
                 "topic.metadata.refresh.interval.ms": 1000, **TANSU_ASSIGNOR}
 CREDS: dict[str, Any] = {"access_key_id": "test", "secret_access_key": "test"}
-
-
-def toml_value(v: object) -> str:
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
-    return json.dumps(v)
-
-
-def render_toml(top: dict[str, Any], tables: dict[str, dict[str, Any]],
-                arrays: dict[str, list[dict[str, Any]]] | None = None) -> str:
-    lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
-    for name, table in tables.items():
-        lines.append(f"[{name}]")
-        lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
-    for name, items in (arrays or {}).items():
-        for item in items:
-            lines.append(f"[[{name}]]")
-            lines += [f"{k} = {toml_value(v)}" for k, v in item.items()]
-    return "\n".join(lines) + "\n"
 
 
 # --- processes -------------------------------------------------------------------------
@@ -419,16 +401,16 @@ class ChaosStack:
     def _egress_process(self, logs: Path) -> Managed:
         port = free_port()
         cfg = self.dir / "egress.toml"
-        cfg.write_text(render_toml(
-            {"region": SOURCE_REGION},
-            {"s3": self._s3("chaos-source"),
-             "kafka": {"brokers": self.source_kafka.brokers, "config": GROUP_CONFIG},
-             "metrics": {"host": "127.0.0.1", "port": port},
-             "egress": {"group_id": "chaos.egress", "shutdown_timeout": "5s",
-                        "topic_metadata_interval": "2s", "upload_threads": 2},
-             f'egress.topics."{TOPIC}"': {"max_segment_messages": 400,
+        write_toml(cfg, {
+            "region": SOURCE_REGION,
+            "s3": self._s3("chaos-source"),
+            "kafka": {"brokers": self.source_kafka.brokers, "config": GROUP_CONFIG},
+            "metrics": {"host": "127.0.0.1", "port": port},
+            "egress": {"group_id": "chaos.egress", "shutdown_timeout": "5s",
+                       "topic_metadata_interval": "2s", "upload_threads": 2,
+                       "topics": {TOPIC: {"max_segment_messages": 400,
                                           "max_segment_size": "256KiB",
-                                          "max_segment_age": "1s"}}))
+                                          "max_segment_age": "1s"}}}})
         return Managed("egress", "replicator-egress", cfg, logs / "egress.log", port)
 
     def _lane(self, mode: str, logs: Path) -> Lane:
@@ -445,19 +427,19 @@ class ChaosStack:
         cfg = self.dir / f"ingress-{short}.toml"
         dest_topic = f"{TOPIC}.copy-{short}"
         checkpoint_topic = f"chaos.checkpoint.{short}"
-        cfg.write_text(render_toml(
-            {"region": DEST_REGION},
-            {"s3": self._s3(bucket),
-             "kafka": {"brokers": self.dest_kafka.brokers, "config": GROUP_CONFIG},
-             "metrics": {"host": "127.0.0.1", "port": port},
-             "ingress": {"group_id": f"chaos.ingress.{short}", "sqs_queue": queue_name,
-                         "sqs_endpoint_url": self.moto_url,
-                         "segment_events_topic": f"chaos.segmentevents.{short}",
-                         "checkpoint_topic": checkpoint_topic, "delivery": mode,
-                         "batch_size": BATCH_SIZE, "sqs_wait_time": "1s",
-                         "topic_check_interval": "2s", "rescan_interval": "60s",
-                         "revoke_timeout": "5s"}},
-            {"ingress.sources": [{"region": SOURCE_REGION, "topic": TOPIC,
+        write_toml(cfg, {
+            "region": DEST_REGION,
+            "s3": self._s3(bucket),
+            "kafka": {"brokers": self.dest_kafka.brokers, "config": GROUP_CONFIG},
+            "metrics": {"host": "127.0.0.1", "port": port},
+            "ingress": {"group_id": f"chaos.ingress.{short}", "sqs_queue": queue_name,
+                        "sqs_endpoint_url": self.moto_url,
+                        "segment_events_topic": f"chaos.segmentevents.{short}",
+                        "checkpoint_topic": checkpoint_topic, "delivery": mode,
+                        "batch_size": BATCH_SIZE, "sqs_wait_time": "1s",
+                        "topic_check_interval": "2s", "rescan_interval": "60s",
+                        "revoke_timeout": "5s",
+                        "sources": [{"region": SOURCE_REGION, "topic": TOPIC,
                                   "destination_topic": dest_topic,
                                   # Never declare anything lost during a round: a loss must
                                   # show up as a missing record, not as a skipped range.
@@ -469,7 +451,7 @@ class ChaosStack:
                                   # S3 outages (up to 4 s), client retries and the sync.
                                   # With 2 s, seed 7 started partitions at their second
                                   # segment. See RELIABILITY.md, "first start".
-                                  "first_segment_delay": "15s"}]}))
+                                  "first_segment_delay": "15s"}]}})
         dst_store = S3ObjectStore(client, bucket)
         sync = SyncThread(BucketSync(self.source_store, dst_store, PREFIX), f"sync-{short}")
         chaos = SqsChaos(sqs.SqsQueue(sqs.make_sqs_client(

@@ -28,6 +28,7 @@ from formats.base import TIMESTAMP_CREATE_TIME
 from formats.records import Record
 from ingress.delivery import PIPELINE_DEPTH
 from replicator.devstack.processes import free_port
+from replicator.devstack.toml_writer import write_toml
 from tests.conftest import RECENT_MS
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 
@@ -42,26 +43,6 @@ def plain_record(partition: int, offset: int) -> Record:
     return Record(offset, RECENT_MS + offset, f"k{offset}".encode(),
                   f"v{offset}-".encode() * 8, (("n", str(offset).encode()),),
                   TIMESTAMP_CREATE_TIME)
-
-
-def toml_value(v: object) -> str:
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f'"{k}" = {toml_value(x)}' for k, x in v.items()) + " }"
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    return json.dumps(v)
-
-
-def write_config(path: Path, data: dict[str, object]) -> None:
-    lines = []
-    for k, v in data.items():
-        if not isinstance(v, dict):
-            lines.append(f"{k} = {toml_value(v)}")
-    for section, v in data.items():
-        if isinstance(v, dict):
-            lines.append(f"[{section}]")
-            lines += [f"{k} = {toml_value(x)}" for k, x in v.items()]
-    path.write_text("\n".join(lines) + "\n")
 
 
 def metrics_text(port: int) -> str | None:
@@ -105,13 +86,8 @@ def test_kill9_mid_replay_then_restart(env: Env, tmp_path: Path, delivery: str,
     data["ingress"]["delivery"] = delivery
     data["ingress"]["batch_size"] = BATCH
     data["ingress"]["sources"] = [{k: v for k, v in data["ingress"]["sources"][0].items()}]
-    sources = data["ingress"].pop("sources")
     cfg = tmp_path / "ingress.toml"
-    write_config(cfg, data)
-    with open(cfg, "a") as f:
-        for s in sources:
-            f.write("[[ingress.sources]]\n" + "".join(f"{k} = {toml_value(v)}\n"
-                                                     for k, v in s.items()))
+    write_toml(cfg, data)
     log = tmp_path / "ingress.log"
     first = start(cfg, log)
     try:

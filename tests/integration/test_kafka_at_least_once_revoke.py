@@ -29,14 +29,13 @@ import pytest
 
 from replicator.core.errors import ReplicatorError
 from replicator.devstack.processes import free_port, kafka_home
+from replicator.devstack.toml_writer import write_toml
 from tests.conftest import unique_name
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 from tests.integration.test_ingress_crash import (
     metrics_text,
     plain_record,
     start,
-    toml_value,
-    write_config,
 )
 
 __all__ = ["env"]  # the fixture, shared with test_ingress.py
@@ -66,13 +65,8 @@ def process_config(env: Env, tmp_path: Path, name: str, port: int,
                                     **client})
     data["ingress"].update({"delivery": "at-least-once", "batch_size": BATCH,
                             "instance_id": name, "revoke_timeout": "1s"})
-    sources = data["ingress"].pop("sources")
     cfg = tmp_path / f"{name}.toml"
-    write_config(cfg, data)
-    with open(cfg, "a") as f:
-        for s in sources:
-            f.write("[[ingress.sources]]\n" + "".join(f"{k} = {toml_value(v)}\n"
-                                                     for k, v in s.items()))
+    write_toml(cfg, data)
     return cfg
 
 

@@ -29,14 +29,13 @@ from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import read_to_end
 from replicator.core.settings import KafkaSettings
 from replicator.devstack.processes import free_port
+from replicator.devstack.toml_writer import write_toml
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 from tests.integration.test_ingress_crash import (
     checkpoint_offset,
     metrics_text,
     plain_record,
     start,
-    toml_value,
-    write_config,
 )
 
 __all__ = ["env"]  # the fixture, shared with test_ingress.py
@@ -86,13 +85,8 @@ def test_sigkill_mid_transaction_three_times_then_every_record_exactly_once(
     data["metrics"] = {"port": port, "host": "127.0.0.1"}
     data["kafka"]["config"].update({"session.timeout.ms": 3000, "heartbeat.interval.ms": 300})
     data["ingress"]["batch_size"] = BATCH
-    sources = data["ingress"].pop("sources")
     cfg = tmp_path / "ingress.toml"
-    write_config(cfg, data)
-    with open(cfg, "a") as f:
-        for s in sources:
-            f.write("[[ingress.sources]]\n" + "".join(f"{k} = {toml_value(v)}\n"
-                                                     for k, v in s.items()))
+    write_toml(cfg, data)
     log = tmp_path / "ingress.log"
     rnd = random.Random(13)
     kills_at: list[float | None] = []
@@ -157,13 +151,8 @@ def process_config(env: Env, tmp_path: Path, name: str, port: int) -> Path:
     data["kafka"]["config"].update({"session.timeout.ms": 3000, "heartbeat.interval.ms": 300})
     data["ingress"].update({"batch_size": MEMBERS_BATCH, "instance_id": name,
                             "revoke_timeout": "5s", "producers": 2})
-    sources = data["ingress"].pop("sources")
     cfg = tmp_path / f"{name}.toml"
-    write_config(cfg, data)
-    with open(cfg, "a") as f:
-        for s in sources:
-            f.write("[[ingress.sources]]\n" + "".join(f"{k} = {toml_value(v)}\n"
-                                                     for k, v in s.items()))
+    write_toml(cfg, data)
     return cfg
 
 

@@ -28,7 +28,8 @@ from confluent_kafka.admin import AdminClient
 from egress.controller import Egress
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.devstack.processes import free_port
-from tests.chaos.harness import metric_values, render_toml
+from replicator.devstack.toml_writer import write_toml
+from tests.chaos.harness import metric_values
 from tests.conftest import FAST_GROUP_CONFIG
 from tests.integration.pipeline import (
     SOURCE_REGION,
@@ -123,15 +124,15 @@ def test_records_deleted_while_a_segment_is_open_are_reported(pipe: Pipeline,
     produce(0, 50)
     port = free_port()
     cfg = tmp_path / "egress.toml"
-    cfg.write_text(render_toml(
-        {"region": SOURCE_REGION},
-        {"s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, "access_key_id": "test",
-                "secret_access_key": "test"},
-         "kafka": {"brokers": pipe.source_brokers, "config": FAST_GROUP_CONFIG},
-         "metrics": {"host": "127.0.0.1", "port": port},
-         "egress": {"group_id": pipe.egress_group, "shutdown_timeout": "10s"},
-         f'egress.topics."{pipe.topic}"': {"max_segment_messages": 100_000,
-                                           "max_segment_age": "60s"}}))
+    write_toml(cfg, {
+        "region": SOURCE_REGION,
+        "s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, "access_key_id": "test",
+               "secret_access_key": "test"},
+        "kafka": {"brokers": pipe.source_brokers, "config": FAST_GROUP_CONFIG},
+        "metrics": {"host": "127.0.0.1", "port": port},
+        "egress": {"group_id": pipe.egress_group, "shutdown_timeout": "10s",
+                   "topics": {pipe.topic: {"max_segment_messages": 100_000,
+                                           "max_segment_age": "60s"}}}})
     exe = Path(sys.executable).parent / "replicator-egress"
     with open(tmp_path / "egress.log", "wb") as out:
         proc = subprocess.Popen([str(exe), "--config", str(cfg)], stdout=out,

@@ -28,6 +28,7 @@ from formats.registry import get_format
 from replicator.core.kafka import Admin, Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import KafkaSettings
+from replicator.devstack.toml_writer import write_toml
 from replicator.ops.verify import read_partition
 from tests.conftest import RECENT_MS, unique_name
 from tests.integration.pipeline import (
@@ -37,7 +38,6 @@ from tests.integration.pipeline import (
     running_egress,
     wait_for,
 )
-from tests.integration.test_ingress_crash import write_config
 
 pytestmark = pytest.mark.apache
 
@@ -106,7 +106,7 @@ def content(rs: Iterator[Row] | list[Row]) -> list[tuple[object, ...]]:
 
 def config(pipe: Pipeline, tmp_path: Path) -> Path:
     cfg = tmp_path / "restore.toml"
-    write_config(cfg, {
+    write_toml(cfg, {
         "region": "us-west-1",
         "s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, **CREDS},
         "kafka": {"brokers": pipe.dest_brokers},

@@ -75,16 +75,6 @@ def test_summarize_requests_groups_by_billing_class_per_gb() -> None:
     assert s["request_cost_usd_per_gb"] == round((14 * 0.005 + 4 * 0.0004) / 1000 * 2, 6)
 
 
-def test_write_toml_round_trips(tmp_path: Path) -> None:
-    import tomllib
-
-    data = {"region": "r", "kafka": {"brokers": "b:1", "config": {"a.b": 1}},
-            "egress": {"topics": {"t.x": {"max_segment_age": "1s", "n": 3}}},
-            "ingress": {"sources": [{"region": "r", "topic": "t"}], "flag": True}}
-    path = lib.write_toml(tmp_path / "c.toml", data)
-    assert tomllib.loads(path.read_text()) == data
-
-
 def test_rounds_pair_each_variant_with_the_baseline_of_its_own_round(tmp_path: Path) -> None:
     import run_all
 

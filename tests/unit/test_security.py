@@ -28,7 +28,7 @@ from replicator.core.errors import ConfigError
 from replicator.core.kafka import Admin, Consumer, Producer
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import KafkaSettings, is_secret_setting, load_settings
-from replicator.devstack import aws
+from replicator.devstack import aws, toml_writer
 from tests.conftest import unique_name
 
 SECRETS = {
@@ -130,19 +130,9 @@ def run_cli(exe: str, cfg: Path, env: dict[str, str] | None = None
 
 
 def write_toml(path: Path, data: dict[str, Any], sections: tuple[str, ...]) -> Path:
-    def value(v: Any) -> str:
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{json.dumps(k)} = {value(x)}" for k, x in v.items()) + " }"
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        return json.dumps(v)
-
-    lines = [f"region = {value(data['region'])}"]
-    for name in ("s3", "kafka", "metrics", *sections):
-        lines.append(f"[{name}]")
-        lines += [f"{k} = {value(v)}" for k, v in data[name].items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    """The common sections of ``data`` and ``sections`` (one service's config file)."""
+    return toml_writer.write_toml(path, {k: data[k] for k in ("region", "s3", "kafka",
+                                                              "metrics", *sections)})
 
 
 @pytest.mark.parametrize("service", ["egress", "ingress"])
