@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from lib import MB, BenchStack, percentile, text_value, wait_until, write_toml
+from lib import (
+    MB,
+    BenchStack,
+    percentile,
+    produce_paced,
+    stop_all,
+    text_value,
+    wait_until,
+    write_toml,
+)
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
@@ -123,29 +131,13 @@ def run(stack: BenchStack, workdir: Path, args: argparse.Namespace) -> dict[str,
         rng = random.Random(5)
         values = [text_value(rng, 1024) for _ in range(499)]
         producer = Producer(src_kafka, overrides={"linger.ms": 5})
-        per_tick = args.rate_mb * MB / 1036 / 100.0
-        t0 = time.time()
-        sent = n = 0
-        while (now := time.time()) - t0 < args.seconds:
-            while sent < (now - t0) * 100.0 * per_tick:
-                producer.produce(topic, values[n % 499], partition=n % partitions)
-                n += 1
-                sent += 1
-            producer.poll(0)
-            time.sleep(0.01)
-        assert producer.flush(30) == 0
+        n, t0, _ = produce_paced(producer, topic, values, partitions, args.rate_mb * MB,
+                                 args.seconds, record_bytes=1036)
         # Let the last commits be exported, replicated and synced.
         time.sleep(_seconds(args.export_interval) + 5 * args.sync_every + 5)
     finally:
         stop.set()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
     entries = read_offset_map(dst_kafka, cfg.offset_map_topic)
     mine = {k[2]: v for k, v in entries.items() if k[1] == topic}
     lags = []

@@ -376,6 +376,51 @@ class BenchStack:
         create_bucket(self.stack.s3_client(region), name, region)
 
 
+def produce_paced(producer: Any, topic: str, values: list[bytes], partitions: int,
+                  bytes_per_s: float, seconds: float, *, record_bytes: int,
+                  key: Callable[[int], bytes | None] = lambda n: None,
+                  timestamps: bool = False) -> tuple[int, float, float]:
+    """Produce ``values`` round-robin over ``partitions`` at ``bytes_per_s`` (counted as
+    ``record_bytes`` per record) for ``seconds``, in 10 ms ticks, then flush. With
+    ``timestamps`` each record carries the wall-clock time it was produced at (latency
+    benches). Returns (records, start as ``time.time()``, seconds spent producing).
+    """
+    per_tick = bytes_per_s / record_bytes / 100.0
+    t_start = time.time()
+    n = 0
+    while (now := time.time()) - t_start < seconds:
+        target = (now - t_start) * 100.0 * per_tick
+        while n < target:
+            extra = {"timestamp": int(time.time() * 1000)} if timestamps else {}
+            producer.produce(topic, values[n % len(values)], key(n),
+                             partition=n % partitions, **extra)
+            n += 1
+        producer.poll(0)
+        time.sleep(0.01)
+    produce_s = time.time() - t_start
+    assert producer.flush(30) == 0
+    return n, t_start, produce_s
+
+
+def stop_all(procs: Iterable[Any], timeout: float = 30) -> None:
+    """SIGTERM every child process still running, then wait ``timeout`` each; SIGKILL
+    those that do not exit.
+    """
+    import signal
+    import subprocess
+
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
 def write_toml(path: Path, data: Mapping[str, Any]) -> Path:
     """The config file of a child process (``replicator.devstack.toml_writer``)."""
     from replicator.devstack.toml_writer import write_toml as write

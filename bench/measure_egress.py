@@ -7,7 +7,6 @@ this process (all threads: Python, librdkafka, upload threads) over the timed wi
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
-from lib import GB, MB, BenchStack, S3Counter, cpu_of, parse_prometheus, wait_until, write_toml
+from lib import (
+    GB,
+    MB,
+    BenchStack,
+    S3Counter,
+    cpu_of,
+    parse_prometheus,
+    stop_all,
+    wait_until,
+    write_toml,
+)
 
 CONSUME_BATCH = 1000
 
@@ -261,15 +270,7 @@ def egress_processes(stack: BenchStack, workdir: Path, topic: str, partitions: i
         t_durable = time.perf_counter()
         c.close()
     finally:
-        for p, _ in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p, _ in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        stop_all(p for p, _ in procs)
     lo = next(s for s in samples if s[1] >= 0.2 * records)
     hi = next(s for s in samples if s[1] >= 0.8 * records)
     first = next(s for s in samples if s[1] > 0)

@@ -18,7 +18,6 @@ joins, first segment); the maximum over all records is reported too.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +27,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lib import MB, BenchStack, percentile, text_value, wait_until, write_toml
+from lib import (
+    MB,
+    BenchStack,
+    percentile,
+    produce_paced,
+    stop_all,
+    text_value,
+    wait_until,
+    write_toml,
+)
 from measure_egress import _metrics
 
 
@@ -103,34 +111,14 @@ def e2e_lag(stack: BenchStack, workdir: Path, *, rate_mb: float = 10.0, seconds:
         values = [text_value(rng, value_size) for _ in range(997)]
         producer = Producer(src_kafka, overrides={"linger.ms": 5})
         per_record = value_size + 12
-        per_tick = rate_mb * MB / per_record / 100.0   # 10 ms ticks
-        t_start = time.time()
-        sent = 0.0
-        n = 0
-        while (now := time.time()) - t_start < seconds:
-            target = (now - t_start) * 100.0 * per_tick
-            while sent < target:
-                ms = int(time.time() * 1000)
-                producer.produce(topic, values[n % 997], b"device-%05d" % (n % 5000),
-                                 partition=n % partitions, timestamp=ms)
-                n += 1
-                sent += 1
-            producer.poll(0)
-            time.sleep(0.01)
-        produce_s = time.time() - t_start
-        assert producer.flush(30) == 0
+        n, t_start, produce_s = produce_paced(
+            producer, topic, values, partitions, rate_mb * MB, seconds,
+            record_bytes=per_record, key=lambda i: b"device-%05d" % (i % 5000),
+            timestamps=True)
         wait_until(lambda: received[0] >= n, 120, "every record in the destination", 0.1)
     finally:
         stop.set()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
+        stop_all(procs)
     steady = sorted(lag for ts, lag in lat if ts >= t_start + warmup)
     every = sorted(lag for _, lag in lat)
     return {"rate_mb_per_s_target": rate_mb, "rate_mb_per_s": n * per_record / MB / produce_s,
