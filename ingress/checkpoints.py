@@ -239,13 +239,14 @@ class KafkaCheckpointStore(CheckpointStore):
         return values, last
 
 
-FETCH_MAX = 1000
-"""Records the checkpoint reader takes per fetch."""
+FETCH_MAX = 10_000
+"""Records the checkpoint reader takes per fetch (a start reads the whole topic)."""
 
-COLLAPSE_AT = 8
+COLLAPSE_AT = 64
 """Raw values a key may collect in a ``FollowingCheckpointStore`` before they are reduced to
-the latest valid one (decoding is lazy: a key replayed elsewhere is decoded once per this
-many records, not per record)."""
+the latest valid one (decoding is lazy and costs far more than keeping a value: a key is
+decoded about once per this many of its records, and once when a worker loads it; memory:
+at most this many values per key)."""
 
 
 def latest_from_end(key: str, values: list[bytes | None], metrics: Any | None

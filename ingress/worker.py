@@ -228,6 +228,13 @@ class ReplayWorker:
         return self._started and not self._done.is_set()
 
     @property
+    def replaying(self) -> bool:
+        """True while a session has its checkpoint and segment list: the partition is
+        replaying, or waiting for a segment or a replay slot (start-up is over).
+        """
+        return self._replaying
+
+    @property
     def stopping(self) -> bool:
         """True once ``stop`` was called."""
         return self._stopping.is_set()
