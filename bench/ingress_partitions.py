@@ -9,8 +9,10 @@ model before; ``--per-partition``). Optionally the checkpoint topic is filled wi
 start reads).
 
 Reported per run: records/s and MB/s over the replay, seconds from ``start()`` until every
-partition produced (start-up), peak RSS, peak OS threads (librdkafka's included) and Python
-threads. Usage::
+partition replays (start-up: its checkpoint loaded and its segments listed, replaying or
+waiting for a replay slot) and until every partition produced (with one segment per
+partition and ``max_parallel_replays`` slots that is most of the replay), peak RSS, peak OS
+threads (librdkafka's included) and Python threads. Usage::
 
     python bench/ingress_partitions.py --partitions 4 256 --records 200000
     python bench/ingress_partitions.py --partitions 256 --per-partition   # the old model
@@ -141,6 +143,7 @@ def child(a: argparse.Namespace) -> None:
                     "segment_events_topic": f"{topic}.events", "checkpoint_topic": cps,
                     "delivery": a.delivery, "topic_check_interval": "1s",
                     "instance_id": "bench", "producers": a.producers,
+                    "max_parallel_replays": a.max_parallel_replays,
                     "sources": [{"region": "us-east-1", "topic": topic,
                                  "destination_topic": topic + ".copy",
                                  "start": "earliest-available",
@@ -178,6 +181,7 @@ def child(a: argparse.Namespace) -> None:
         return {wid[2]: v for wid, v in ing.positions().items() if wid[1] == topic}
 
     started_all = None
+    replaying_all = None
     first = None
     deadline = time.monotonic() + a.timeout
     while time.monotonic() < deadline:
@@ -187,6 +191,9 @@ def child(a: argparse.Namespace) -> None:
             first = time.perf_counter()
         if started_all is None and moving >= a.partitions:
             started_all = time.perf_counter()
+        if replaying_all is None and sum(1 for w in list(ing.workers.values())
+                                         if w.replaying) >= a.partitions:
+            replaying_all = time.perf_counter()
         if len(pos) == a.partitions and all((v or -1) >= per - 1 for v in pos.values()):
             break
         time.sleep(0.02)
@@ -198,12 +205,14 @@ def child(a: argparse.Namespace) -> None:
     runner.join(60)
     ing.close()
     records = per * a.partitions
-    assert first is not None and started_all is not None
+    assert first is not None and started_all is not None and replaying_all is not None
     print(json.dumps({
         "partitions": a.partitions, "records": records, "delivery": a.delivery,
         "producer": "per-partition" if a.per_partition else f"shared x{a.producers}",
+        "max_parallel_replays": a.max_parallel_replays,
         "checkpoint_records": a.checkpoint_records,
-        "startup_s": round(started_all - t0, 2),
+        "startup_s": round(replaying_all - t0, 2),
+        "all_produced_s": round(started_all - t0, 2),
         "replay_s": round(t1 - first, 2),
         "records_per_s": round(records / (t1 - first)),
         "MB_per_s": round(records * (VALUE + 8) / (t1 - first) / 1e6, 1),
@@ -234,6 +243,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--producers", type=int, default=1, help="ingress.producers")
+    ap.add_argument("--max-parallel-replays", type=int, default=8,
+                    help="ingress.max_parallel_replays")
     ap.add_argument("--log", help="the child's log (INFO) goes to this file")
     ap.add_argument("--kafka-config", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more kafka.config settings")
@@ -258,7 +269,8 @@ def main() -> None:
                         "--partitions", str(n), "--records", str(a.records),
                         "--delivery", a.delivery, "--timeout", str(a.timeout),
                         "--checkpoint-records", str(a.checkpoint_records),
-                        "--producers", str(a.producers)]
+                        "--producers", str(a.producers),
+                        "--max-parallel-replays", str(a.max_parallel_replays)]
                 if per_partition:
                     args.append("--per-partition")
                 if a.log:

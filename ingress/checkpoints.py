@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
-from replicator.core.kafka import Consumer, TopicPartition, read_to_end
+from replicator.core.kafka import Consumer, Fetched, TopicPartition, read_to_end
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -26,8 +26,36 @@ from replicator.core.wire import Checkpoint
 log = logging.getLogger(__name__)
 
 
+class LoadTicket:
+    """What a load begun with ``CheckpointStore.begin_load`` waits for (the reader's end
+    offsets round, and that round's offsets once taken).
+    """
+
+    __slots__ = ("round", "targets")
+
+    def __init__(self, round_: int) -> None:
+        self.round = round_
+        self.targets: dict[int, int] | None = None
+
+
 class CheckpointStore(ABC):
-    """Reads the latest committed checkpoint of a source partition."""
+    """Reads the latest committed checkpoint of a source partition.
+
+    A replay worker loads without holding a thread while the store is not ready:
+    ``begin_load``, then ``load_ready`` until True (it calls ``wake`` once when that may
+    have changed), then ``load_for(key, legacy, ticket)``, which does not wait. Stores
+    that never wait keep the defaults.
+    """
+
+    def begin_load(self) -> LoadTicket | None:
+        """Start a load (before its ``load_for``); ``None``: this store never waits."""
+        return None
+
+    def load_ready(self, ticket: LoadTicket | None, wake: Callable[[], None]) -> bool:
+        """True when ``load_for`` with ``ticket`` will not wait; otherwise False, and
+        ``wake`` is called (any thread) once it may be.
+        """
+        return True
 
     def load(self, key: str) -> Checkpoint | None:
         """The latest valid checkpoint under ``key``.
@@ -40,11 +68,13 @@ class CheckpointStore(ABC):
         return self.load_for(key, None)[0]
 
     @abstractmethod
-    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
+    def load_for(self, key: str, legacy: str | None, ticket: LoadTicket | None = None
+                 ) -> tuple[Checkpoint | None, bool]:
         """The checkpoint of ``key`` (``{region}:{topic}:{partition}:{destination}``), or
         on upgrade the one under ``legacy`` (the key of earlier versions, without the
         destination), by the rule of ``resolve``. The flag is True when it came from
         ``legacy`` (the caller writes it under ``key`` at once, so the upgrade happens once).
+        With a ``ticket`` that ``load_ready`` accepted, it does not wait.
 
         Raises:
             KafkaRetriableError: the topic could not be read to its end in time.
@@ -91,7 +121,8 @@ class MemoryCheckpointStore(CheckpointStore):
         with self._lock:
             self.values.setdefault(key, []).append(value)
 
-    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
+    def load_for(self, key: str, legacy: str | None, ticket: LoadTicket | None = None
+                 ) -> tuple[Checkpoint | None, bool]:
         with self._lock:
             values = {k: list(v) for k, v in self.values.items()}
         return resolve(key, legacy, values, None)
@@ -140,7 +171,8 @@ class KafkaCheckpointStore(CheckpointStore):
         self.timeout = timeout
         self._invalid = invalid_checkpoints(metrics)
 
-    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
+    def load_for(self, key: str, legacy: str | None, ticket: LoadTicket | None = None
+                 ) -> tuple[Checkpoint | None, bool]:
         want = key.encode()
         old = None if legacy is None else legacy.encode()
         by_key: dict[str, list[bytes | None]] = {}
@@ -207,10 +239,14 @@ class KafkaCheckpointStore(CheckpointStore):
         return values, last
 
 
-COLLAPSE_AT = 8
+FETCH_MAX = 10_000
+"""Records the checkpoint reader takes per fetch (a start reads the whole topic)."""
+
+COLLAPSE_AT = 64
 """Raw values a key may collect in a ``FollowingCheckpointStore`` before they are reduced to
-the latest valid one (decoding is lazy: a key replayed elsewhere is decoded once per this
-many records, not per record)."""
+the latest valid one (decoding is lazy and costs far more than keeping a value: a key is
+decoded about once per this many of its records, and once when a worker loads it; memory:
+at most this many values per key)."""
 
 
 def latest_from_end(key: str, values: list[bytes | None], metrics: Any | None
@@ -244,9 +280,14 @@ class FollowingCheckpointStore(CheckpointStore):
     last stable offset). So a partition's new owner, whose load starts after its assignment,
     never starts from a checkpoint older than one a former owner's transaction was still
     committing (ingress/README.md, "Producer and fencing", point 3), and a session restarted
-    after a commit of unknown outcome sees that commit's result. Loads that start while end
-    offsets are being taken share the next round (one ListOffsets per partition of the
-    checkpoint topic per round, whatever the number of workers).
+    after a commit of unknown outcome sees that commit's result. The reader thread takes the
+    end offsets itself, one round for every load begun before it (one ListOffsets per
+    partition of the checkpoint topic per round, whatever the number of workers).
+
+    Waiting is a state of the worker, not a blocked thread (``begin_load`` /
+    ``load_ready``): the reader wakes the loads it has read far enough for. A load that
+    waits longer than ``timeout`` is reported (WARNING) and goes on waiting; only a reader
+    that stopped fails it.
 
     On a broker whose ListOffsets "latest" is the start of the last record batch + 1
     (the embedded Tansu), the offset taken still lies inside that batch's transaction, so
@@ -263,8 +304,10 @@ class FollowingCheckpointStore(CheckpointStore):
         self._reached: dict[int, int] = {}
         self._cond = threading.Condition()
         self._round = 0                      # end-offset rounds completed
+        self._requested = 0                  # rounds loads wait for
         self._targets: dict[int, int] = {}   # the last round's end offsets
         self._taking = False
+        self._waiters: dict[int, tuple[LoadTicket, Callable[[], None], float]] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: BaseException | None = None
@@ -314,25 +357,34 @@ class FollowingCheckpointStore(CheckpointStore):
         assert consumer is not None
         try:
             while not self._stopping.is_set():
-                fetched = consumer.fetch(1000, 0.1)
-                for err in fetched.errors:
-                    log.warning("reading checkpoint topic %s: %s", self.topic, err)
-                with self._cond:
-                    for (_t, p), run in fetched.runs.items():
-                        for msg in run:
-                            self._add(msg.key(), msg.value())
-                        last = run[-1].offset()
-                        if last is not None:
-                            self._reached[p] = max(self._reached.get(p, 0), last + 1)
-                    for (_t, p), end in fetched.ends.items():
-                        self._reached[p] = max(self._reached.get(p, 0), end)
-                    if fetched.runs or fetched.ends:
-                        self._cond.notify_all()
+                self._take_round()
+                for w in self._apply(consumer.fetch(FETCH_MAX, 0.1)):
+                    w()
         except BaseException as e:
             log.exception("the checkpoint reader stopped")
             with self._cond:
                 self._failed = e
                 self._cond.notify_all()
+                waiters, self._waiters = list(self._waiters.values()), {}
+            for _t, w, _since in waiters:
+                w()
+
+    def _apply(self, fetched: Fetched) -> list[Callable[[], None]]:
+        """Take in one fetch; returns the wake-ups of the loads it made ready."""
+        for err in fetched.errors:
+            log.warning("reading checkpoint topic %s: %s", self.topic, err)
+        with self._cond:
+            for (_t, p), run in fetched.runs.items():
+                for msg in run:
+                    self._add(msg.key(), msg.value())
+                last = run[-1].offset()
+                if last is not None:
+                    self._reached[p] = max(self._reached.get(p, 0), last + 1)
+            for (_t, p), end in fetched.ends.items():
+                self._reached[p] = max(self._reached.get(p, 0), end)
+            if fetched.runs or fetched.ends:
+                self._cond.notify_all()
+            return self._ready_waiters()
 
     def _add(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
@@ -343,6 +395,59 @@ class FollowingCheckpointStore(CheckpointStore):
         if len(values) >= COLLAPSE_AT:
             self._raw[k] = latest_from_end(k, values, self._invalid)[1]
 
+    def _take_round(self) -> None:
+        """Take the end offsets when a load waits for a round (the reader thread)."""
+        with self._cond:
+            if self._requested <= self._round:
+                return
+            self._taking = True
+        try:
+            targets = self._end_offsets()
+        except ReplicatorError as e:
+            log.warning("checkpoint topic %s: end offsets not taken (retried): %s",
+                        self.topic, e)
+            with self._cond:
+                self._taking = False
+            return
+        with self._cond:
+            self._targets = targets
+            self._round += 1
+            self._taking = False
+            self._cond.notify_all()
+
+    def _ready_waiters(self) -> list[Callable[[], None]]:
+        """Under the lock: pop the waiters whose load no longer waits; report long ones."""
+        if not self._waiters:
+            return []
+        now = time.monotonic()
+        ready: list[Callable[[], None]] = []
+        checked: dict[int, bool] = {}
+        for wid, (ticket, wake, since) in list(self._waiters.items()):
+            if ticket.targets is None and self._round >= ticket.round:
+                ticket.targets = self._targets
+            if ticket.targets is None:
+                ok = False
+            else:
+                known = checked.get(id(ticket.targets))
+                if known is None:
+                    known = checked[id(ticket.targets)] = not self._behind(ticket.targets)
+                ok = known
+            if ok:
+                del self._waiters[wid]
+                ready.append(wake)
+            elif now - since > self.timeout:
+                # Once per load and timeout: then counted from now again.
+                self._waiters[wid] = (ticket, wake, now)
+                log.warning("checkpoint topic %s: a load has waited more than %.0fs for "
+                            "the reader (%s); still waiting", self.topic, self.timeout,
+                            "end offsets not taken yet" if ticket.targets is None else
+                            f"partitions behind: {self._behind(ticket.targets)} (an open "
+                            "transaction of another writer holds the stable offset back?)")
+        return ready
+
+    def _behind(self, targets: Mapping[int, int]) -> dict[int, int]:
+        return {p: t for p, t in targets.items() if self._reached.get(p, 0) < t}
+
     # --- loads ------------------------------------------------------------------------
 
     def _end_offsets(self) -> dict[int, int]:
@@ -351,62 +456,55 @@ class FollowingCheckpointStore(CheckpointStore):
         return {p: ends.watermarks(TopicPartition(self.topic, p),
                                    timeout=self.timeout)[1] for p in self._partitions}
 
-    def _wait_for_round(self, deadline: float) -> dict[int, int]:
-        """End offsets taken after this call began (a round started later)."""
+    def begin_load(self) -> LoadTicket:
+        """A load that waits for end offsets taken after now (a round begun later)."""
         with self._cond:
             want = self._round + (2 if self._taking else 1)
-            while self._round < want:
-                if not self._taking:
-                    self._taking = True
-                    self._cond.release()
-                    try:
-                        targets = self._end_offsets()
-                    except BaseException:
-                        with self._cond:
-                            self._taking = False
-                            self._cond.notify_all()
-                        raise
-                    finally:
-                        self._cond.acquire()
-                    self._targets = targets
-                    self._round += 1
-                    self._taking = False
-                    self._cond.notify_all()
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise KafkaRetriableError(f"checkpoint topic {self.topic}: end offsets "
-                                              f"not taken within {self.timeout:.0f}s")
-                self._cond.wait(left)
-            return dict(self._targets)
+            self._requested = max(self._requested, want)
+            self._cond.notify_all()
+            return LoadTicket(want)
 
-    def wait_passed(self, targets: Mapping[int, int], deadline: float) -> None:
-        """Wait until the reader has read every partition to at least ``targets``.
+    def load_ready(self, ticket: LoadTicket | None, wake: Callable[[], None]) -> bool:
+        if ticket is None:
+            return True
+        with self._cond:
+            if self._failed is not None:
+                return True                  # load_for raises
+            if ticket.targets is None and self._round >= ticket.round:
+                ticket.targets = self._targets
+            if ticket.targets is not None and not self._behind(ticket.targets):
+                self._waiters.pop(id(ticket), None)
+                return True
+            since = self._waiters.get(id(ticket), (None, None, time.monotonic()))[2]
+            self._waiters[id(ticket)] = (ticket, wake, since)
+            return False
 
-        Raises:
-            KafkaRetriableError: not within the deadline (an open transaction of another
-                writer holds the stable offset back), or the reader failed.
+    def load_for(self, key: str, legacy: str | None, ticket: LoadTicket | None = None
+                 ) -> tuple[Checkpoint | None, bool]:
+        """Without a ticket (operator tools, tests): begins a load and waits for it, up to
+        ``timeout``.
         """
-        with self._cond:
-            while True:
-                if self._failed is not None:
-                    raise KafkaRetriableError(f"the checkpoint reader failed: "
-                                              f"{self._failed}")
-                behind = {p: t for p, t in targets.items() if self._reached.get(p, 0) < t}
-                if not behind:
-                    return
+        if ticket is None:
+            ticket = self.begin_load()
+            woken = threading.Event()
+            deadline = time.monotonic() + self.timeout
+            while not self.load_ready(ticket, woken.set):
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not woken.wait(left):
+                    with self._cond:
+                        self._waiters.pop(id(ticket), None)
+                        behind = None if ticket.targets is None \
+                            else self._behind(ticket.targets)
                     raise KafkaRetriableError(
-                        f"checkpoint topic {self.topic}: partitions {sorted(behind)} not read "
-                        f"to {behind} within {self.timeout:.0f}s (an open transaction of "
-                        "another writer holds the stable offset back)")
-                self._cond.wait(min(left, 1.0))
-
-    def load_for(self, key: str, legacy: str | None) -> tuple[Checkpoint | None, bool]:
-        deadline = time.monotonic() + self.timeout
-        self.wait_passed(self._wait_for_round(deadline), deadline)
+                        f"checkpoint topic {self.topic}: not read far enough within "
+                        f"{self.timeout:.0f}s ("
+                        + ("end offsets not taken" if behind is None else
+                           f"partitions behind: {behind}; an open transaction of another "
+                           "writer holds the stable offset back") + ")")
+                woken.clear()
         with self._cond:
+            if self._failed is not None:
+                raise KafkaRetriableError(f"the checkpoint reader failed: {self._failed}")
             latest: dict[str, list[bytes | None]] = {}
             for k in (key, legacy):
                 if k is not None and k in self._raw:

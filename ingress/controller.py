@@ -1,4 +1,5 @@
-"""The ingress controller: placement by group membership, one replay worker per partition.
+"""The ingress controller: placement by group membership, one replay worker per partition,
+all run by one fixed pool of threads (``ingress.scheduler``).
 
 * A consumer in group ``ingress.group_id`` subscribes to the destination topics and pauses
   every partition at once: it never reads them, membership only decides placement. Owning
@@ -32,6 +33,7 @@ from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
 from ingress.permits import FifoPermits
 from ingress.relay import EventQueue, SqsRelay
+from ingress.scheduler import Scheduler
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.shared import (
     Ownership,
@@ -53,6 +55,10 @@ from replicator.core.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
+POOL_EXTRA = 4
+"""Replay pool threads beyond ``max_parallel_replays``: the replays in progress hold one
+each, these run every other step (session starts, listings, lost ranges, waits)."""
+
 PENDING_TOPIC_CHECK = 1.0
 """Seconds between _topic.json reads while a source has none yet."""
 
@@ -73,7 +79,6 @@ class Ingress:
         admin: topic administration (default: ``replicator.core.kafka.Admin``).
         make_sink: builds a worker's sink from (source, destination topic, partition).
         clock: wall clock for planning and lag.
-        sleep: replaces the workers' interruptible waits (tests).
     """
 
     def __init__(self, settings: Settings, *, store: ObjectStore | None = None,
@@ -81,8 +86,7 @@ class Ingress:
                  events: SegmentEvents | None = None,
                  checkpoints: CheckpointStore | None = None, admin: TopicAdmin | None = None,
                  make_sink: Callable[[IngressSourceSettings, str, int], ReplaySink] | None
-                 = None, clock: Clock = utc_now,
-                 sleep: Callable[[float], None] | None = None) -> None:
+                 = None, clock: Clock = utc_now) -> None:
         self.settings = settings
         self.cfg: IngressSettings = settings.require("ingress")
         self.store = store
@@ -94,7 +98,6 @@ class Ingress:
         self.admin = admin
         self._make_sink = make_sink
         self.clock = clock
-        self.sleep = sleep
         # Replay reads each segment's format from its own bytes; a wrong ``format.name``
         # is still a configuration error here, as in egress (one file serves both).
         get_format(settings.format.name)
@@ -108,6 +111,9 @@ class Ingress:
         # Segments replayed at once, whatever the partition count: bounds memory.
         # Granted in the order asked (FIFO), so no partition starves during a catch-up.
         self._permits = FifoPermits(self.cfg.max_parallel_replays)
+        # Every worker's steps run here: threads do not grow with partitions
+        # (ingress/README.md, "Threads").
+        self.scheduler = Scheduler(self.cfg.max_parallel_replays + POOL_EXTRA, name="replay")
         self.assigned: set[tuple[str, int]] = set()
         self.subscribed: frozenset[str] = frozenset()
         self.consumer: Consumer | None = None
@@ -258,6 +264,7 @@ class Ingress:
         self._closed = True
         self._stopping.set()
         self._stop_workers(list(self.workers))
+        self.scheduler.close()
         for loop in self.transactions:
             loop.close()
         if self._checkpoint_reader is not None:
@@ -361,8 +368,10 @@ class Ingress:
                            origin=origin_marker(self.cfg, src.region))
         worker = ReplayWorker(cfg, store=self.store, checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
-                              clock=self.clock, sleep=self.sleep, permits=self._permits)
+                              scheduler=self.scheduler, clock=self.clock,
+                              permits=self._permits)
         self.workers[wid] = worker
+        self.scheduler.start()     # with the first worker (idempotent)
         worker.start()
 
     def _sink(self, src: IngressSourceSettings, partition: int, epoch: int) -> ReplaySink:

@@ -1,9 +1,11 @@
 """The replay worker of one source partition: segments in position order → destination p.
 
-A worker runs in its own thread while its controller owns destination partition ``p``.
-It loads the checkpoint, lists the partition's segments (all levels), and loops:
-``planner.next_action`` decides, the worker acts (replay a segment, wait for a late one,
-declare a range lost, idle until an event). Segment events from the controller wake it.
+A worker exists while its controller owns destination partition ``p``; it has no thread
+of its own: the process's ``Scheduler`` (``ingress.scheduler``) runs its steps on a fixed
+pool. It loads the checkpoint, lists the partition's segments (all levels), and then each
+step is one ``planner.next_action`` decision and its action (replay a segment, declare a
+range lost, or wait: for a late segment, the rescan, an event). Waiting is a state with a
+timer, not a blocked thread; segment events from the controller wake it.
 
 Records and checkpoints are made durable by the session's delivery protocol
 (``ingress.delivery``); ``_deliver`` is the only way to it.
@@ -18,19 +20,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
 from formats.segment_io import open_segment
-from ingress.checkpoints import CheckpointStore
+from ingress.checkpoints import CheckpointStore, LoadTicket
 from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
 from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
-from ingress.permits import FifoPermits
+from ingress.permits import FifoPermits, PermitRequest
 from ingress.planner import (
     DeclareLost,
     Idle,
@@ -41,12 +44,14 @@ from ingress.planner import (
     next_action,
 )
 from ingress.rows import Header, Rows, batch_rows, split_by_bytes
+from ingress.scheduler import WAIT, Scheduler
 from ingress.sink import ReplaySink
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
     FatalError,
     ObjectNotFound,
     ProducerFenced,
+    ReplicatorError,
     RetriableError,
     SegmentCorrupt,
 )
@@ -98,11 +103,21 @@ class WorkerConfig:
 
 
 class ReplayWorker:
-    """Replays one source partition into destination partition ``p``; one thread."""
+    """Replays one source partition into destination partition ``p``: a task of the
+    process's ``Scheduler`` (no thread of its own).
+
+    Each ``step`` starts a session (the sink, then the checkpoint load, which is waited for
+    as a state, then the segment listing) or runs one planner decision and its action,
+    and returns when the worker would wait: with the seconds until its timer (a late
+    segment's reload, the rescan, ``first_segment_delay``, a session restart's backoff),
+    or ``WAIT`` until woken (a segment event through ``offer``, a replay permit granted,
+    the checkpoint reader's progress, ``stop``). A replay of one segment is one step: it
+    holds a pool thread and a replay permit until the segment is done (or ``stop``).
+    """
 
     def __init__(self, cfg: WorkerConfig, *, store: ObjectStore, checkpoints: CheckpointStore,
                  make_sink: Callable[[], ReplaySink], metrics: IngressMetrics,
-                 clock: Clock = utc_now, sleep: Callable[[float], None] | None = None,
+                 scheduler: Scheduler, clock: Clock = utc_now,
                  permits: FifoPermits | None = None) -> None:
         self.cfg = cfg
         self.permits = permits
@@ -110,8 +125,8 @@ class ReplayWorker:
         self.checkpoints = checkpoints
         self.make_sink = make_sink
         self.metrics = metrics
+        self.scheduler = scheduler
         self.clock = clock
-        self._sleep = sleep
         ref = cfg.ref
         self.key = checkpoint_key(ref.region, ref.topic, ref.partition, cfg.destination_topic)
         # The key of earlier versions (no destination): read once on upgrade.
@@ -125,7 +140,7 @@ class ReplayWorker:
         self._m_waiting = metrics.segments_waiting.labels(**labels)
         self._m_late = metrics.segments_late.labels(**labels)
         self._labels = labels
-        # State (owned by the worker thread, except the inbox).
+        # State (touched by one step at a time, except the inbox and the flags).
         self.position: int | None = None
         """Replayed through: the records up to here are produced (the planner's view)."""
         self.checkpointed: int | None = None
@@ -149,30 +164,46 @@ class ReplayWorker:
         self._pending_logged = False
         self._last_cp: Checkpoint | None = None
         self.failed: BaseException | None = None
+        self._backoff = session_backoff()
+        # The step machine: no session (``_sink_ready`` False) → the checkpoint load
+        # pending (``_load``) → replaying (``_replaying``).
+        self._sink_ready = False
+        self._load: LoadTicket | None = None
+        self._replaying = False
+        self._not_before = 0.0
+        """Monotonic time before which no new session starts (restart backoff)."""
+        self._after_wait: Callable[[], None] | None = None
+        """What the timer of the last wait does when it expires (not woken early)."""
+        self._permit: PermitRequest | None = None
         self._inbox: list[SegmentEvent] = []
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._woken = False
         self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._started = False
+        self._done = threading.Event()
 
     # --- controller side --------------------------------------------------------------
 
     def offer(self, event: SegmentEvent) -> None:
         """Hand over a segment event of this partition (any thread); wakes the worker."""
-        with self._cond:
+        with self._lock:
             self._inbox.append(event)
-            self._cond.notify()
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._woken = True
+        self.scheduler.wake(self)
 
     def start(self) -> None:
-        """Run in a new thread."""
-        self._thread = threading.Thread(target=self.run, name=f"replay-{self.key}",
-                                        daemon=True)
-        self._thread.start()
+        """Schedule the first step."""
+        self._started = True
+        self.scheduler.add(self)
 
     def stop(self) -> None:
         """Ask the worker to stop after the current batch (signal-safe)."""
         self._stopping.set()
-        with self._cond:
-            self._cond.notify_all()
+        self._wake()
 
     def purge(self) -> None:
         """The worker missed its revoke deadline: drop what its producer has not sent and
@@ -186,58 +217,101 @@ class ReplayWorker:
             sink.purge()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread; True if it ended."""
-        if self._thread is None:
+        """Wait for the worker's last step; True if it ended."""
+        if not self._started:
             return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._done.wait(timeout)
 
     @property
     def alive(self) -> bool:
-        """True while the thread runs."""
-        return self._thread is not None and self._thread.is_alive()
+        """True from ``start`` until the last step ended."""
+        return self._started and not self._done.is_set()
+
+    @property
+    def replaying(self) -> bool:
+        """True while a session has its checkpoint and segment list: the partition is
+        replaying, or waiting for a segment or a replay slot (start-up is over).
+        """
+        return self._replaying
 
     @property
     def stopping(self) -> bool:
         """True once ``stop`` was called."""
         return self._stopping.is_set()
 
-    # --- worker thread ----------------------------------------------------------------
+    # --- steps (one pool thread at a time) -------------------------------------------
 
-    def run(self) -> None:
-        """Replay sessions until stopped; errors (fencing too) restart a session after a
-        delay.
+    def step(self) -> float | None:
+        """Run until the worker would wait; errors (fencing too) end the session and
+        schedule a new one after a delay. ``None`` once stopped.
         """
-        backoff = session_backoff()
-        while not self.stopping:
-            try:
-                self._session()
-                return
-            except ProducerFenced as e:
-                self._fenced(e, backoff.next())
-            except (RetriableError, FatalError) as e:
-                if self._purged or self.stopping:
-                    # Revoked or stopping: the batch in flight was not committed (its
-                    # partition left this process first); the next owner replays it.
-                    log.info("%s: stopped (%s): %s", self.where,
-                             "producer purged" if self._purged else "revoked", e)
-                    return
-                kind = "retriable" if isinstance(e, RetriableError) else "fatal"
-                self._session_failed(e, kind, backoff.next())
-            except Exception as e:  # a bug must not become a restart hot loop
-                log.exception("%s: unexpected error in the replay session", self.where)
-                self._session_failed(e, "unexpected", backoff.next())
+        try:
+            return self._step()
+        except ProducerFenced as e:
+            self._end_session()
+            if self.stopping:
+                self._finish()
+                return None
+            return self._restart_in(self._fenced(e, self._backoff.next()))
+        except (RetriableError, FatalError) as e:
+            self._end_session()
+            if self._purged or self.stopping:
+                # Revoked or stopping: the batch in flight was not committed (its
+                # partition left this process first); the next owner replays it.
+                log.info("%s: stopped (%s): %s", self.where,
+                         "producer purged" if self._purged else "revoked", e)
+                self._finish()
+                return None
+            kind = "retriable" if isinstance(e, RetriableError) else "fatal"
+            return self._restart_in(self._session_failed(e, kind, self._backoff.next()))
+        except Exception as e:  # a bug must not become a restart hot loop
+            log.exception("%s: unexpected error in the replay session", self.where)
+            self._end_session()
+            if self.stopping:
+                self._finish()
+                return None
+            return self._restart_in(self._session_failed(e, "unexpected",
+                                                         self._backoff.next()))
 
-    def _fenced(self, e: ProducerFenced, delay: float) -> None:
+    def _restart_in(self, delay: float) -> float:
+        # Not woken early by events: a session failing before it drains its inbox must
+        # not spin.
+        self._not_before = time.monotonic() + delay
+        return delay
+
+    def _finish(self) -> None:
+        self._end_session()
+        self._done.set()
+
+    def _step(self) -> float | None:
+        with self._lock:
+            woken, self._woken = self._woken, False
+        if self.stopping:
+            if self._delivery is not None and self._replaying:
+                self._delivery.settle()   # the last checkpoints out (at-least-once)
+            self._finish()
+            return None
+        if not self._sink_ready:
+            left = self._not_before - time.monotonic()
+            if left > 0:
+                return left
+            self._open_session()
+        if not self._replaying:
+            return self._start_replay()
+        after, self._after_wait = self._after_wait, None
+        if after is not None and not woken:
+            after()
+        return self._next()
+
+    def _fenced(self, e: ProducerFenced, delay: float) -> float:
         """The producer was fenced. While the controller still owns the partition (it
         stops this worker on revoke), that is not a new owner: a transaction outlived
         ``transaction.timeout.ms`` (the coordinator aborted it and bumped the epoch) or a
         former owner's late init. A new session fences in turn, reads the committed
         checkpoint and goes on; after ``FENCED_STALL`` fencings in a row without progress
         the partition is reported stalled (ERROR, metric, /readyz) while retrying.
+        Returns the delay before the new session.
         """
-        if self.stopping:
-            return
         self.fenced_in_a_row += 1
         self.metrics.worker_errors.labels(**self._labels, kind="fenced").inc()
         if self.fenced_in_a_row >= FENCED_STALL and not self.stalled:
@@ -253,139 +327,179 @@ class ReplayWorker:
                         "transaction.timeout.ms, or a former owner); new session in %.1fs: %s",
                         self.where, delay, e)
         self.fenced = True
-        if self._sleep is not None:
-            self._sleep(delay)
-        else:
-            self._stopping.wait(delay)
+        return delay
 
-    def _session_failed(self, e: BaseException, kind: str, delay: float) -> None:
+    def _session_failed(self, e: BaseException, kind: str, delay: float) -> float:
         log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
                   "%s", self.where, kind, delay, e)
         self.metrics.worker_errors.labels(**self._labels, kind=kind).inc()
         self.failed = e
-        # Not woken by events: a session failing before it drains its inbox must not spin.
-        if self._sleep is not None:
-            self._sleep(delay)
-        else:
-            self._stopping.wait(delay)
+        return delay
 
-    def _wait_for(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; returns early (True) on an event or stop."""
-        if self._sleep is not None:
-            self._sleep(seconds)
-            return False
-        with self._cond:
-            if self._inbox or self.stopping:
-                return True
-            return self._cond.wait(max(0.0, seconds))
-
-    def _session(self) -> None:
+    def _open_session(self) -> None:
+        """Session step 1: the sink and the delivery protocol; the checkpoint load begins."""
         sink = self.make_sink()
         self.sink = sink
         if self._purged:
             sink.purge()   # purged while this session was being made
+        self._sink_ready = True   # from here on, _end_session closes it
+        # A per-partition sink fences older owners here (init_transactions). The shared
+        # producer was initialised at process start; a former owner's open transaction is
+        # waited for by the checkpoint load instead (it reads read_committed past the
+        # newest checkpoint record: ingress/README.md, point 3).
+        sink.start()
+        self._delivery = self.cfg.delivery(
+            sink, self.key, self.where, on_checkpointed=self._checkpointed,
+            on_aborted=self.metrics.transactions_aborted.labels(**self._labels).inc)
+        self._load = self.checkpoints.begin_load()
+
+    def _start_replay(self) -> float | None:
+        """Session step 2, once the checkpoint reader has read far enough (a state, woken
+        by the reader): load the checkpoint, list the segments.
+        """
+        if not self.checkpoints.load_ready(self._load, self._wake):
+            return WAIT
+        cp, upgraded = self.checkpoints.load_for(self.key, self.legacy_key, self._load)
+        self._load = None
+        self.position = self.checkpointed = None
+        self._last_cp = None
+        self.origin = None if cp is None else cp.origin
+        if cp is not None and upgraded:
+            # Written under the key with the destination at once: the legacy key is
+            # read only until then (checkpoints.resolve).
+            self._deliver(None, replace(cp, updated_at=self.clock()))
+        elif cp is not None:
+            self.position = self.checkpointed = cp.offset
+            self._last_cp = cp
+        if cp is not None:
+            self._m_checkpoint.set(cp.offset)
+        log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
+                 "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
+        self.late = None
+        if cp is not None and cp.late is not None and cp.late[0] == cp.offset + 1:
+            # The gap's clock survives restarts: lost_segment_timeout counts from when
+            # it was first seen, not from this session's start.
+            self.late = LateGap(cp.late[0], cp.late[0], cp.late[1])
+            log.info("%s: positions from %d have been late since %s", self.where,
+                     cp.late[0], cp.late[1].isoformat())
+        self._drain_inbox()
+        # List from the resume position: level 0 from the segment the checkpoint came
+        # from (the checkpoint may lie inside it).
+        anchor = None if cp is None else SegmentKey.try_parse(cp.segment)
+        self.inventory.anchor = anchor.start if anchor is not None and anchor.level == 0 \
+            and anchor.partition_ref == self.cfg.ref else None
+        self.inventory.listed_fully = False
+        self.inventory.reload()
+        self._replaying = True
+        self._after_wait = None
+        return 0
+
+    def _end_session(self) -> None:
+        """Close the session's sink (abort what is open); the next step starts a new one."""
+        self._drop_permit()
+        self._delivery = None
+        self._load = None
+        self._replaying = False
+        self._after_wait = None
+        if not self._sink_ready:
+            return
+        self._sink_ready = False
+        sink = self.sink
+        self.sink = None
+        if sink is None:
+            return
         try:
-            # A per-partition sink fences older owners here (init_transactions). The
-            # shared producer was initialised at process start; a former owner's open
-            # transaction is waited for by the checkpoint load below instead (it reads
-            # read_committed past the newest checkpoint record: ingress/README.md, point 3).
-            sink.start()
-            self._delivery = self.cfg.delivery(
-                sink, self.key, self.where, on_checkpointed=self._checkpointed,
-                on_aborted=self.metrics.transactions_aborted.labels(**self._labels).inc)
-            cp, upgraded = self.checkpoints.load_for(self.key, self.legacy_key)
-            self.position = self.checkpointed = None
-            self._last_cp = None
-            self.origin = None if cp is None else cp.origin
-            if cp is not None and upgraded:
-                # Written under the key with the destination at once: the legacy key is
-                # read only until then (checkpoints.resolve).
-                self._deliver(None, replace(cp, updated_at=self.clock()))
-            elif cp is not None:
-                self.position = self.checkpointed = cp.offset
-                self._last_cp = cp
-            if cp is not None:
-                self._m_checkpoint.set(cp.offset)
-            log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
-                     "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
-            self.late = None
-            if cp is not None and cp.late is not None and cp.late[0] == cp.offset + 1:
-                # The gap's clock survives restarts: lost_segment_timeout counts from when
-                # it was first seen, not from this session's start.
-                self.late = LateGap(cp.late[0], cp.late[0], cp.late[1])
-                log.info("%s: positions from %d have been late since %s", self.where,
-                         cp.late[0], cp.late[1].isoformat())
-            self._drain_inbox()
-            # List from the resume position: level 0 from the segment the checkpoint came
-            # from (the checkpoint may lie inside it).
-            anchor = None if cp is None else SegmentKey.try_parse(cp.segment)
-            self.inventory.anchor = anchor.start if anchor is not None and anchor.level == 0 \
-                and anchor.partition_ref == self.cfg.ref else None
-            self.inventory.listed_fully = False
-            self.inventory.reload()
-            self._loop()
-            self._delivery.settle()
-        finally:
-            self._delivery = None
             try:
                 sink.abort()
             finally:
                 sink.close()
-                self.sink = None
+        except ReplicatorError as e:
+            log.warning("%s: closing the session's sink: %s", self.where, e)
 
     def _drain_inbox(self) -> bool:
-        with self._cond:
+        with self._lock:
             events, self._inbox = self._inbox, []
         self.inventory.apply(events)
         return bool(events)
 
-    def _loop(self) -> None:
+    def _wait(self, seconds: float, then: Callable[[], None] | None = None) -> float:
+        """Wait ``seconds`` (a step's return value); ``then`` runs when the timer expires,
+        not when an event or stop wakes the worker first.
+        """
+        self._after_wait = then
+        return max(0.0, seconds)
+
+    def _wait_until(self, until: datetime, then: Callable[[], None] | None = None) -> float:
+        return self._wait((until - self.clock()).total_seconds(), then)
+
+    def _next(self) -> float:
+        """One planner decision and its action."""
         src = self.cfg.source
         inventory = self.inventory
         assert self._delivery is not None
-        while not self.stopping:
-            self._drain_inbox()
-            usable = inventory.usable()
-            self._report_below_origin(usable)
-            now = self.clock()
-            plan_from = self._plan_from(usable)
-            if plan_from == PENDING:
-                self._wait_first_position(usable)
-                continue
-            assert not isinstance(plan_from, str)
-            action = next_action(plan_from, usable, now, src, late=self.late,
-                                 first_seen=self.first_seen, floor=inventory.floor())
-            pos = -1 if self.position is None else self.position
-            self._m_waiting.set(sum(1 for s in usable if s.end > pos))
-            if isinstance(action, Produce):
-                if self.late is not None:
-                    log.info("%s: late range %d-%d arrived after %.1fs", self.where,
-                             self.late.first, self.late.last,
-                             (now - self.late.since).total_seconds())
-                    self.late = None
-                    self._m_late.set(0)
-                self.first_seen = None
-                self._replay(action.segment, action.skip_through)
-                continue
-            if isinstance(action, DeclareLost):
-                self._declare_lost(action)
-                continue
-            # Nothing to produce now: every checkpoint out before the worker waits.
-            self._delivery.settle()
-            if isinstance(action, WaitFirst):
-                if self.first_seen is None:
-                    log.info("%s: no checkpoint; waiting %s (first_segment_delay) for earlier "
-                             "segments", self.where, src.first_segment_delay)
-                self.first_seen = action.since
-                self._wait_until(action.until)
-            elif isinstance(action, WaitLate):
-                self._wait_late(action)
-            else:
-                assert isinstance(action, Idle)
-                if not self._wait_until(now + self.cfg.rescan_interval):
-                    # The session's first rescan lists everything once (a segment starting
-                    # before the resume position may cover it); later ones start there.
-                    inventory.reload(full=not inventory.listed_fully)
+        self._drain_inbox()
+        usable = inventory.usable()
+        self._report_below_origin(usable)
+        now = self.clock()
+        plan_from = self._plan_from(usable)
+        if plan_from == PENDING:
+            self._drop_permit()
+            return self._wait_first_position(usable)
+        assert not isinstance(plan_from, str)
+        action = next_action(plan_from, usable, now, src, late=self.late,
+                             first_seen=self.first_seen, floor=inventory.floor())
+        pos = -1 if self.position is None else self.position
+        self._m_waiting.set(sum(1 for s in usable if s.end > pos))
+        if isinstance(action, Produce):
+            if self.late is not None:
+                log.info("%s: late range %d-%d arrived after %.1fs", self.where,
+                         self.late.first, self.late.last,
+                         (now - self.late.since).total_seconds())
+                self.late = None
+                self._m_late.set(0)
+            self.first_seen = None
+            if not self._has_permit():
+                return WAIT
+            try:
+                self._replay_segment(action.segment, action.skip_through)
+            finally:
+                self._drop_permit()
+            return 0
+        self._drop_permit()
+        if isinstance(action, DeclareLost):
+            self._declare_lost(action)
+            return 0
+        # Nothing to produce now: every checkpoint out before the worker waits.
+        self._delivery.settle()
+        if isinstance(action, WaitFirst):
+            if self.first_seen is None:
+                log.info("%s: no checkpoint; waiting %s (first_segment_delay) for earlier "
+                         "segments", self.where, src.first_segment_delay)
+            self.first_seen = action.since
+            return self._wait_until(action.until)
+        if isinstance(action, WaitLate):
+            return self._wait_late(action)
+        assert isinstance(action, Idle)
+        # The session's first rescan lists everything once (a segment starting before the
+        # resume position may cover it); later ones start there.
+        return self._wait_until(now + self.cfg.rescan_interval,
+                                lambda: inventory.reload(full=not inventory.listed_fully))
+
+    def _has_permit(self) -> bool:
+        """True while this worker holds a replay slot; otherwise asks for one (FIFO: a
+        partition that asked first gets the next free slot) and is woken when granted.
+        """
+        if self.permits is None:
+            return True
+        if self._permit is None:
+            self._permit = self.permits.request(self._wake)
+        return self._permit.granted
+
+    def _drop_permit(self) -> None:
+        """Give the slot back, or leave the queue."""
+        req, self._permit = self._permit, None
+        if req is not None and self.permits is not None:
+            self.permits.cancel(req)
 
     def _plan_from(self, usable: set[SegmentKey]) -> int | Literal["pending"] | None:
         """The position the planner continues after: the checkpoint; without one, the
@@ -422,7 +536,7 @@ class ReplayWorker:
         self.origin = newest.end + 1
         self._deliver(None, Checkpoint(newest.end, newest.to_key(), self.clock()))
 
-    def _wait_first_position(self, usable: set[SegmentKey]) -> None:
+    def _wait_first_position(self, usable: set[SegmentKey]) -> float:
         """No checkpoint, and egress has not recorded where this partition begins yet."""
         assert self._delivery is not None
         self._delivery.settle()
@@ -431,7 +545,7 @@ class ReplayWorker:
                      "position in _topic.json (%d segment(s) known)", self.where, len(usable))
             self._pending_logged = True
         self._m_waiting.set(len(usable))
-        self._wait_for(self.first.seconds_to_recheck())
+        return self._wait(self.first.seconds_to_recheck())
 
     def _report_below_origin(self, usable: set[SegmentKey]) -> None:
         """Log and count positions of segments that lie below ``origin``.
@@ -458,16 +572,12 @@ class ReplayWorker:
         self.metrics.messages_skipped.labels(**self._labels).inc(last - first + 1)
         self._reported_below = first
 
-    def _wait_until(self, until: datetime) -> bool:
-        """Wait until ``until``; True if woken early by an event or stop."""
-        return self._wait_for((until - self.clock()).total_seconds())
-
-    def _wait_late(self, action: WaitLate) -> None:
+    def _wait_late(self, action: WaitLate) -> float:
         if self.inventory.partial:
             # The list started at the resume position: see every segment once before the
             # gap counts as late (one that starts earlier may cover it).
             self.inventory.reload(full=True)
-            return
+            return 0
         late = action.late
         if self.position is None and (self.late is None or self.late.first != late.first):
             # Nothing replayed yet, so no checkpoint keeps the gap's clock across restarts:
@@ -484,9 +594,12 @@ class ReplayWorker:
         self.late = late
         self._m_late.set(late.size)
         self._persist_late(late)
-        if not self._wait_until(action.until):
+
+        def reload() -> None:
             self.inventory.reload(full=True)
             self.late = replace(late, reloads=late.reloads + 1)
+
+        return self._wait_until(action.until, reload)
 
     def _persist_late(self, late: LateGap) -> None:
         """Record when the gap after the checkpoint was first seen, in the checkpoint
@@ -517,20 +630,6 @@ class ReplayWorker:
         self._deliver(None, cp)
         self.late = None
         self._m_late.set(0)
-
-    def _replay(self, seg: SegmentKey, skip_through: int | None) -> None:
-        """Replay one segment while holding a permit (memory: one per active replay)."""
-        permits = self.permits
-        if permits is None:
-            self._replay_segment(seg, skip_through)
-            return
-        # FIFO: a partition that asked first gets the next free slot (no starvation).
-        if not permits.acquire(lambda: self.stopping):
-            return
-        try:
-            self._replay_segment(seg, skip_through)
-        finally:
-            permits.release()
 
     def _replay_segment(self, seg: SegmentKey, skip_through: int | None) -> None:
         name = seg.to_key()

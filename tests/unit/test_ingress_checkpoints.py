@@ -1,8 +1,13 @@
-"""The follower's lazy reduction of a key's values gives what reading them all gives."""
+"""The follower: its lazy reduction of a key's values gives what reading them all gives;
+a load waits as a state, woken by the reader."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
+from datetime import UTC, datetime
+from typing import Any, cast
 
 from ingress.checkpoints import latest_from_end, latest_valid
 
@@ -28,3 +33,88 @@ def test_latest_from_end_equals_latest_valid_also_when_reduced_in_steps() -> Non
         _, head = latest_from_end("k", values[:cut], None)
         assert latest_from_end("k", head + values[cut:], None)[0] == want
         assert len(reduced) <= 1
+
+
+class FakeMessage:
+    def __init__(self, key: bytes, value: bytes | None, offset: int) -> None:
+        self._k, self._v, self._o = key, value, offset
+
+    def key(self) -> bytes:
+        return self._k
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def offset(self) -> int:
+        return self._o
+
+
+class FakeLog:
+    """One checkpoint partition: ``end`` (read_uncommitted) and what a fetch hands out up
+    to ``readable`` (read_committed: the stable offset)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[bytes, bytes | None]] = []
+        self.readable = 0
+        self.pos = 0
+        self.lock = threading.Lock()
+
+    def fetch(self, max_messages: int, timeout: float) -> Any:
+        from replicator.core.kafka import Fetched
+
+        time.sleep(0.005)
+        out = Fetched()
+        with self.lock:
+            upto = min(self.readable, self.pos + max_messages)
+            run = [FakeMessage(k, v, o) for o, (k, v) in
+                   enumerate(self.records[self.pos:upto], start=self.pos)]
+            self.pos = upto
+        if run:
+            out.runs[("cps", 0)] = cast(list[Any], run)
+        out.ends[("cps", 0)] = upto
+        return out
+
+    def watermarks(self, tp: Any, timeout: float) -> tuple[int, int]:
+        with self.lock:
+            return 0, len(self.records)
+
+    def close(self) -> None:
+        return
+
+
+def test_a_waiting_load_holds_no_thread_and_is_woken_once_the_reader_passed_the_end() -> None:
+    """The reader takes the end offsets after the load began and wakes the load only when
+    it has read that far (an open transaction holds the stable offset back meanwhile)."""
+    from ingress.checkpoints import FollowingCheckpointStore
+    from replicator.core.metrics import Metrics
+    from replicator.core.settings import KafkaSettings
+    from replicator.core.wire import Checkpoint
+
+    fake = FakeLog()
+    store = FollowingCheckpointStore(KafkaSettings(brokers="x:1"), "cps", Metrics())
+    store._consumer = fake  # type: ignore[assignment]
+    store._ends = fake  # type: ignore[assignment]
+    store._partitions = [0]
+    cp = Checkpoint(41, "s", datetime(2026, 11, 23, tzinfo=UTC))
+    with fake.lock:
+        records: list[tuple[bytes, bytes | None]] = [(b"other", cp.encode())] * 100
+        fake.records = [*records, (b"r:t:0:d", cp.encode())]
+    store._thread = threading.Thread(target=store._run, daemon=True)
+    store._thread.start()
+    try:
+        woken = threading.Event()
+        ticket = store.begin_load()
+        assert not store.load_ready(ticket, woken.set)
+        time.sleep(0.2)               # the reader took the end (101) but reads nothing yet
+        assert not woken.is_set() and ticket.targets == {0: 101}
+        with fake.lock:
+            fake.readable = 100       # the stable offset: the last record is still open
+        time.sleep(0.2)
+        assert not woken.is_set()
+        with fake.lock:
+            fake.readable = 101
+        assert woken.wait(5)
+        assert store.load_ready(ticket, woken.set)
+        assert store.load_for("r:t:0:d", None, ticket) == (cp, False)
+    finally:
+        store.close()

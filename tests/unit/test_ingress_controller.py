@@ -180,3 +180,73 @@ def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> 
         assert sink.committed == []
     finally:
         ing.close()
+
+
+def test_hundreds_of_idle_partitions_run_on_a_bounded_pool_and_replay_when_segments_come(
+        ) -> None:
+    """No Python thread per owned partition: 240 idle workers add only the replay pool's
+    threads, and each replays its segment once its event arrives."""
+    import threading
+
+    from formats.base import SegmentMetadata, WriterOptions
+    from formats.records import Record, records_to_batch
+    from formats.registry import get_format
+    from formats.segment_io import SegmentUpload, publish_segment
+    from ingress.events import SegmentEvent
+    from replicator.core.keys import SegmentKey
+
+    n = 240
+    settings = load_settings(data={
+        "region": "us-west-1", "s3": {"bucket": "b"}, "kafka": {"brokers": "x:1"},
+        "metrics": {"port": 0},
+        "ingress": {"sqs_queue": "q", "sources": [{"region": "us-east-1", "topic": "t",
+                                                    "first_segment_delay": "0s"}],
+                    "rescan_interval": "1h", "max_parallel_replays": 4}}, environ={})
+    store = MemoryObjectStore("b")
+    admin = FakeAdmin()
+    admin.topics["t"] = n
+    checkpoints = MemoryCheckpointStore()
+    sinks: dict[int, MemorySink] = {}
+
+    def make_sink(src: Any, topic: str, p: int) -> MemorySink:
+        return sinks.setdefault(p, MemorySink(checkpoints))
+
+    ing = Ingress(settings, store=store, events=MemorySegmentEvents(), checkpoints=checkpoints,
+                  admin=admin, make_sink=make_sink)
+    ing.consumer = FakeConsumer()  # type: ignore[assignment]
+    peak = [0]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.005):
+            peak[0] = max(peak[0], threading.active_count())
+
+    sampler = threading.Thread(target=sample)
+    before = threading.active_count() + 1          # with the sampler
+    sampler.start()
+    try:
+        meta(store, "us-east-1", "t", n)
+        ing._check_topics()
+        ing.assigned = {("t", p) for p in range(n)}
+        ing._reconcile()
+        assert len(ing.workers) == n
+        fmt = get_format("parquet")
+        for p in range(n):
+            key = SegmentKey("data", "us-east-1", "t", p, 0, 0, 9)
+            up = SegmentUpload(store, fmt, "temp", WriterOptions())
+            up.write_batch(records_to_batch([Record(o, 1, b"k", b"v%d" % p, (), 1)
+                                             for o in range(10)]))
+            publish_segment(store, up.finish(SegmentMetadata.for_key(key, 10)).key, key)
+            ing._dispatch(SegmentEvent("created", key))
+        deadline = time.monotonic() + 60
+        while not all(len(s.committed) == 10 for s in sinks.values()) or len(sinks) < n:
+            assert time.monotonic() < deadline, sum(len(s.committed) for s in sinks.values())
+            time.sleep(0.05)
+        assert all([r[0] for r in s.committed] == list(range(10)) for s in sinks.values())
+        # The pool, plus one read-ahead thread per replay in progress (max_parallel_replays).
+        assert peak[0] - before <= ing.scheduler.size + 4, (peak[0], before)
+        assert ing.scheduler.size == 4 + 4
+    finally:
+        sampling.set()
+        sampler.join(5)
+        ing.close()

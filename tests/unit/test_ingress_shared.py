@@ -244,3 +244,35 @@ def test_a_fenced_producer_is_recreated_and_initialised_again(h: Harness) -> Non
     assert h.outcome(again) is None
     assert len(h.producers) == 2 and h.log.count("init") == 2
     assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]
+
+
+def test_closing_an_at_least_once_sink_with_nothing_outstanding_does_not_wait() -> None:
+    """Many partitions stopped at once close one after another on the replay pool: a sink
+    with nothing unacknowledged must not wait a poll timeout (was 50 ms each)."""
+    from ingress.shared import SharedAcks, SharedAckSink
+
+    polls: list[float] = []
+
+    class Idle:
+        def poll(self, timeout: float) -> int:
+            polls.append(timeout)
+            time.sleep(timeout)
+            return 0
+
+        def take_failures(self, topic: str, partition: int) -> list[Any]:
+            return []
+
+        def done(self, topic: str, partition: int) -> int:
+            return 0
+
+    shared = SharedAcks(KafkaSettings(brokers="x:1"),
+                        make_producer=lambda: cast(Producer, Idle()))
+    shared.start()
+    sinks = [SharedAckSink(shared, topic=T, partition=p, checkpoint_topic="cps")
+             for p in range(50)]
+    t0 = time.monotonic()
+    for s in sinks:
+        s.start()
+        s.close()
+    assert polls and all(t == 0.0 for t in polls), polls[:5]
+    assert time.monotonic() - t0 < 1.0

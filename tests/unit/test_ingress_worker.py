@@ -26,6 +26,7 @@ from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
 from ingress.permits import FifoPermits
 from ingress.rows import Rows
+from ingress.scheduler import Scheduler
 from ingress.sink import MemorySink
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.clock import utc_now
@@ -79,11 +80,16 @@ class Harness:
                                 batch_size=batch_size,
                                 rescan_interval=timedelta(milliseconds=100))
         self.worker: ReplayWorker | None = None
+        self.scheduler: Scheduler | None = None
 
     def start(self, clock: Callable[[], datetime] | None = None) -> ReplayWorker:
+        # The worker has no thread of its own: a pool runs its steps, as in the process.
+        self.scheduler = Scheduler(2, name="test-replay")
+        self.scheduler.start()
         self.worker = ReplayWorker(self.cfg, store=self.store,
                                    checkpoints=self.checkpoints, make_sink=lambda: self.sink,
-                                   metrics=self.m, clock=clock or utc_now)
+                                   metrics=self.m, scheduler=self.scheduler,
+                                   clock=clock or utc_now)
         self.worker.start()
         return self.worker
 
@@ -100,6 +106,9 @@ class Harness:
         if self.worker is not None:
             self.worker.stop()
             assert self.worker.join(5)
+        if self.scheduler is not None:
+            self.scheduler.close()
+            self.scheduler = None
 
     def metric(self, name: str) -> float:
         return self.metrics.value(name, LABELS) or 0.0
@@ -674,6 +683,8 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
 
     store = CountingStore("dest")
     permits = FifoPermits(1)
+    pool = Scheduler(2, name="test-replay")   # fewer threads than workers
+    pool.start()
     workers, sinks = [], []
     for p in (0, 1, 2):
         ref = PartitionRef("data", "us-east-1", "t", p)
@@ -687,7 +698,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
                            rescan_interval=timedelta(seconds=5))
         w = ReplayWorker(cfg, store=store, checkpoints=h.checkpoints,
                          make_sink=functools.partial(lambda s: s, sink), metrics=h.m,
-                         permits=permits)
+                         scheduler=pool, permits=permits)
         workers.append(w)
         sinks.append(sink)
     for w in workers:
@@ -703,6 +714,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
         for w in workers:
             w.stop()
             w.join(5)
+        pool.close()
 
 
 def test_checkpoint_store_latest_valid_and_tombstone() -> None:

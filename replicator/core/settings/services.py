@@ -393,7 +393,8 @@ class IngressSettings(Model):
                            "they are reported (ERROR + metric).")
     max_parallel_replays: int = Field(
         8, ge=1, description="Segments replayed at once by this process (each holds about "
-                             "two batches in memory), whatever the number of partitions.")
+                             "two batches in memory and a thread of the replay pool, which "
+                             "has this many + 4 threads), whatever the number of partitions.")
     mark_origin: bool = Field(
         False, description="Append a header origin_header = the source region's name "
         "(UTF-8) to every replayed record, after its own headers, so the egress of this "
