@@ -55,6 +55,17 @@ def test_abortable_retriable_fatal() -> None:
     assert type(fatal) is KafkaFatalError
 
 
+@pytest.mark.parametrize("code", [ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                  ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                  ck.KafkaError.NOT_COORDINATOR,
+                                  ck.KafkaError.UNSTABLE_OFFSET_COMMIT])
+def test_a_coordinator_not_ready_is_retriable_without_the_clients_flag(code: int) -> None:
+    """Admin results carry these per partition without ``retriable``: a group's offsets
+    altered right after a broker start must be retried, not refused."""
+    assert isinstance(classify(ck.KafkaError(code), "alter offset of group 'g' t[0]"),
+                      KafkaRetriableError)
+
+
 def test_delivery_errors() -> None:
     assert isinstance(delivery_error(ck.KafkaError(ck.KafkaError._FENCED), "w"),
                       ProducerFenced)
@@ -206,3 +217,70 @@ def test_group_generation_reads_librdkafkas_serialized_metadata() -> None:
     assert group_generation(joined) == (7, "member-1")
     with pytest.raises(KafkaFatalError):
         group_generation(GroupMetadata(b"something else"))
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+def _partition(topic: str, partition: int, offset: int, error: ck.KafkaError | None = None
+               ) -> Any:
+    from types import SimpleNamespace
+    return SimpleNamespace(topic=topic, partition=partition, offset=offset, error=error)
+
+
+class _GroupsClient:
+    """The admin client's group calls: answers given per call."""
+
+    def __init__(self, answers: list[list[Any]]) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    def _answer(self, group: str) -> dict[str, _Done]:
+        from types import SimpleNamespace
+        self.calls += 1
+        return {group: _Done(SimpleNamespace(topic_partitions=self.answers.pop(0)))}
+
+    def list_consumer_group_offsets(self, requests: list[Any], **_: Any) -> dict[str, _Done]:
+        return self._answer(requests[0].group_id)
+
+    def alter_consumer_group_offsets(self, requests: list[Any], **_: Any) -> dict[str, _Done]:
+        return self._answer(requests[0].group_id)
+
+
+def _admin_with(answers: list[list[Any]]) -> tuple[Any, _GroupsClient]:
+    from replicator.core.kafka import Admin
+
+    admin = Admin(KAFKA, timeout=5)
+    client = _GroupsClient(answers)
+    admin._admin = client  # type: ignore[assignment]
+    return admin, client
+
+
+def test_group_offsets_never_answers_with_a_partition_left_out() -> None:
+    """A partition whose committed offset could not be read (an open transaction's offsets,
+    a coordinator loading) fails the read: left out, it would be exported as "no commit"."""
+    unstable = ck.KafkaError(ck.KafkaError.UNSTABLE_OFFSET_COMMIT)
+    admin, _ = _admin_with([[_partition("t", 0, 7), _partition("t", 1, -1001, unstable)],
+                            [_partition("t", 0, 7), _partition("t", 1, -1001)]])
+    with pytest.raises(KafkaRetriableError, match=r"t\[1\]"):
+        admin.group_offsets("g")
+    assert admin.group_offsets("g") == {("t", 0): 7}   # no commit for t[1]: absent
+
+
+def test_altering_offsets_retries_a_coordinator_that_is_still_loading() -> None:
+    loading = ck.KafkaError(ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+    admin, client = _admin_with([[_partition("t", 0, 4, loading)],
+                                 [_partition("t", 0, 4, loading)],
+                                 [_partition("t", 0, 4)]])
+    admin.alter_group_offsets("g", {("t", 0): 4})
+    assert client.calls == 3
+    refused = ck.KafkaError(ck.KafkaError.GROUP_AUTHORIZATION_FAILED)
+    admin, client = _admin_with([[_partition("t", 0, 4, refused)]])
+    with pytest.raises(KafkaFatalError, match=r"GROUP_AUTHORIZATION|[Aa]uthoriz"):
+        admin.alter_group_offsets("g", {("t", 0): 4})
+    assert client.calls == 1

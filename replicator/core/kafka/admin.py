@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -174,7 +175,11 @@ class Admin:
             raise translate(e, f"committed offsets of group {group!r}") from e
         out: dict[tuple[str, int], int] = {}
         for tp in result.topic_partitions or []:
-            if tp.error is None and tp.offset >= 0:
+            if tp.error is not None:
+                # Never a partial answer: a partition left out would read as "no commit".
+                raise classify(tp.error, f"committed offset of group {group!r} "
+                                         f"{tp.topic}[{tp.partition}]")
+            if tp.offset >= 0:
                 out[(tp.topic, tp.partition)] = tp.offset
         return out
 
@@ -192,6 +197,21 @@ class Admin:
         Raises:
             KafkaRetriableError / KafkaFatalError: the broker refused, naming the group.
         """
+        deadline = time.monotonic() + self.timeout
+        delay = 0.2
+        while True:
+            try:
+                return self._alter_group_offsets(group, offsets)
+            except KafkaRetriableError:
+                # A coordinator still loading after a broker start, or moving: the same
+                # request again, within this call's timeout.
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+    def _alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]
+                             ) -> None:
         request = ConsumerGroupTopicPartitions(group, [
             CkTopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())])
         fut = self._admin.alter_consumer_group_offsets(

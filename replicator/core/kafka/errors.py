@@ -58,6 +58,17 @@ _GENERATION_CODES = frozenset({
     ck.KafkaError.REBALANCE_IN_PROGRESS,
 })
 
+# Transient by the protocol, but reported without the client's retriable flag in the
+# per-partition results of admin requests (a group coordinator still loading its offsets
+# after a broker start, or moved; a group's offsets pending in an open transaction):
+# retried, never taken for a refusal.
+_TRANSIENT_GROUP_CODES = frozenset({
+    ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+    ck.KafkaError.NOT_COORDINATOR,
+    ck.KafkaError.UNSTABLE_OFFSET_COMMIT,
+})
+
 KafkaException = ck.KafkaException
 """The client's exception type (seam-internal: nothing outside this package catches it)."""
 
@@ -73,7 +84,7 @@ def classify(err: ck.KafkaError, what: str) -> ReplicatorError:
         return ProducerFenced(f"{what}: producer fenced by a newer instance: {err.str()}")
     if err.txn_requires_abort():
         return TransactionAbortable(f"{what}: {err.str()}")
-    if err.retriable():
+    if err.retriable() or err.code() in _TRANSIENT_GROUP_CODES:
         return KafkaRetriableError(f"{what}: {err.str()}")
     return KafkaFatalError(f"{what}: {err.str()}")
 
