@@ -17,7 +17,10 @@ name their partition.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import length_hint
 from typing import Any, NewType, cast
 
 import confluent_kafka as ck
@@ -232,21 +235,36 @@ class Producer:
                 if n > 1:
                     end(n - 1)
             return
+        if not len(timestamps) == len(keys) == len(values) == len(headers) == n:
+            raise ValueError(f"produce to {topic}[{partition}]: columns of different lengths")
         p = self._p
-        # The client's own signature, typed for our headers (the same list at run time).
+        # The loop runs in C: ``map`` calls the client's ``produce`` with positional
+        # arguments (no keyword dict per record; ``None`` for both callback slots: the
+        # producer-wide one applies) and ``deque(maxlen=0)`` drains it. A record the client
+        # refuses stops the drain; the values iterator's remaining length names it, and
+        # the same ``map`` then goes on after it.
         produce = cast("Callable[..., None]", p.produce)
+        values_it = iter(values)
+        args: list[Iterable[Any]] = [repeat(topic, n), values_it, keys, repeat(partition, n),
+                                     repeat(None, n), repeat(None, n), timestamps]
+        if headers.count(None) != n:
+            args.append(headers)        # without headers the argument is left out
+        run = map(produce, *args)
         # One lock per batch, not per record: ``purge`` waits for the batch's enqueue (a
         # full queue is waited out in ``produce``, which sees the purge and raises).
         with self._produce_lock:
             self._check_open(topic)
-            for i, (ts, k, v, h) in enumerate(zip(timestamps, keys, values, headers,
-                                                  strict=True)):
+            while True:
                 try:
-                    produce(topic, v, k, partition, timestamp=ts, headers=h)
+                    deque(run, maxlen=0)
+                    break
                 except BufferError:
+                    i = n - length_hint(values_it) - 1
                     p.poll(QUEUE_FULL_WAIT)
-                    self.produce(topic, v, k, partition=partition, timestamp=ts, headers=h)
+                    self.produce(topic, values[i], keys[i], partition=partition,
+                                 timestamp=timestamps[i], headers=headers[i])
                 except ck.KafkaException as e:
+                    i = n - length_hint(values_it) - 1
                     raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
         p.poll(0)
 
