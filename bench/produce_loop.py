@@ -22,6 +22,11 @@ client call with our defaults: a plain Python loop with keyword arguments (what
 uses (``track_acks``: a Python callback per record, at-least-once before this change;
 ``on_ends``: the offset map's two callbacks per batch).
 
+``enqueue`` (no broker: the producer points at a closed port, so records stay in its
+queue and are purged after each batch): thread CPU µs per record of the calling thread
+alone, the loop around the client call without librdkafka's threads or delivery reports;
+the least load-sensitive figure of the three on a shared machine.
+
 The machine is shared: every line is printed with the load average, and variants are
 compared within one run (alternating, medians of ``--repeat`` rounds).
 """
@@ -135,6 +140,46 @@ def run_variant(brokers: str, broker_pid: int, data: Data, *, eos: bool,
             "rate": records / wall, "cpu_s_per_gb": cpu / (raw / 1e9)}
 
 
+def enqueue_only(data: Data, loop: str, rounds: int) -> float:
+    """Thread CPU µs per record of enqueueing ``data`` (no broker; purged per batch)."""
+    from replicator.core.kafka import Producer
+    from replicator.core.settings import KafkaSettings
+
+    p = Producer(KafkaSettings(brokers="127.0.0.1:1"),
+                 overrides={"queue.buffering.max.messages": 2 * BATCH,
+                            "message.timeout.ms": 600_000})
+    spent, n = 0.0, 0
+    for _ in range(rounds):
+        for part, ts, keys, values in data:
+            c0 = time.thread_time()
+            if loop == "plain":
+                plain_loop(p, "enqueue", part, ts, keys, values)
+            else:
+                p.produce_many("enqueue", part, ts, keys, values, [None] * len(ts), ts)
+            spent += time.thread_time() - c0
+            n += len(ts)
+            p._p.purge(in_queue=True, in_flight=True, blocking=True)
+            p._p.poll(0)
+    return spent / n * 1e6
+
+
+def report_cost(track: bool, n: int = 200_000) -> float:
+    """Thread CPU µs of the producer-wide callback for one successful delivery."""
+    from confluent_kafka import Message
+
+    from replicator.core.kafka import Producer
+    from replicator.core.settings import KafkaSettings
+
+    p = Producer(KafkaSettings(brokers="127.0.0.1:1"), track_acks=track,
+                 report_successes=not track)
+    msg = Message(topic="enqueue", partition=1, offset=5, value=b"v")
+    delivered = p._delivered
+    c0 = time.thread_time()
+    for _ in range(n):
+        delivered(None, msg)
+    return (time.thread_time() - c0) / n * 1e6
+
+
 SETTINGS: dict[str, dict[str, Any]] = {
     "defaults (linger 20, batch.size 1MB)": {},
     "linger.ms 5": {"linger.ms": 5},
@@ -160,6 +205,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
     data = make_data(args.records, args.size)
+    if only == {"enqueue"}:
+        load0 = os.getloadavg()
+        got: dict[str, list[float]] = {"plain": [], "produce_many": []}
+        for _ in range(args.repeat):
+            for loop, runs in got.items():
+                runs.append(enqueue_only(data, loop, 1))
+        print(f"enqueue only: {args.records:,} records x {args.size} B, medians of "
+              f"{args.repeat}; load average {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+        for loop, runs in got.items():
+            print(f"  {loop:<14} thread CPU {statistics.median(runs):.3f} us/record  "
+                  f"(runs {', '.join(f'{r:.3f}' for r in runs)})")
+        print(f"  success report of a record without its own callback (the producer-wide "
+              f"callback, Python part): track_acks {report_cost(True):.3f} us, "
+              f"report_successes {report_cost(False):.3f} us")
+        return 0
     work = Path(tempfile.mkdtemp(prefix="produce-loop-"))
     broker = start_kafka("produce-loop-kafka", work, home=os.environ.get("KAFKA_HOME"))
     results: dict[tuple[str, str], list[dict[str, float]]] = {}

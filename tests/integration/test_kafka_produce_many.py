@@ -73,3 +73,41 @@ def test_columns_of_different_lengths_are_refused(dest_brokers: str) -> None:
     ts, keys, values, hdrs, ids = _columns(10, headers=False)
     with pytest.raises(ValueError, match="different lengths"):
         p.produce_many("t", 0, ts, keys[:9], values, hdrs, ids)
+
+
+def test_acknowledgements_are_counted_per_partition_once_per_record(dest_brokers: str) -> None:
+    """``track_acks``: a batch is counted by its last record's report; batches of one and
+    two records, a batch through a full local queue, the offset map's ends and single
+    records all add up to exactly what was produced, per partition."""
+    kafka = KafkaSettings(brokers=dest_brokers, config={
+        **FAST_GROUP_CONFIG, "queue.buffering.max.messages": 16, "linger.ms": 1})
+    topic = unique_name("acks")
+    assert Admin(kafka).create_topic(topic, 2)
+    p = Producer(kafka, track_acks=True)
+    ends: list[tuple[int, int]] = []
+    sent = {0: 0, 1: 0}
+    for part, n, with_ends in [(0, 1, False), (0, 2, False), (1, 3000, False),
+                               (0, 1, True), (1, 2, True), (0, 500, True)]:
+        ts, keys, values, hdrs, ids = _columns(n, headers=False)
+        p.produce_many(topic, part, ts, keys, values, hdrs, ids,
+                       on_ends=(lambda i, r: ends.append((i, r.offset))) if with_ends
+                       else None)
+        sent[part] += n
+    p.produce(topic, b"single", partition=1)
+    sent[1] += 1
+    assert p.flush(60) == 0
+    assert not p.take_failures()
+    assert {part: p.done(topic, part) for part in (0, 1)} == sent
+    assert sorted(i for i, _ in ends) == [0, 0, 0, 1, 499]
+
+
+def test_a_failed_record_without_its_own_callback_is_reported() -> None:
+    """The producer-wide callback drops successes at once but keeps every failure."""
+    from confluent_kafka import KafkaError, Message
+
+    p = Producer(KafkaSettings(brokers="127.0.0.1:1"), track_acks=True)
+    p._delivered(None, Message(topic="t", partition=0, offset=5))
+    assert p.take_failures() == []
+    p._delivered(KafkaError(KafkaError._MSG_TIMED_OUT), Message(topic="t", partition=3))
+    failed = p.take_failures("t", 3)
+    assert [(f.topic, f.partition) for f in failed] == [("t", 3)]
