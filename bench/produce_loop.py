@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.getloadavg()[1]:.2f}")
     print(f"  {'mode':<4} {'variant':<40} {'CPU us/rec':>10} {'CPU s/GB':>9} "
           f"{'broker us/rec':>13} {'records/s':>10}")
-    for (mode, name), runs in results.items():
-        def med(k: str, runs: list[dict[str, float]] = runs) -> float:
-            return statistics.median(r[k] for r in runs)
+    for (mode, name), variant_runs in results.items():
+        def med(k: str, rs: list[dict[str, float]] = variant_runs) -> float:
+            return statistics.median(r[k] for r in rs)
         print(f"  {mode:<4} {name:<40} {med('cpu_us'):>10.2f} {med('cpu_s_per_gb'):>9.2f} "
               f"{med('broker_us'):>13.2f} {med('rate'):>10,.0f}")
     return 0
