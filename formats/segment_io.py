@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_READ_BUFFER = 8 * 1024**2
-"""Bytes per ranged GET when reading a segment: few requests, bounded memory."""
+"""Bytes per ranged GET when reading a segment: few requests, bounded memory. A segment no
+larger than this is read whole with one GET (``ObjectStore.open_read``): one HEAD and one
+GET per segment instead of one GET per seek (footer, tail, row groups)."""
 
 
 def _binary_bytes(arr: pa.Array) -> int:

@@ -206,12 +206,19 @@ class ObjectStore(ABC):
         """
 
     def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
-        """A seekable, buffered reader over ranged GETs (memory: one buffer).
+        """A seekable reader of one object; memory: one ``buffer_size`` at most.
+
+        An object no larger than ``buffer_size`` is read whole with one GET (the buffer
+        would have held all of it anyway): a reader that seeks to the footer and back
+        costs one request, not one per seek. A larger one is read through a buffer over
+        ranged GETs.
 
         Raises:
             ObjectNotFound: the key does not exist.
         """
         info = self.head(key)
+        if info.size <= buffer_size:
+            return io.BytesIO(self.get_range(key, 0, info.size))
         raw = RangeReader(self, key, info.size)
         return io.BufferedReader(raw, buffer_size=buffer_size)
 

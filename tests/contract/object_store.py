@@ -290,13 +290,16 @@ class ObjectStoreContract:
 
     # --- open_read ------------------------------------------------------------------
 
-    def test_open_read_seek_and_read(self) -> None:
+    @pytest.mark.parametrize("buffer_size", [1024**2, 4 * 1024**2],
+                             ids=["ranged-reads", "read-whole"])
+    def test_open_read_seek_and_read(self, buffer_size: int) -> None:
+        # 1 MiB buffer: ranged GETs; 4 MiB: the object fits and is read with one GET.
         size = 3 * 1024**2 + 17
         data = payload(size, seed=8)
         up = self.store.open_upload("r/big")
         up.write(data)
         up.complete()
-        with self.store.open_read("r/big", buffer_size=1024**2) as f:
+        with self.store.open_read("r/big", buffer_size=buffer_size) as f:
             assert f.seekable()
             assert f.read(10) == data[:10]
             f.seek(2 * 1024**2 + 3)
@@ -307,3 +310,10 @@ class ObjectStoreContract:
             f.seek(1000)
             assert f.tell() == 1000
             assert f.read() == data[1000:]
+
+    def test_open_read_of_an_empty_object(self) -> None:
+        self.store.put("r/empty", b"")
+        with self.store.open_read("r/empty") as f:
+            assert f.read() == b""
+        with pytest.raises(ObjectNotFound):
+            self.store.open_read("r/missing")

@@ -281,13 +281,18 @@ def test_segment_deleted_before_read_falls_back_to_covering_one(h: Harness) -> N
 
 class DeletingStore(MemoryObjectStore):
     """Compaction replaces ``victim`` when its records are read (the third ranged read:
-    opening reads the format's magic bytes and the footer)."""
+    opening reads the format's magic bytes and the footer). Reads go through a buffer
+    smaller than the segment: a segment no larger than the buffer is read whole when
+    opened, and a deletion can then no longer land mid-read."""
 
     def __init__(self) -> None:
         super().__init__("dest")
         self.victim: str | None = None
         self.on_delete: Callable[[], None] = lambda: None
         self.reads = 0
+
+    def open_read(self, key: str, *, buffer_size: int = 8 * 1024**2) -> BinaryIO:
+        return super().open_read(key, buffer_size=512)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         if key == self.victim:

@@ -17,7 +17,10 @@ name their partition.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import repeat
+from operator import length_hint
 from typing import Any, NewType, cast
 
 import confluent_kafka as ck
@@ -61,7 +64,9 @@ class Producer:
             it only failures are reported, and collected for ``check_deliveries``.
         track_acks: count, per ``(topic, partition)``, the records whose delivery ended
             (acknowledged or failed): ``done``. Several writers share one producer and
-            each needs its own partition's count (at-least-once ingress).
+            each needs its own partition's count (at-least-once ingress). A batch of
+            ``produce_many`` is counted when its last record's report comes (one callback
+            per batch, not per record).
         report_successes: successful deliveries are reported too, so per-record listeners
             (``produce(on_delivery=...)``, ``produce_many(on_ends=...)``) learn offsets.
 
@@ -101,14 +106,17 @@ class Producer:
     # --- delivery reports ---------------------------------------------------------------
 
     def _delivered(self, err: ck.KafkaError | None, msg: ck.Message) -> None:
+        """The producer-wide delivery callback: failures are collected; a success goes to
+        the producer-wide listener, or nowhere: most records of a batch have no callback of
+        their own, and their successes are dropped here before any other work.
+        """
+        if err is None and self._listener is None:
+            return
         topic, partition = msg.topic() or "", msg.partition()
         p = -1 if partition is None else partition
         if err is not None:
             with self._lock:
                 self._failed.append((topic, p, err))
-        if self._track:
-            with self._lock:
-                self._done[(topic, p)] = self._done.get((topic, p), 0) + 1
         if self._listener is not None:
             offset = msg.offset()
             self._listener(DeliveryReport(
@@ -165,16 +173,24 @@ class Producer:
         Raises:
             KafkaRetriableError / KafkaFatalError: the client refused the record.
         """
+        one = None
+        if on_delivery is not None or self._track:
+            one = self._one(on_delivery, 1 if self._track else 0)
+        self._produce(topic, value, key, -1 if partition is None else partition, timestamp,
+                      headers, one)
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int,
+                 timestamp: int, headers: Headers | None,
+                 on_delivery: Callable[[ck.KafkaError | None, ck.Message], None] | None
+                 ) -> None:
+        """One record with the client's own callback (``None``: the producer-wide one)."""
         p = self._p
-        part = -1 if partition is None else partition
-        kw: dict[str, Any] = {}
-        if on_delivery is not None:
-            kw["on_delivery"] = self._one(on_delivery)
+        kw: dict[str, Any] = {} if on_delivery is None else {"on_delivery": on_delivery}
         with self._produce_lock:
             while True:
                 self._check_open(topic)
                 try:
-                    p.produce(topic, value, key, part, timestamp=timestamp,
+                    p.produce(topic, value, key, partition, timestamp=timestamp,
                               headers=cast("_ClientHeaders", headers), **kw)
                     return
                 except BufferError:
@@ -182,17 +198,24 @@ class Producer:
                 except ck.KafkaException as e:
                     raise translate(e, f"produce to {topic}") from e
 
-    def _one(self, listener: Callable[[DeliveryReport], None]
+    def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int
              ) -> Callable[[ck.KafkaError | None, ck.Message], None]:
-        """A per-record delivery callback: the producer's own bookkeeping, then ``listener``."""
+        """A per-record delivery callback: the producer's own bookkeeping, ``count`` more
+        records of the partition ended (``track_acks``), then ``listener``.
+        """
         def delivered(err: ck.KafkaError | None, msg: ck.Message) -> None:
             self._delivered(err, msg)
-            topic, partition, offset = msg.topic() or "", msg.partition(), msg.offset()
+            topic, partition = msg.topic() or "", msg.partition()
             p = -1 if partition is None else partition
-            listener(DeliveryReport(
-                topic, p, -1 if err is not None or offset is None else offset,
-                None if err is None else delivery_error(err, f"{topic}[{p}]"),
-                "" if err is None else err.str()))
+            if count:
+                with self._lock:
+                    self._done[(topic, p)] = self._done.get((topic, p), 0) + count
+            if listener is not None:
+                offset = msg.offset()
+                listener(DeliveryReport(
+                    topic, p, -1 if err is not None or offset is None else offset,
+                    None if err is None else delivery_error(err, f"{topic}[{p}]"),
+                    "" if err is None else err.str()))
         return delivered
 
     def _check_open(self, topic: str) -> None:
@@ -216,37 +239,65 @@ class Producer:
             KafkaRetriableError / KafkaFatalError: the client refused a record.
         """
         n = len(ids)
-        if on_ends is not None and n:
+        if not len(timestamps) == len(keys) == len(values) == len(headers) == n:
+            raise ValueError(f"produce to {topic}[{partition}]: columns of different lengths")
+        # With ``track_acks`` the last record's report counts the whole batch: one
+        # partition's records are reported in the order they were produced (idempotent
+        # producer), so when it comes every record before it has ended too.
+        tally = n if self._track else 0
+        if n and (on_ends is not None or tally):
             # The ends with their own callbacks, the middle on the plain hot path.
-            def end(i: int) -> None:
-                self.produce(topic, values[i], keys[i], partition=partition,
-                             timestamp=timestamps[i], headers=headers[i],
-                             on_delivery=lambda report: on_ends(i, report))
+            def end(i: int, count: int) -> None:
+                listener = None if on_ends is None else (lambda report: on_ends(i, report))
+                self._produce(topic, values[i], keys[i], partition, timestamps[i],
+                              headers[i], self._one(listener, count))
 
             with self._produce_lock:    # the batch stays contiguous in the partition
-                end(0)
-                if n > 2:
-                    mid = slice(1, n - 1)
-                    self.produce_many(topic, partition, timestamps[mid], keys[mid],
+                lo = 0
+                if on_ends is not None and n > 1:
+                    end(0, 0)
+                    lo = 1
+                if n - 1 > lo:
+                    mid = slice(lo, n - 1)
+                    self._produce_run(topic, partition, timestamps[mid], keys[mid],
                                       values[mid], headers[mid], ids[mid])
-                if n > 1:
-                    end(n - 1)
+                end(n - 1, tally)
             return
+        self._produce_run(topic, partition, timestamps, keys, values, headers, ids)
+
+    def _produce_run(self, topic: str, partition: int, timestamps: Sequence[int],
+                     keys: Sequence[bytes | None], values: Sequence[bytes | None],
+                     headers: Sequence[Headers | None], ids: Sequence[int]) -> None:
+        """Records with the producer-wide callback only: one client call each, no more."""
+        n = len(ids)
         p = self._p
-        # The client's own signature, typed for our headers (the same list at run time).
+        # The loop runs in C: ``map`` calls the client's ``produce`` with positional
+        # arguments (no keyword dict per record; ``None`` for both callback slots: the
+        # producer-wide one applies) and ``deque(maxlen=0)`` drains it. A record the client
+        # refuses stops the drain; the values iterator's remaining length names it, and
+        # the same ``map`` then goes on after it.
         produce = cast("Callable[..., None]", p.produce)
+        values_it = iter(values)
+        args: list[Iterable[Any]] = [repeat(topic, n), values_it, keys, repeat(partition, n),
+                                     repeat(None, n), repeat(None, n), timestamps]
+        if headers.count(None) != n:
+            args.append(headers)        # without headers the argument is left out
+        run = map(produce, *args)
         # One lock per batch, not per record: ``purge`` waits for the batch's enqueue (a
         # full queue is waited out in ``produce``, which sees the purge and raises).
         with self._produce_lock:
             self._check_open(topic)
-            for i, (ts, k, v, h) in enumerate(zip(timestamps, keys, values, headers,
-                                                  strict=True)):
+            while True:
                 try:
-                    produce(topic, v, k, partition, timestamp=ts, headers=h)
+                    deque(run, maxlen=0)
+                    break
                 except BufferError:
+                    i = n - length_hint(values_it) - 1
                     p.poll(QUEUE_FULL_WAIT)
-                    self.produce(topic, v, k, partition=partition, timestamp=ts, headers=h)
+                    self._produce(topic, values[i], keys[i], partition, timestamps[i],
+                                  headers[i], None)
                 except ck.KafkaException as e:
+                    i = n - length_hint(values_it) - 1
                     raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
         p.poll(0)
 
