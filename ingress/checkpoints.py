@@ -62,6 +62,12 @@ class CheckpointStore(ABC):
         """
         return True
 
+    def cancel_load(self, ticket: LoadTicket | None) -> None:
+        """Drop a load begun with ``begin_load`` and no longer wanted (its ``wake`` is
+        not called any more).
+        """
+        return
+
     def load(self, key: str) -> Checkpoint | None:
         """The latest valid checkpoint under ``key``.
 
@@ -502,6 +508,11 @@ class FollowingCheckpointStore(CheckpointStore):
             since = self._waiters.get(id(ticket), (None, None, time.monotonic()))[2]
             self._waiters[id(ticket)] = (ticket, wake, since)
             return False
+
+    def cancel_load(self, ticket: LoadTicket | None) -> None:
+        if ticket is not None:
+            with self._cond:
+                self._waiters.pop(id(ticket), None)
 
     def load_for(self, key: str, legacy: str | None, ticket: LoadTicket | None = None
                  ) -> tuple[Checkpoint | None, bool]:

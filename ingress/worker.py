@@ -398,7 +398,8 @@ class ReplayWorker:
         """Close the session's sink (abort what is open); the next step starts a new one."""
         self._drop_permit()
         self._delivery = None
-        self._load = None
+        load, self._load = self._load, None
+        self.checkpoints.cancel_load(load)
         self._replaying = False
         self._after_wait = None
         if not self._sink_ready:

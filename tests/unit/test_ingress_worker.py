@@ -825,3 +825,29 @@ def test_a_segment_starting_before_the_checkpoints_one_is_found_before_the_gap_c
     h.wait(lambda: w.checkpointed == 199)
     assert h.offsets() == list(range(150, 200))
     assert h.metric("replicator_ingress_late_gaps_total") == 0
+
+
+def test_a_worker_stopped_while_its_checkpoint_load_waits_leaves_no_waiter() -> None:
+    """Was: the reader kept the wake-up of a stopped worker's load (and reported it as a
+    load waiting for minutes) until it had read far enough, one per revoked session."""
+    from tests.unit.test_ingress_checkpoints import FakeLog, reader
+
+    fake = FakeLog()
+    with fake.lock:
+        fake.records = [(b"other", None)]     # open: the stable offset stays at 0
+    store = reader(fake)
+    h = Harness()
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=store, make_sink=lambda: h.sink,
+                          metrics=h.m, scheduler=scheduler)
+    try:
+        worker.start()
+        h.worker = worker
+        h.wait(lambda: bool(store._waiters))
+        worker.stop()
+        assert worker.join(5)
+        assert store._waiters == {}
+    finally:
+        scheduler.close()
+        store.close()
