@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pytest
 
@@ -851,3 +851,80 @@ def test_a_worker_stopped_while_its_checkpoint_load_waits_leaves_no_waiter() -> 
     finally:
         scheduler.close()
         store.close()
+
+
+class QueueingProducer:
+    """The shared at-least-once producer's client: records stay queued (the broker does
+    not answer) until ``answering``; what it would still deliver is ``queued``."""
+
+    def __init__(self) -> None:
+        self.queued: list[int] = []
+        self.delivered: list[int] = []
+        self.answering = False
+
+    def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
+                     values: Any, headers: Any, offsets: Sequence[int]) -> None:
+        self.queued.extend(offsets)
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
+        from replicator.core.kafka.types import DeliveryReport
+
+        on_delivery(DeliveryReport(topic, 0, 0))
+
+    def poll(self, timeout: float = 0.0) -> int:
+        if self.answering:
+            self.delivered.extend(self.queued)
+            self.queued.clear()
+        else:
+            time.sleep(min(timeout, 0.01))
+        return 0
+
+    def take_failures(self, topic: str | None = None, partition: int | None = None) -> list[Any]:
+        return []
+
+    def done(self, topic: str, partition: int) -> int:
+        return len(self.delivered)
+
+    def flush(self, timeout: float) -> int:
+        self.poll(timeout)
+        return len(self.queued)
+
+    def purge(self, *, in_flight: bool = False) -> None:
+        self.queued.clear()
+
+
+def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none_queued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At-least-once, revoked while the broker does not acknowledge: the stop's wait for
+    acknowledgements gives up (``ACK_TIMEOUT``) within the revoke deadline and the sink is
+    closed. Was: its records stayed queued in the process's shared producer and reached
+    the partition after it was released, beside the next owner's."""
+    from ingress import delivery
+    from ingress.shared import SharedAcks, SharedAckSink
+    from replicator.core.settings import KafkaSettings
+
+    monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
+    producer = QueueingProducer()
+    shared = SharedAcks(KafkaSettings(brokers="x:1"), timeout=0.3,
+                        make_producer=lambda: cast(Any, producer))
+    shared.start()
+    h = Harness(exactly_once=False)
+    write(h.store, key(0, 99))
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
+                          make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
+                                                          checkpoint_topic="cps"),
+                          metrics=h.m, scheduler=scheduler)
+    try:
+        worker.start()
+        h.wait(lambda: len(producer.queued) >= 7)
+        worker.stop()                        # the revoke callback: stop, join, else purge
+        if not worker.join(5):
+            worker.purge()
+        left = list(producer.queued)
+        producer.answering = True            # the broker answers again
+        producer.poll()
+        assert left == [], f"still queued after the release: {left}"
+    finally:
+        scheduler.close()
