@@ -928,3 +928,36 @@ def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none
         assert left == [], f"still queued after the release: {left}"
     finally:
         scheduler.close()
+
+
+@pytest.mark.parametrize("granted_before_stop", [False, True])
+def test_a_worker_stopped_while_waiting_for_a_replay_slot_keeps_none(
+        granted_before_stop: bool) -> None:
+    """A leaked slot would starve every other partition: a worker stopped in the slot
+    queue leaves it, and one granted the slot before its stop step ran gives it back."""
+    h = Harness()
+    write(h.store, key(0, 9))
+    permits = FifoPermits(1)
+    other = permits.request(lambda: None)        # another partition holds the only slot
+    assert other.granted
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
+                          make_sink=lambda: h.sink, metrics=h.m, scheduler=scheduler,
+                          permits=permits)
+    try:
+        worker.start()
+        h.wait(lambda: permits.waiting == 1)
+        if granted_before_stop:
+            worker._stopping.set()               # stop() without its wake-up yet ...
+            permits.cancel(other)                # ... the slot is handed to the worker
+            worker.stop()
+        else:
+            worker.stop()
+            permits.cancel(other)
+        assert worker.join(5)
+        assert permits.waiting == 0
+        assert permits.request(lambda: None).granted, "the slot leaked"
+        assert h.offsets() == []
+    finally:
+        scheduler.close()
