@@ -614,6 +614,14 @@ class SharedAcks:
         if failed:
             raise KafkaRetriableError(f"{sink.topic}[{sink.partition}]: {len(failed)} "
                                       f"record(s) failed: {failed[0].reason}")
+        return self.unanswered(sink, p)
+
+    def unanswered(self, sink: SharedAckSink, p: Producer | None = None) -> int:
+        """Records of the sink's partition whose delivery has not ended (acknowledged or
+        failed), without taking failures: a failed record does not hide those queued
+        behind it (revoke).
+        """
+        p = p or self.producer
         with self.lock:
             if p is not self._producer:
                 return 0
@@ -706,11 +714,12 @@ class SharedAckSink(ReplaySink):
         return n
 
     def outstanding_now(self) -> int:
-        """Unacknowledged records and checkpoints, without raising (revoke)."""
-        try:
-            return self.shared.outstanding(self, 0.0) + self.checkpoints_in_flight
-        except ReplicatorError:
-            return 0
+        """Unacknowledged records and checkpoints, without raising (revoke); a pending
+        failure is not taken for "nothing unacknowledged" (the records queued behind the
+        failed one would be delivered after the release).
+        """
+        self.shared.producer.poll(0.0)
+        return self.shared.unanswered(self) + self.checkpoints_in_flight
 
     def flush(self) -> None:
         deadline = time.monotonic() + self.shared.timeout

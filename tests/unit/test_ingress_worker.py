@@ -861,6 +861,8 @@ class QueueingProducer:
         self.queued: list[int] = []
         self.delivered: list[int] = []
         self.answering = False
+        self.failing = False
+        """Each poll reports a failed record (a batch of them failing one by one)."""
 
     def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
                      values: Any, headers: Any, offsets: Sequence[int]) -> None:
@@ -880,7 +882,12 @@ class QueueingProducer:
         return 0
 
     def take_failures(self, topic: str | None = None, partition: int | None = None) -> list[Any]:
-        return []
+        from replicator.core.errors import KafkaRetriableError
+        from replicator.core.kafka.types import DeliveryReport
+
+        if not self.failing:
+            return []
+        return [DeliveryReport("copy", 3, -1, KafkaRetriableError("too large"), "too large")]
 
     def done(self, topic: str, partition: int) -> int:
         return len(self.delivered)
@@ -893,12 +900,15 @@ class QueueingProducer:
         self.queued.clear()
 
 
+@pytest.mark.parametrize("failing", [False, True])
 def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none_queued(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
     """At-least-once, revoked while the broker does not acknowledge: the stop's wait for
     acknowledgements gives up (``ACK_TIMEOUT``) within the revoke deadline and the sink is
     closed. Was: its records stayed queued in the process's shared producer and reached
-    the partition after it was released, beside the next owner's."""
+    the partition after it was released, beside the next owner's. With records failing
+    (``failing``), the purge must not take a failed record for "nothing unacknowledged"
+    (was: ``SharedAckSink.outstanding_now`` answered 0 when a failure was pending)."""
     from ingress import delivery
     from ingress.shared import SharedAcks, SharedAckSink
     from replicator.core.settings import KafkaSettings
@@ -920,6 +930,7 @@ def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none
         worker.start()
         h.wait(lambda: len(producer.queued) >= 7)
         worker.stop()                        # the revoke callback: stop, join, else purge
+        producer.failing = failing
         if not worker.join(5):
             worker.purge()
         left = list(producer.queued)
