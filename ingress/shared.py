@@ -542,9 +542,10 @@ class SharedAcks:
     """At-least-once: one idempotent producer for every partition of the process, with
     acknowledgements counted per destination partition (``Producer.done``).
 
-    A worker that misses its revoke deadline with records still unacknowledged gets the
-    whole producer purged (librdkafka purges per producer, not per partition) and
-    replaced: its queued records never reach the partition once it is released; the other
+    A worker that misses its revoke deadline, or closes a session, with records still
+    unacknowledged gets the whole producer purged (librdkafka purges per producer, not per
+    partition) and replaced: its queued records never reach the partition once it is
+    released (a closed session's could otherwise arrive after a later revoke); the other
     workers' unacknowledged records are dropped too, so their sinks fail once and their
     sessions redo them from their checkpoints (duplicates, never interleaving).
     """
@@ -627,9 +628,10 @@ class SharedAcks:
                 return 0
             return self._sent.get(sink.tp, 0) - p.done(sink.topic, sink.partition)
 
-    def release(self, sink: SharedAckSink) -> None:
-        """``sink``'s worker missed its revoke deadline: refuse its later records; if some
-        of its records are still unacknowledged, purge the whole producer (see the class).
+    def release(self, sink: SharedAckSink, why: str = "at the revoke deadline") -> None:
+        """``sink``'s worker missed its revoke deadline (or its session closed with
+        records unacknowledged): refuse its later records; if some of its records are
+        still unacknowledged, purge the whole producer (see the class).
         """
         sink.purged = True
         left = sink.outstanding_now()
@@ -649,9 +651,9 @@ class SharedAcks:
                           "owner", sink.where, unanswered, min(self.timeout, PURGE_WAIT))
             self._producer = self._make()
             self._sent = {}
-        log.warning("%s: %d record(s) unacknowledged at the revoke deadline: the shared "
-                    "producer was purged and replaced; other partitions redo their "
-                    "unacknowledged batches from their checkpoints", sink.where, left)
+        log.warning("%s: %d record(s) unacknowledged %s: the shared producer was purged "
+                    "and replaced; other partitions redo their unacknowledged batches from "
+                    "their checkpoints", sink.where, left, why)
 
 
 class SharedAckSink(ReplaySink):
@@ -743,7 +745,13 @@ class SharedAckSink(ReplaySink):
         except ReplicatorError as e:
             log.warning("%s: closing the sink: %s", self.where, e)
         finally:
-            self.shared.unregister(self)
+            try:
+                if not self.purged and not self.broken and self.outstanding_now():
+                    # Left queued, they would belong to no session: a revoke could not
+                    # purge them, and they would reach the partition after its release.
+                    self.shared.release(self, "when its session closed")
+            finally:
+                self.shared.unregister(self)
 
     def purge(self) -> None:
         self.shared.release(self)

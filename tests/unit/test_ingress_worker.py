@@ -972,3 +972,38 @@ def test_a_worker_stopped_while_waiting_for_a_replay_slot_keeps_none(
         assert h.offsets() == []
     finally:
         scheduler.close()
+
+
+def test_an_at_least_once_session_that_failed_leaves_no_records_queued_behind_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session whose records were not acknowledged in time fails and closes its sink.
+    Was: the records stayed queued in the shared producer, owned by no sink: a revoke
+    while the worker waited to restart found nothing to purge, and they reached the
+    partition after its release, beside the next owner's."""
+    from ingress import delivery
+    from ingress.shared import SharedAcks, SharedAckSink
+    from replicator.core.settings import KafkaSettings
+
+    monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
+    producer = QueueingProducer()
+    shared = SharedAcks(KafkaSettings(brokers="x:1"), timeout=0.3,
+                        make_producer=lambda: cast(Any, producer))
+    shared.start()
+    h = Harness(exactly_once=False)
+    write(h.store, key(0, 99))
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
+                          make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
+                                                          checkpoint_topic="cps"),
+                          metrics=h.m, scheduler=scheduler)
+    try:
+        worker.start()
+        h.wait(lambda: worker.failed is not None)     # session failed; restart in ~0.5 s
+        worker.stop()                                  # the revoke, during the backoff
+        if not worker.join(5):
+            worker.purge()
+        left = list(producer.queued)
+        assert left == [], f"still queued after the release: {left}"
+    finally:
+        scheduler.close()
