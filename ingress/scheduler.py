@@ -44,11 +44,23 @@ class Task(Protocol):
         """
 
 
+class _Finished:
+    """What a finished entry holds instead of its task (its stale timers stay in the heap
+    until their time; the task is freed at once).
+    """
+
+    def step(self) -> float | None:
+        return None
+
+
+_FINISHED = _Finished()
+
+
 class _Entry:
     __slots__ = ("gen", "state", "task")
 
     def __init__(self, task: Task) -> None:
-        self.task = task
+        self.task: Task = task
         self.state = "idle"     # idle | ready | running | rerun
         self.gen = 0            # bumped when a timer of this entry becomes stale
 
@@ -159,6 +171,7 @@ class Scheduler:
                 self.running -= 1
                 if delay is None:
                     del self._entries[id(entry.task)]
+                    entry.task = _FINISHED
                 elif entry.state == "rerun" or delay <= 0:
                     self._make_ready(entry)
                 else:

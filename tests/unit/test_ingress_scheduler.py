@@ -157,3 +157,23 @@ def test_permit_requests_are_granted_in_order_by_callback() -> None:
     assert granted == [0, 2] and reqs[2].granted and permits.waiting == 0
     permits.release()
     assert permits.request(lambda: None).granted     # no permit was lost
+
+
+def test_a_finished_task_is_not_kept_alive_by_its_stale_timer(pool: Scheduler) -> None:
+    """A revoked partition's worker (its segment inventory, its sink) is freed when it
+    finishes. Was: the timer of its last wait (a rescan in minutes, a late gap's reload in
+    up to an hour) kept it in the heap until that time."""
+    import gc
+    import weakref
+
+    def run_one() -> weakref.ref[Recorder]:
+        t = Recorder([3600.0, None])
+        pool.add(t)
+        wait_until(lambda: t.count == 1)
+        pool.wake(t)                  # the stop: its timer is stale now
+        wait_until(lambda: pool.tasks == 0)
+        return weakref.ref(t)
+
+    ref = run_one()
+    gc.collect()
+    assert ref() is None
