@@ -177,3 +177,22 @@ def test_a_finished_task_is_not_kept_alive_by_its_stale_timer(pool: Scheduler) -
     ref = run_one()
     gc.collect()
     assert ref() is None
+
+
+def test_stale_timers_do_not_pile_up_while_tasks_are_woken_early(pool: Scheduler) -> None:
+    """A partition waiting for a late gap (a reload in up to an hour) is woken by each
+    event of a later segment; each wake leaves its former timer stale. Was: every stale
+    timer stayed in the heap until its time (one per event per partition)."""
+    tasks = [Recorder([3600.0] * 60) for _ in range(50)]
+    for t in tasks:
+        pool.add(t)
+    def stepped(n: int) -> bool:
+        return all(t.count >= n for t in tasks)
+
+    for n in range(1, 41):
+        wait_until(functools.partial(stepped, n))       # each one waits for its timer
+        for t in tasks:
+            pool.wake(t)
+    wait_until(functools.partial(stepped, 41))
+    with pool._cond:
+        assert len(pool._timers) <= 2 * len(tasks) + 64
