@@ -17,7 +17,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
+from replicator.core.errors import (
+    KafkaRetriableError,
+    ReplicatorError,
+    RetriableError,
+    TopicError,
+)
 from replicator.core.kafka import Consumer, Fetched, TopicPartition, read_to_end
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
@@ -56,6 +61,12 @@ class CheckpointStore(ABC):
         ``wake`` is called (any thread) once it may be.
         """
         return True
+
+    def cancel_load(self, ticket: LoadTicket | None) -> None:
+        """Drop a load begun with ``begin_load`` and no longer wanted (its ``wake`` is
+        not called any more).
+        """
+        return
 
     def load(self, key: str) -> Checkpoint | None:
         """The latest valid checkpoint under ``key``.
@@ -248,6 +259,9 @@ the latest valid one (decoding is lazy and costs far more than keeping a value: 
 decoded about once per this many of its records, and once when a worker loads it; memory:
 at most this many values per key)."""
 
+RETRY_PAUSE = 1.0
+"""Seconds before the checkpoint reader fetches again after a retriable error."""
+
 
 def latest_from_end(key: str, values: list[bytes | None], metrics: Any | None
                     ) -> tuple[Checkpoint | None, list[bytes | None]]:
@@ -339,6 +353,12 @@ class FollowingCheckpointStore(CheckpointStore):
                                         daemon=True)
         self._thread.start()
 
+    @property
+    def failed(self) -> bool:
+        """True once the reader stopped on an error (every load fails from then on)."""
+        with self._cond:
+            return self._failed is not None
+
     def close(self) -> None:
         """Stop the reader; idempotent."""
         self._stopping.set()
@@ -358,9 +378,19 @@ class FollowingCheckpointStore(CheckpointStore):
         try:
             while not self._stopping.is_set():
                 self._take_round()
-                for w in self._apply(consumer.fetch(FETCH_MAX, 0.1)):
+                try:
+                    fetched = consumer.fetch(FETCH_MAX, 0.1)
+                except RetriableError as e:
+                    # A broker restart or a network blip: the loads wait meanwhile.
+                    log.warning("reading checkpoint topic %s (retried in %.0fs): %s",
+                                self.topic, RETRY_PAUSE, e)
+                    self._stopping.wait(RETRY_PAUSE)
+                    continue
+                for w in self._apply(fetched):
                     w()
         except BaseException as e:
+            # Every load fails from now on (``load_for``), and ``failed`` makes the
+            # process unhealthy (/healthz) so that it is restarted.
             log.exception("the checkpoint reader stopped")
             with self._cond:
                 self._failed = e
@@ -478,6 +508,11 @@ class FollowingCheckpointStore(CheckpointStore):
             since = self._waiters.get(id(ticket), (None, None, time.monotonic()))[2]
             self._waiters[id(ticket)] = (ticket, wake, since)
             return False
+
+    def cancel_load(self, ticket: LoadTicket | None) -> None:
+        if ticket is not None:
+            with self._cond:
+                self._waiters.pop(id(ticket), None)
 
     def load_for(self, key: str, legacy: str | None, ticket: LoadTicket | None = None
                  ) -> tuple[Checkpoint | None, bool]:

@@ -432,10 +432,13 @@ class Ingress:
         return {wid: w.checkpointed for wid, w in self.workers.items()}
 
     def healthy(self) -> bool:
-        """/healthz: ``run`` has not failed and the SQS relay thread is alive."""
+        """/healthz: ``run`` has not failed, the SQS relay thread is alive and the
+        checkpoint reader has not failed (every load would fail until a restart).
+        """
         relay_ok = self._relay_thread is None or self._relay_thread.is_alive() or \
             self._stopping.is_set()
-        return not self._failed and relay_ok
+        reader_ok = self._checkpoint_reader is None or not self._checkpoint_reader.failed
+        return not self._failed and relay_ok and reader_ok
 
     def ready(self) -> bool:
         """/readyz: started, healthy, placed in the group (subscribed), and no owned

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 WAIT = math.inf
 """A step's return value: run again only when woken."""
 
+STALE_SLACK = 64
+"""Timers the heap may hold beyond twice the tasks before stale ones are dropped."""
+
 FAILED_STEP_DELAY = 5.0
 """Seconds before a task whose step raised (a bug) is run again."""
 
@@ -44,11 +47,23 @@ class Task(Protocol):
         """
 
 
+class _Finished:
+    """What a finished entry holds instead of its task (its stale timers stay in the heap
+    until their time; the task is freed at once).
+    """
+
+    def step(self) -> float | None:
+        return None
+
+
+_FINISHED = _Finished()
+
+
 class _Entry:
     __slots__ = ("gen", "state", "task")
 
     def __init__(self, task: Task) -> None:
-        self.task = task
+        self.task: Task = task
         self.state = "idle"     # idle | ready | running | rerun
         self.gen = 0            # bumped when a timer of this entry becomes stale
 
@@ -159,6 +174,7 @@ class Scheduler:
                 self.running -= 1
                 if delay is None:
                     del self._entries[id(entry.task)]
+                    entry.task = _FINISHED
                 elif entry.state == "rerun" or delay <= 0:
                     self._make_ready(entry)
                 else:
@@ -168,5 +184,14 @@ class Scheduler:
                         when = self._now() + delay
                         first = not self._timers or when < self._timers[0][0]
                         heapq.heappush(self._timers, (when, next(self._seq), entry.gen, entry))
+                        if len(self._timers) > 2 * len(self._entries) + STALE_SLACK:
+                            self._drop_stale_timers()
                         if first:
                             self._cond.notify()
+
+    def _drop_stale_timers(self) -> None:
+        """Under the lock: keep only the timers that still fire (a wake makes the timer of
+        the wait it ends stale; it would otherwise stay in the heap until its time).
+        """
+        self._timers = [t for t in self._timers if t[3].gen == t[2] and t[3].state == "idle"]
+        heapq.heapify(self._timers)

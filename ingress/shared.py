@@ -542,9 +542,10 @@ class SharedAcks:
     """At-least-once: one idempotent producer for every partition of the process, with
     acknowledgements counted per destination partition (``Producer.done``).
 
-    A worker that misses its revoke deadline with records still unacknowledged gets the
-    whole producer purged (librdkafka purges per producer, not per partition) and
-    replaced: its queued records never reach the partition once it is released; the other
+    A worker that misses its revoke deadline, or closes a session, with records still
+    unacknowledged gets the whole producer purged (librdkafka purges per producer, not per
+    partition) and replaced: its queued records never reach the partition once it is
+    released (a closed session's could otherwise arrive after a later revoke); the other
     workers' unacknowledged records are dropped too, so their sinks fail once and their
     sessions redo them from their checkpoints (duplicates, never interleaving).
     """
@@ -614,14 +615,23 @@ class SharedAcks:
         if failed:
             raise KafkaRetriableError(f"{sink.topic}[{sink.partition}]: {len(failed)} "
                                       f"record(s) failed: {failed[0].reason}")
+        return self.unanswered(sink, p)
+
+    def unanswered(self, sink: SharedAckSink, p: Producer | None = None) -> int:
+        """Records of the sink's partition whose delivery has not ended (acknowledged or
+        failed), without taking failures: a failed record does not hide those queued
+        behind it (revoke).
+        """
+        p = p or self.producer
         with self.lock:
             if p is not self._producer:
                 return 0
             return self._sent.get(sink.tp, 0) - p.done(sink.topic, sink.partition)
 
-    def release(self, sink: SharedAckSink) -> None:
-        """``sink``'s worker missed its revoke deadline: refuse its later records; if some
-        of its records are still unacknowledged, purge the whole producer (see the class).
+    def release(self, sink: SharedAckSink, why: str = "at the revoke deadline") -> None:
+        """``sink``'s worker missed its revoke deadline (or its session closed with
+        records unacknowledged): refuse its later records; if some of its records are
+        still unacknowledged, purge the whole producer (see the class).
         """
         sink.purged = True
         left = sink.outstanding_now()
@@ -641,9 +651,9 @@ class SharedAcks:
                           "owner", sink.where, unanswered, min(self.timeout, PURGE_WAIT))
             self._producer = self._make()
             self._sent = {}
-        log.warning("%s: %d record(s) unacknowledged at the revoke deadline: the shared "
-                    "producer was purged and replaced; other partitions redo their "
-                    "unacknowledged batches from their checkpoints", sink.where, left)
+        log.warning("%s: %d record(s) unacknowledged %s: the shared producer was purged "
+                    "and replaced; other partitions redo their unacknowledged batches from "
+                    "their checkpoints", sink.where, left, why)
 
 
 class SharedAckSink(ReplaySink):
@@ -706,11 +716,12 @@ class SharedAckSink(ReplaySink):
         return n
 
     def outstanding_now(self) -> int:
-        """Unacknowledged records and checkpoints, without raising (revoke)."""
-        try:
-            return self.shared.outstanding(self, 0.0) + self.checkpoints_in_flight
-        except ReplicatorError:
-            return 0
+        """Unacknowledged records and checkpoints, without raising (revoke); a pending
+        failure is not taken for "nothing unacknowledged" (the records queued behind the
+        failed one would be delivered after the release).
+        """
+        self.shared.producer.poll(0.0)
+        return self.shared.unanswered(self) + self.checkpoints_in_flight
 
     def flush(self) -> None:
         deadline = time.monotonic() + self.shared.timeout
@@ -734,7 +745,13 @@ class SharedAckSink(ReplaySink):
         except ReplicatorError as e:
             log.warning("%s: closing the sink: %s", self.where, e)
         finally:
-            self.shared.unregister(self)
+            try:
+                if not self.purged and not self.broken and self.outstanding_now():
+                    # Left queued, they would belong to no session: a revoke could not
+                    # purge them, and they would reach the partition after its release.
+                    self.shared.release(self, "when its session closed")
+            finally:
+                self.shared.unregister(self)
 
     def purge(self) -> None:
         self.shared.release(self)

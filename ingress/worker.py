@@ -254,6 +254,8 @@ class ReplayWorker:
                 return None
             return self._restart_in(self._fenced(e, self._backoff.next()))
         except (RetriableError, FatalError) as e:
+            if self.stopping:
+                self._purge_unacknowledged()
             self._end_session()
             if self._purged or self.stopping:
                 # Revoked or stopping: the batch in flight was not committed (its
@@ -266,12 +268,29 @@ class ReplayWorker:
             return self._restart_in(self._session_failed(e, kind, self._backoff.next()))
         except Exception as e:  # a bug must not become a restart hot loop
             log.exception("%s: unexpected error in the replay session", self.where)
+            if self.stopping:
+                self._purge_unacknowledged()
             self._end_session()
             if self.stopping:
                 self._finish()
                 return None
             return self._restart_in(self._session_failed(e, "unexpected",
                                                          self._backoff.next()))
+
+    def _purge_unacknowledged(self) -> None:
+        """Stopping, and the session failed (at-least-once: records not acknowledged in
+        time, or one failed): drop what the producer has not delivered before the sink is
+        closed, so nothing of this worker reaches the partition after the revoke releases
+        it, also when the worker ends within ``revoke_timeout`` (no purge then). The next
+        owner replays from the checkpoint. A transactional sink needs none: what it has
+        not committed never becomes visible.
+        """
+        sink = self.sink
+        if sink is not None and not sink.transactional:
+            try:
+                sink.purge()
+            except ReplicatorError as e:
+                log.warning("%s: purging the session's producer: %s", self.where, e)
 
     def _restart_in(self, delay: float) -> float:
         # Not woken early by events: a session failing before it drains its inbox must
@@ -398,7 +417,8 @@ class ReplayWorker:
         """Close the session's sink (abort what is open); the next step starts a new one."""
         self._drop_permit()
         self._delivery = None
-        self._load = None
+        load, self._load = self._load, None
+        self.checkpoints.cancel_load(load)
         self._replaying = False
         self._after_wait = None
         if not self._sink_ready:

@@ -9,6 +9,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import pytest
+
 from ingress.checkpoints import latest_from_end, latest_valid
 
 
@@ -116,5 +118,81 @@ def test_a_waiting_load_holds_no_thread_and_is_woken_once_the_reader_passed_the_
         assert woken.wait(5)
         assert store.load_ready(ticket, woken.set)
         assert store.load_for("r:t:0:d", None, ticket) == (cp, False)
+    finally:
+        store.close()
+
+
+def reader(fake: FakeLog) -> Any:
+    from ingress.checkpoints import FollowingCheckpointStore
+    from replicator.core.metrics import Metrics
+    from replicator.core.settings import KafkaSettings
+
+    store = FollowingCheckpointStore(KafkaSettings(brokers="x:1"), "cps", Metrics())
+    store._consumer = fake  # type: ignore[assignment]
+    store._ends = fake  # type: ignore[assignment]
+    store._partitions = [0]
+    store._thread = threading.Thread(target=store._run, daemon=True)
+    store._thread.start()
+    return store
+
+
+class FlakyLog(FakeLog):
+    """A fetch that fails retriably a few times (a broker restart, a coordinator move)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def fetch(self, max_messages: int, timeout: float) -> Any:
+        from replicator.core.errors import KafkaRetriableError
+
+        with self.lock:
+            if self.failures > 0:
+                self.failures -= 1
+                raise KafkaRetriableError("consume: broker transport failure")
+        return super().fetch(max_messages, timeout)
+
+
+def test_a_retriable_fetch_error_does_not_end_the_reader() -> None:
+    """Was: the first retriable error of a fetch ended the reader for the life of the
+    process, and every session of every partition failed from then on."""
+    from replicator.core.wire import Checkpoint
+
+    fake = FlakyLog(failures=2)
+    cp = Checkpoint(41, "s", datetime(2026, 11, 23, tzinfo=UTC))
+    with fake.lock:
+        fake.records = [(b"r:t:0:d", cp.encode())]
+        fake.readable = 1
+    store = reader(fake)
+    try:
+        woken = threading.Event()
+        ticket = store.begin_load()
+        if not store.load_ready(ticket, woken.set):
+            assert woken.wait(10)
+        assert store.load_for("r:t:0:d", None, ticket) == (cp, False)
+        assert not store.failed and fake.failures == 0
+    finally:
+        store.close()
+
+
+def test_a_reader_that_failed_is_reported() -> None:
+    """A reader ended by an error no retry can pass makes every load fail: ``failed``
+    tells the process (its /healthz) so that it is restarted."""
+    from replicator.core.errors import KafkaRetriableError
+
+    class BrokenLog(FakeLog):
+        def fetch(self, max_messages: int, timeout: float) -> Any:
+            raise RuntimeError("a bug in the reader")
+
+    store = reader(BrokenLog())
+    try:
+        deadline = time.monotonic() + 5
+        while not store.failed:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ticket = store.begin_load()
+        assert store.load_ready(ticket, lambda: None)
+        with pytest.raises(KafkaRetriableError):
+            store.load_for("r:t:0:d", None, ticket)
     finally:
         store.close()

@@ -250,3 +250,23 @@ def test_hundreds_of_idle_partitions_run_on_a_bounded_pool_and_replay_when_segme
         sampling.set()
         sampler.join(5)
         ing.close()
+
+
+def test_a_failed_checkpoint_reader_makes_healthz_false() -> None:
+    """Was: a checkpoint reader ended by an error left /healthz true while every session of
+    every partition failed for the life of the process; unhealthy, it is restarted."""
+    class Reader:
+        failed = False
+
+        def close(self) -> None:
+            return
+
+    ing, _store, _admin = make([{"region": "us-east-1", "topic": "t"}])
+    reader = Reader()
+    ing._checkpoint_reader = cast(Any, reader)
+    try:
+        assert ing.healthy()
+        reader.failed = True
+        assert not ing.healthy() and not ing.ready()
+    finally:
+        ing.close()

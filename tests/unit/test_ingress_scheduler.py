@@ -157,3 +157,42 @@ def test_permit_requests_are_granted_in_order_by_callback() -> None:
     assert granted == [0, 2] and reqs[2].granted and permits.waiting == 0
     permits.release()
     assert permits.request(lambda: None).granted     # no permit was lost
+
+
+def test_a_finished_task_is_not_kept_alive_by_its_stale_timer(pool: Scheduler) -> None:
+    """A revoked partition's worker (its segment inventory, its sink) is freed when it
+    finishes. Was: the timer of its last wait (a rescan in minutes, a late gap's reload in
+    up to an hour) kept it in the heap until that time."""
+    import gc
+    import weakref
+
+    def run_one() -> weakref.ref[Recorder]:
+        t = Recorder([3600.0, None])
+        pool.add(t)
+        wait_until(lambda: t.count == 1)
+        pool.wake(t)                  # the stop: its timer is stale now
+        wait_until(lambda: pool.tasks == 0)
+        return weakref.ref(t)
+
+    ref = run_one()
+    gc.collect()
+    assert ref() is None
+
+
+def test_stale_timers_do_not_pile_up_while_tasks_are_woken_early(pool: Scheduler) -> None:
+    """A partition waiting for a late gap (a reload in up to an hour) is woken by each
+    event of a later segment; each wake leaves its former timer stale. Was: every stale
+    timer stayed in the heap until its time (one per event per partition)."""
+    tasks = [Recorder([3600.0] * 60) for _ in range(50)]
+    for t in tasks:
+        pool.add(t)
+    def stepped(n: int) -> bool:
+        return all(t.count >= n for t in tasks)
+
+    for n in range(1, 41):
+        wait_until(functools.partial(stepped, n))       # each one waits for its timer
+        for t in tasks:
+            pool.wake(t)
+    wait_until(functools.partial(stepped, 41))
+    with pool._cond:
+        assert len(pool._timers) <= 2 * len(tasks) + 64

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pytest
 
@@ -830,3 +830,185 @@ def test_a_segment_starting_before_the_checkpoints_one_is_found_before_the_gap_c
     h.wait(lambda: w.checkpointed == 199)
     assert h.offsets() == list(range(150, 200))
     assert h.metric("replicator_ingress_late_gaps_total") == 0
+
+
+def test_a_worker_stopped_while_its_checkpoint_load_waits_leaves_no_waiter() -> None:
+    """Was: the reader kept the wake-up of a stopped worker's load (and reported it as a
+    load waiting for minutes) until it had read far enough, one per revoked session."""
+    from tests.unit.test_ingress_checkpoints import FakeLog, reader
+
+    fake = FakeLog()
+    with fake.lock:
+        fake.records = [(b"other", None)]     # open: the stable offset stays at 0
+    store = reader(fake)
+    h = Harness()
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=store, make_sink=lambda: h.sink,
+                          metrics=h.m, scheduler=scheduler)
+    try:
+        worker.start()
+        h.worker = worker
+        h.wait(lambda: bool(store._waiters))
+        worker.stop()
+        assert worker.join(5)
+        assert store._waiters == {}
+    finally:
+        scheduler.close()
+        store.close()
+
+
+class QueueingProducer:
+    """The shared at-least-once producer's client: records stay queued (the broker does
+    not answer) until ``answering``; what it would still deliver is ``queued``."""
+
+    def __init__(self) -> None:
+        self.queued: list[int] = []
+        self.delivered: list[int] = []
+        self.answering = False
+        self.failing = False
+        """Each poll reports a failed record (a batch of them failing one by one)."""
+
+    def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
+                     values: Any, headers: Any, offsets: Sequence[int]) -> None:
+        self.queued.extend(offsets)
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
+        from replicator.core.kafka.types import DeliveryReport
+
+        on_delivery(DeliveryReport(topic, 0, 0))
+
+    def poll(self, timeout: float = 0.0) -> int:
+        if self.answering:
+            self.delivered.extend(self.queued)
+            self.queued.clear()
+        else:
+            time.sleep(min(timeout, 0.01))
+        return 0
+
+    def take_failures(self, topic: str | None = None, partition: int | None = None) -> list[Any]:
+        from replicator.core.errors import KafkaRetriableError
+        from replicator.core.kafka.types import DeliveryReport
+
+        if not self.failing:
+            return []
+        return [DeliveryReport("copy", 3, -1, KafkaRetriableError("too large"), "too large")]
+
+    def done(self, topic: str, partition: int) -> int:
+        return len(self.delivered)
+
+    def flush(self, timeout: float) -> int:
+        self.poll(timeout)
+        return len(self.queued)
+
+    def purge(self, *, in_flight: bool = False) -> None:
+        self.queued.clear()
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none_queued(
+        monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
+    """At-least-once, revoked while the broker does not acknowledge: the stop's wait for
+    acknowledgements gives up (``ACK_TIMEOUT``) within the revoke deadline and the sink is
+    closed. Was: its records stayed queued in the process's shared producer and reached
+    the partition after it was released, beside the next owner's. With records failing
+    (``failing``), the purge must not take a failed record for "nothing unacknowledged"
+    (was: ``SharedAckSink.outstanding_now`` answered 0 when a failure was pending)."""
+    from ingress import delivery
+    from ingress.shared import SharedAcks, SharedAckSink
+    from replicator.core.settings import KafkaSettings
+
+    monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
+    producer = QueueingProducer()
+    shared = SharedAcks(KafkaSettings(brokers="x:1"), timeout=0.3,
+                        make_producer=lambda: cast(Any, producer))
+    shared.start()
+    h = Harness(exactly_once=False)
+    write(h.store, key(0, 99))
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
+                          make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
+                                                          checkpoint_topic="cps"),
+                          metrics=h.m, scheduler=scheduler)
+    try:
+        worker.start()
+        h.wait(lambda: len(producer.queued) >= 7)
+        worker.stop()                        # the revoke callback: stop, join, else purge
+        producer.failing = failing
+        if not worker.join(5):
+            worker.purge()
+        left = list(producer.queued)
+        producer.answering = True            # the broker answers again
+        producer.poll()
+        assert left == [], f"still queued after the release: {left}"
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("granted_before_stop", [False, True])
+def test_a_worker_stopped_while_waiting_for_a_replay_slot_keeps_none(
+        granted_before_stop: bool) -> None:
+    """A leaked slot would starve every other partition: a worker stopped in the slot
+    queue leaves it, and one granted the slot before its stop step ran gives it back."""
+    h = Harness()
+    write(h.store, key(0, 9))
+    permits = FifoPermits(1)
+    other = permits.request(lambda: None)        # another partition holds the only slot
+    assert other.granted
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
+                          make_sink=lambda: h.sink, metrics=h.m, scheduler=scheduler,
+                          permits=permits)
+    try:
+        worker.start()
+        h.wait(lambda: permits.waiting == 1)
+        if granted_before_stop:
+            worker._stopping.set()               # stop() without its wake-up yet ...
+            permits.cancel(other)                # ... the slot is handed to the worker
+            worker.stop()
+        else:
+            worker.stop()
+            permits.cancel(other)
+        assert worker.join(5)
+        assert permits.waiting == 0
+        assert permits.request(lambda: None).granted, "the slot leaked"
+        assert h.offsets() == []
+    finally:
+        scheduler.close()
+
+
+def test_an_at_least_once_session_that_failed_leaves_no_records_queued_behind_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session whose records were not acknowledged in time fails and closes its sink.
+    Was: the records stayed queued in the shared producer, owned by no sink: a revoke
+    while the worker waited to restart found nothing to purge, and they reached the
+    partition after its release, beside the next owner's."""
+    from ingress import delivery
+    from ingress.shared import SharedAcks, SharedAckSink
+    from replicator.core.settings import KafkaSettings
+
+    monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
+    producer = QueueingProducer()
+    shared = SharedAcks(KafkaSettings(brokers="x:1"), timeout=0.3,
+                        make_producer=lambda: cast(Any, producer))
+    shared.start()
+    h = Harness(exactly_once=False)
+    write(h.store, key(0, 99))
+    scheduler = Scheduler(2, name="test-replay")
+    scheduler.start()
+    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
+                          make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
+                                                          checkpoint_topic="cps"),
+                          metrics=h.m, scheduler=scheduler)
+    try:
+        worker.start()
+        h.wait(lambda: worker.failed is not None)     # session failed; restart in ~0.5 s
+        worker.stop()                                  # the revoke, during the backoff
+        if not worker.join(5):
+            worker.purge()
+        left = list(producer.queued)
+        assert left == [], f"still queued after the release: {left}"
+    finally:
+        scheduler.close()
