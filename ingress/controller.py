@@ -308,7 +308,7 @@ class Ingress:
             self.subscribed = ready
             if ready:
                 self.consumer.subscribe(sorted(ready), on_assign=self._on_assign,
-                                        on_revoke=self._on_revoke, on_lost=self._on_revoke)
+                                        on_revoke=self._on_revoke, on_lost=self._on_lost)
             else:
                 self.consumer.unsubscribe()
 
@@ -328,6 +328,21 @@ class Ingress:
         self.assigned -= gone
         self._stop_workers([w for w in self.workers
                             if (self._dest_of(w), w[2]) in gone], release=gone)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """This member's session expired: another member may own these partitions already,
+        so nothing waits for batches in flight. Exactly-once is fenced by ``ownership``
+        as on a revoke; at-least-once workers are purged at once (their unacknowledged
+        records are redone by the next owner: duplicates, never records of this process
+        arriving beside the new owner's for ``revoke_timeout``).
+        """
+        gone = {(tp.topic, tp.partition) for tp in partitions}
+        log.warning("lost %s (another member may own them now)",
+                    ", ".join(f"{t}[{p}]" for t, p in sorted(gone)))
+        self.assigned -= gone
+        self._stop_workers([w for w in self.workers
+                            if (self._dest_of(w), w[2]) in gone], release=gone,
+                           purge_now=not self.transactions)
 
     def _dest_of(self, wid: WorkerId) -> str:
         return self.sources[(wid[0], wid[1])].source.destination
@@ -386,14 +401,19 @@ class Ingress:
                              checkpoint_topic=self.cfg.checkpoint_topic)
 
     def _stop_workers(self, ids: list[WorkerId],
-                      release: set[tuple[str, int]] | None = None) -> None:
+                      release: set[tuple[str, int]] | None = None,
+                      purge_now: bool = False) -> None:
         """Stop workers, each within ``revoke_timeout``; with ``release`` (the revoke
         callback), first take those partitions from ``ownership``: no transaction with a
-        batch of theirs commits after this returns (ingress/README.md, point 1).
+        batch of theirs commits after this returns (ingress/README.md, point 1). With
+        ``purge_now`` (lost partitions, at-least-once) their producers' queued records are
+        dropped at once instead of after the deadline.
         """
         workers = [(wid, self.workers.pop(wid)) for wid in ids if wid in self.workers]
         for _, w in workers:
             w.stop()
+            if purge_now:
+                w.purge()
         deadline = time.monotonic() + self.cfg.revoke_timeout.total_seconds()
         if release and not self.ownership.revoke(release, self.cfg.revoke_timeout
                                                  .total_seconds()):

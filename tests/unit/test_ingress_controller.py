@@ -182,6 +182,57 @@ def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> 
         ing.close()
 
 
+def test_lost_at_least_once_partitions_are_purged_at_once_not_after_the_deadline() -> None:
+    """A member whose session expired may have been replaced already: its at-least-once
+    records still queued must not reach the partition during ``revoke_timeout`` (was: lost
+    partitions were handled like a revoke, waiting up to the deadline for
+    acknowledgements while the new owner wrote the same partition)."""
+    from formats.base import SegmentMetadata, WriterOptions
+    from formats.records import Record, records_to_batch
+    from formats.registry import get_format
+    from formats.segment_io import SegmentUpload, publish_segment
+    from replicator.core.kafka import TopicPartition
+    from replicator.core.keys import SegmentKey
+
+    settings = load_settings(data={
+        "region": "us-west-1", "s3": {"bucket": "b"}, "kafka": {"brokers": "x:1"},
+        "metrics": {"port": 0},
+        "ingress": {"sqs_queue": "q", "sources": [{"region": "us-east-1", "topic": "t",
+                                                    "first_segment_delay": "0s"}],
+                    "rescan_interval": "1h", "revoke_timeout": "30s", "batch_size": 10,
+                    "delivery": "at-least-once"}}, environ={})
+    store = MemoryObjectStore("b")
+    key = SegmentKey("data", "us-east-1", "t", 0, 0, 0, 99)
+    up = SegmentUpload(store, get_format("parquet"), "temp", WriterOptions())
+    up.write_batch(records_to_batch([Record(o, 1, b"k", b"v", (), 1) for o in range(100)]))
+    publish_segment(store, up.finish(SegmentMetadata.for_key(key, 100)).key, key)
+    admin = FakeAdmin()
+    admin.topics["t"] = 1
+    checkpoints = MemoryCheckpointStore()
+    sink = MemorySink(checkpoints, transactional=False, ack_per_poll=0)  # no acks come
+    ing = Ingress(settings, store=store, events=MemorySegmentEvents(), checkpoints=checkpoints,
+                  admin=admin, make_sink=lambda src, topic, p: sink)
+    ing.consumer = FakeConsumer()  # type: ignore[assignment]
+    try:
+        meta(store, "us-east-1", "t", 1)
+        ing._check_topics()
+        ing.assigned = {("t", 0)}
+        ing._reconcile()
+        deadline = time.monotonic() + 5
+        while len(sink.in_flight) < 20:
+            assert time.monotonic() < deadline, sink.in_flight
+            time.sleep(0.01)
+        began = time.monotonic()
+        ing._on_lost(cast(Any, ing.consumer), [TopicPartition("t", 0)])
+        assert time.monotonic() - began < 15, "waited for the revoke deadline"
+        assert ing.workers == {} and ing.assigned == set()
+        sink.ack_per_poll = None   # the broker answers again: nothing may be delivered
+        time.sleep(0.5)
+        assert sink.committed == []
+    finally:
+        ing.close()
+
+
 def test_hundreds_of_idle_partitions_run_on_a_bounded_pool_and_replay_when_segments_come(
         ) -> None:
     """No Python thread per owned partition: 240 idle workers add only the replay pool's
