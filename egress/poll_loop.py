@@ -84,13 +84,15 @@ class PollLoop:
         periodic: called at every tick with ``now`` (topic metadata checks).
         pool: runs the log-start reads of partitions whose position left the log.
         log_start: reads a partition's log start offset (blocking).
+        native_bytes: memory the segments do not hold but the budget charges (Arrow's
+            allocations: the Parquet encoders' pages; ``egress.allocators``).
     """
 
     def __init__(self, consumer: Consumer, writers: Writers, commits: CommitService,
                  outcomes: queue.SimpleQueue[SegmentOutcome], metrics: EgressMetrics,
                  region: str, limits: FlowLimits, clock: Monotonic,
                  periodic: Callable[[float], None], pool: Executor,
-                 log_start: LogStart) -> None:
+                 log_start: LogStart, native_bytes: Callable[[], int] = lambda: 0) -> None:
         self.consumer = consumer
         self.writers = writers
         self.commits = commits
@@ -102,6 +104,7 @@ class PollLoop:
         self.periodic = periodic
         self.pool = pool
         self.log_start = log_start
+        self.native_bytes = native_bytes
         self.out_of_range: dict[tuple[str, int], OutOfRange] = {}
         self.paused: set[tuple[str, int]] = set()
         self.memory_paused = False
@@ -249,7 +252,9 @@ class PollLoop:
     def _apply_memory_budget(self, writers: Sequence[PartitionWriter]) -> None:
         budget = self.limits.budget
         open_held: dict[PartitionWriter, int] = {}
-        in_flight = 0
+        # Arrow's allocations (encoder pages) count like closing segments: against the
+        # budget, never picked.
+        in_flight = self.native_bytes()
         for w in writers:
             o, c = w.held_bytes()
             if w.segment is not None:

@@ -164,9 +164,12 @@ class EgressSettings(Model):
         description="Source consumer-group offsets exported next to the segments "
                     "(docs/failover.md).")
     memory_pool: Literal["system", "mimalloc", "jemalloc"] = Field(
-        "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
-                              "close to max_buffered_bytes whatever the partition count; "
-                              "mimalloc keeps freed memory per thread.")
+        "system", description="Arrow allocator of the egress process, the Parquet encoders' "
+                              "included (replicator-egress sets ARROW_DEFAULT_MEMORY_POOL "
+                              "before pyarrow loads; a value already in the environment "
+                              "wins). 'system' keeps RSS close to max_buffered_bytes "
+                              "whatever the partition count; mimalloc keeps freed memory "
+                              "per thread.")
     skip_origins: list[str] = Field(
         default_factory=list, description="Regions whose replicated records egress does not "
         "copy: a record is skipped when one of its origin_header headers names one of them "
