@@ -15,7 +15,8 @@ def _build(settings: Settings) -> object:
 
     # Before pyarrow loads: the Parquet encoders allocate from Arrow's C++ default pool,
     # which only the environment chooses (egress/allocators.py).
-    choose_arrow_pool(settings.egress.memory_pool)
+    if settings.egress is not None:
+        choose_arrow_pool(settings.egress.memory_pool)
     from egress.controller import Egress  # imported here: the CLI loads settings first
 
     return Egress(settings)
