@@ -120,3 +120,19 @@ def test_arrow_allocated_bytes_follows_arrow_allocations() -> None:
     assert arrow_allocated_bytes() - before >= 8_000_000
     del held
     assert arrow_allocated_bytes() - before < 8_000_000
+
+
+def test_replicator_egress_chooses_the_pool_before_pyarrow_loads() -> None:
+    out = run("""
+        import os, sys
+        from replicator.cli.egress import _build
+        from replicator.core.settings import load_settings
+        settings = load_settings(data={
+            "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "127.0.0.1:1"},
+            "egress": {"group_id": "g", "memory_pool": "jemalloc", "topics": {"t": {}}}},
+            environ={})
+        assert "pyarrow" not in sys.modules
+        _build(settings)
+        print(os.environ["ARROW_DEFAULT_MEMORY_POOL"], "pyarrow" in sys.modules)
+    """)
+    assert out == "jemalloc True"
