@@ -214,6 +214,22 @@ def child(args: argparse.Namespace) -> int:
             peak["arrow"] = max(peak["arrow"], sum(p.bytes_allocated() for p in pools))
             time.sleep(0.02)
 
+    def trace() -> None:
+        from egress.allocators import arrow_allocated_bytes
+
+        while not done.is_set():
+            loop = eg._loop
+            if loop is not None:
+                held = sum(smp.value for fam in eg.m.buffered.collect() for smp in fam.samples)
+                print(f"trace: held {held / MiB:.1f}M arrow {arrow_allocated_bytes() / MiB:.1f}M "
+                      f"memory_paused {loop.memory_paused} paused {len(loop.paused)} "
+                      f"writers {len(eg._writers)} closing "
+                      f"{sum(len(w.closing) for w in list(eg._writers.values()))}",
+                      file=sys.stderr, flush=True)
+            time.sleep(2)
+
+    if os.environ.get("EGRESS_BENCH_TRACE"):
+        threading.Thread(target=trace, daemon=True).start()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     runner = threading.Thread(target=eg.run, daemon=True)
@@ -280,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--value-size", type=int, default=1000, help="bytes per record value")
     ap.add_argument("--s3", action="store_true", help="upload to moto instead of discarding")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments)")
+    ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments); "
+                    "a JSON list of objects runs each on the same topic")
     ap.add_argument("--egress-config", help="extra [egress] settings as JSON (experiments)")
     ap.add_argument("--format-config", help="[format] settings as JSON (experiments)")
     ap.add_argument("--memory-pool", default="system",
@@ -306,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     from replicator.devstack.processes import start_broker, start_moto, stop_seconds
 
     partitions = [int(p) for p in args.partitions.split(",")]
+    # A JSON list of objects: one run per variant and budget on the same topic.
+    given = json.loads(args.kafka_config or "{}")
+    variants: list[dict[str, Any]] = given if isinstance(given, list) else [given]
     budgets = [parse_size(b) for b in args.budgets.split(",")]
     record_size = args.value_size + 8            # value + 8 B key
     records = parse_size(args.total) // record_size
@@ -318,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in partitions:
             topic = f"mem-{n}-{random.getrandbits(24):x}"
             fill(tansu.address, topic, n, records, args.value_size)
-            for budget in budgets:
+            for budget, kafka_config in ((b, k) for k in variants for b in budgets):
                 bucket = f"mem-{random.getrandbits(32):x}"
                 if args.s3:
                     create_bucket(make_s3_client(endpoint_url=endpoint, region="us-east-1",
@@ -331,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                        "--child-partitions", str(n), "--memory-pool", args.memory_pool]
                 if args.s3:
                     cmd.append("--s3")
-                if args.kafka_config:
-                    cmd += ["--kafka-config", args.kafka_config]
+                if kafka_config:
+                    cmd += ["--kafka-config", json.dumps(kafka_config)]
                 if args.egress_config:
                     cmd += ["--egress-config", args.egress_config]
                 if args.format_config:
@@ -341,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
                                      env=env).stdout
                 r = json.loads(out.strip().splitlines()[-1])
-                rows.append({"partitions": n, "budget": budget, **r})
+                rows.append({"partitions": n, "budget": budget, "kafka_config": kafka_config,
+                             **r})
                 print(f"  {n} partitions, budget {format_size(budget)}: done in "
                       f"{r['seconds']:.1f}s", file=sys.stderr)
     finally:
@@ -366,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{records * record_size / 1e6 / r['consume_s']:>6.1f} "
               f"{(r.get('peak_malloc', 0) - r.get('base_malloc', 0)) / MiB:>8.0f}M "
               f"{(r.get('peak_malloc', 0) - r.get('peak_malloc_used', 0)) / MiB:>9.0f}M"
-              f"  {reasons}")
+              f"  {reasons}  {json.dumps(r['kafka_config']) if r['kafka_config'] else ''}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

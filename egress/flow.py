@@ -143,7 +143,8 @@ def paused_partitions(loads: Mapping[K, PartitionLoad], limits: FlowLimits, *,
 
 
 def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
-                        in_flight: int = 0, min_victim_bytes: int = 0) -> list[K]:
+                        in_flight: int = 0, min_victim_bytes: int = 0,
+                        unpickable: int = 0) -> list[K]:
     """Open segments to close so that what stays held fits the budget, largest first.
 
     Args:
@@ -156,8 +157,12 @@ def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
             in flight (closing tiny segments frees little and makes many small objects).
             With nothing in flight the limit is ignored: memory must be freed by someone,
             or a process paused for memory would wait forever.
+        unpickable: bytes held outside any segment that the budget charges (Arrow's
+            allocations: encoder pages). Counted like ``in_flight`` but never freed by a
+            close completing, so it does not turn on ``min_victim_bytes``: nonzero all the
+            time, it would leave a process with many small segments paused for good.
     """
-    total = sum(open_segments.values()) + in_flight
+    total = sum(open_segments.values()) + in_flight + unpickable
     if total <= budget:
         return []
     floor = min_victim_bytes if in_flight > 0 else 0

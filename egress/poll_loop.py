@@ -252,9 +252,10 @@ class PollLoop:
     def _apply_memory_budget(self, writers: Sequence[PartitionWriter]) -> None:
         budget = self.limits.budget
         open_held: dict[PartitionWriter, int] = {}
-        # Arrow's allocations (encoder pages) count like closing segments: against the
-        # budget, never picked.
-        in_flight = self.native_bytes()
+        # Arrow's allocations (encoder pages) count against the budget; no segment holds
+        # them, so none can be picked for them.
+        native = self.native_bytes()
+        in_flight = 0
         for w in writers:
             o, c = w.held_bytes()
             if w.segment is not None:
@@ -264,14 +265,18 @@ class PollLoop:
         # stops the growth that would otherwise trigger closes) could never end.
         target = int(budget * MEMORY_RESUME_RATIO) if self.memory_paused else budget
         victims = pick_memory_victims(open_held, target, in_flight=in_flight,
-                                      min_victim_bytes=self.limits.min_victim)
+                                      min_victim_bytes=self.limits.min_victim,
+                                      unpickable=native)
+        held = sum(open_held.values()) + in_flight + native
         for w in victims:
             log.info("%s: closing the open segment early (holds %d bytes; %d held in all, "
-                     "budget %d)", w.name, open_held[w], sum(open_held.values()) + in_flight,
+                     "%d of it by Arrow; budget %d)", w.name, open_held[w], held, native,
                      budget)
             w.close(CloseReason.MEMORY)
-        held = sum(open_held.values()) + in_flight
-        self.memory_paused = memory_pressure(held, budget, self.memory_paused)
+        # Only segments can be closed to free memory: with none holding anything, Arrow's
+        # bytes alone must not keep the process paused for good.
+        freeable = held - native
+        self.memory_paused = memory_pressure(held, budget, self.memory_paused) and freeable > 0
         self.m.buffered.labels(self.region).set(held)
 
     def _apply_pauses(self, writers: Sequence[PartitionWriter]) -> None:

@@ -149,3 +149,18 @@ def test_librdkafka_accepts_the_derived_settings(budget: int) -> None:
     c = Consumer(KafkaSettings(brokers="127.0.0.1:9"), "g",
                  Prefetch.for_budget(budget).client_config())
     c.close()
+
+
+def test_bytes_no_segment_holds_count_but_do_not_raise_the_victim_floor() -> None:
+    # Arrow's allocations are never zero, unlike closes in flight: counted as in flight,
+    # they would keep min_victim_bytes on, and 256 segments each below it could never be
+    # closed: a process paused for memory for good (seen in bench/egress_memory.py).
+    small = {p: 240_000 for p in range(256)}
+    budget = 50_000_000
+    assert pick_memory_victims(small, budget, in_flight=1, min_victim_bytes=1_000_000) == []
+    victims = pick_memory_victims(small, budget, unpickable=1,
+                                  min_victim_bytes=1_000_000)
+    assert 0 < len(victims) < 256
+    assert 240_000 * (256 - len(victims)) + 1 <= budget
+    # ... and counted: the same segments need more victims with more bytes outside them.
+    assert len(pick_memory_victims(small, budget, unpickable=10_000_000)) > len(victims)

@@ -216,3 +216,17 @@ def test_arrow_allocations_count_against_the_memory_budget(h: Harness, native: i
         assert h.writer.closing[0].reason is CloseReason.MEMORY
     assert h.m.buffered.labels("r1")._value.get() >= held + native
     h.settle()
+
+
+def test_arrow_bytes_alone_never_keep_the_process_paused(h: Harness) -> None:
+    # Nothing to close: pausing would never end (no segment could free anything).
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    outcomes, h.m, "r1", FlowLimits.for_budget(10**6),
+                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0,
+                    native_bytes=lambda: 2 * 10**6)
+    loop._apply_memory_budget([h.writer])
+    assert not loop.memory_paused
+    h.writer.append(messages(records(range(10))), now=0.0)
+    loop._apply_memory_budget([h.writer])
+    assert loop.memory_paused           # a segment to close: paused until it is durable
