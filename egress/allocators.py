@@ -68,9 +68,15 @@ def limit_malloc_retention() -> bool:
     """Fix glibc's mmap threshold at ``MMAP_THRESHOLD`` and its trim threshold at
     ``TRIM_THRESHOLD`` for this process.
 
+    An operator's ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` in the environment
+    (glibc reads them at start) wins: then nothing is changed.
+
     Returns:
-        Whether both were set (``False`` without glibc ``mallopt``).
+        Whether both were set (``False`` without glibc ``mallopt``, or when the
+        environment sets either).
     """
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
     path = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(path)

@@ -136,3 +136,10 @@ def test_replicator_egress_chooses_the_pool_before_pyarrow_loads() -> None:
         print(os.environ["ARROW_DEFAULT_MEMORY_POOL"], "pyarrow" in sys.modules)
     """)
     assert out == "jemalloc True"
+
+
+def test_an_operators_malloc_thresholds_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    from egress.allocators import limit_malloc_retention
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "4194304")
+    assert limit_malloc_retention() is False
