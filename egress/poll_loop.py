@@ -20,6 +20,7 @@ from egress.flow import (
     MEMORY_RESUME_RATIO,
     FlowLimits,
     PartitionLoad,
+    flush_bytes,
     memory_pressure,
     paused_partitions,
     pick_memory_victims,
@@ -231,7 +232,9 @@ class PollLoop:
 
     def _tick(self, now: float) -> None:
         writers = list(self.writers.values())
+        flush = flush_bytes(self.limits.budget, len(writers))
         for w in writers:
+            w.flush_bytes = flush
             seg = w.segment
             if seg is not None:
                 reason = should_rotate(seg.stats(), w.limits, now)

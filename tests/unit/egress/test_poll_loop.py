@@ -230,3 +230,17 @@ def test_arrow_bytes_alone_never_keep_the_process_paused(h: Harness) -> None:
     h.writer.append(messages(records(range(10))), now=0.0)
     loop._apply_memory_budget([h.writer])
     assert loop.memory_paused           # a segment to close: paused until it is durable
+
+
+def test_each_tick_gives_writers_the_flush_size_of_the_partition_count(h: Harness) -> None:
+    from egress.flow import flush_bytes
+
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    budget = 64 * 1024**2
+    loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    outcomes, h.m, "r1", FlowLimits.for_budget(budget),
+                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0)
+    for p in range(1, 64):
+        loop.writers[("t", p)] = h.writer   # the count is what matters
+    loop._tick(0.0)
+    assert h.writer.flush_bytes == flush_bytes(budget, 64) < 4 * 1024**2
