@@ -17,7 +17,15 @@ egress accounts as held (``replicator_egress_buffered_bytes``), and segments by 
 for the partition-count question also the peak thread count, start-up (``Egress.start``
 returned; every partition assigned; first record consumed, from the constructor) and the
 consume rate (raw MB/s from the first record until every record was consumed, before the
-last segments are durable), e.g. ``--partitions 4,1000 --budgets 256MiB``.
+last segments are durable), e.g. ``--partitions 4,1000 --budgets 256MiB``. Also what
+glibc malloc holds at the RSS peak beyond the start ("malloc +") and how much of that is
+free memory it keeps ("free in it"), and the peak of Arrow's pools ("arrow max").
+
+Experiments: ``--env NAME=VALUE`` (the egress process only, e.g.
+``MALLOC_MMAP_THRESHOLD_``), ``--egress-config``/``--format-config`` (JSON merged into
+``[egress]``/``[format]``), ``--kafka-config`` (a JSON object, or a list of objects: one
+run each on the same topic), ``--memory-pool``; ``EGRESS_BENCH_TRACE=1`` prints the
+loop's memory state every 2 s.
 """
 
 from __future__ import annotations
