@@ -2,8 +2,8 @@
 Parquet encoders, and what glibc ``malloc`` keeps after a free.
 
 ``egress.max_buffered_bytes`` bounds the bytes egress holds; RSS also holds what the
-allocators keep. Two settings of the process bring that close to the bytes held
-(``bench/egress_memory.py``; bench/RESULTS.md, "Memory bounded by settings"):
+allocators keep. Three measures bring that close to the bytes held
+(``bench/egress_memory.py``; bench/RESULTS.md, "Allocators and the flush size"):
 
 * **The Parquet encoders' allocator.** ``pa.set_memory_pool`` (``egress.memory_pool``)
   reaches Arrow arrays and Python-side buffers, but the Parquet writer takes its page and
@@ -17,10 +17,10 @@ allocators keep. Two settings of the process bring that close to the bytes held
 * **glibc's retention.** By default glibc raises its mmap threshold to the size of every
   large block freed (up to 32 MiB), so the 1-4 MiB column buffers and encoder pages of
   later segments come from its arenas, and what they free stays resident in the arena of
-  the thread that freed it: with 4 upload threads that was 20-70 MiB beyond a 64 MiB
-  budget. ``limit_malloc_retention`` fixes the threshold (blocks from ``MMAP_THRESHOLD``
-  up are mapped and unmapped, so freeing them returns the memory) and lowers the trim
-  threshold. No effect where the C library is not glibc.
+  the thread that freed it: at the RSS peak malloc held 39-111 MiB of free memory beyond
+  a 64 MiB budget (1 KiB records). ``limit_malloc_retention`` fixes the threshold (blocks
+  from ``MMAP_THRESHOLD`` up are mapped and unmapped, so freeing them returns the memory)
+  and the trim threshold. No effect where the C library is not glibc.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def arrow_allocated_bytes() -> int:
 
     Segments' batches are Python buffers (``egress.columns``) and are counted by the
     segments themselves; what Arrow allocates is mostly the Parquet encoders' pages and
-    compression buffers (about a quarter of a row group per encoding thread), which the
+    compression buffers (about a fifth of the row group being encoded), which the
     budget charges through this. All pools, because the encoders use Arrow's C++ default
     pool whether or not ``choose_arrow_pool`` came in time.
     """
