@@ -103,7 +103,10 @@ def arrow_allocated_bytes() -> int:
     segments themselves; what Arrow allocates is mostly the Parquet encoders' pages and
     compression buffers (about a fifth of the row group being encoded), which the
     budget charges through this. All pools, because the encoders use Arrow's C++ default
-    pool whether or not ``choose_arrow_pool`` came in time.
+    pool whether or not ``choose_arrow_pool`` came in time. Process-wide: where egress
+    shares its process with other Arrow users (``replicator demo``), their allocations
+    count too; egress then closes segments earlier, and it is never paused for them alone
+    (``egress.poll_loop``).
     """
     import pyarrow as pa
 
