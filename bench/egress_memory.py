@@ -17,12 +17,21 @@ egress accounts as held (``replicator_egress_buffered_bytes``), and segments by 
 for the partition-count question also the peak thread count, start-up (``Egress.start``
 returned; every partition assigned; first record consumed, from the constructor) and the
 consume rate (raw MB/s from the first record until every record was consumed, before the
-last segments are durable), e.g. ``--partitions 4,1000 --budgets 256MiB``.
+last segments are durable), e.g. ``--partitions 4,1000 --budgets 256MiB``. Also what
+glibc malloc holds at the RSS peak beyond the start ("malloc +") and how much of that is
+free memory it keeps ("free in it"), and the peak of Arrow's pools ("arrow max").
+
+Experiments: ``--env NAME=VALUE`` (the egress process only, e.g.
+``MALLOC_MMAP_THRESHOLD_``), ``--egress-config``/``--format-config`` (JSON merged into
+``[egress]``/``[format]``), ``--kafka-config`` (a JSON object, or a list of objects: one
+run each on the same topic), ``--memory-pool``; ``EGRESS_BENCH_TRACE=1`` prints the
+loop's memory state every 2 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import random
@@ -141,7 +150,28 @@ def null_store() -> Any:
     return NullStore()
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def malloc_state() -> tuple[int, int]:
+    """(bytes glibc malloc holds from the OS, bytes of it in use); (0, 0) without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return 0, 0
+    m = libc.mallinfo2()
+    return m.arena + m.hblkhd, m.uordblks + m.hblkhd
+
+
 def child(args: argparse.Namespace) -> int:
+    from egress.allocators import choose_arrow_pool
+
+    # As replicator-egress does, before pyarrow loads (egress/allocators.py).
+    choose_arrow_pool(args.memory_pool)
     from egress.controller import Egress
     from replicator.core.settings import load_settings
 
@@ -151,8 +181,10 @@ def child(args: argparse.Namespace) -> int:
         "kafka": {"brokers": args.brokers,
                   "config": {**FAST_GROUP, **json.loads(args.kafka_config or "{}")}},
         "metrics": {"port": 0},
+        "format": json.loads(args.format_config or "{}"),
         "egress": {"group_id": f"mem-{random.getrandbits(32):x}",
-                   "max_buffered_bytes": args.budget,
+                   "max_buffered_bytes": args.budget, "memory_pool": args.memory_pool,
+                   **json.loads(args.egress_config or "{}"),
                    "topics": {args.topic: {"max_segment_size": "100MiB",
                                            "max_segment_messages": 10_000_000,
                                            "max_segment_age": "1h"}}},
@@ -164,22 +196,48 @@ def child(args: argparse.Namespace) -> int:
     eg.start()
     t_started = time.monotonic()
     baseline = proc.memory_info().rss
+    base_malloc = malloc_state()
     import pyarrow as pa
 
-    peak = {"rss": baseline, "held": 0, "arrow": 0, "threads": proc.num_threads()}
+    pools = [pa.system_memory_pool(), pa.mimalloc_memory_pool(), pa.jemalloc_memory_pool()]
+    peak = {"rss": baseline, "held": 0, "arrow": 0, "threads": proc.num_threads(),
+            "malloc": 0, "malloc_used": 0}
     done = threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak["rss"] = max(peak["rss"], proc.memory_info().rss)
+            rss = proc.memory_info().rss
+            if rss > peak["rss"]:
+                # What glibc malloc holds at the peak, and how much of it is in use: the
+                # rest is freed memory its arenas keep.
+                peak["rss"] = rss
+                peak["malloc"], peak["malloc_used"] = malloc_state()
             peak["threads"] = max(peak["threads"], proc.num_threads())
             # The gauge's own family, not Metrics.total: that collects every metric child,
             # and with 1,000 partitions this sampler took more of the GIL than egress.
             held = sum(smp.value for fam in eg.m.buffered.collect() for smp in fam.samples)
             peak["held"] = max(peak["held"], int(held))
-            peak["arrow"] = max(peak["arrow"], pa.total_allocated_bytes())
+            # Every Arrow pool: the Parquet encoder allocates from Arrow's C++ default pool
+            # whatever pa.set_memory_pool chose.
+            peak["arrow"] = max(peak["arrow"], sum(p.bytes_allocated() for p in pools))
             time.sleep(0.02)
 
+    def trace() -> None:
+        from egress.allocators import arrow_allocated_bytes
+
+        while not done.is_set():
+            loop = eg._loop
+            if loop is not None:
+                held = sum(smp.value for fam in eg.m.buffered.collect() for smp in fam.samples)
+                print(f"trace: held {held / MiB:.1f}M arrow {arrow_allocated_bytes() / MiB:.1f}M "
+                      f"memory_paused {loop.memory_paused} paused {len(loop.paused)} "
+                      f"writers {len(eg._writers)} closing "
+                      f"{sum(len(w.closing) for w in list(eg._writers.values()))}",
+                      file=sys.stderr, flush=True)
+            time.sleep(2)
+
+    if os.environ.get("EGRESS_BENCH_TRACE"):
+        threading.Thread(target=trace, daemon=True).start()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     runner = threading.Thread(target=eg.run, daemon=True)
@@ -206,6 +264,8 @@ def child(args: argparse.Namespace) -> int:
                for r in ("size", "memory", "shutdown")}
     print(json.dumps({"baseline_rss": baseline, "peak_rss": peak["rss"],
                       "peak_held": peak["held"], "peak_arrow": peak["arrow"],
+                      "base_malloc": base_malloc[0], "peak_malloc": peak["malloc"],
+                      "peak_malloc_used": peak["malloc_used"],
                       "reasons": reasons, "peak_threads": peak["threads"],
                       "start_s": t_started - t_launch,
                       "assigned_s": (t_assigned or t_consumed) - t_launch,
@@ -244,7 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--value-size", type=int, default=1000, help="bytes per record value")
     ap.add_argument("--s3", action="store_true", help="upload to moto instead of discarding")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments)")
+    ap.add_argument("--kafka-config", help="extra librdkafka settings as JSON (experiments); "
+                    "a JSON list of objects runs each on the same topic")
+    ap.add_argument("--egress-config", help="extra [egress] settings as JSON (experiments)")
+    ap.add_argument("--format-config", help="[format] settings as JSON (experiments)")
+    ap.add_argument("--memory-pool", default="system",
+                    choices=("system", "mimalloc", "jemalloc"), help="egress.memory_pool")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment of the egress process only (e.g. MALLOC_ARENA_MAX=2)")
     ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu",
                     help="the broker: tansu (embedded) or apache (from $KAFKA_HOME)")
     # child mode
@@ -264,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     from replicator.devstack.processes import start_broker, start_moto, stop_seconds
 
     partitions = [int(p) for p in args.partitions.split(",")]
+    # A JSON list of objects: one run per variant and budget on the same topic.
+    given = json.loads(args.kafka_config or "{}")
+    variants: list[dict[str, Any]] = given if isinstance(given, list) else [given]
     budgets = [parse_size(b) for b in args.budgets.split(",")]
     record_size = args.value_size + 8            # value + 8 B key
     records = parse_size(args.total) // record_size
@@ -276,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in partitions:
             topic = f"mem-{n}-{random.getrandbits(24):x}"
             fill(tansu.address, topic, n, records, args.value_size)
-            for budget in budgets:
+            for budget, kafka_config in ((b, k) for k in variants for b in budgets):
                 bucket = f"mem-{random.getrandbits(32):x}"
                 if args.s3:
                     create_bucket(make_s3_client(endpoint_url=endpoint, region="us-east-1",
@@ -286,14 +356,21 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, __file__, "--child", "--brokers", tansu.address,
                        "--endpoint", endpoint, "--bucket", bucket, "--topic", topic,
                        "--budget", str(budget), "--records", str(records),
-                       "--child-partitions", str(n)]
+                       "--child-partitions", str(n), "--memory-pool", args.memory_pool]
                 if args.s3:
                     cmd.append("--s3")
-                if args.kafka_config:
-                    cmd += ["--kafka-config", args.kafka_config]
-                out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+                if kafka_config:
+                    cmd += ["--kafka-config", json.dumps(kafka_config)]
+                if args.egress_config:
+                    cmd += ["--egress-config", args.egress_config]
+                if args.format_config:
+                    cmd += ["--format-config", args.format_config]
+                env = {**os.environ, **dict(e.split("=", 1) for e in args.env)}
+                out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True,
+                                     env=env).stdout
                 r = json.loads(out.strip().splitlines()[-1])
-                rows.append({"partitions": n, "budget": budget, **r})
+                rows.append({"partitions": n, "budget": budget, "kafka_config": kafka_config,
+                             **r})
                 print(f"  {n} partitions, budget {format_size(budget)}: done in "
                       f"{r['seconds']:.1f}s", file=sys.stderr)
     finally:
@@ -304,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
           f"100 MiB, {'moto S3' if args.s3 else 'discarding store'}")
     print(f"{'partitions':>10} {'budget':>9} {'base RSS':>9} {'peak RSS':>9} {'growth':>9} "
           f"{'held max':>9} {'arrow max':>9} {'growth/budget':>13} {'threads':>7} "
-          f"{'start s':>7} {'assigned s':>10} {'1st rec s':>9} {'MB/s':>6}  segments by reason")
+          f"{'start s':>7} {'assigned s':>10} {'1st rec s':>9} {'MB/s':>6} {'malloc +':>9} "
+          f"{'free in it':>10}  segments by reason")
     for r in rows:
         growth = r["peak_rss"] - r["baseline_rss"]
         reasons = ", ".join(f"{k} {v:.0f}" for k, v in r["reasons"].items() if v)
@@ -314,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['peak_arrow'] / MiB:>8.0f}M "
               f"{growth / r['budget']:>13.2f} {r['peak_threads']:>7} {r['start_s']:>7.1f} "
               f"{r['assigned_s']:>10.1f} {r['first_record_s']:>9.1f} "
-              f"{records * record_size / 1e6 / r['consume_s']:>6.1f}  {reasons}")
+              f"{records * record_size / 1e6 / r['consume_s']:>6.1f} "
+              f"{(r.get('peak_malloc', 0) - r.get('base_malloc', 0)) / MiB:>8.0f}M "
+              f"{(r.get('peak_malloc', 0) - r.get('peak_malloc_used', 0)) / MiB:>9.0f}M"
+              f"  {reasons}  {json.dumps(r['kafka_config']) if r['kafka_config'] else ''}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

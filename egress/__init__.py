@@ -31,6 +31,7 @@ Decisions worth knowing:
   consumer is rewound to the failed segment's start. Other partitions keep flowing.
 * Memory: ``egress.max_buffered_bytes`` covers every open and closing segment (column
   lists, batches waiting for a worker, the format's row-group buffer, the upload's part
-  buffer). Above it the largest open segments close early (reason ``memory``); while the
-  closes are in flight consumption pauses.
+  buffer, what Arrow's allocators hold). Above it the largest open segments close early
+  (reason ``memory``); while the closes are in flight consumption pauses. ``allocators``:
+  the Parquet encoders' Arrow pool and glibc's thresholds, so RSS follows what is held.
 """

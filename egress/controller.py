@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from egress.allocators import arrow_allocated_bytes, limit_malloc_retention
 from egress.commits import CommitService
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
@@ -147,6 +148,9 @@ class Egress:
         # max_buffered_bytes (bench/egress_memory.py, 256 MiB budget: 256 partitions grew
         # 754 MB with mimalloc, 452 MB with the system allocator, at the same throughput).
         use_memory_pool(self.config.memory_pool)
+        # Freed column buffers and encoder pages go back to the system instead of staying
+        # in glibc's per-thread arenas (egress/allocators.py).
+        limit_malloc_retention()
         self._pool = ThreadPoolExecutor(self.config.upload_threads,
                                         thread_name_prefix="egress-upload")
         self._admin = Admin(self.settings.kafka)
@@ -191,7 +195,7 @@ class Egress:
                               FlowLimits.for_budget(
                                   segment_budget(self.config.max_buffered_bytes)),
                               self.clock, self._maybe_check_topics, self._pool,
-                              self._log_start)
+                              self._log_start, arrow_allocated_bytes)
         self._loop.skip = origin_filter(self.config, self.m, self.region)
         self._subscribe(self._wanted)
         if self.settings.metrics.port:

@@ -42,6 +42,31 @@ with 64-byte records the default 100 000 messages, plus a 50 MB fetch response o
 700 000 more, held 5.4 times the budget (bench/RESULTS.md, "Memory")."""
 
 
+MAX_FLUSH_BYTES = 4 * 1024**2
+"""A partition's column lists become one Arrow batch at this many held bytes at most: big
+enough that per-batch costs vanish (``egress.partition_writer``)."""
+MIN_FLUSH_BYTES = 128 * 1024
+"""...and not below this: a batch's joined value buffer from this size up is a mapping of
+its own (``egress.allocators.MMAP_THRESHOLD``), given back to the system when freed."""
+FLUSH_SHARE = 4
+"""With many partitions, a partition flushes at ``1 / FLUSH_SHARE`` of its even share of
+the budget."""
+
+
+def flush_bytes(budget: int, partitions: int) -> int:
+    """Held bytes at which a partition's buffered rows become one Arrow batch.
+
+    Buffered rows are Python objects (232 B each beyond their bytes, ``egress.columns``),
+    allocated one by one and freed when the segment closes: held until then, those of
+    many partitions interleave in the allocator's heaps, and what one closed segment frees
+    stays resident between the others' (with 1 KiB records and 64 partitions, RSS grew by
+    twice a 64 MiB budget). Flushed at a quarter of each partition's share, rows live
+    briefly and segments hold joined buffers, which are freed whole.
+    """
+    share = budget // (FLUSH_SHARE * max(1, partitions))
+    return max(MIN_FLUSH_BYTES, min(MAX_FLUSH_BYTES, share))
+
+
 @dataclass(frozen=True)
 class Prefetch:
     """How much librdkafka may prefetch: derived from ``max_buffered_bytes``, so egress memory
@@ -143,7 +168,8 @@ def paused_partitions(loads: Mapping[K, PartitionLoad], limits: FlowLimits, *,
 
 
 def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
-                        in_flight: int = 0, min_victim_bytes: int = 0) -> list[K]:
+                        in_flight: int = 0, min_victim_bytes: int = 0,
+                        unpickable: int = 0) -> list[K]:
     """Open segments to close so that what stays held fits the budget, largest first.
 
     Args:
@@ -156,8 +182,12 @@ def pick_memory_victims(open_segments: Mapping[K, int], budget: int, *,
             in flight (closing tiny segments frees little and makes many small objects).
             With nothing in flight the limit is ignored: memory must be freed by someone,
             or a process paused for memory would wait forever.
+        unpickable: bytes held outside any segment that the budget charges (Arrow's
+            allocations: encoder pages). Counted like ``in_flight`` but never freed by a
+            close completing, so it does not turn on ``min_victim_bytes``: nonzero all the
+            time, it would leave a process with many small segments paused for good.
     """
-    total = sum(open_segments.values()) + in_flight
+    total = sum(open_segments.values()) + in_flight + unpickable
     if total <= budget:
         return []
     floor = min_victim_bytes if in_flight > 0 else 0

@@ -25,6 +25,7 @@ from typing import Protocol, TypeVar
 import pyarrow as pa
 
 from egress.commits import NotOwner
+from egress.flow import MAX_FLUSH_BYTES
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
     CloseReason,
@@ -55,7 +56,9 @@ class Cancelled(ReplicatorError):
 # (array construction, a GroupBuffer entry) vanish, small enough that a poll thread does not
 # hold much more than one batch per partition before the worker encodes it.
 FLUSH_ROWS = 8192
-FLUSH_BYTES = 4 * 1024**2
+FLUSH_BYTES = MAX_FLUSH_BYTES
+"""The default of ``PartitionWriter.flush_bytes``; the poll loop lowers it with many
+partitions (``egress.flow.flush_bytes``)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class PartitionWriter:
         self.committed_offset: int | None = expected
         self.resumed = expected is not None
         self._first_recorded = ctx.first_positions is None
+        self.flush_bytes = FLUSH_BYTES
+        """Held bytes of buffered rows at which they become one batch (poll thread)."""
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -143,7 +148,7 @@ class PartitionWriter:
             i += taken
             self.metrics.messages.inc(taken)
             self.metrics.bytes.inc(raw)
-            if len(seg.columns) >= FLUSH_ROWS or seg.columns.raw_bytes >= FLUSH_BYTES:
+            if len(seg.columns) >= FLUSH_ROWS or seg.columns.held_bytes >= self.flush_bytes:
                 self._flush(seg)
             reason = should_rotate(seg.stats(), limits, now)
             if reason is CloseReason.COUNT or reason is CloseReason.SIZE:

@@ -20,6 +20,7 @@ from egress.flow import (
     MEMORY_RESUME_RATIO,
     FlowLimits,
     PartitionLoad,
+    flush_bytes,
     memory_pressure,
     paused_partitions,
     pick_memory_victims,
@@ -84,13 +85,15 @@ class PollLoop:
         periodic: called at every tick with ``now`` (topic metadata checks).
         pool: runs the log-start reads of partitions whose position left the log.
         log_start: reads a partition's log start offset (blocking).
+        native_bytes: memory the segments do not hold but the budget charges (Arrow's
+            allocations: the Parquet encoders' pages; ``egress.allocators``).
     """
 
     def __init__(self, consumer: Consumer, writers: Writers, commits: CommitService,
                  outcomes: queue.SimpleQueue[SegmentOutcome], metrics: EgressMetrics,
                  region: str, limits: FlowLimits, clock: Monotonic,
                  periodic: Callable[[float], None], pool: Executor,
-                 log_start: LogStart) -> None:
+                 log_start: LogStart, native_bytes: Callable[[], int] = lambda: 0) -> None:
         self.consumer = consumer
         self.writers = writers
         self.commits = commits
@@ -102,6 +105,7 @@ class PollLoop:
         self.periodic = periodic
         self.pool = pool
         self.log_start = log_start
+        self.native_bytes = native_bytes
         self.out_of_range: dict[tuple[str, int], OutOfRange] = {}
         self.paused: set[tuple[str, int]] = set()
         self.memory_paused = False
@@ -228,7 +232,9 @@ class PollLoop:
 
     def _tick(self, now: float) -> None:
         writers = list(self.writers.values())
+        flush = flush_bytes(self.limits.budget, len(writers))
         for w in writers:
+            w.flush_bytes = flush
             seg = w.segment
             if seg is not None:
                 reason = should_rotate(seg.stats(), w.limits, now)
@@ -249,6 +255,9 @@ class PollLoop:
     def _apply_memory_budget(self, writers: Sequence[PartitionWriter]) -> None:
         budget = self.limits.budget
         open_held: dict[PartitionWriter, int] = {}
+        # Arrow's allocations (encoder pages) count against the budget; no segment holds
+        # them, so none can be picked for them.
+        native = self.native_bytes()
         in_flight = 0
         for w in writers:
             o, c = w.held_bytes()
@@ -259,14 +268,18 @@ class PollLoop:
         # stops the growth that would otherwise trigger closes) could never end.
         target = int(budget * MEMORY_RESUME_RATIO) if self.memory_paused else budget
         victims = pick_memory_victims(open_held, target, in_flight=in_flight,
-                                      min_victim_bytes=self.limits.min_victim)
+                                      min_victim_bytes=self.limits.min_victim,
+                                      unpickable=native)
+        held = sum(open_held.values()) + in_flight + native
         for w in victims:
             log.info("%s: closing the open segment early (holds %d bytes; %d held in all, "
-                     "budget %d)", w.name, open_held[w], sum(open_held.values()) + in_flight,
+                     "%d of it by Arrow; budget %d)", w.name, open_held[w], held, native,
                      budget)
             w.close(CloseReason.MEMORY)
-        held = sum(open_held.values()) + in_flight
-        self.memory_paused = memory_pressure(held, budget, self.memory_paused)
+        # Only segments can be closed to free memory: with none holding anything, Arrow's
+        # bytes alone must not keep the process paused for good.
+        freeable = held - native
+        self.memory_paused = memory_pressure(held, budget, self.memory_paused) and freeable > 0
         self.m.buffered.labels(self.region).set(held)
 
     def _apply_pauses(self, writers: Sequence[PartitionWriter]) -> None:

@@ -112,8 +112,10 @@ def _load_builtins() -> None:
 def use_memory_pool(name: str) -> None:
     """Make ``name`` (``system``, ``mimalloc``, ``jemalloc``) Arrow's default allocator.
 
-    Process-wide: every later Arrow allocation (builders, Parquet/IPC writers and readers)
-    uses it.
+    Process-wide: every later Arrow allocation made through pyarrow (arrays, builders, IPC
+    writers and readers) uses it. The Parquet writer's page and compression buffers do not:
+    they come from Arrow's C++ default pool, which only the ``ARROW_DEFAULT_MEMORY_POOL``
+    environment variable chooses, before pyarrow is loaded (``egress.allocators``).
 
     Raises:
         ConfigError: the allocator is not built into this pyarrow.

@@ -11,6 +11,12 @@ from replicator.core.settings import Settings
 
 
 def _build(settings: Settings) -> object:
+    from egress.allocators import choose_arrow_pool
+
+    # Before pyarrow loads: the Parquet encoders allocate from Arrow's C++ default pool,
+    # which only the environment chooses (egress/allocators.py).
+    if settings.egress is not None:
+        choose_arrow_pool(settings.egress.memory_pool)
     from egress.controller import Egress  # imported here: the CLI loads settings first
 
     return Egress(settings)

@@ -148,7 +148,8 @@ class EgressSettings(Model):
     max_buffered_bytes: Size = Field(
         256 * 1024**2, description="Memory budget of the records this process buffers: "
                                    "librdkafka's prefetch gets 1/32 of it (at least 2 MiB), "
-                                   "open and closing segments the rest (README, Egress, "
+                                   "open and closing segments and Arrow's allocations (the "
+                                   "Parquet encoders) the rest (README, Egress, "
                                    "\"Memory\").")
     shutdown_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, open segments that cannot be made "
@@ -164,9 +165,12 @@ class EgressSettings(Model):
         description="Source consumer-group offsets exported next to the segments "
                     "(docs/failover.md).")
     memory_pool: Literal["system", "mimalloc", "jemalloc"] = Field(
-        "system", description="Arrow allocator of the egress process. 'system' keeps RSS "
-                              "close to max_buffered_bytes whatever the partition count; "
-                              "mimalloc keeps freed memory per thread.")
+        "system", description="Arrow allocator of the egress process, the Parquet encoders' "
+                              "included (replicator-egress sets ARROW_DEFAULT_MEMORY_POOL "
+                              "before pyarrow loads; a value already in the environment "
+                              "wins). 'system' keeps RSS close to max_buffered_bytes "
+                              "whatever the partition count; mimalloc keeps freed memory "
+                              "per thread.")
     skip_origins: list[str] = Field(
         default_factory=list, description="Regions whose replicated records egress does not "
         "copy: a record is skipped when one of its origin_header headers names one of them "

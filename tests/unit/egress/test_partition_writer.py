@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from egress.columns import ColumnBuffer
+from egress.columns import ROW_OVERHEAD, ColumnBuffer
 from egress.rotation import CloseReason, SegmentLimits
 from egress.segment import Segment
 from formats.base import SEGMENT_SCHEMA
@@ -313,3 +313,19 @@ def test_held_bytes_count_what_buffered_rows_really_hold(size: int) -> None:
         tracemalloc.stop()
     counted = seg.held_bytes()
     assert 1 / 1.5 <= held / counted <= 1.5, (held, counted)
+
+
+def test_rows_become_a_batch_at_the_flush_size() -> None:
+    # With many partitions the poll loop lowers flush_bytes: buffered rows (Python
+    # objects) are then handed to the worker as one batch long before the segment closes.
+    h = Harness()
+    try:
+        h.writer.flush_bytes = 10 * (ROW_OVERHEAD + 12)    # 10 rows of 2 + 10 bytes
+        h.writer.append(messages(records(range(9), size=10)), now=0.0)
+        seg = h.writer.segment
+        assert seg is not None and seg.submitted == 0 and len(seg.columns) == 9
+        h.writer.append(messages(records(range(9, 10), size=10)), now=0.0)
+        assert len(seg.columns) == 0 and seg.submitted > 0
+        assert seg.count == 10
+    finally:
+        h.close()

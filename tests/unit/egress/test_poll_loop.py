@@ -194,3 +194,53 @@ def test_ticks_space_out_with_many_partitions() -> None:
     assert tick_interval(0) == tick_interval(64) == TICK_INTERVAL
     assert tick_interval(1000) == pytest.approx(0.1)
     assert tick_interval(10_000) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("native", [0, 600_000])
+def test_arrow_allocations_count_against_the_memory_budget(h: Harness, native: int) -> None:
+    # The Parquet encoders' pages are held by no segment: the loop charges what Arrow's
+    # pools hold (egress.allocators.arrow_allocated_bytes), so the same open segment
+    # fits the budget alone and is closed early when the encoders hold the rest.
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    h.writer.append(messages(records(range(500))), now=0.0)   # below the 1000-count limit
+    held = h.writer.held_bytes()[0]
+    assert 0 < held < 1_000_000
+    loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    outcomes, h.m, "r1", FlowLimits.for_budget(held + 500_000),
+                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0,
+                    native_bytes=lambda: native)
+    loop._apply_memory_budget([h.writer])
+    closed = h.writer.segment is None
+    assert closed == (native > 0)
+    if closed:
+        assert h.writer.closing[0].reason is CloseReason.MEMORY
+    assert h.m.buffered.labels("r1")._value.get() >= held + native
+    h.settle()
+
+
+def test_arrow_bytes_alone_never_keep_the_process_paused(h: Harness) -> None:
+    # Nothing to close: pausing would never end (no segment could free anything).
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    outcomes, h.m, "r1", FlowLimits.for_budget(10**6),
+                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0,
+                    native_bytes=lambda: 2 * 10**6)
+    loop._apply_memory_budget([h.writer])
+    assert not loop.memory_paused
+    h.writer.append(messages(records(range(10))), now=0.0)
+    loop._apply_memory_budget([h.writer])
+    assert loop.memory_paused           # a segment to close: paused until it is durable
+
+
+def test_each_tick_gives_writers_the_flush_size_of_the_partition_count(h: Harness) -> None:
+    from egress.flow import flush_bytes
+
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
+    budget = 64 * 1024**2
+    loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    outcomes, h.m, "r1", FlowLimits.for_budget(budget),
+                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0)
+    for p in range(1, 64):
+        loop.writers[("t", p)] = h.writer   # the count is what matters
+    loop._tick(0.0)
+    assert h.writer.flush_bytes == flush_bytes(budget, 64) < 4 * 1024**2
