@@ -149,8 +149,10 @@ class Egress:
         # 754 MB with mimalloc, 452 MB with the system allocator, at the same throughput).
         use_memory_pool(self.config.memory_pool)
         # Freed column buffers and encoder pages go back to the system instead of staying
-        # in glibc's per-thread arenas (egress/allocators.py).
-        limit_malloc_retention()
+        # in glibc's per-thread arenas (egress/allocators.py), unless the operator trades
+        # that memory for CPU.
+        if self.config.release_freed_memory:
+            limit_malloc_retention()
         self._pool = ThreadPoolExecutor(self.config.upload_threads,
                                         thread_name_prefix="egress-upload")
         self._admin = Admin(self.settings.kafka)

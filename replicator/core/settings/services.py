@@ -171,6 +171,16 @@ class EgressSettings(Model):
                               "wins). 'system' keeps RSS close to max_buffered_bytes "
                               "whatever the partition count; mimalloc keeps freed memory "
                               "per thread.")
+    release_freed_memory: bool = Field(
+        True, description="Fix glibc's mmap and trim thresholds at 128 KiB, so freed column "
+                          "buffers and encoder pages go back to the system instead of "
+                          "staying in per-thread arenas: RSS growth stays within about 1.5 "
+                          "x max_buffered_bytes, at about a third more egress CPU per GB "
+                          "(every large buffer is a fresh mapping). false: glibc's own "
+                          "thresholds, faster, RSS growth up to about 1.8 x the budget "
+                          "(bench/RESULTS.md, \"Allocators and the flush size\"). "
+                          "MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the "
+                          "environment win.")
     skip_origins: list[str] = Field(
         default_factory=list, description="Regions whose replicated records egress does not "
         "copy: a record is skipped when one of its origin_header headers names one of them "
