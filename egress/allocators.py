@@ -96,6 +96,20 @@ def limit_malloc_retention() -> bool:
     return ok
 
 
+def prepare_allocators(memory_pool: str, release_freed_memory: bool) -> None:
+    """What an egress process does to its allocators at start: ``memory_pool`` becomes
+    pyarrow's default pool (``egress.memory_pool``) and, with ``release_freed_memory``
+    (``egress.release_freed_memory``), glibc's thresholds are fixed
+    (``limit_malloc_retention``), trading about a third more CPU per GB for memory that
+    stays close to the budget.
+    """
+    from formats.registry import use_memory_pool
+
+    use_memory_pool(memory_pool)
+    if release_freed_memory:
+        limit_malloc_retention()
+
+
 def arrow_allocated_bytes() -> int:
     """Bytes Arrow's allocators hold for live allocations now, over all of its pools.
 

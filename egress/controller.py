@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from egress.allocators import arrow_allocated_bytes, limit_malloc_retention
+from egress.allocators import arrow_allocated_bytes, prepare_allocators
 from egress.commits import CommitService
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
@@ -45,7 +45,7 @@ from egress.segment import SegmentOutcome
 from egress.selection import TopicSelection
 from egress.topic_meta import TopicMetadataPublisher
 from formats.base import WriterOptions
-from formats.registry import get_format, use_memory_pool
+from formats.registry import get_format
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
@@ -147,12 +147,10 @@ class Egress:
         # RSS grew with the partition count although the bytes held stayed within
         # max_buffered_bytes (bench/egress_memory.py, 256 MiB budget: 256 partitions grew
         # 754 MB with mimalloc, 452 MB with the system allocator, at the same throughput).
-        use_memory_pool(self.config.memory_pool)
         # Freed column buffers and encoder pages go back to the system instead of staying
-        # in glibc's per-thread arenas (egress/allocators.py), unless the operator trades
-        # that memory for CPU.
-        if self.config.release_freed_memory:
-            limit_malloc_retention()
+        # in glibc's per-thread arenas unless the operator trades that memory for CPU
+        # (egress/allocators.py).
+        prepare_allocators(self.config.memory_pool, self.config.release_freed_memory)
         self._pool = ThreadPoolExecutor(self.config.upload_threads,
                                         thread_name_prefix="egress-upload")
         self._admin = Admin(self.settings.kafka)

@@ -110,6 +110,18 @@ def test_without_the_limit_glibc_keeps_them_in_its_heap() -> None:
     assert run(code) == "False"
 
 
+@pytest.mark.skipif(not GLIBC, reason="glibc only")
+@pytest.mark.parametrize("release", [True, False])
+def test_egress_release_freed_memory_decides_the_thresholds(release: bool) -> None:
+    """``egress.release_freed_memory`` as ``Egress.start`` applies it: true returns freed
+    large blocks to the system, false leaves glibc's own (faster) thresholds."""
+    code = RETENTION.replace(
+        "assert limit_malloc_retention()",
+        f"from egress.allocators import prepare_allocators\n"
+        f"    prepare_allocators('system', {release})")
+    assert run(code) == str(release)
+
+
 def test_arrow_allocated_bytes_follows_arrow_allocations() -> None:
     import pyarrow as pa
 
