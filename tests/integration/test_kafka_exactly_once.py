@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from confluent_kafka import IsolationLevel, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import read_to_end
+from replicator.core.kafka import Consumer, TopicPartition, read_to_end
 from replicator.core.settings import KafkaSettings
 from replicator.devstack.processes import free_port
 from replicator.devstack.toml_writer import write_toml
+from tests.conftest import unique_name
 from tests.integration.test_ingress import Env, checkpoints, env, read_topic, wait_for
 from tests.integration.test_ingress_crash import (
     checkpoint_offset,
@@ -177,24 +176,30 @@ def produced_partitions(port: int) -> set[int]:
 def open_transactions(brokers: str, topic: str, partitions: set[int]) -> set[int]:
     """Those of ``partitions`` of ``topic`` holding records of an unfinished transaction:
     the last stable offset stays below the high watermark, unmoved, for 1.5 s (called while
-    their producer is frozen, so a transaction found open stays open).
+    their producer is frozen, so a transaction found open stays open). A consumer's
+    watermark request (ListOffsets "latest") answers the last stable offset when it reads
+    read_committed, the high watermark when it reads read_uncommitted.
     """
-    admin = AdminClient({"bootstrap.servers": brokers})
+    kafka = KafkaSettings(brokers=brokers)
+    readers = {isolation: Consumer(kafka, unique_name("lso"), {"isolation.level": isolation})
+               for isolation in ("read_committed", "read_uncommitted")}
 
-    def offsets(isolation: IsolationLevel) -> dict[int, int]:
-        req = {TopicPartition(topic, p): OffsetSpec.latest()  # type: ignore[no-untyped-call]
-               for p in partitions}
-        futures = admin.list_offsets(req, isolation_level=isolation, request_timeout=30)
-        return {tp.partition: f.result().offset for tp, f in futures.items()}
+    def ends(isolation: str) -> dict[int, int]:
+        return {p: readers[isolation].watermarks(TopicPartition(topic, p))[1]
+                for p in partitions}
 
-    stable = offsets(IsolationLevel.READ_COMMITTED)
-    stuck = set(partitions)
-    for _ in range(3):
-        time.sleep(0.5)
-        high = offsets(IsolationLevel.READ_UNCOMMITTED)
-        again = offsets(IsolationLevel.READ_COMMITTED)
-        stuck &= {p for p in partitions if again[p] == stable[p] < high[p]}
-    return stuck
+    try:
+        stable = ends("read_committed")
+        stuck = set(partitions)
+        for _ in range(3):
+            time.sleep(0.5)
+            high = ends("read_uncommitted")
+            again = ends("read_committed")
+            stuck &= {p for p in partitions if again[p] == stable[p] < high[p]}
+        return stuck
+    finally:
+        for reader in readers.values():
+            reader.close()
 
 
 def test_two_processes_64_partitions_one_killed_mid_transaction_and_restarted(
