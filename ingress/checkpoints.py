@@ -149,15 +149,21 @@ def latest_valid(key: str, values: list[bytes | None], metrics: Any | None) -> C
             # A tombstone deletes the checkpoint (an operator resetting a partition).
             best = None
             continue
-        try:
-            cp = Checkpoint.decode(v)
-        except ValueError as e:
-            log.error("invalid checkpoint record for %s ignored: %s", key, e)
-            if metrics is not None:
-                metrics.labels(key=key).inc()
-            continue
-        best = cp
+        cp = _decoded(key, v, metrics)
+        if cp is not None:
+            best = cp
     return best
+
+
+def _decoded(key: str, value: bytes, metrics: Any | None) -> Checkpoint | None:
+    """``value`` decoded, or ``None`` after logging (ERROR) and counting it as invalid."""
+    try:
+        return Checkpoint.decode(value)
+    except ValueError as e:
+        log.error("invalid checkpoint record for %s ignored: %s", key, e)
+        if metrics is not None:
+            metrics.labels(key=key).inc()
+        return None
 
 
 def invalid_checkpoints(metrics: Metrics) -> Any:
@@ -273,14 +279,9 @@ def latest_from_end(key: str, values: list[bytes | None], metrics: Any | None
         v = values[i]
         if v is None:
             return None, [None]
-        try:
-            cp = Checkpoint.decode(v)
-        except ValueError as e:
-            log.error("invalid checkpoint record for %s ignored: %s", key, e)
-            if metrics is not None:
-                metrics.labels(key=key).inc()
-            continue
-        return cp, [v]
+        cp = _decoded(key, v, metrics)
+        if cp is not None:
+            return cp, [v]
     return None, []
 
 
