@@ -132,10 +132,9 @@ def test_a_stalled_partition_makes_readyz_false() -> None:
         ing.close()
 
 
-def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> None:
-    """At-least-once: the idempotent producer of a worker still busy at the revoke deadline
-    must deliver nothing once the partition is released (was: its queued records were
-    still delivered beside the new owner's)."""
+def replaying_unacknowledged(revoke_timeout: str) -> tuple[Ingress, MemorySink]:
+    """An at-least-once process replaying one 100-record segment into ``t[0]`` while the
+    broker does not acknowledge (slow, or cut off): 20 records or more stay queued."""
     from formats.base import SegmentMetadata, WriterOptions
     from formats.records import Record, records_to_batch
     from formats.registry import get_format
@@ -147,8 +146,8 @@ def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> 
         "metrics": {"port": 0},
         "ingress": {"sqs_queue": "q", "sources": [{"region": "us-east-1", "topic": "t",
                                                     "first_segment_delay": "0s"}],
-                    "rescan_interval": "1h", "revoke_timeout": "300ms", "batch_size": 10,
-                    "delivery": "at-least-once"}}, environ={})
+                    "rescan_interval": "1h", "revoke_timeout": revoke_timeout,
+                    "batch_size": 10, "delivery": "at-least-once"}}, environ={})
     store = MemoryObjectStore("b")
     key = SegmentKey("data", "us-east-1", "t", 0, 0, 0, 99)
     up = SegmentUpload(store, get_format("parquet"), "temp", WriterOptions())
@@ -157,7 +156,6 @@ def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> 
     admin = FakeAdmin()
     admin.topics["t"] = 1
     checkpoints = MemoryCheckpointStore()
-    # The broker does not acknowledge (slow, or cut off): records stay queued.
     sink = MemorySink(checkpoints, transactional=False, ack_per_poll=0)
     ing = Ingress(settings, store=store, events=MemorySegmentEvents(), checkpoints=checkpoints,
                   admin=admin, make_sink=lambda src, topic, p: sink)
@@ -171,6 +169,18 @@ def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> 
         while len(sink.in_flight) < 20:
             assert time.monotonic() < deadline, sink.in_flight
             time.sleep(0.01)
+    except BaseException:
+        ing.close()
+        raise
+    return ing, sink
+
+
+def test_a_worker_that_misses_the_revoke_deadline_is_purged_before_release() -> None:
+    """At-least-once: the idempotent producer of a worker still busy at the revoke deadline
+    must deliver nothing once the partition is released (was: its queued records were
+    still delivered beside the new owner's)."""
+    ing, sink = replaying_unacknowledged("300ms")
+    try:
         ing.assigned = set()
         ing._reconcile()          # the revoke: the worker waits for acknowledgements
         # The partition is released now. The old producer must not deliver anything more
@@ -187,41 +197,10 @@ def test_lost_at_least_once_partitions_are_purged_at_once_not_after_the_deadline
     records still queued must not reach the partition during ``revoke_timeout`` (was: lost
     partitions were handled like a revoke, waiting up to the deadline for
     acknowledgements while the new owner wrote the same partition)."""
-    from formats.base import SegmentMetadata, WriterOptions
-    from formats.records import Record, records_to_batch
-    from formats.registry import get_format
-    from formats.segment_io import SegmentUpload, publish_segment
     from replicator.core.kafka import TopicPartition
-    from replicator.core.keys import SegmentKey
 
-    settings = load_settings(data={
-        "region": "us-west-1", "s3": {"bucket": "b"}, "kafka": {"brokers": "x:1"},
-        "metrics": {"port": 0},
-        "ingress": {"sqs_queue": "q", "sources": [{"region": "us-east-1", "topic": "t",
-                                                    "first_segment_delay": "0s"}],
-                    "rescan_interval": "1h", "revoke_timeout": "30s", "batch_size": 10,
-                    "delivery": "at-least-once"}}, environ={})
-    store = MemoryObjectStore("b")
-    key = SegmentKey("data", "us-east-1", "t", 0, 0, 0, 99)
-    up = SegmentUpload(store, get_format("parquet"), "temp", WriterOptions())
-    up.write_batch(records_to_batch([Record(o, 1, b"k", b"v", (), 1) for o in range(100)]))
-    publish_segment(store, up.finish(SegmentMetadata.for_key(key, 100)).key, key)
-    admin = FakeAdmin()
-    admin.topics["t"] = 1
-    checkpoints = MemoryCheckpointStore()
-    sink = MemorySink(checkpoints, transactional=False, ack_per_poll=0)  # no acks come
-    ing = Ingress(settings, store=store, events=MemorySegmentEvents(), checkpoints=checkpoints,
-                  admin=admin, make_sink=lambda src, topic, p: sink)
-    ing.consumer = FakeConsumer()  # type: ignore[assignment]
+    ing, sink = replaying_unacknowledged("30s")
     try:
-        meta(store, "us-east-1", "t", 1)
-        ing._check_topics()
-        ing.assigned = {("t", 0)}
-        ing._reconcile()
-        deadline = time.monotonic() + 5
-        while len(sink.in_flight) < 20:
-            assert time.monotonic() < deadline, sink.in_flight
-            time.sleep(0.01)
         began = time.monotonic()
         ing._on_lost(cast(Any, ing.consumer), [TopicPartition("t", 0)])
         assert time.monotonic() - began < 15, "waited for the revoke deadline"
