@@ -905,15 +905,11 @@ class QueueingProducer:
         self.queued.clear()
 
 
-@pytest.mark.parametrize("failing", [False, True])
-def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none_queued(
-        monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
-    """At-least-once, revoked while the broker does not acknowledge: the stop's wait for
-    acknowledgements gives up (``ACK_TIMEOUT``) within the revoke deadline and the sink is
-    closed. Was: its records stayed queued in the process's shared producer and reached
-    the partition after it was released, beside the next owner's. With records failing
-    (``failing``), the purge must not take a failed record for "nothing unacknowledged"
-    (was: ``SharedAckSink.outstanding_now`` answered 0 when a failure was pending)."""
+def unacknowledged_worker(monkeypatch: pytest.MonkeyPatch
+                          ) -> tuple[Harness, QueueingProducer, ReplayWorker, Scheduler]:
+    """An at-least-once worker (not started) over the process's shared producer, whose
+    broker does not acknowledge (``QueueingProducer``), with a 0.3 s acknowledgement wait,
+    on a started two-thread pool; the caller closes the pool."""
     from ingress import delivery
     from ingress.shared import SharedAcks, SharedAckSink
     from replicator.core.settings import KafkaSettings
@@ -931,6 +927,19 @@ def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none
                           make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
                                                           checkpoint_topic="cps"),
                           metrics=h.m, scheduler=scheduler)
+    return h, producer, worker, scheduler
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_an_at_least_once_worker_stopped_with_records_unacknowledged_leaves_none_queued(
+        monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
+    """At-least-once, revoked while the broker does not acknowledge: the stop's wait for
+    acknowledgements gives up (``ACK_TIMEOUT``) within the revoke deadline and the sink is
+    closed. Was: its records stayed queued in the process's shared producer and reached
+    the partition after it was released, beside the next owner's. With records failing
+    (``failing``), the purge must not take a failed record for "nothing unacknowledged"
+    (was: ``SharedAckSink.outstanding_now`` answered 0 when a failure was pending)."""
+    h, producer, worker, scheduler = unacknowledged_worker(monkeypatch)
     try:
         worker.start()
         h.wait(lambda: len(producer.queued) >= 7)
@@ -985,23 +994,7 @@ def test_an_at_least_once_session_that_failed_leaves_no_records_queued_behind_it
     Was: the records stayed queued in the shared producer, owned by no sink: a revoke
     while the worker waited to restart found nothing to purge, and they reached the
     partition after its release, beside the next owner's."""
-    from ingress import delivery
-    from ingress.shared import SharedAcks, SharedAckSink
-    from replicator.core.settings import KafkaSettings
-
-    monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
-    producer = QueueingProducer()
-    shared = SharedAcks(KafkaSettings(brokers="x:1"), timeout=0.3,
-                        make_producer=lambda: cast(Any, producer))
-    shared.start()
-    h = Harness(exactly_once=False)
-    write(h.store, key(0, 99))
-    scheduler = Scheduler(2, name="test-replay")
-    scheduler.start()
-    worker = ReplayWorker(h.cfg, store=h.store, checkpoints=h.checkpoints,
-                          make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
-                                                          checkpoint_topic="cps"),
-                          metrics=h.m, scheduler=scheduler)
+    h, producer, worker, scheduler = unacknowledged_worker(monkeypatch)
     try:
         worker.start()
         h.wait(lambda: worker.failed is not None)     # session failed; restart in ~0.5 s
