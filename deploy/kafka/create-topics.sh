@@ -52,33 +52,31 @@ fi
   --config retention.ms="$SEGMENT_EVENTS_RETENTION_MS" \
   --config min.insync.replicas="$MIN_INSYNC_REPLICAS"
 
-# Checkpoints: one record per source partition (key region:topic:partition), only the
-# latest matters, so the topic is compacted. Writes are transactional with the replayed
-# records (exactly-once), hence acks=all and min.insync.replicas for durability. Compact
-# soon after a write so start-up reads stay short.
-"$KAFKA_TOPICS" "${common[@]}" --create --if-not-exists \
-  --topic "$CHECKPOINT_TOPIC" \
-  --partitions "$CHECKPOINT_PARTITIONS" \
-  --replication-factor "$REPLICATION_FACTOR" \
-  --config cleanup.policy=compact \
-  --config min.insync.replicas="$MIN_INSYNC_REPLICAS" \
-  --config min.compaction.lag.ms=0 \
-  --config segment.ms=3600000 \
-  --config min.cleanable.dirty.ratio=0.1
-
-# Offset map: where each replayed batch landed in this cluster, for consumer-group
-# failover (`replicator groups`). One key per batch entry, superseded entries pruned by
-# tombstones: compacted like the checkpoints, so the tombstones go within the hour.
-if [ -n "$OFFSET_MAP_TOPIC" ]; then
+# A compacted topic of ingress (TOPIC PARTITIONS): the settings ingress creates them with
+# (ingress/README.md, "Checkpoint topic"). Writes are transactional with the replayed
+# records (exactly-once), hence acks=all and min.insync.replicas for durability; compacted
+# soon after a write so start-up reads stay short and pruned keys go within the hour.
+create_compacted() {
   "$KAFKA_TOPICS" "${common[@]}" --create --if-not-exists \
-    --topic "$OFFSET_MAP_TOPIC" \
-    --partitions 1 \
+    --topic "$1" \
+    --partitions "$2" \
     --replication-factor "$REPLICATION_FACTOR" \
     --config cleanup.policy=compact \
     --config min.insync.replicas="$MIN_INSYNC_REPLICAS" \
     --config min.compaction.lag.ms=0 \
     --config segment.ms=3600000 \
     --config min.cleanable.dirty.ratio=0.1
+}
+
+# Checkpoints: one record per source partition (key region:topic:partition), only the
+# latest matters.
+create_compacted "$CHECKPOINT_TOPIC" "$CHECKPOINT_PARTITIONS"
+
+# Offset map: where each replayed batch landed in this cluster, for consumer-group
+# failover (`replicator groups`). One key per batch entry, superseded entries pruned by
+# tombstones.
+if [ -n "$OFFSET_MAP_TOPIC" ]; then
+  create_compacted "$OFFSET_MAP_TOPIC" 1
 fi
 
 "$KAFKA_TOPICS" "${common[@]}" --describe --topic "$SEGMENT_EVENTS_TOPIC"
