@@ -29,19 +29,6 @@ from tests.contract.object_store import ObjectStoreContract
 MiB = 1024**2
 
 
-@pytest.fixture(scope="module")
-def s3_client(moto_endpoint: str) -> Any:
-    return make_s3_client(endpoint_url=moto_endpoint, region="us-east-1",
-                          access_key_id="test", secret_access_key="test")
-
-
-@pytest.fixture
-def bucket(s3_client: Any) -> str:
-    name = unique_name("b")
-    create_bucket(s3_client, name, "us-east-1")
-    return name
-
-
 class TestS3ObjectStore(ObjectStoreContract):
     @pytest.fixture(autouse=True)
     def _store(self, s3_client: Any, bucket: str) -> None:

@@ -12,23 +12,13 @@ import pytest
 from formats.records import batch_to_records
 from formats.segment_io import open_segment
 from replicator.core.keys import SegmentKey
-from replicator.core.s3 import S3ObjectStore, make_s3_client
-from replicator.devstack.aws import create_bucket
-from tests.conftest import unique_name
+from replicator.core.s3 import S3ObjectStore
 from tests.unit.test_compaction_helpers import make_records, write_segment
 
 
-@pytest.fixture(scope="module")
-def s3_client(moto_endpoint: str) -> Any:
-    return make_s3_client(endpoint_url=moto_endpoint, region="us-east-1",
-                          access_key_id="test", secret_access_key="test")
-
-
 @pytest.fixture
-def store(s3_client: Any) -> S3ObjectStore:
-    name = unique_name("b")
-    create_bucket(s3_client, name, "us-east-1")
-    return S3ObjectStore(s3_client, name)
+def store(s3_client: Any, bucket: str) -> S3ObjectStore:
+    return S3ObjectStore(s3_client, bucket)
 
 
 def _requests(store: S3ObjectStore) -> list[tuple[str, str | None]]:
