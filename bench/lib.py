@@ -391,9 +391,12 @@ def produce_paced(producer: Any, topic: str, values: list[bytes], partitions: in
     while (now := time.time()) - t_start < seconds:
         target = (now - t_start) * 100.0 * per_tick
         while n < target:
-            extra = {"timestamp": int(time.time() * 1000)} if timestamps else {}
-            producer.produce(topic, values[n % len(values)], key(n),
-                             partition=n % partitions, **extra)
+            value, k, partition = values[n % len(values)], key(n), n % partitions
+            if timestamps:
+                producer.produce(topic, value, k, partition=partition,
+                                 timestamp=int(time.time() * 1000))
+            else:
+                producer.produce(topic, value, k, partition=partition)
             n += 1
         producer.poll(0)
         time.sleep(0.01)

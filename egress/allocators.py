@@ -128,7 +128,8 @@ def arrow_allocated_bytes() -> int:
         for factory in (pa.system_memory_pool, pa.mimalloc_memory_pool,
                         pa.jemalloc_memory_pool):
             try:
-                _pools.append(factory())
+                pool = factory()
             except NotImplementedError:
-                pass
+                continue  # not built into this pyarrow: nothing can be allocated from it
+            _pools.append(pool)
     return sum(p.bytes_allocated() for p in _pools)  # type: ignore[attr-defined]
