@@ -144,6 +144,8 @@ def child(a: argparse.Namespace) -> None:
                     "delivery": a.delivery, "topic_check_interval": "1s",
                     "instance_id": "bench", "producers": a.producers,
                     "max_parallel_replays": a.max_parallel_replays,
+                    **({"max_bytes_in_flight": a.max_bytes_in_flight}
+                       if a.max_bytes_in_flight else {}),
                     "sources": [{"region": "us-east-1", "topic": topic,
                                  "destination_topic": topic + ".copy",
                                  "start": "earliest-available",
@@ -218,6 +220,7 @@ def child(a: argparse.Namespace) -> None:
         "MB_per_s": round(records * (VALUE + 8) / (t1 - first) / 1e6, 1),
         "peak_rss_MiB": round(peak["rss"] / 2**20),
         "peak_os_threads": peak["threads"], "peak_python_threads": peak["py"],
+        "peak_bytes_in_flight_MiB": round(ing.budget.peak / 2**20, 1),
     }))
 
 
@@ -245,6 +248,8 @@ def main() -> None:
     ap.add_argument("--producers", type=int, default=1, help="ingress.producers")
     ap.add_argument("--max-parallel-replays", type=int, default=8,
                     help="ingress.max_parallel_replays")
+    ap.add_argument("--max-bytes-in-flight", type=int, default=0,
+                    help="ingress.max_bytes_in_flight (0: the default)")
     ap.add_argument("--log", help="the child's log (INFO) goes to this file")
     ap.add_argument("--kafka-config", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more kafka.config settings")
@@ -273,6 +278,8 @@ def main() -> None:
                         "--max-parallel-replays", str(a.max_parallel_replays)]
                 if per_partition:
                     args.append("--per-partition")
+                if a.max_bytes_in_flight:
+                    args += ["--max-bytes-in-flight", str(a.max_bytes_in_flight)]
                 if a.log:
                     args += ["--log", a.log]
                 if a.kafka_config:
