@@ -262,3 +262,21 @@ def test_a_segment_ending_in_holes_checkpoints_its_end_through_the_loop(
     cps = [Checkpoint.decode(v).offset for v in proc.checkpoints.values["us-east-1:t:0:copy"]
            if v is not None]
     assert cps == [14, 19, 29]      # 19: positions 15-19 are holes, checkpointed alone
+
+
+def test_a_stopped_worker_waits_for_its_batch_in_a_transaction_before_it_ends(
+        procs: list[Process]) -> None:
+    # The revoke callback stops the worker and then waits for it: it must not end while
+    # the transaction with its batch may still commit.
+    proc = Process(1, slots=1, threads=2)
+    procs.append(proc)
+    proc.producer.gate.clear()          # the transaction with the batch is held in commit
+    proc.start()
+    w = proc.workers[0]
+    proc.wait(lambda: all_parked(proc))
+    w.stop()
+    assert not w.join(0.5)              # still waiting: its batch may commit
+    proc.producer.gate.set()
+    assert w.join(5)
+    assert proc.committed[0] == list(range(10))
+    assert w.checkpointed == 9
