@@ -23,7 +23,7 @@ from ingress.permits import ByteBudget, FifoPermits
 from ingress.scheduler import Scheduler
 from ingress.shared import Ownership, SharedTxnSink, TransactionLoop
 from ingress.worker import ReplayWorker, WorkerConfig
-from replicator.core.errors import KafkaRetriableError
+from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import GroupMetadata, Producer, TopicPartition
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
@@ -280,3 +280,33 @@ def test_a_stopped_worker_waits_for_its_batch_in_a_transaction_before_it_ends(
     assert w.join(5)
     assert proc.committed[0] == list(range(10))
     assert w.checkpointed == 9
+
+
+def test_a_session_failing_with_its_batch_in_a_transaction_restarts_after_its_end(
+        procs: list[Process], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reading ahead fails (a storage error) while the first batch is in a held
+    # transaction: the next session must not load the checkpoint before that transaction
+    # ended, or it would replay the batch again beside it.
+    import ingress.worker as worker_module
+    from ingress.rows import batch_rows as real
+
+    calls = {"n": 0}
+
+    def flaky(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise StorageError("read failed (test)")
+        return real(*a, **k)
+
+    monkeypatch.setattr(worker_module, "batch_rows", flaky)
+    proc = Process(1, slots=1, threads=2, per_segment=10, batch_size=5)
+    procs.append(proc)
+    proc.producer.gate.clear()
+    proc.start()
+    w = proc.workers[0]
+    proc.wait(lambda: isinstance(w.failed, StorageError))
+    time.sleep(1.0)                      # past the restart backoff: still waiting
+    assert calls["n"] == 2
+    proc.producer.gate.set()
+    proc.wait(lambda: w.checkpointed == 9)
+    assert proc.committed[0] == list(range(10))      # each record once
