@@ -117,6 +117,22 @@ def fill_checkpoints(brokers: str, topic: str, n: int) -> None:
     assert p.flush(300) == 0
 
 
+def warm_destination(brokers: str, topic: str, n: int) -> None:
+    """Create the destination topic and write one record to each partition (not part of
+    the replayed records): a deployment's destination partitions exist and have been
+    written before, a fresh topic's first write to each partition costs the broker more.
+    """
+    from replicator.core.kafka import Admin, Producer
+    from replicator.core.settings import KafkaSettings
+
+    kafka = KafkaSettings(brokers=brokers)
+    Admin(kafka).create_topic(topic, n, {})
+    p = Producer(kafka, overrides={"linger.ms": 50})
+    for i in range(n):
+        p.produce(topic, b"warm", None, partition=i)
+    assert p.flush(300) == 0
+
+
 def child(a: argparse.Namespace) -> None:
     a.partitions = a.partitions[0]
     if a.log:
@@ -133,6 +149,8 @@ def child(a: argparse.Namespace) -> None:
     cps = f"{topic}.checkpoints"
     if a.checkpoint_records:
         fill_checkpoints(a.brokers, cps, a.checkpoint_records)
+    if a.warm_destination:
+        warm_destination(a.brokers, topic + ".copy", a.partitions)
     settings = load_settings(data={
         "region": "us-west-1",
         "s3": {"bucket": "bench"},
@@ -144,6 +162,8 @@ def child(a: argparse.Namespace) -> None:
                     "delivery": a.delivery, "topic_check_interval": "1s",
                     "instance_id": "bench", "producers": a.producers,
                     "max_parallel_replays": a.max_parallel_replays,
+                    **({"max_bytes_in_flight": a.max_bytes_in_flight}
+                       if a.max_bytes_in_flight else {}),
                     "sources": [{"region": "us-east-1", "topic": topic,
                                  "destination_topic": topic + ".copy",
                                  "start": "earliest-available",
@@ -218,6 +238,8 @@ def child(a: argparse.Namespace) -> None:
         "MB_per_s": round(records * (VALUE + 8) / (t1 - first) / 1e6, 1),
         "peak_rss_MiB": round(peak["rss"] / 2**20),
         "peak_os_threads": peak["threads"], "peak_python_threads": peak["py"],
+        "peak_bytes_in_flight_MiB": round(ing.budget.peak / 2**20, 1),
+        "warm_destination": a.warm_destination,
     }))
 
 
@@ -245,6 +267,11 @@ def main() -> None:
     ap.add_argument("--producers", type=int, default=1, help="ingress.producers")
     ap.add_argument("--max-parallel-replays", type=int, default=8,
                     help="ingress.max_parallel_replays")
+    ap.add_argument("--max-bytes-in-flight", type=int, default=0,
+                    help="ingress.max_bytes_in_flight (0: the default)")
+    ap.add_argument("--warm-destination", action="store_true",
+                    help="create the destination topic and write a record to each of its "
+                         "partitions before the replay")
     ap.add_argument("--log", help="the child's log (INFO) goes to this file")
     ap.add_argument("--kafka-config", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more kafka.config settings")
@@ -273,6 +300,10 @@ def main() -> None:
                         "--max-parallel-replays", str(a.max_parallel_replays)]
                 if per_partition:
                     args.append("--per-partition")
+                if a.warm_destination:
+                    args.append("--warm-destination")
+                if a.max_bytes_in_flight:
+                    args += ["--max-bytes-in-flight", str(a.max_bytes_in_flight)]
                 if a.log:
                     args += ["--log", a.log]
                 if a.kafka_config:

@@ -31,7 +31,7 @@ from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
-from ingress.permits import FifoPermits
+from ingress.permits import ByteBudget, FifoPermits
 from ingress.relay import EventQueue, SqsRelay
 from ingress.scheduler import Scheduler
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
@@ -111,6 +111,9 @@ class Ingress:
         # Segments replayed at once, whatever the partition count: bounds memory.
         # Granted in the order asked (FIFO), so no partition starves during a catch-up.
         self._permits = FifoPermits(self.cfg.max_parallel_replays)
+        # Decoded records not committed yet (a batch waiting for its transaction holds no
+        # slot): bounds memory whatever the number of partitions waiting.
+        self.budget = ByteBudget(self.cfg.max_bytes_in_flight)
         # Every worker's steps run here: threads do not grow with partitions
         # (ingress/README.md, "Threads").
         self.scheduler = Scheduler(self.cfg.max_parallel_replays + POOL_EXTRA, name="replay")
@@ -384,7 +387,7 @@ class Ingress:
         worker = ReplayWorker(cfg, store=self.store, checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
                               scheduler=self.scheduler, clock=self.clock,
-                              permits=self._permits)
+                              permits=self._permits, budget=self.budget)
         self.workers[wid] = worker
         self.scheduler.start()     # with the first worker (idempotent)
         worker.start()

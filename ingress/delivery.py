@@ -64,6 +64,27 @@ class Delivery(ABC):
     def settle(self) -> None:  # noqa: B027 - nothing to do unless pipelined
         """Make every checkpoint of delivered batches durable (before waiting or stopping)."""
 
+    @property
+    def can_submit(self) -> bool:
+        """True if ``submit``/``collect`` are available: a batch is handed over and its
+        worker waits for the outcome without holding a thread (``ExactlyOnce`` over the
+        process's shared transaction loop).
+        """
+        return False
+
+    def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None]) -> object:
+        """``deliver`` without waiting: the steps run in a transaction of the process's
+        transaction loop with other partitions' batches; ``on_done`` is called once it
+        committed or failed, and ``collect`` tells which.
+        """
+        raise NotImplementedError
+
+    def collect(self, handle: object, cp: Checkpoint) -> bool:
+        """True once the batch of ``submit`` (checkpoint ``cp``) is committed, False while
+        it waits; raises as ``deliver`` does.
+        """
+        raise NotImplementedError
+
 
 class ExactlyOnce(Delivery):
     """One Kafka transaction per batch, records and checkpoint together.
@@ -82,6 +103,10 @@ class ExactlyOnce(Delivery):
     A failure before step 4 completes aborts the transaction and raises. The worker fences
     older owners before it reads its checkpoint (``ReplaySink.start``), so an older owner's
     open transaction is already aborted then.
+
+    Over the process's shared transaction loop (``ingress.shared``) a worker uses
+    ``submit``/``collect`` instead: the loop runs these steps for the batches of many
+    partitions in one transaction, and the worker holds no thread while it waits.
     """
 
     def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
@@ -100,6 +125,33 @@ class ExactlyOnce(Delivery):
             sink.abort()
             raise
         self.on_checkpointed(cp)
+
+    @property
+    def can_submit(self) -> bool:
+        return self.sink.can_submit
+
+    def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None]) -> object:
+        try:
+            return self.sink.submit(rows, self.key, cp, on_done)   # Steps 1-4, in the loop
+        except ProducerFenced:
+            raise
+        except (RetriableError, FatalError):
+            self.on_aborted()
+            self.sink.abort()
+            raise
+
+    def collect(self, handle: object, cp: Checkpoint) -> bool:
+        try:
+            done = self.sink.collect(handle)
+        except ProducerFenced:
+            raise
+        except (RetriableError, FatalError):
+            self.on_aborted()
+            self.sink.abort()
+            raise
+        if done:
+            self.on_checkpointed(cp)
+        return done
 
 
 class AtLeastOnce(Delivery):

@@ -4,8 +4,9 @@ and fencing").
 * ``Ownership``: the destination partitions this process owns now; the revoke callback
   takes them away, and waits for a commit that contains one of them.
 * ``TransactionLoop`` (exactly-once): one transactional producer and one thread. Workers
-  hand it a batch (records + checkpoint) and wait; it puts every batch waiting into one
-  transaction, fenced by the placement group's generation (``_transact``).
+  hand it a batch (records + checkpoint) and park, holding no thread or replay slot, until
+  the batch's callback wakes them; it puts every batch waiting into one transaction,
+  fenced by the placement group's generation (``_transact``).
 * ``SharedAcks`` (at-least-once): one idempotent producer, acknowledgements counted per
   destination partition.
 * ``SharedTxnSink`` / ``SharedAckSink``: a worker's ``ReplaySink`` over them.
@@ -168,6 +169,8 @@ class Batch:
     checkpoint: Checkpoint
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    on_done: Callable[[], None] | None = None
+    """Called once the outcome is known (wakes the worker parked on it)."""
 
     @property
     def tp(self) -> TP:
@@ -178,6 +181,8 @@ class Batch:
         """Hand the outcome to the waiting worker."""
         self.error = error
         self.done.set()
+        if self.on_done is not None:
+            self.on_done()
 
 
 class _Revoked(Exception):
@@ -292,15 +297,25 @@ class TransactionLoop:
             PartitionRevoked / GenerationFenced / ProducerFenced / RetriableError /
             FatalError: the batch was not committed.
         """
-        while not batch.done.wait(WAIT_SLICE):
+        while not self.check(batch):
+            batch.done.wait(WAIT_SLICE)
+
+    def check(self, batch: Batch) -> bool:
+        """``wait`` without waiting: True once the batch is committed, False while it may
+        still be; raises as ``wait`` does.
+        """
+        if not batch.done.is_set():
             if self.ownership.abandoned(batch.tp, batch.epoch) and not batch.done.is_set():
                 raise PartitionRevoked(f"{batch.topic}[{batch.partition}]: revoked while "
                                        "its batch waited for a transaction")
             if not self.alive and not batch.done.is_set():
                 raise KafkaFatalError(f"{batch.topic}[{batch.partition}]: the transaction "
                                       "thread is not running")
+            if not batch.done.is_set():
+                return False
         if batch.error is not None:
             raise batch.error
+        return True
 
     # --- the transaction thread -------------------------------------------------------
 
@@ -476,8 +491,9 @@ class TransactionLoop:
 
 
 class SharedTxnSink(ReplaySink):
-    """A worker's exactly-once sink: ``commit`` hands records + checkpoint to the
-    process's ``TransactionLoop`` and waits for that transaction.
+    """A worker's exactly-once sink: ``submit`` hands records + checkpoint to the
+    process's ``TransactionLoop`` (``collect`` tells the outcome once its callback ran);
+    ``commit`` does both and waits (checkpoints without records).
     """
 
     transactional = True
@@ -519,6 +535,20 @@ class SharedTxnSink(ReplaySink):
         self._rows, self._cp = None, None
         self.loop.submit(batch)
         self.loop.wait(batch)
+
+    can_submit = True
+
+    def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
+               on_done: Callable[[], None]) -> Batch:
+        self._check()
+        batch = Batch(self.topic, self.partition, self.epoch, rows, key, checkpoint,
+                      on_done=on_done)
+        self.loop.submit(batch)
+        return batch
+
+    def collect(self, handle: object) -> bool:
+        assert isinstance(handle, Batch)
+        return self.loop.check(handle)
 
     def flush(self) -> None:
         """Nothing to do: the transaction flushes records before checkpoints."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ingress.checkpoints import MemoryCheckpointStore
@@ -105,6 +106,26 @@ class ReplaySink(ABC):
         nothing of this sink reaches the broker once the partition is released; every
         later call raises ``KafkaFatalError``.
         """
+
+    can_submit: bool = False
+    """True if ``submit``/``collect`` hand a batch over without waiting for its commit
+    (the process's shared transaction loop, ``ingress.shared``)."""
+
+    def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
+               on_done: Callable[[], None]) -> object:
+        """Exactly-once without waiting: hand ``rows`` and their checkpoint to a
+        transaction; ``on_done`` is called (any thread) once it committed or failed. The
+        handle returned is given to ``collect``. Only when ``can_submit``.
+        """
+        raise NotImplementedError("this sink commits one batch at a time (commit)")
+
+    def collect(self, handle: object) -> bool:
+        """The outcome of a ``submit``: True once committed, False while it waits.
+
+        Raises:
+            ProducerFenced / RetriableError / FatalError: it was not committed.
+        """
+        raise NotImplementedError("this sink commits one batch at a time (commit)")
 
 
 class KafkaSink(ReplaySink):

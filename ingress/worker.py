@@ -21,19 +21,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from formats.segment_io import open_segment
+import pyarrow as pa
+
+from formats.segment_io import SegmentStreamReader, open_segment
 from ingress.checkpoints import CheckpointStore, LoadTicket
 from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
 from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
-from ingress.permits import FifoPermits, PermitRequest
+from ingress.permits import BudgetRequest, ByteBudget, FifoPermits, PermitRequest
 from ingress.planner import (
     DeclareLost,
     Idle,
@@ -43,7 +45,7 @@ from ingress.planner import (
     WaitLate,
     next_action,
 )
-from ingress.rows import Header, Rows, batch_rows, split_by_bytes
+from ingress.rows import Header, Rows, batch_rows, record_bytes, split_by_bytes
 from ingress.scheduler import WAIT, Scheduler
 from ingress.sink import ReplaySink
 from replicator.core.clock import Clock, utc_now
@@ -82,6 +84,35 @@ PREFETCH_BATCHES = 1
 """Batches read and decoded ahead while the current one is delivered (memory: about two
 batches per active replay)."""
 
+SENT_RECHECK = 1.0
+"""Seconds a worker parked on its batch's transaction sleeps before it checks the batch
+itself (its partition revoked, the transaction thread gone); the transaction's callback
+wakes it at once otherwise."""
+
+STOP_POLL = 0.1
+"""Seconds between checks of a stopping worker's batch in flight (committed, or never
+committable once its partition is revoked)."""
+
+
+@dataclass(eq=False)
+class _Run:
+    """A segment replayed over the shared transaction loop: at most one batch in its
+    transaction (``sent``) and one decoded ahead (``ahead``), each with its bytes of
+    ``ingress.max_bytes_in_flight``; ``reader`` is ``None`` once the segment is read.
+    """
+
+    seg: SegmentKey
+    name: str
+    reader: SegmentStreamReader | None
+    parts: Iterator[pa.RecordBatch]
+    after: int | None
+    ahead: tuple[Rows, Checkpoint, BudgetRequest | None] | None = None
+    sent: tuple[object, Rows | None, Checkpoint, BudgetRequest | None] | None = None
+    cut_short: bool = False
+    """The segment went away or turned out corrupt while read (reported already)."""
+    reading: BudgetRequest | None = None
+    """The bytes asked for (or granted) to read the next batch."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -118,9 +149,11 @@ class ReplayWorker:
     def __init__(self, cfg: WorkerConfig, *, store: ObjectStore, checkpoints: CheckpointStore,
                  make_sink: Callable[[], ReplaySink], metrics: IngressMetrics,
                  scheduler: Scheduler, clock: Clock = utc_now,
-                 permits: FifoPermits | None = None) -> None:
+                 permits: FifoPermits | None = None,
+                 budget: ByteBudget | None = None) -> None:
         self.cfg = cfg
         self.permits = permits
+        self.budget = budget
         self.store = store
         self.checkpoints = checkpoints
         self.make_sink = make_sink
@@ -175,6 +208,10 @@ class ReplayWorker:
         self._after_wait: Callable[[], None] | None = None
         """What the timer of the last wait does when it expires (not woken early)."""
         self._permit: PermitRequest | None = None
+        self._run: _Run | None = None
+        """The segment being replayed over the shared transaction loop (``_continue``)."""
+        self._orphan: tuple[Delivery, object, Checkpoint] | None = None
+        """A failed session's batch still in a transaction (``_end_run``)."""
         self._inbox: list[SegmentEvent] = []
         self._lock = threading.Lock()
         self._woken = False
@@ -306,6 +343,10 @@ class ReplayWorker:
         with self._lock:
             woken, self._woken = self._woken, False
         if self.stopping:
+            if self._run is not None and not self._collect():
+                # Its batch may still commit: the revoke waits for this worker until it
+                # did, or until it never can (the partition taken from ``Ownership``).
+                return STOP_POLL
             if self._delivery is not None and self._replaying:
                 self._delivery.settle()   # the last checkpoints out (at-least-once)
             self._finish()
@@ -314,6 +355,8 @@ class ReplayWorker:
             left = self._not_before - time.monotonic()
             if left > 0:
                 return left
+            if not self._orphan_settled():
+                return SENT_RECHECK
             self._open_session()
         if not self._replaying:
             return self._start_replay()
@@ -415,6 +458,7 @@ class ReplayWorker:
 
     def _end_session(self) -> None:
         """Close the session's sink (abort what is open); the next step starts a new one."""
+        self._end_run()
         self._drop_permit()
         self._delivery = None
         load, self._load = self._load, None
@@ -457,6 +501,8 @@ class ReplayWorker:
         src = self.cfg.source
         inventory = self.inventory
         assert self._delivery is not None
+        if self._run is not None:
+            return self._continue()
         self._drain_inbox()
         usable = inventory.usable()
         self._report_below_origin(usable)
@@ -471,20 +517,7 @@ class ReplayWorker:
         pos = -1 if self.position is None else self.position
         self._m_waiting.set(sum(1 for s in usable if s.end > pos))
         if isinstance(action, Produce):
-            if self.late is not None:
-                log.info("%s: late range %d-%d arrived after %.1fs", self.where,
-                         self.late.first, self.late.last,
-                         (now - self.late.since).total_seconds())
-                self.late = None
-                self._m_late.set(0)
-            self.first_seen = None
-            if not self._has_permit():
-                return WAIT
-            try:
-                self._replay_segment(action.segment, action.skip_through)
-            finally:
-                self._drop_permit()
-            return 0
+            return self._produce(action, now)
         self._drop_permit()
         if isinstance(action, DeclareLost):
             self._declare_lost(action)
@@ -504,6 +537,25 @@ class ReplayWorker:
         # resume position may cover it); later ones start there.
         return self._wait_until(now + self.cfg.rescan_interval,
                                 lambda: inventory.reload(full=not inventory.listed_fully))
+
+    def _produce(self, action: Produce, now: datetime) -> float:
+        """Replay the planner's segment once the worker holds a slot."""
+        assert self._delivery is not None
+        if self.late is not None:
+            log.info("%s: late range %d-%d arrived after %.1fs", self.where,
+                     self.late.first, self.late.last, (now - self.late.since).total_seconds())
+            self.late = None
+            self._m_late.set(0)
+        self.first_seen = None
+        if not self._has_permit():
+            return WAIT
+        if self._delivery.can_submit:
+            return self._begin(action.segment, action.skip_through)
+        try:
+            self._replay_segment(action.segment, action.skip_through)
+        finally:
+            self._drop_permit()
+        return 0
 
     def _has_permit(self) -> bool:
         """True while this worker holds a replay slot; otherwise asks for one (FIFO: a
@@ -651,17 +703,20 @@ class ReplayWorker:
         self.late = None
         self._m_late.set(0)
 
-    def _replay_segment(self, seg: SegmentKey, skip_through: int | None) -> None:
-        name = seg.to_key()
+    def _open(self, seg: SegmentKey, skip_through: int | None
+              ) -> tuple[SegmentStreamReader, int | None] | None:
+        """Open a segment to replay: its reader and the offset records must lie above;
+        ``None`` if it is gone or corrupt (reported, the inventory told).
+        """
         try:
             reader = open_segment(self.store, seg)
         except ObjectNotFound:
             self._missing(seg)
-            return
+            return None
         except SegmentCorrupt as e:
             self._corrupt(seg, e)
-            return
-        log.info("%s: replaying segment %s%s", self.where, name,
+            return None
+        log.info("%s: replaying segment %s%s", self.where, seg.to_key(),
                  "" if skip_through is None else f" (skipping offsets <= {skip_through})")
         after = self._replay_after(skip_through)
         if after is None and self.origin is None:
@@ -669,6 +724,34 @@ class ReplayWorker:
             self._reported_below = None
             log.info("%s: first replay, no checkpoint: starts at %d; a segment arriving later "
                      "below it will be reported as skipped", self.where, seg.start)
+        return reader, after
+
+    def _holes(self, seg: SegmentKey) -> Checkpoint | None:
+        """The checkpoint of ``seg``'s end when its last record lies before it: the footer
+        vouches for the range, positions after the last record are holes.
+        """
+        if self.position is not None and self.position >= seg.end:
+            return None
+        name = seg.to_key()
+        log.warning("%s: segment %s ends at %d but its last record is %s; checkpointing "
+                    "its end", self.where, name, seg.end, self.position)
+        return Checkpoint(seg.end, name, self.clock())
+
+    def _segment_done(self, seg: SegmentKey) -> None:
+        cp = self._holes(seg)
+        if cp is not None:
+            self._deliver(None, cp)
+        self.metrics.segments_replayed.labels(**self._labels).inc()
+        log.info("%s: segment %s done, checkpoint %d", self.where, seg.to_key(),
+                 self.position)
+
+    def _replay_segment(self, seg: SegmentKey, skip_through: int | None) -> None:
+        """One segment in one step, each batch waited for (a sink without ``submit``)."""
+        name = seg.to_key()
+        opened = self._open(seg, skip_through)
+        if opened is None:
+            return
+        reader, after = opened
         # The next batch is read and decoded while the current one is delivered.
         # Batches (and transactions) are capped by records and by bytes; the read-ahead
         # holds PREFETCH_BATCHES of them.
@@ -694,13 +777,165 @@ class ReplayWorker:
         finally:
             batches.close()
             reader.close()
-        if self.position is None or self.position < seg.end:
-            # The footer vouches for the range: positions after the last record are holes.
-            log.warning("%s: segment %s ends at %d but its last record is %s; checkpointing "
-                        "its end", self.where, name, seg.end, self.position)
-            self._deliver(None, Checkpoint(seg.end, name, self.clock()))
-        self.metrics.segments_replayed.labels(**self._labels).inc()
-        log.info("%s: segment %s done, checkpoint %d", self.where, name, self.position)
+        self._segment_done(seg)
+
+    # --- a segment over the shared transaction loop -----------------------------------
+    #
+    # The worker holds its replay slot while the segment is open for reading (the slot
+    # bounds open readers and decoding), and its decoded batches hold bytes of
+    # ``max_bytes_in_flight`` until their transaction ends. It parks (no pool thread) while
+    # its batch waits for the transaction, and gives the slot back once the segment is
+    # read: so one transaction carries the batches of many partitions.
+
+    def _begin(self, seg: SegmentKey, skip_through: int | None) -> float:
+        """Open ``seg`` (the worker holds a slot) and go on with ``_continue``."""
+        opened = self._open(seg, skip_through)
+        if opened is None:
+            self._drop_permit()
+            return 0
+        reader, after = opened
+        parts = (part for b in reader.iter_batches(self.cfg.batch_size)
+                 for part in split_by_bytes(b, self.cfg.batch_bytes))
+        self._run = _Run(seg, seg.to_key(), reader, parts, after)
+        return self._continue()
+
+    def _continue(self) -> float:
+        """One step of the segment being replayed: collect the batch whose transaction
+        ended, hand the next one over, read one more ahead; park while the batch in the
+        transaction waits.
+        """
+        run = self._run
+        assert run is not None and self._delivery is not None
+        if not self._collect():
+            return SENT_RECHECK
+        while not self.stopping:
+            if run.sent is None and run.ahead is not None:
+                ahead, cp, hold = run.ahead
+                run.ahead = None
+                rows, cp = self._prepare(ahead, cp)
+                assert rows is not None
+                run.sent = (self._delivery.submit(rows, cp, self._wake), rows, cp, hold)
+            if run.ahead is not None or run.reader is None:
+                break
+            if not self._has_bytes(run):
+                # Woken when granted (or by the transaction of the batch in flight).
+                return WAIT if run.sent is None else SENT_RECHECK
+            self._read(run)
+        if run.reader is None:
+            # Read to its end: the slot goes to another partition while the batch waits.
+            self._drop_permit()
+        if run.sent is not None or self.stopping:
+            return SENT_RECHECK if run.sent is not None else 0
+        assert run.ahead is None and run.reader is None
+        holes = None if run.cut_short else self._holes(run.seg)
+        if holes is not None:
+            # Its checkpoint goes into a transaction like a batch (no thread waits for it).
+            _, cp = self._prepare(None, holes)
+            run.sent = (self._delivery.submit(None, cp, self._wake), None, cp, None)
+            return SENT_RECHECK
+        self._run = None
+        if not run.cut_short:
+            self._segment_done(run.seg)
+        return 0
+
+    def _read(self, run: _Run) -> None:
+        """Decode the next batch of ``run`` into ``ahead`` (with its bytes), or close the
+        reader at the segment's end (or when the segment went away or is corrupt: the
+        batches handed over so far stay; the inventory knows where to go on).
+        """
+        assert run.reader is not None
+        try:
+            part = next(run.parts, None)
+        except ObjectNotFound:
+            self._missing(run.seg)
+            part, run.cut_short = None, True
+        except SegmentCorrupt as e:
+            self._corrupt(run.seg, e)
+            part, run.cut_short = None, True
+        if part is None:
+            self._close_reader(run)
+            return
+        rows = batch_rows(part, run.after, self.cfg.origin)
+        if rows is None:
+            return                  # every record at or below the checkpoint
+        hold, run.reading = run.reading, None
+        if hold is not None and self.budget is not None:
+            self.budget.resize(hold, int(record_bytes(part).sum()))
+        run.ahead = (rows, Checkpoint(rows.last_offset, run.name, self.clock()), hold)
+
+    def _has_bytes(self, run: _Run) -> bool:
+        """True once ``batch_bytes`` of ``max_bytes_in_flight`` are granted for the next
+        read; asks for them otherwise (FIFO; the grant wakes the worker).
+        """
+        if self.budget is None:
+            return True
+        if run.reading is None:
+            run.reading = self.budget.request(self.cfg.batch_bytes, self._wake)
+        return run.reading.granted
+
+    def _collect(self) -> bool:
+        """True unless the run's batch still waits for its transaction; when it ended,
+        its outcome: the position moves (committed) or the error is raised.
+        """
+        run = self._run
+        if run is None or run.sent is None:
+            return True
+        assert self._delivery is not None
+        handle, rows, cp, hold = run.sent
+        if not self._delivery.collect(handle, cp):
+            return False
+        run.sent = None
+        self._give_back(hold)
+        self._delivered(rows, cp)
+        return True
+
+    def _give_back(self, hold: BudgetRequest | None) -> None:
+        if hold is not None and self.budget is not None:
+            self.budget.cancel(hold)
+
+    def _close_reader(self, run: _Run) -> None:
+        reader, run.reader = run.reader, None
+        run.parts = iter(())
+        self._give_back(run.reading)
+        run.reading = None
+        if reader is not None:
+            try:
+                reader.close()
+            except ReplicatorError as e:
+                log.warning("%s: closing segment %s: %s", self.where, run.name, e)
+
+    def _end_run(self) -> None:
+        """The session ends: close the reader, give every byte back. A batch still in a
+        transaction is kept as ``_orphan``: the next session starts only once it ended
+        (``_orphan_settled``), so it loads the checkpoint that batch may have committed.
+        """
+        run, self._run = self._run, None
+        if run is None:
+            return
+        self._close_reader(run)
+        if run.ahead is not None:
+            self._give_back(run.ahead[2])
+        if run.sent is not None:
+            self._give_back(run.sent[3])
+            if self._delivery is not None:
+                self._orphan = (self._delivery, run.sent[0], run.sent[2])
+
+    def _orphan_settled(self) -> bool:
+        """True once the batch a failed session left in a transaction has ended (either
+        way: committed, its checkpoint is what the next session loads; failed, nothing of
+        it is visible).
+        """
+        if self._orphan is None:
+            return True
+        delivery, handle, cp = self._orphan
+        try:
+            if not delivery.collect(handle, cp):
+                return False
+        except ReplicatorError as e:
+            log.info("%s: the batch up to %d left by the failed session was not committed: "
+                     "%s", self.where, cp.offset, e)
+        self._orphan = None
+        return True
 
     def _replay_after(self, skip_through: int | None) -> int | None:
         """Records at or below this offset are skipped: the checkpoint, or, before the
@@ -735,6 +970,13 @@ class ReplayWorker:
         A failure raises; the session restarts from the last committed checkpoint.
         Checkpoints only move forward: ``cp.offset`` is always above the position.
         """
+        rows, cp = self._prepare(rows, cp)
+        assert self._delivery is not None
+        self._delivery.deliver(rows, cp)            # Steps 1-4
+        self._delivered(rows, cp)                   # Step 5
+
+    def _prepare(self, rows: Rows | None, cp: Checkpoint) -> tuple[Rows | None, Checkpoint]:
+        """``rows`` and ``cp`` as delivered after the position: checked, origin set."""
         if self.position is not None and cp.offset <= self.position:
             raise FatalError(f"{self.where}: checkpoint {cp.offset} would not move forward "
                              f"from {self.position}")
@@ -743,9 +985,10 @@ class ReplayWorker:
         if rows is not None:
             rows = replace(rows, start=self.origin if self.position is None
                            else self.position + 1)
-        assert self._delivery is not None
-        self._delivery.deliver(rows, cp)            # Steps 1-4
-        # Step 5
+        return rows, cp
+
+    def _delivered(self, rows: Rows | None, cp: Checkpoint) -> None:
+        """Step 5 of ``_deliver``: the batch is durable."""
         self.position = cp.offset
         self._last_cp = cp
         if rows is not None:

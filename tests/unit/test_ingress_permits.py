@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ingress.permits import FifoPermits
+from ingress.permits import ByteBudget, FifoPermits
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -78,3 +78,34 @@ def test_a_stopped_waiter_leaves_the_queue_and_keeps_no_permit() -> None:
     assert result == [False] and permits.waiting == 0
     permits.release()
     assert permits.acquire()                # the permit was not lost
+
+
+def test_byte_budget_grants_in_order_and_gives_back_what_a_batch_does_not_hold() -> None:
+    budget = ByteBudget(100)
+    woken: list[str] = []
+    a = budget.request(60, lambda: woken.append("a"))
+    assert a.granted and budget.in_use == 60
+    b = budget.request(60, lambda: woken.append("b"))      # does not fit: queued
+    c = budget.request(10, lambda: woken.append("c"))      # fits, but b asked first
+    assert not b.granted and not c.granted and budget.waiting == 2
+    budget.resize(a, 30)              # the decoded batch holds less than asked for
+    assert woken == ["b", "c"] and budget.in_use == 100
+    budget.cancel(b)                  # its transaction ended
+    budget.cancel(b)                  # idempotent
+    assert budget.in_use == 40
+    assert budget.peak == 100
+
+
+def test_byte_budget_caps_a_request_at_the_limit_and_lets_one_large_batch_pass() -> None:
+    budget = ByteBudget(100)
+    a = budget.request(1000, lambda: None)     # batch_bytes above the limit: asks for all
+    assert a.granted and a.size == 100
+    budget.resize(a, 150)                      # one record above batch_bytes goes whole
+    b = budget.request(1, lambda: None)
+    assert not b.granted                       # nothing more until it is given back
+    budget.cancel(a)
+    assert b.granted and budget.in_use == 1
+    budget.cancel(b)
+    c = budget.request(5, lambda: None)
+    budget.cancel(c)
+    assert budget.in_use == 0 and budget.waiting == 0

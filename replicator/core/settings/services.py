@@ -406,9 +406,21 @@ class IngressSettings(Model):
                            "could lose data (a topic fed by one source only); otherwise "
                            "they are reported (ERROR + metric).")
     max_parallel_replays: int = Field(
-        8, ge=1, description="Segments replayed at once by this process (each holds about "
-                             "two batches in memory and a thread of the replay pool, which "
-                             "has this many + 4 threads), whatever the number of partitions.")
+        8, ge=1, description="Segments read and decoded at once by this process (the replay "
+                             "pool has this many + 4 threads), whatever the number of "
+                             "partitions. In exactly-once mode a partition whose batch waits "
+                             "for its transaction gives its slot back once its segment is "
+                             "read, so one transaction carries the batches of many "
+                             "partitions.")
+    max_bytes_in_flight: Size = Field(
+        64 * 1024**2, ge=1, description="Exactly-once: record bytes (key + value + headers) "
+                                        "decoded and not yet committed, over all partitions "
+                                        "of the process (each partition holds at most the "
+                                        "batch in its transaction and one read ahead). A "
+                                        "partition waits for bytes before it reads a batch "
+                                        "(batch_bytes are asked for, the batch's size kept); "
+                                        "a record larger than batch_bytes may pass the bound "
+                                        "by itself.")
     mark_origin: bool = Field(
         False, description="Append a header origin_header = the source region's name "
         "(UTF-8) to every replayed record, after its own headers, so the egress of this "
