@@ -25,7 +25,9 @@ Experiments: ``--env NAME=VALUE`` (the egress process only, e.g.
 ``MALLOC_MMAP_THRESHOLD_``), ``--egress-config``/``--format-config`` (JSON merged into
 ``[egress]``/``[format]``), ``--kafka-config`` (a JSON object, or a list of objects: one
 run each on the same topic), ``--memory-pool``; ``EGRESS_BENCH_TRACE=1`` prints the
-loop's memory state every 2 s.
+loop's memory state every 2 s; ``EGRESS_BENCH_DETAIL=1`` records where the memory is near
+the RSS peak (``mallinfo2``, each glibc arena's free chunks, resident bytes by mapping,
+pymalloc's statistics, what egress counted by phase) in the ``--json`` rows' ``detail``.
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ def mallinfo() -> dict[str, int]:
     except (OSError, AttributeError):
         return {}
     m = libc.mallinfo2()
-    return {name: getattr(m, name) for name, _ in _MallInfo2._fields_}
+    return {field[0]: getattr(m, field[0]) for field in _MallInfo2._fields_}
 
 
 def malloc_arenas() -> list[dict[str, int]]:

@@ -122,8 +122,9 @@ MAX_UNCOUNTED = 32 * 1024**2
 256 partitions and 30-byte records (bench/RESULTS.md, "Small records: what the budget does
 not see"): 25-34 MiB beyond what segments held, in a few fixed costs that do not grow with the
 budget: library code first run by the encoders (7 MiB), Python objects of the partition
-state (6 MiB), other threads' malloc arenas (librdkafka, the encoders: 9-14 MiB) and freed
-memory kept in the poll thread's arena."""
+state (6 MiB), other threads' malloc arenas (9-14 MiB) and what the poll thread's arena
+holds beyond the batches (2-13 MiB). Reserved rather than counted: nothing measures them
+cheaply while the process runs."""
 
 
 def uncounted_reserve(budget: int) -> int:

@@ -45,7 +45,7 @@ are (egress builds batches over Python buffers, ``egress.columns``). Measured wi
 ``mallinfo2`` and pymalloc's statistics: 4.9 KB per batch of 485 rows, 7.6 KB per batch of
 4,000. Nothing for batches of megabytes; with 30-byte records flushed in 32 KB batches, 15 %
 of what a segment holds, which the memory budget did not see (bench/RESULTS.md, "Small
-records: the batches' own cost")."""
+records: what the budget does not see")."""
 
 # Kafka timestamp types (as librdkafka reports them).
 TIMESTAMP_NOT_AVAILABLE = 0
