@@ -27,7 +27,6 @@ MAX_GROUP_ROWS = 1024 * 1024
 NO_COMPRESSION = frozenset({"none", "uncompressed", ""})
 
 
-
 def check_level(codec: str, level: int | None) -> int | None:
     """``level`` if ``codec`` accepts it (``None`` means the codec's default).
 
