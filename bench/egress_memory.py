@@ -25,7 +25,9 @@ Experiments: ``--env NAME=VALUE`` (the egress process only, e.g.
 ``MALLOC_MMAP_THRESHOLD_``), ``--egress-config``/``--format-config`` (JSON merged into
 ``[egress]``/``[format]``), ``--kafka-config`` (a JSON object, or a list of objects: one
 run each on the same topic), ``--memory-pool``; ``EGRESS_BENCH_TRACE=1`` prints the
-loop's memory state every 2 s.
+loop's memory state every 2 s; ``EGRESS_BENCH_DETAIL=1`` records where the memory is near
+the RSS peak (``mallinfo2``, each glibc arena's free chunks, resident bytes by mapping,
+pymalloc's statistics, what egress counted by phase) in the ``--json`` rows' ``detail``.
 """
 
 from __future__ import annotations
@@ -167,6 +169,129 @@ def malloc_state() -> tuple[int, int]:
     return m.arena + m.hblkhd, m.uordblks + m.hblkhd
 
 
+def mallinfo() -> dict[str, int]:
+    """Every ``mallinfo2`` field (bytes, or counts for ``ordblks``/``smblks``/``hblks``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2
+    except (OSError, AttributeError):
+        return {}
+    m = libc.mallinfo2()
+    return {field[0]: getattr(m, field[0]) for field in _MallInfo2._fields_}
+
+
+def malloc_arenas() -> list[dict[str, int]]:
+    """Per glibc arena (``malloc_info``): bytes from the OS, free bytes, free chunks, and
+    free bytes in chunks of < 4 KiB, 4-32 KiB, 32-128 KiB and larger."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.fopen.restype = ctypes.c_void_p
+        libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return []
+    with tempfile.NamedTemporaryFile(suffix=".xml") as f:
+        fp = libc.fopen(f.name.encode(), b"w")
+        libc.malloc_info(0, fp)
+        libc.fclose(fp)
+        text = Path(f.name).read_text()
+    out = []
+    for heap in ET.fromstring(text).findall("heap"):
+        row = {"nr": int(heap.get("nr", -1)), "small": 0, "mid": 0, "large": 0, "huge": 0}
+        for size in heap.find("sizes") or []:
+            if size.tag != "size":
+                continue
+            hi, total = int(size.get("to", 0)), int(size.get("total", 0))
+            key = ("small" if hi < 4096 else "mid" if hi < 32768 else
+                   "large" if hi < 131072 else "huge")
+            row[key] += total
+        for t in heap.findall("total"):
+            if t.get("type") in ("fast", "rest"):
+                row["free"] = row.get("free", 0) + int(t.get("size", 0))
+                row["free_chunks"] = row.get("free_chunks", 0) + int(t.get("count", 0))
+        for s in heap.findall("system"):
+            if s.get("type") == "current":
+                row["system"] = int(s.get("size", 0))
+        out.append(row)
+    return out
+
+
+def smaps_classes() -> dict[str, int]:
+    """Resident bytes by kind of mapping: the main heap, 64 MiB-aligned thread arenas
+    (glibc heaps), other anonymous mappings (pymalloc's 1 MiB arenas, which the kernel
+    merges when adjacent; glibc's blocks above the mmap threshold; thread stacks), and
+    files (libraries)."""
+    out = {"heap": 0, "thread_arenas": 0, "anon_other": 0, "file": 0,
+           "anon_other_n": 0}
+    name = None
+    lo = 1
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split(None, 6)
+        if "-" in first[0] and not first[0].endswith(":"):
+            lo = int(first[0].split("-")[0], 16)
+            name = first[5] if len(first) > 5 else ""
+        elif first[0] == "Rss:":
+            rss = int(first[1]) * 1024
+            if name == "[heap]":
+                out["heap"] += rss
+            elif name:
+                out["file"] += rss
+            elif lo % (64 * MiB) == 0:
+                # glibc maps a thread arena's heap 64 MiB-aligned (HEAP_MAX_SIZE).
+                out["thread_arenas"] += rss
+            else:
+                out["anon_other"] += rss
+                out["anon_other_n"] += 1
+    return out
+
+
+def pymalloc_stats() -> dict[str, int]:
+    """pymalloc's arenas and blocks (``sys._debugmallocstats``, captured from fd 2)."""
+    import re
+
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        try:
+            sys.stderr.flush()
+            os.dup2(f.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode(errors="replace")
+    out = {}
+    for key, pat in (("arenas", r"# arenas allocated current\s*=\s*([\d,]+)"),
+                     ("allocated_blocks", r"# bytes in allocated blocks\s*=\s*([\d,]+)"),
+                     ("available_blocks", r"# bytes in available blocks\s*=\s*([\d,]+)"),
+                     ("empty_pools", r"bytes in \d+ unused pools\s*=\s*([\d,]+)"),
+                     ("total", r"Total\s*=\s*([\d,]+)")):
+        m = re.search(pat, text)
+        if m:
+            out[key] = int(m.group(1).replace(",", ""))
+    return out
+
+
+def held_parts(eg: Any) -> dict[str, int]:
+    """What the egress accounts as held, by phase: rows as Python objects, batches waiting
+    for the encoder, the writers' buffered groups (and the one being encoded)."""
+    parts = {"rows": 0, "rows_n": 0, "backlog": 0, "writer": 0, "open": 0, "closing": 0}
+    for w in list(eg._writers.values()):
+        segs = ([w.segment] if w.segment is not None else []) + list(w.closing)
+        parts["open"] += w.segment is not None
+        parts["closing"] += len(w.closing)
+        for s in segs:
+            parts["rows"] += s.columns.held_bytes
+            parts["rows_n"] += len(s.columns)
+            parts["backlog"] += s.submitted - s.written
+            u = s.upload
+            parts["writer"] += u.buffered_bytes if u is not None else 0
+    return parts
+
+
 def child(args: argparse.Namespace) -> int:
     from egress.allocators import choose_arrow_pool
 
@@ -203,6 +328,11 @@ def child(args: argparse.Namespace) -> int:
     peak = {"rss": baseline, "held": 0, "arrow": 0, "threads": proc.num_threads(),
             "malloc": 0, "malloc_used": 0}
     done = threading.Event()
+    detail = bool(os.environ.get("EGRESS_BENCH_DETAIL"))
+    detail_at = [baseline]
+    if detail:
+        peak["base_detail"] = {"mallinfo": mallinfo(), "smaps": smaps_classes(),
+                               "pymalloc": pymalloc_stats()}
 
     def sample() -> None:
         while not done.is_set():
@@ -212,6 +342,13 @@ def child(args: argparse.Namespace) -> int:
                 # rest is freed memory its arenas keep.
                 peak["rss"] = rss
                 peak["malloc"], peak["malloc_used"] = malloc_state()
+                if detail and rss > detail_at[0] + 2 * MiB:
+                    # Where the memory is, near the peak (at most 2 MiB below it).
+                    detail_at[0] = rss
+                    peak["detail"] = {"rss": rss, "mallinfo": mallinfo(),
+                                      "arenas": malloc_arenas(), "smaps": smaps_classes(),
+                                      "pymalloc": pymalloc_stats(), "held": held_parts(eg),
+                                      "arrow": sum(p.bytes_allocated() for p in pools)}
             peak["threads"] = max(peak["threads"], proc.num_threads())
             # The gauge's own family, not Metrics.total: that collects every metric child,
             # and with 1,000 partitions this sampler took more of the GIL than egress.
@@ -266,6 +403,7 @@ def child(args: argparse.Namespace) -> int:
                       "peak_held": peak["held"], "peak_arrow": peak["arrow"],
                       "base_malloc": base_malloc[0], "peak_malloc": peak["malloc"],
                       "peak_malloc_used": peak["malloc_used"],
+                      "detail": peak.get("detail"), "base_detail": peak.get("base_detail"),
                       "reasons": reasons, "peak_threads": peak["threads"],
                       "start_s": t_started - t_launch,
                       "assigned_s": (t_assigned or t_consumed) - t_launch,

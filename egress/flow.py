@@ -114,11 +114,30 @@ def prefetch_overrides(budget: int, kafka_config: Mapping[str, object]) -> dict[
             if k not in kafka_config}
 
 
+UNCOUNTED_SHARE = 8
+"""``max_buffered_bytes / UNCOUNTED_SHARE`` (up to ``MAX_UNCOUNTED``) is kept for what the
+process holds beyond anything it counts."""
+MAX_UNCOUNTED = 32 * 1024**2
+"""The most the budget keeps for uncounted memory. Measured at its peak with a 64 MiB budget,
+256 partitions and 30-byte records (bench/RESULTS.md, "Small records: what the budget does
+not see"): 25-34 MiB beyond what segments held, in a few fixed costs that do not grow with the
+budget: library code first run by the encoders (7 MiB), Python objects of the partition
+state (6 MiB), other threads' malloc arenas (9-14 MiB) and what the poll thread's arena
+holds beyond the batches (2-13 MiB). Reserved rather than counted: nothing measures them
+cheaply while the process runs."""
+
+
+def uncounted_reserve(budget: int) -> int:
+    """What the budget keeps for memory nothing counts (``UNCOUNTED_SHARE``)."""
+    return min(MAX_UNCOUNTED, budget // UNCOUNTED_SHARE)
+
+
 def segment_budget(budget: int) -> int:
     """What open and closing segments may hold of ``max_buffered_bytes``: the rest after the
-    prefetch's share (at least half of it).
+    prefetch's share and the uncounted reserve (at least half of it).
     """
-    return max(budget - Prefetch.for_budget(budget).nbytes, budget // 2)
+    return max(budget - Prefetch.for_budget(budget).nbytes - uncounted_reserve(budget),
+               budget // 2)
 
 
 @dataclass(frozen=True)

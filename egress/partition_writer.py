@@ -34,7 +34,7 @@ from egress.rotation import (
     should_rotate,
 )
 from egress.segment import Segment, SegmentOutcome, SegmentState
-from formats.base import SegmentFormat, SegmentMetadata, WriterOptions
+from formats.base import BATCH_OVERHEAD, SegmentFormat, SegmentMetadata, WriterOptions
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
@@ -199,7 +199,8 @@ class PartitionWriter:
         if not len(seg.columns):
             return
         batch = seg.columns.take()
-        size = batch.nbytes
+        # Its buffers and its own objects (many small batches with tiny records).
+        size = batch.nbytes + BATCH_OVERHEAD
         seg.submitted += size
         self.queue.submit(lambda: self._write(seg, batch, size))
 

@@ -9,7 +9,7 @@ from typing import BinaryIO, TypeVar
 
 import pyarrow as pa
 
-from formats.base import SEGMENT_SCHEMA
+from formats.base import BATCH_OVERHEAD, SEGMENT_SCHEMA
 from replicator.core.errors import SegmentCorrupt
 
 T = TypeVar("T")
@@ -78,9 +78,10 @@ class GroupBuffer:
     """Holds incoming batches until they make one bounded group.
 
     ``add`` yields the batches to write as one group (possibly none); the caller encodes
-    them. Sizes are Arrow buffer bytes (``RecordBatch.nbytes``, slice-aware): what is really
-    held. A batch larger than a group is cut into zero-copy slices of about a group each, so
-    groups stay bounded whatever batch sizes the caller uses.
+    them. Group bounds are Arrow buffer bytes (``RecordBatch.nbytes``, slice-aware);
+    ``held_bytes`` adds each held batch's own cost (``BATCH_OVERHEAD``). A batch larger
+    than a group is cut into zero-copy slices of about a group each, so groups stay bounded
+    whatever batch sizes the caller uses.
     """
 
     def __init__(self, group_bytes: int) -> None:
@@ -117,6 +118,11 @@ class GroupBuffer:
         self.rows += batch.num_rows
         if self.nbytes >= self.group_bytes or self.rows >= MAX_GROUP_ROWS:
             yield self.take()
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory the buffered batches hold: their buffers plus ``BATCH_OVERHEAD`` each."""
+        return self.nbytes + BATCH_OVERHEAD * len(self._batches)
 
     def take(self) -> list[pa.RecordBatch]:
         """Everything buffered (the buffer is emptied)."""

@@ -34,6 +34,7 @@ from formats._common import (
     guarded_iter,
 )
 from formats.base import (
+    BATCH_OVERHEAD,
     SEGMENT_SCHEMA,
     SegmentFormat,
     SegmentMetadata,
@@ -98,7 +99,7 @@ class ArrowIpcSegmentWriter(SegmentWriter):
         # compress badly. Concatenating copies the group once (bounded by the group size).
         batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
         # Held until written, though GroupBuffer has let go of it (as in the Parquet writer).
-        self._encoding = batch.nbytes
+        self._encoding = batch.nbytes + BATCH_OVERHEAD * len(batches)
         try:
             self._writer.write_batch(batch)
         finally:
@@ -115,7 +116,7 @@ class ArrowIpcSegmentWriter(SegmentWriter):
 
     @property
     def buffered_bytes(self) -> int:
-        return self._buffer.nbytes + self._encoding
+        return self._buffer.held_bytes + self._encoding
 
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:

@@ -38,6 +38,15 @@ SEGMENT_SCHEMA = pa.schema([
 ])
 """The one explicit Arrow schema of a segment; never inferred per batch."""
 
+BATCH_OVERHEAD = 5 * 1024
+"""Memory a held record batch costs beyond its buffers (``RecordBatch.nbytes``): the C++
+batch, its arrays and buffer wrappers, and the Python objects whose memory the buffers
+are (egress builds batches over Python buffers, ``egress.columns``). Measured with glibc's
+``mallinfo2`` and pymalloc's statistics: 4.9 KB per batch of 485 rows, 7.6 KB per batch of
+4,000. Nothing for batches of megabytes; with 30-byte records flushed in 32 KB batches, 15 %
+of what a segment holds, which the memory budget did not see (bench/RESULTS.md, "Small
+records: what the budget does not see")."""
+
 # Kafka timestamp types (as librdkafka reports them).
 TIMESTAMP_NOT_AVAILABLE = 0
 TIMESTAMP_CREATE_TIME = 1

@@ -25,6 +25,7 @@ from formats._common import (
     guarded_iter,
 )
 from formats.base import (
+    BATCH_OVERHEAD,
     SEGMENT_SCHEMA,
     SegmentFormat,
     SegmentMetadata,
@@ -100,7 +101,7 @@ class ParquetSegmentWriter(SegmentWriter):
         # While the group is encoded it is still held (GroupBuffer has let go of it): an
         # uncounted 32 MiB group per encoding thread was much of egress's RSS beyond its
         # budget (bench/RESULTS.md, "Memory").
-        self._encoding = table.nbytes
+        self._encoding = table.nbytes + BATCH_OVERHEAD * len(batches)
         try:
             # One row group for the whole table: the group bound was decided by GroupBuffer.
             self._writer.write_table(table, row_group_size=table.num_rows)
@@ -117,7 +118,7 @@ class ParquetSegmentWriter(SegmentWriter):
 
     @property
     def buffered_bytes(self) -> int:
-        return self._buffer.nbytes + self._encoding
+        return self._buffer.held_bytes + self._encoding
 
 
 class ParquetSegmentReader(SegmentReader):

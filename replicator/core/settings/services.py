@@ -148,8 +148,9 @@ class EgressSettings(Model):
     max_buffered_bytes: Size = Field(
         256 * 1024**2, description="Memory budget of the records this process buffers: "
                                    "librdkafka's prefetch gets 1/32 of it (at least 2 MiB), "
+                                   "1/8 (at most 32 MiB) is kept for memory nothing counts, "
                                    "open and closing segments and Arrow's allocations (the "
-                                   "Parquet encoders) the rest (README, Egress, "
+                                   "Parquet encoders) get the rest (README, Egress, "
                                    "\"Memory\").")
     shutdown_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, open segments that cannot be made "

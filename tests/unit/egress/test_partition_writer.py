@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import tracemalloc
 from collections.abc import Iterator
 
@@ -11,6 +12,7 @@ import pytest
 from egress.columns import ROW_OVERHEAD, ColumnBuffer
 from egress.rotation import CloseReason, SegmentLimits
 from egress.segment import Segment
+from formats._common import GroupBuffer
 from formats.base import SEGMENT_SCHEMA
 from formats.records import Record, batch_to_records
 from formats.segment_io import open_segment
@@ -313,6 +315,43 @@ def test_held_bytes_count_what_buffered_rows_really_hold(size: int) -> None:
         tracemalloc.stop()
     counted = seg.held_bytes()
     assert 1 / 1.5 <= held / counted <= 1.5, (held, counted)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def _malloc_in_use() -> int | None:
+    """Bytes glibc malloc has handed out (``None`` without glibc's ``mallinfo2``)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    m = fn()
+    return int(m.uordblks + m.hblkhd)
+
+
+def test_a_flushed_batch_counts_its_own_objects() -> None:
+    # With 30-byte records and many partitions, rows are flushed as batches of a few hundred;
+    # each holds ~5 KB beyond its Arrow bytes (C++ arrays, buffer wrappers, the Python
+    # objects under its buffers), which the budget did not count.
+    if _malloc_in_use() is None:
+        pytest.skip("needs glibc mallinfo2")
+    runs = [[FreshMessage(r) for r in records(range(i * 300, (i + 1) * 300), size=30)]
+            for i in range(300)]
+    held = GroupBuffer(1024**3)      # a segment writer's buffer, holding every batch
+    before = _malloc_in_use() or 0
+    for run in runs:
+        buf = ColumnBuffer()
+        buf.add(run)
+        assert not list(held.add(buf.take()))
+    used = (_malloc_in_use() or 0) - before
+    assert used > 1.15 * held.nbytes, (used, held.nbytes)   # Arrow bytes alone: 1.2x under
+    assert 1 / 1.15 <= used / held.held_bytes <= 1.15, (used, held.held_bytes)
 
 
 def test_rows_become_a_batch_at_the_flush_size() -> None:
