@@ -189,7 +189,8 @@ class Egress:
         overrides.update(prefetch_overrides(self.config.max_buffered_bytes,
                                             self.settings.kafka.config))
         self._consumer = Consumer(self.settings.kafka, self.config.group_id,
-                                  {**overrides, **self._consumer_overrides})
+                                  {**overrides, **self._consumer_overrides},
+                                  on_commit=self._commits.on_commit)
         self._loop = PollLoop(self._consumer, self._writers, self._commits, self._outcomes,
                               self.m, self.region,
                               FlowLimits.for_budget(
