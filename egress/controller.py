@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
 DEFAULT_ASSIGNOR = "cooperative-sticky"
+LOST_CHECK_TIMEOUT = 5.0
+"""Seconds a loss waits for the cluster's topic list (whether the topics were deleted)."""
 """Egress's ``partition.assignment.strategy`` unless ``kafka.config`` sets one (docs/deploy.md,
 "Egress group membership")."""
 CANCEL_GRACE = 5.0
@@ -439,7 +441,9 @@ class Egress:
         if self._admin is None:
             return set()
         try:
-            existing = set(self._admin.list_topics())
+            # Asked on the poll thread inside a rebalance callback: bounded, so a slow
+            # cluster cannot stall polling (and the other partitions) for the admin's 30 s.
+            existing = set(self._admin.list_topics(timeout=LOST_CHECK_TIMEOUT))
         except ReplicatorError as e:
             log.warning("cannot tell whether %s still exist: %s", ", ".join(sorted(topics)), e)
             return set()
