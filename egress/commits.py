@@ -116,7 +116,7 @@ class Book:
         w.offset = max(w.offset, offset)
         w.waiters.append(done)
 
-    def retire(self, key: Key) -> None:
+    def retire(self, key: Key, deleted: bool = False) -> None:
         """The partition's owner is gone: its waiting offsets are refused (the one in
         flight keeps its outcome, which settles its waiters).
         """
@@ -124,7 +124,7 @@ class Book:
         if st is None:
             return
         if st.waiting is not None:
-            _resolve(st.waiting.waiters, _not_owner(key, st.waiting.offset))
+            _resolve(st.waiting.waiters, _not_owner(key, st.waiting.offset, deleted))
             st.waiting = None
         self.waiting.discard(key)
         st.acked = -1
@@ -211,8 +211,13 @@ class Book:
             st.acked = max(st.acked, offset)
 
 
-def _not_owner(key: Key, offset: int) -> NotOwner:
+def _not_owner(key: Key, offset: int, deleted: bool = False) -> NotOwner:
     t, p = key
+    if deleted:
+        # Nothing is lost: the segment is durable before its commit, nobody can read a
+        # deleted partition again, and a topic created again under the name is a new log
+        # that must never start from the old one's offsets.
+        return NotOwner(f"commit {t}[{p}]@{offset} not sent: the topic was deleted")
     return NotOwner(f"commit {t}[{p}]@{offset} refused: this writer no longer owns the "
                     "partition (it was revoked or lost; its new owner reads from its own "
                     "start)")
@@ -226,6 +231,7 @@ class CommitService:
         self._closed = threading.Event()
         self._owners: dict[Key, int] = {}
         self._generation = 0
+        self._deleted: set[Key] = set()
         self._clock = clock
         self.book = Book()
 
@@ -243,6 +249,7 @@ class CommitService:
         self._generation += 1
         generation = self._generation
         self._owners[(topic, partition)] = generation
+        self._deleted.discard((topic, partition))
 
         def commit(offset: int) -> None:
             done: Future[None] = Future()
@@ -260,10 +267,15 @@ class CommitService:
 
         return commit
 
-    def retire(self, topic: str, partition: int) -> None:
-        """The partition's writer no longer owns it (poll thread: revoke, loss)."""
-        self._owners.pop((topic, partition), None)
-        self.book.retire((topic, partition))
+    def retire(self, topic: str, partition: int, *, deleted: bool = False) -> None:
+        """The partition's writer no longer owns it (poll thread: revoke, loss);
+        ``deleted``: because its topic was deleted (its commits are refused as such).
+        """
+        key = (topic, partition)
+        self._owners.pop(key, None)
+        if deleted:
+            self._deleted.add(key)
+        self.book.retire(key, deleted)
 
     def _take_requests(self) -> None:
         while True:
@@ -272,7 +284,7 @@ class CommitService:
             except queue.Empty:
                 return
             if self._owners.get((t, p)) != generation:
-                done.set_exception(_not_owner((t, p), o))
+                done.set_exception(_not_owner((t, p), o, (t, p) in self._deleted))
                 continue
             self.book.add((t, p), o, generation, done)
 

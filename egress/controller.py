@@ -420,7 +420,12 @@ class Egress:
             # open segments are closed durably as on a revoke instead of aborted.
             log.info("source topics deleted, releasing their partitions: %s",
                      ", ".join(sorted(deleted)))
-            self._release([k for k in keys if k[0] in deleted], CloseReason.REVOKE)
+            gone = [k for k in keys if k[0] in deleted]
+            # Their segments still become durable; their commits are not sent (a deleted
+            # partition cannot be committed, and nobody reads it again: egress.commits).
+            for k in gone:
+                self._commits.retire(*k, deleted=True)
+            self._release(gone, CloseReason.REVOKE)
             keys = [k for k in keys if k[0] not in deleted]
             if not keys:
                 return

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from egress.commits import COMMIT_POLICY, CommitService
+from egress.commits import COMMIT_POLICY, CommitService, NotOwner
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import TopicPartition
 
@@ -217,3 +217,18 @@ def test_a_release_commits_what_is_in_flight_synchronously() -> None:
     assert consumer.sent[-1] == [("t", 0, 12)]
     service.on_commit([(TopicPartition("t", 0, 12), None)])
     settle(t3)
+
+
+def test_a_deleted_topics_commit_is_refused_with_the_reason_never_sent() -> None:
+    service, consumer = CommitService(), AsyncRecorder()
+    commit = service.committer("t", 0)
+    service.retire("t", 0, deleted=True)
+    t, result = commit_in_thread(commit, 5)
+    serve_until(service, consumer, t)
+    assert consumer.commits == [] and consumer.sent == []
+    assert len(result) == 1 and isinstance(result[0], NotOwner)
+    assert "topic was deleted" in str(result[0])
+    # A topic created again under the name has a new owner, whose commits are sent.
+    t, result = commit_in_thread(service.committer("t", 0), 3)
+    serve_until(service, consumer, t)
+    assert result == ["ok"] and consumer.commits == [("t", 0, 3)]
