@@ -123,7 +123,9 @@ class PollLoop:
         self.last_poll = time.monotonic()
         if fetched:
             self._dispatch(fetched, now)
-        self.commits.serve(self.consumer)
+        # Asynchronous: outcomes come back through the consumer's commit callback during
+        # a later fetch (egress.commits).
+        self.commits.send(self.consumer)
         self.drain_outcomes(now)
         if now - self._last_tick >= tick_interval(len(self.writers)):
             self._last_tick = now

@@ -22,7 +22,12 @@ from replicator.core.kafka.config import (
     PRODUCER_ONLY,
     client_config,
 )
-from replicator.core.kafka.consumer import Consumer, RebalanceCallback, group_generation
+from replicator.core.kafka.consumer import (
+    CommitCallback,
+    Consumer,
+    RebalanceCallback,
+    group_generation,
+)
 from replicator.core.kafka.producer import GroupMetadata, Producer
 from replicator.core.kafka.reader import read_to_end
 from replicator.core.kafka.types import (
@@ -53,6 +58,7 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NOT_AVAILABLE",
     "Admin",
+    "CommitCallback",
     "Consumer",
     "DeliveryReport",
     "Fetched",
