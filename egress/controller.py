@@ -59,9 +59,9 @@ log = logging.getLogger(__name__)
 
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
-DEFAULT_ASSIGNOR = "cooperative-sticky"
 LOST_CHECK_TIMEOUT = 5.0
 """Seconds a loss waits for the cluster's topic list (whether the topics were deleted)."""
+DEFAULT_ASSIGNOR = "cooperative-sticky"
 """Egress's ``partition.assignment.strategy`` unless ``kafka.config`` sets one (docs/deploy.md,
 "Egress group membership")."""
 CANCEL_GRACE = 5.0

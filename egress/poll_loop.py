@@ -54,6 +54,9 @@ def tick_interval(writers: int) -> float:
     """Seconds between ticks with ``writers`` assigned partitions."""
     return max(TICK_INTERVAL, writers * TICK_PER_WRITER)
 GAUGE_INTERVAL = 1.0
+LOG_START_PATIENCE = 30.0
+"""Seconds a read of a partition's log start may take before it is asked again (the read
+has its own 10 s timeout; a call that outlives it must not keep the partition stopped)."""
 
 Writers = dict[tuple[str, int], PartitionWriter]
 LogStart = Callable[[str, int], int]
@@ -67,6 +70,8 @@ class OutOfRange:
     writer: PartitionWriter
     position: int
     log_start: Future[int]
+    asked: float
+    """``clock()`` when ``log_start`` was submitted."""
 
 
 class PollLoop:
@@ -165,11 +170,16 @@ class PollLoop:
         log.warning("%s: fetch position %d is no longer in the source log; reading its log "
                     "start", w.name, position)
         self.out_of_range[key] = OutOfRange(w, position,
-                                            self.pool.submit(self.log_start, *key))
+                                            self.pool.submit(self.log_start, *key),
+                                            self.clock())
 
-    def _settle_out_of_range(self) -> None:
+    def _settle_out_of_range(self, now: float) -> None:
         for key, o in list(self.out_of_range.items()):
             if not o.log_start.done():
+                if now - o.asked > LOG_START_PATIENCE:
+                    log.warning("%s: the log start was not read within %.0f s; asking again",
+                                o.writer.name, LOG_START_PATIENCE)
+                    o.log_start, o.asked = self.pool.submit(self.log_start, *key), now
                 continue
             w = o.writer
             if self.writers.get(key) is not w:
@@ -183,7 +193,7 @@ class PollLoop:
                 self._restart(TopicPartition(key[0], key[1], low))
             except ReplicatorError as e:
                 log.warning("%s: cannot move to the log start yet, retrying: %s", w.name, e)
-                o.log_start = self.pool.submit(self._later, key)
+                o.log_start, o.asked = self.pool.submit(self._later, key), now
                 continue
             del self.out_of_range[key]
             w.position_left_the_log(o.position, low)
@@ -247,7 +257,7 @@ class PollLoop:
             if w.ready_to_rewind(now):
                 self._rewind(w, now)
         if self.out_of_range:
-            self._settle_out_of_range()
+            self._settle_out_of_range(now)
         self._apply_pauses(writers)
         if now - self._last_gauges >= GAUGE_INTERVAL:
             self._last_gauges = now

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 
 import pytest
 
 from egress.commits import CommitService
 from egress.flow import FlowLimits
-from egress.poll_loop import TICK_INTERVAL, PollLoop, tick_interval
+from egress.poll_loop import LOG_START_PATIENCE, TICK_INTERVAL, PollLoop, tick_interval
 from egress.rotation import CloseReason
 from egress.segment import SegmentOutcome
 from replicator.core.errors import KafkaRetriableError
@@ -149,6 +150,29 @@ def test_the_log_start_is_read_again_until_it_is_known(h: Harness) -> None:
     settle_log_start(loop)
     assert [tp.offset for tp in consumer.seeks] == [20]
     assert h.metrics.total("egress_source_lost_messages_total") == 10
+
+
+def test_a_log_start_read_that_never_returns_is_asked_again(h: Harness) -> None:
+    # A read hung in the client (beyond its own timeout) must not keep the partition
+    # stopped: after LOG_START_PATIENCE it is asked again and the loss is reported.
+    consumer = FakeConsumer()
+    loop = loop_for(h, consumer)
+    h.writer.append(messages(records(range(10))), now=0.0)
+    hung: Future[int] = Future()
+    real = loop.log_start
+    loop.log_start = lambda t, p: hung.result()   # blocks a pool thread until released
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    loop.log_start = real
+    h.low = 20
+    try:
+        loop._tick(1.0)
+        assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
+        loop._tick(1.0 + LOG_START_PATIENCE + 1)
+        settle_log_start(loop)
+        assert [tp.offset for tp in consumer.seeks] == [20]
+        assert h.metrics.total("egress_source_lost_messages_total") == 10
+    finally:
+        hung.set_result(0)
 
 
 def test_a_position_beyond_the_log_closes_the_segment_and_restarts(h: Harness) -> None:
