@@ -28,11 +28,6 @@ run each on the same topic), ``--memory-pool``; ``EGRESS_BENCH_TRACE=1`` prints 
 loop's memory state every 2 s; ``EGRESS_BENCH_DETAIL=1`` records where the memory is near
 the RSS peak (``mallinfo2``, each glibc arena's free chunks, resident bytes by mapping,
 pymalloc's statistics, what egress counted by phase) in the ``--json`` rows' ``detail``.
-
-``--bare`` adds, per topic, a run of a bare consume loop (the same client, settings and
-prefetch as egress at the first budget, ``consume`` in egress's batches, nothing done with
-the records): the rate librdkafka and the broker deliver the same partitions at, the
-ceiling for egress's 4 / 1,000-partition ratio.
 """
 
 from __future__ import annotations
@@ -419,38 +414,6 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def bare_child(args: argparse.Namespace) -> int:
-    """Consume the whole topic with the egress consumer's settings and nothing else."""
-    from egress.controller import DEFAULT_ASSIGNOR
-    from egress.flow import prefetch_overrides
-    from egress.poll_loop import CONSUME_BATCH, POLL_TIMEOUT
-    from replicator.core.kafka import Consumer
-    from replicator.core.settings import KafkaSettings
-
-    kafka = KafkaSettings(brokers=args.brokers, config=FAST_GROUP)
-    # From the oldest record, as egress reads a group without commits.
-    overrides = {"partition.assignment.strategy": DEFAULT_ASSIGNOR,
-                 **prefetch_overrides(args.budget, {})}
-    c = Consumer(kafka, f"bare-{random.getrandbits(32):x}", overrides)
-    c.subscribe([args.topic], on_assign=lambda cons, tps: cons.assign_added(tps))
-    t0 = time.monotonic()
-    t_first = None
-    consumed = 0
-    while consumed < args.records:
-        f = c.fetch(CONSUME_BATCH, POLL_TIMEOUT)
-        n = sum(len(run) for run in f.runs.values())
-        if n and t_first is None:
-            t_first = time.monotonic()
-        consumed += n
-        if time.monotonic() - t0 > 600:
-            raise SystemExit("the bare loop did not consume the topic within 10 minutes")
-    t_consumed = time.monotonic()
-    c.close()
-    print(json.dumps({"consume_s": t_consumed - (t_first or t0),
-                      "seconds": time.monotonic() - t0}))
-    return 0
-
-
 # --- parent: topics, runs, table ------------------------------------------------------
 
 
@@ -489,8 +452,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="environment of the egress process only (e.g. MALLOC_ARENA_MAX=2)")
     ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu",
                     help="the broker: tansu (embedded) or apache (from $KAFKA_HOME)")
-    ap.add_argument("--bare", action="store_true",
-                    help="also a bare consume loop per topic (the client's own rate)")
     # child mode
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("brokers", "endpoint", "bucket", "topic"):
@@ -501,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        return bare_child(args) if args.bare else child(args)
+        return child(args)
 
     from replicator.core.s3 import make_s3_client
     from replicator.devstack.aws import create_bucket
@@ -518,7 +479,6 @@ def main(argv: list[str] | None = None) -> int:
     tansu = start_broker(args.kafka, f"{args.kafka}-mem", work)
     moto = start_moto(work)
     rows: list[dict[str, Any]] = []
-    bare: list[tuple[int, float]] = []
     try:
         endpoint = f"http://{moto.address}"
         for n in partitions:
@@ -551,14 +511,6 @@ def main(argv: list[str] | None = None) -> int:
                              **r})
                 print(f"  {n} partitions, budget {format_size(budget)}: done in "
                       f"{r['seconds']:.1f}s", file=sys.stderr)
-            if args.bare:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", "--bare", "--brokers",
-                     tansu.address, "--topic", topic, "--budget", str(budgets[0]),
-                     "--records", str(records)],
-                    check=True, stdout=subprocess.PIPE, text=True).stdout
-                r = json.loads(out.strip().splitlines()[-1])
-                bare.append((n, records * record_size / 1e6 / r["consume_s"]))
     finally:
         tansu.stop(stop_seconds(args.kafka))
         moto.stop()
@@ -582,8 +534,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{(r.get('peak_malloc', 0) - r.get('base_malloc', 0)) / MiB:>8.0f}M "
               f"{(r.get('peak_malloc', 0) - r.get('peak_malloc_used', 0)) / MiB:>9.0f}M"
               f"  {reasons}  {json.dumps(r['kafka_config']) if r['kafka_config'] else ''}")
-    for n, rate in bare:
-        print(f"bare consume loop, {n} partitions: {rate:.1f} MB/s")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

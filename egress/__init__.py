@@ -24,10 +24,8 @@ Decisions worth knowing:
   the committed position: ingress then sees touching segments and does not wait for, and
   report a second time, a gap that egress has already reported exactly.
 * Offsets are committed only by step 4 of the durability method. The worker hands the
-  commit to the poll thread and waits for its result; the poll thread sends it without
-  waiting for the broker (one commit in flight per partition, so offsets never go back)
-  and learns the outcome from the consumer's commit callback; releases (revoke, shutdown)
-  commit synchronously (``commits``).
+  synchronous commit to the poll thread (librdkafka serves a commit issued from another
+  thread only on the poll thread's next ``consume`` anyway) and waits for its result.
 * A segment that cannot be made durable is aborted (nothing visible, nothing committed);
   its partition is paused, later segments of it are aborted too, and after a backoff the
   consumer is rewound to the failed segment's start. Other partitions keep flowing.

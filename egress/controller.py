@@ -59,8 +59,6 @@ log = logging.getLogger(__name__)
 
 GC_THRESHOLD = 200_000
 """Allocations between young-generation collections while the poll loop runs."""
-LOST_CHECK_TIMEOUT = 5.0
-"""Seconds a loss waits for the cluster's topic list (whether the topics were deleted)."""
 DEFAULT_ASSIGNOR = "cooperative-sticky"
 """Egress's ``partition.assignment.strategy`` unless ``kafka.config`` sets one (docs/deploy.md,
 "Egress group membership")."""
@@ -191,8 +189,7 @@ class Egress:
         overrides.update(prefetch_overrides(self.config.max_buffered_bytes,
                                             self.settings.kafka.config))
         self._consumer = Consumer(self.settings.kafka, self.config.group_id,
-                                  {**overrides, **self._consumer_overrides},
-                                  on_commit=self._commits.on_commit)
+                                  {**overrides, **self._consumer_overrides})
         self._loop = PollLoop(self._consumer, self._writers, self._commits, self._outcomes,
                               self.m, self.region,
                               FlowLimits.for_budget(
@@ -420,12 +417,7 @@ class Egress:
             # open segments are closed durably as on a revoke instead of aborted.
             log.info("source topics deleted, releasing their partitions: %s",
                      ", ".join(sorted(deleted)))
-            gone = [k for k in keys if k[0] in deleted]
-            # Their segments still become durable; their commits are not sent (a deleted
-            # partition cannot be committed, and nobody reads it again: egress.commits).
-            for k in gone:
-                self._commits.retire(*k, deleted=True)
-            self._release(gone, CloseReason.REVOKE)
+            self._release([k for k in keys if k[0] in deleted], CloseReason.REVOKE)
             keys = [k for k in keys if k[0] not in deleted]
             if not keys:
                 return
@@ -446,9 +438,7 @@ class Egress:
         if self._admin is None:
             return set()
         try:
-            # Asked on the poll thread inside a rebalance callback: bounded, so a slow
-            # cluster cannot stall polling (and the other partitions) for the admin's 30 s.
-            existing = set(self._admin.list_topics(timeout=LOST_CHECK_TIMEOUT))
+            existing = set(self._admin.list_topics())
         except ReplicatorError as e:
             log.warning("cannot tell whether %s still exist: %s", ", ".join(sorted(topics)), e)
             return set()

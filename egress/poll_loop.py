@@ -128,9 +128,7 @@ class PollLoop:
         self.last_poll = time.monotonic()
         if fetched:
             self._dispatch(fetched, now)
-        # Asynchronous: outcomes come back through the consumer's commit callback during
-        # a later fetch (egress.commits).
-        self.commits.send(self.consumer)
+        self.commits.serve(self.consumer)
         self.drain_outcomes(now)
         if now - self._last_tick >= tick_interval(len(self.writers)):
             self._last_tick = now

@@ -22,12 +22,7 @@ from replicator.core.kafka.config import (
     PRODUCER_ONLY,
     client_config,
 )
-from replicator.core.kafka.consumer import (
-    CommitCallback,
-    Consumer,
-    RebalanceCallback,
-    group_generation,
-)
+from replicator.core.kafka.consumer import Consumer, RebalanceCallback, group_generation
 from replicator.core.kafka.producer import GroupMetadata, Producer
 from replicator.core.kafka.reader import read_to_end
 from replicator.core.kafka.types import (
@@ -58,7 +53,6 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NOT_AVAILABLE",
     "Admin",
-    "CommitCallback",
     "Consumer",
     "DeliveryReport",
     "Fetched",

@@ -46,10 +46,9 @@ class Admin:
         self._admin: cka.AdminClient = construct("admin", cka.AdminClient, conf)
         self.timeout = timeout
 
-    def _metadata(self, timeout: float | None = None) -> Any:
+    def _metadata(self) -> Any:
         try:
-            return self._admin.list_topics(timeout=self.timeout if timeout is None
-                                           else timeout)
+            return self._admin.list_topics(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, "list topics") from e
 
@@ -69,9 +68,9 @@ class Admin:
             raise KafkaRetriableError(f"metadata of {topic}: {t.error.str()}")
         return len(t.partitions)
 
-    def list_topics(self, timeout: float | None = None) -> list[str]:
-        """All topic names (``timeout``: seconds, the admin's own by default)."""
-        return sorted(self._metadata(timeout).topics)
+    def list_topics(self) -> list[str]:
+        """All topic names."""
+        return sorted(self._metadata().topics)
 
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool:

@@ -5,10 +5,7 @@
 * Rebalance callbacks are typed (``RebalanceCallback``: this wrapper and our
   ``TopicPartition`` values); eager (``assign``/``unassign``) and incremental
   (``incremental_assign``/``incremental_unassign``) assignment are both available.
-* ``commit`` is synchronous and reports per-partition failures; ``commit_async`` sends
-  without waiting, and the outcome (per partition, translated) reaches the ``on_commit``
-  callback given at construction, from a later ``fetch``/``poll`` on the polling thread
-  (librdkafka's offset commit callback: it runs for synchronous commits too); ``seek``, ``pause``,
+* ``commit`` is synchronous and reports per-partition failures; ``seek``, ``pause``,
   ``resume``, ``committed``, ``position`` and ``watermarks`` raise translated errors.
 """
 
@@ -48,11 +45,6 @@ from replicator.core.settings import KafkaSettings
 RebalanceCallback = Callable[["Consumer", list[TopicPartition]], None]
 """``(consumer, partitions)``: called on the thread that polls, during ``fetch``/``poll``."""
 
-CommitCallback = Callable[[list[tuple[TopicPartition, ReplicatorError | None]]], None]
-"""The outcome of a commit: each partition with its offset and error (``None``: committed);
-called on the thread that polls, during ``fetch``/``poll``.
-"""
-
 
 def _clients(tps: Sequence[TopicPartition]) -> list[ck.TopicPartition]:
     return [to_client(tp) for tp in tps]
@@ -82,22 +74,6 @@ def _sort(events: Sequence[ck.Message], out: Fetched) -> Fetched:
         else:
             run.append(m)
     return out
-
-
-def _commit_callback(cb: CommitCallback) -> Callable[[ck.KafkaError | None,
-                                                      list[ck.TopicPartition]], None]:
-    def on_commit(err: ck.KafkaError | None, parts: list[ck.TopicPartition]) -> None:
-        # A request-level error applies to every partition without one of its own.
-        cb([(from_client(tp), _commit_error(tp.error or err, tp)) for tp in parts])
-
-    return on_commit
-
-
-def _commit_error(err: ck.KafkaError | None, tp: ck.TopicPartition
-                  ) -> ReplicatorError | None:
-    if err is None:
-        return None
-    return classify(err, f"commit {tp.topic}[{tp.partition}]@{tp.offset}")
 
 
 _CGMD_MAGIC = b"CGMDv2:"
@@ -135,20 +111,16 @@ class Consumer:
         kafka: the cluster.
         group_id: the consumer group (also for consumers that only ``assign``).
         overrides: librdkafka settings over the defaults and ``kafka.config``.
-        on_commit: receives the outcome of every commit (see ``commit_async``).
 
     Raises:
         ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
     """
 
     def __init__(self, kafka: KafkaSettings, group_id: str,
-                 overrides: Mapping[str, Any] | None = None, *,
-                 on_commit: CommitCallback | None = None) -> None:
+                 overrides: Mapping[str, Any] | None = None) -> None:
         conf = client_config(kafka, {**CONSUMER_DEFAULTS, "group.id": group_id}, overrides,
                              drop=PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
-        if on_commit is not None:
-            conf["on_commit"] = _commit_callback(on_commit)
         self.group_id = group_id
         # cooperative-sticky rebalances incrementally: an on_assign callback gets only the
         # added partitions, and ``assign`` fails there with _STATE.
@@ -341,19 +313,6 @@ class Consumer:
         return {(r.topic, r.partition): classify(r.error, f"commit {r.topic}[{r.partition}]"
                                                          f"@{r.offset}")
                 for r in results if r.error is not None}
-
-    def commit_async(self, offsets: Sequence[TopicPartition]) -> None:
-        """Send a commit of ``offsets`` (the next offset to read) without waiting; the
-        outcome reaches ``on_commit``.
-
-        Raises:
-            KafkaRetriableError / KafkaFatalError: the client refused to send it.
-        """
-        try:
-            self._c.commit(offsets=_clients(offsets), asynchronous=True)
-        except ck.KafkaException as e:
-            raise translate(e, "commit " + ", ".join(f"{tp}@{tp.offset}" for tp in offsets)
-                            ) from e
 
     def committed(self, partitions: Sequence[TopicPartition], timeout: float
                   ) -> list[TopicPartition]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from egress.commits import NotOwner
-from egress.controller import LOST_CHECK_TIMEOUT, Egress
+from egress.controller import Egress
 from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
 from replicator.core.settings import load_settings
 from tests.unit.egress.fakes import Harness
@@ -81,10 +81,8 @@ class SubscribeConsumer:
 class ListAdmin:
     def __init__(self, topics: list[str]) -> None:
         self.topics = topics
-        self.timeouts: list[float | None] = []
 
-    def list_topics(self, timeout: float | None = None) -> list[str]:
-        self.timeouts.append(timeout)
+    def list_topics(self) -> list[str]:
         return list(self.topics)
 
 
@@ -133,15 +131,3 @@ def test_the_subscription_follows_the_selection() -> None:
     eg._check_topics()
     eg._maybe_check_topics(0.0)
     assert consumer.subscriptions[-1] == ["_schemas"]
-
-
-def test_a_loss_asks_whether_its_topics_were_deleted_within_a_bound() -> None:
-    # Asked on the poll thread inside a rebalance callback: never the admin's own 30 s.
-    settings = load_settings(data={
-        "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "localhost:1"},
-        "egress": {"group_id": "g", "topics": {"s.a": {}}}}, environ={})
-    eg = Egress(settings, store=Harness().store)
-    admin = ListAdmin(["s.a"])
-    eg._admin = admin  # type: ignore[assignment]
-    assert eg._deleted_topics({"s.a", "gone"}) == {"gone"}
-    assert admin.timeouts == [LOST_CHECK_TIMEOUT]
