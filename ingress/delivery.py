@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 from ingress.rows import Rows
@@ -109,21 +110,29 @@ class ExactlyOnce(Delivery):
     partitions in one transaction, and the worker holds no thread while it waits.
     """
 
+    @contextmanager
+    def _aborting(self) -> Iterator[None]:
+        """A failure aborts the transaction and raises; a fenced producer raises as is
+        (a newer owner holds the partition: there is nothing of ours to abort).
+        """
+        try:
+            yield
+        except ProducerFenced:
+            raise
+        except (RetriableError, FatalError):
+            self.on_aborted()
+            self.sink.abort()
+            raise
+
     def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
         sink = self.sink
-        try:
+        with self._aborting():
             sink.begin()                            # Step 1
             if rows is not None:
                 sink.produce(rows)                  # Step 2
                 sink.flush()                        # Step 3
             sink.produce_checkpoint(self.key, cp)   # Step 4
             sink.commit()
-        except ProducerFenced:
-            raise
-        except (RetriableError, FatalError):
-            self.on_aborted()
-            sink.abort()
-            raise
         self.on_checkpointed(cp)
 
     @property
@@ -131,24 +140,12 @@ class ExactlyOnce(Delivery):
         return self.sink.can_submit
 
     def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None]) -> object:
-        try:
+        with self._aborting():
             return self.sink.submit(rows, self.key, cp, on_done)   # Steps 1-4, in the loop
-        except ProducerFenced:
-            raise
-        except (RetriableError, FatalError):
-            self.on_aborted()
-            self.sink.abort()
-            raise
 
     def collect(self, handle: object, cp: Checkpoint) -> bool:
-        try:
+        with self._aborting():
             done = self.sink.collect(handle)
-        except ProducerFenced:
-            raise
-        except (RetriableError, FatalError):
-            self.on_aborted()
-            self.sink.abort()
-            raise
         if done:
             self.on_checkpointed(cp)
         return done
