@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -38,6 +38,7 @@ from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
 from egress.metrics import EgressMetrics
 from egress.origin import origin_filter
+from egress.out_of_range import READ_TIMEOUT
 from egress.partition_writer import PartitionWriter, WriterContext
 from egress.poll_loop import PollLoop, Writers
 from egress.rotation import CloseReason, SegmentLimits
@@ -47,7 +48,7 @@ from egress.topic_meta import TopicMetadataPublisher
 from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
-from replicator.core.errors import KafkaRetriableError, ReplicatorError
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
@@ -194,8 +195,8 @@ class Egress:
                               self.m, self.region,
                               FlowLimits.for_budget(
                                   segment_budget(self.config.max_buffered_bytes)),
-                              self.clock, self._maybe_check_topics, self._pool,
-                              self._log_start, arrow_allocated_bytes)
+                              self.clock, self._maybe_check_topics, self._log_start,
+                              arrow_allocated_bytes)
         self._loop.skip = origin_filter(self.config, self.m, self.region)
         self._subscribe(self._wanted)
         if self.settings.metrics.port:
@@ -265,9 +266,14 @@ class Egress:
         return last == 0.0 or time.monotonic() - last < 60.0
 
     def ready(self) -> bool:
-        """Ready once the group assigned partitions and the loop is consuming them."""
-        last = self._loop.last_poll if self._loop is not None else 0.0
-        return self._assigned_once and self.healthy() and last > 0.0
+        """Ready once the group assigned partitions and the loop is consuming them; not
+        while a partition is stalled (its position left the source log and its log start
+        cannot be read: egress.out_of_range).
+        """
+        loop = self._loop
+        last = loop.last_poll if loop is not None else 0.0
+        stalled = loop.out_of_range.stalled if loop is not None else 0
+        return self._assigned_once and self.healthy() and last > 0.0 and not stalled
 
     def _maybe_check_topics(self, now: float) -> None:
         """Follow the selection a finished check found, and queue a new check (selection,
@@ -431,7 +437,7 @@ class Egress:
                 w.cancel.set()
                 w.discard_open()
         if self._loop is not None:
-            self._loop.forget_pauses(keys)
+            self._loop.forget(keys)
 
     def _deleted_topics(self, topics: set[str]) -> set[str]:
         """Those of ``topics`` the cluster no longer has (none when it cannot be asked)."""
@@ -466,7 +472,7 @@ class Egress:
             w.cancel.set()
         loop.wait_idle(stuck, time.monotonic() + CANCEL_GRACE)
         loop.drain_outcomes(self.clock())
-        loop.forget_pauses([(w.ref.topic, w.ref.partition) for w in writers])
+        loop.forget([(w.ref.topic, w.ref.partition) for w in writers])
         for w in writers:
             # Whatever is still running for it (aborting) may no longer commit.
             self._commits.retire(w.ref.topic, w.ref.partition)
@@ -475,13 +481,12 @@ class Egress:
                      w.committed_offset)
         self.m.assigned.labels(self.region).set(len(self._writers))
 
-    def _log_start(self, topic: str, partition: int) -> int:
-        """The partition's log start offset, from the broker (blocking: pool threads)."""
-        assert self._consumer is not None
-        lo, _ = self._consumer.watermarks(TopicPartition(topic, partition), timeout=10)
-        if lo < 0:
-            raise KafkaRetriableError(f"{topic}[{partition}]: no log start offset ({lo})")
-        return lo
+    def _log_start(self, topic: str, partition: int) -> Future[int]:
+        """Start reading the partition's log start offset (ListOffsets on the admin client,
+        never the group consumer: egress.out_of_range explains why); returns at once.
+        """
+        assert self._admin is not None
+        return self._admin.log_start(topic, partition, timeout=READ_TIMEOUT)
 
 
 def _own_topics(settings: Settings) -> set[str]:

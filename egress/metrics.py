@@ -49,6 +49,15 @@ class EgressMetrics:
             "egress_source_lost_messages_total",
             "Offset positions deleted at the source (retention) before egress read them.",
             _PART)
+        self.log_start_stalled = metrics.gauge(
+            "egress_log_start_stalled_partitions",
+            "Partitions stopped because their fetch position left the source log and their "
+            "log start could not be read for a minute: not replicating; /readyz is false "
+            "while any is.", ("region",))
+        self.log_start_failures = metrics.counter(
+            "egress_log_start_read_failures_total",
+            "Reads of a partition's log start (after its position left the source log) that "
+            "failed or did not answer in time (each is asked again).", ("region",))
         self.failures = metrics.counter(
             "egress_segment_failures_total",
             "Segments that could not be made durable (aborted; the partition rewinds).",

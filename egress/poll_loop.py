@@ -12,8 +12,6 @@ import logging
 import queue
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass
 
 from egress.commits import CommitService
 from egress.flow import (
@@ -27,6 +25,7 @@ from egress.flow import (
 )
 from egress.metrics import EgressMetrics
 from egress.origin import OriginFilter
+from egress.out_of_range import LogStartRead, OutOfRangePartitions
 from egress.partition_writer import PartitionWriter
 from egress.rotation import CloseReason, should_rotate
 from egress.segment import SegmentOutcome
@@ -54,24 +53,8 @@ def tick_interval(writers: int) -> float:
     """Seconds between ticks with ``writers`` assigned partitions."""
     return max(TICK_INTERVAL, writers * TICK_PER_WRITER)
 GAUGE_INTERVAL = 1.0
-LOG_START_PATIENCE = 30.0
-"""Seconds a read of a partition's log start may take before it is asked again (the read
-has its own 10 s timeout; a call that outlives it must not keep the partition stopped)."""
 
 Writers = dict[tuple[str, int], PartitionWriter]
-LogStart = Callable[[str, int], int]
-"""Reads a partition's log start offset from the broker (blocking: runs on the pool)."""
-
-
-@dataclass
-class OutOfRange:
-    """A partition whose fetch position left the log, waiting for its log start."""
-
-    writer: PartitionWriter
-    position: int
-    log_start: Future[int]
-    asked: float
-    """``clock()`` when ``log_start`` was submitted."""
 
 
 class PollLoop:
@@ -88,8 +71,8 @@ class PollLoop:
         limits: flow-control thresholds.
         clock: monotonic seconds (segment ages, backoff).
         periodic: called at every tick with ``now`` (topic metadata checks).
-        pool: runs the log-start reads of partitions whose position left the log.
-        log_start: reads a partition's log start offset (blocking).
+        log_start: starts a read of a partition's log start offset and returns its future
+            at once (``Admin.log_start``: never the group consumer, never a pool thread).
         native_bytes: memory the segments do not hold but the budget charges (Arrow's
             allocations: the Parquet encoders' pages; ``egress.allocators``).
     """
@@ -97,8 +80,8 @@ class PollLoop:
     def __init__(self, consumer: Consumer, writers: Writers, commits: CommitService,
                  outcomes: queue.SimpleQueue[SegmentOutcome], metrics: EgressMetrics,
                  region: str, limits: FlowLimits, clock: Monotonic,
-                 periodic: Callable[[float], None], pool: Executor,
-                 log_start: LogStart, native_bytes: Callable[[], int] = lambda: 0) -> None:
+                 periodic: Callable[[float], None], log_start: LogStartRead,
+                 native_bytes: Callable[[], int] = lambda: 0) -> None:
         self.consumer = consumer
         self.writers = writers
         self.commits = commits
@@ -108,10 +91,10 @@ class PollLoop:
         self.limits = limits
         self.clock = clock
         self.periodic = periodic
-        self.pool = pool
-        self.log_start = log_start
         self.native_bytes = native_bytes
-        self.out_of_range: dict[tuple[str, int], OutOfRange] = {}
+        self.out_of_range = OutOfRangePartitions(
+            log_start, metrics.log_start_stalled.labels(region),
+            metrics.log_start_failures.labels(region))
         self.paused: set[tuple[str, int]] = set()
         self.memory_paused = False
         self.last_poll = 0.0
@@ -159,42 +142,39 @@ class PollLoop:
         """The broker no longer has the partition's fetch position (``auto.offset.reset``
         is ``error``, so the client stopped instead of jumping silently to the log start).
 
-        The log start is read on the pool, never here; the partition is not fetched until
-        ``_settle_out_of_range`` reports the lost range and seeks to the log start.
+        The log start is read without blocking (``egress.out_of_range``); the partition is
+        not fetched until ``_settle_out_of_range`` reports the lost range and restarts it
+        at the log start.
         """
         w = self.writers.get(key)
-        if w is None or key in self.out_of_range:
+        if w is None:
             return
-        log.warning("%s: fetch position %d is no longer in the source log; reading its log "
-                    "start", w.name, position)
-        self.out_of_range[key] = OutOfRange(w, position,
-                                            self.pool.submit(self.log_start, *key),
-                                            self.clock())
+        if self.out_of_range.report(key, w, position, self.clock()):
+            log.warning("%s: fetch position %d is no longer in the source log; reading its "
+                        "log start", w.name, position)
 
     def _settle_out_of_range(self, now: float) -> None:
-        for key, o in list(self.out_of_range.items()):
-            if not o.log_start.done():
-                if now - o.asked > LOG_START_PATIENCE:
-                    log.warning("%s: the log start was not read within %.0f s; asking again",
-                                o.writer.name, LOG_START_PATIENCE)
-                    o.log_start, o.asked = self.pool.submit(self.log_start, *key), now
-                continue
+        for key, o in self.out_of_range.settle(now, self.writers):
             w = o.writer
-            if self.writers.get(key) is not w:
-                del self.out_of_range[key]    # released
-                continue
             if w.failed is not None:
                 continue    # rewinding: the rewind restarts the partition (``_rewind``)
+            assert o.low is not None
             try:
-                low = o.log_start.result()
                 # The client stopped the partition: a seek is refused, it is assigned again.
-                self._restart(TopicPartition(key[0], key[1], low))
+                self._restart(TopicPartition(key[0], key[1], o.low))
             except ReplicatorError as e:
                 log.warning("%s: cannot move to the log start yet, retrying: %s", w.name, e)
-                o.log_start, o.asked = self.pool.submit(self._later, key), now
+                self.out_of_range.retry(key, now, str(e))
                 continue
-            del self.out_of_range[key]
-            w.position_left_the_log(o.position, low)
+            self.out_of_range.done(key)
+            w.position_left_the_log(o.position, o.low)
+
+    def forget(self, keys: Sequence[tuple[str, int]]) -> None:
+        """The partitions are being released or were lost (poll thread): resume them and
+        drop what the loop keeps for them.
+        """
+        self.out_of_range.forget(keys)
+        self.forget_pauses(keys)
 
     def _restart(self, tp: TopicPartition) -> None:
         key = (tp.topic, tp.partition)
@@ -208,10 +188,6 @@ class PollLoop:
         return [TopicPartition(t, p, OFFSET_BEGINNING if v.next_offset is None
                                else v.next_offset)
                 for (t, p), v in self.writers.items() if (t, p) != key]
-
-    def _later(self, key: tuple[str, int]) -> int:
-        time.sleep(1.0)
-        return self.log_start(*key)
 
     def _consume_error(self, err: ReplicatorError) -> None:
         self.m.consume_errors.labels(self.region).inc()
@@ -335,7 +311,7 @@ class PollLoop:
                 # seeks: assign it again at the failed start instead (below the log start,
                 # it leaves the log again and the loss is reported then).
                 self._restart(tp)
-                del self.out_of_range[key]
+                self.out_of_range.done(key)
             else:
                 self.consumer.seek(tp)
         except ReplicatorError as e:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import confluent_kafka as ck
@@ -16,9 +18,10 @@ from confluent_kafka.admin._config import (
     ConfigResource,
     ConfigSource,
 )
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
-from replicator.core.errors import KafkaRetriableError, TopicError
+from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
 from replicator.core.kafka.config import CLIENT_LOG, CONSUMER_ONLY, PRODUCER_ONLY, client_config
 from replicator.core.kafka.errors import classify, construct, is_code, translate
 from replicator.core.settings import KafkaSettings
@@ -150,6 +153,50 @@ class Admin:
             except ck.KafkaException as e:
                 if not is_code(e, "UNKNOWN_TOPIC_OR_PART"):
                     raise translate(e, f"delete topic {t}") from e
+
+    # --- offsets -----------------------------------------------------------------------
+
+    def log_start(self, topic: str, partition: int, *, timeout: float) -> Future[int]:
+        """Ask for the partition's log start offset (ListOffsets "earliest"), without
+        waiting: the answer, or its translated error, arrives on the returned future.
+
+        The request runs on the admin client's own thread with ``timeout`` as its overall
+        deadline (leader lookup included). It shares no state with any consumer, so a
+        consumer whose partition is stopped in an error state cannot hold it up; the caller
+        still bounds its own wait on the future (the client's deadline is not trusted
+        alone).
+        """
+        out: Future[int] = Future()
+        what = f"log start of {topic}[{partition}]"
+        earliest = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
+        try:
+            futures = self._admin.list_offsets({ck.TopicPartition(topic, partition): earliest},
+                                               request_timeout=timeout)
+        except (ck.KafkaException, ValueError, TypeError) as e:
+            out.set_exception(KafkaRetriableError(f"{what}: {e}"))
+            return out
+
+        def done(f: Future[Any]) -> None:
+            # On the client's thread: only translate and hand over (the caller may have
+            # cancelled ``out`` when it gave up waiting).
+            try:
+                offset = int(f.result().offset)
+                error: ReplicatorError | None = None
+                if offset < 0:
+                    error = KafkaRetriableError(f"{what}: no offset ({offset})")
+            except ck.KafkaException as e:
+                error = translate(e, what)
+            except Exception as e:  # noqa: BLE001 (a callback must resolve the future whatever)
+                error = KafkaRetriableError(f"{what}: {e}")
+            with contextlib.suppress(InvalidStateError):
+                if error is None:
+                    out.set_result(offset)
+                else:
+                    out.set_exception(error)
+
+        for f in futures.values():
+            f.add_done_callback(done)
+        return out
 
     # --- consumer groups ---------------------------------------------------------------
 

@@ -11,7 +11,8 @@ import pytest
 
 from egress.commits import CommitService
 from egress.flow import FlowLimits
-from egress.poll_loop import LOG_START_PATIENCE, TICK_INTERVAL, PollLoop, tick_interval
+from egress.out_of_range import READ_PATIENCE, RETRY_DELAY, STALLED_AFTER
+from egress.poll_loop import TICK_INTERVAL, PollLoop, tick_interval
 from egress.rotation import CloseReason
 from egress.segment import SegmentOutcome
 from replicator.core.errors import KafkaRetriableError
@@ -62,16 +63,36 @@ def h() -> Iterator[Harness]:
     harness.close()
 
 
-def loop_for(h: Harness, consumer: FakeConsumer) -> PollLoop:
-    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
-    def log_start(topic: str, partition: int) -> int:
-        if h.low is None:
-            raise KafkaRetriableError("no answer in time")
-        return h.low
+class LogStarts:
+    """The log-start reads a loop starts: answered at once from ``h.low`` (an error when it
+    is ``None``), or left unanswered while ``hang`` is set.
+    """
 
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.hang = False
+        self.asked: list[Future[int]] = []
+
+    def __call__(self, topic: str, partition: int) -> Future[int]:
+        f: Future[int] = Future()
+        self.asked.append(f)
+        if self.hang:
+            return f
+        if self.h.low is None:
+            f.set_exception(KafkaRetriableError("no answer in time"))
+        else:
+            f.set_result(self.h.low)
+        return f
+
+    def outstanding(self) -> int:
+        return sum(not f.done() for f in self.asked)
+
+
+def loop_for(h: Harness, consumer: FakeConsumer, reads: LogStarts | None = None) -> PollLoop:
+    outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
     return PollLoop(consumer, {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
                     outcomes, h.m, "r1", FlowLimits.for_budget(10**9), lambda: h.now,
-                    lambda _now: None, h.pool, log_start)
+                    lambda _now: None, reads or LogStarts(h))
 
 
 def fail_first_segment(h: Harness) -> None:
@@ -108,10 +129,8 @@ def test_a_failed_seek_keeps_the_partition_rewinding(h: Harness) -> None:
     assert h.commits == [6]
 
 
-def settle_log_start(loop: PollLoop) -> None:
-    for o in list(loop.out_of_range.values()):
-        o.log_start.exception(10)
-    loop._tick(0.0)
+def settle_log_start(loop: PollLoop, h: Harness) -> None:
+    loop._tick(h.now)
 
 
 def test_records_deleted_under_an_open_segment_are_reported_exactly(
@@ -125,11 +144,11 @@ def test_records_deleted_under_an_open_segment_are_reported_exactly(
     loop._dispatch(Fetched(out_of_range={("t", 0): 51}), 0.0)
     assert consumer.seeks == []                       # not before the log start is known
     with caplog.at_level(logging.ERROR):
-        settle_log_start(loop)
+        settle_log_start(loop, h)
     assert [(tp.partition, tp.offset) for tp in consumer.seeks] == [(0, 150)]
     assert h.metrics.total("egress_source_lost_messages_total") == 99
     assert "t[0]: offsets 51..149 (99 positions) were deleted at the source" in caplog.text
-    assert loop.out_of_range == {}
+    assert len(loop.out_of_range) == 0
     # The segment goes on (the loss is reported here, once; ingress sees no gap).
     h.writer.append(messages(records(range(150, 160))), now=0.0)
     h.writer.close(CloseReason.COUNT)
@@ -142,37 +161,117 @@ def test_the_log_start_is_read_again_until_it_is_known(h: Harness) -> None:
     consumer = FakeConsumer()
     loop = loop_for(h, consumer)
     h.writer.append(messages(records(range(10))), now=0.0)
-    h.low = None                                       # the first read times out
+    h.low = None                                       # the first read fails
     loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
-    settle_log_start(loop)
+    settle_log_start(loop, h)
     assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
     h.low = 20
-    settle_log_start(loop)
+    settle_log_start(loop, h)                          # not before the retry delay
+    assert consumer.seeks == []
+    h.now += RETRY_DELAY
+    settle_log_start(loop, h)                          # asked again
+    settle_log_start(loop, h)                          # answered
     assert [tp.offset for tp in consumer.seeks] == [20]
     assert h.metrics.total("egress_source_lost_messages_total") == 10
 
 
 def test_a_log_start_read_that_never_returns_is_asked_again(h: Harness) -> None:
-    # A read hung in the client (beyond its own timeout) must not keep the partition
-    # stopped: after LOG_START_PATIENCE it is asked again and the loss is reported.
+    # A read that never answers (beyond the client's own deadline) must not keep the
+    # partition stopped: after READ_PATIENCE it is abandoned and asked again, and only one
+    # read per partition is ever outstanding.
     consumer = FakeConsumer()
-    loop = loop_for(h, consumer)
+    reads = LogStarts(h)
+    loop = loop_for(h, consumer, reads)
     h.writer.append(messages(records(range(10))), now=0.0)
-    hung: Future[int] = Future()
-    real = loop.log_start
-    loop.log_start = lambda t, p: hung.result()   # blocks a pool thread until released
+    reads.hang = True
     loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
-    loop.log_start = real
+    for _ in range(3):                                  # the same event again: no new read
+        loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
     h.low = 20
-    try:
-        loop._tick(1.0)
-        assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
-        loop._tick(1.0 + LOG_START_PATIENCE + 1)
-        settle_log_start(loop)
-        assert [tp.offset for tp in consumer.seeks] == [20]
-        assert h.metrics.total("egress_source_lost_messages_total") == 10
-    finally:
-        hung.set_result(0)
+    loop._tick(1.0)
+    assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
+    assert len(reads.asked) == 1
+    reads.hang = False
+    h.now = 1.0 + READ_PATIENCE + 1
+    loop._tick(h.now)                                   # abandoned, asked again: answered
+    settle_log_start(loop, h)
+    assert len(reads.asked) == 2
+    assert [tp.offset for tp in consumer.seeks] == [20]
+    assert h.metrics.total("egress_source_lost_messages_total") == 10
+    assert h.metrics.total("egress_log_start_read_failures_total") == 1
+
+
+def test_a_partition_whose_log_start_stays_unknown_is_reported_stalled_then_recovers(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    consumer = FakeConsumer()
+    reads = LogStarts(h)
+    loop = loop_for(h, consumer, reads)
+    h.writer.append(messages(records(range(10))), now=0.0)
+    reads.hang = True
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    stalled = h.m.log_start_stalled.labels("r1")
+    with caplog.at_level(logging.WARNING):
+        while h.now < STALLED_AFTER - 1:
+            h.now += 1.0
+            loop._tick(h.now)
+        assert stalled._value.get() == 0 and loop.out_of_range.stalled == 0
+        for _ in range(5):
+            h.now += 1.0
+            loop._tick(h.now)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors                     # once, not every tick
+    assert "t[0]: stopped at offset 10" in errors[0] and "ListOffsets" in errors[0]
+    assert stalled._value.get() == 1 and loop.out_of_range.stalled == 1
+    assert reads.outstanding() <= 1
+    assert consumer.seeks == []
+    # The source answers again: the partition goes on by itself and the stall ends.
+    reads.hang, h.low = False, 20
+    h.now += READ_PATIENCE + 1
+    loop._tick(h.now)
+    loop._tick(h.now)
+    assert [tp.offset for tp in consumer.seeks] == [20]
+    assert stalled._value.get() == 0 and len(loop.out_of_range) == 0
+
+
+def test_an_out_of_range_event_of_a_new_assignment_replaces_a_stale_entry(h: Harness) -> None:
+    # The partition was released and assigned back while its first writer's read was
+    # pending; the new writer's event must start its own read, and the old read finishing
+    # must not end the new writer's wait without a restart (the partition would never be
+    # fetched again: no ERROR, lag frozen).
+    from egress.partition_writer import PartitionWriter
+
+    consumer = FakeConsumer()
+    reads = LogStarts(h)
+    loop = loop_for(h, consumer, reads)
+    reads.hang = True
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    old = reads.asked[0]
+    second = PartitionWriter(h.writer.ref, h.limits, 10, ctx=h.ctx,
+                             metrics=h.m.for_partition("r1", "t", 0), commit=h._commit)
+    loop.writers[("t", 0)] = second                     # released, assigned again
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    assert len(reads.asked) == 2
+    assert old.cancelled()                              # the stale read is dropped unused
+    loop._tick(1.0)
+    assert consumer.seeks == [] and ("t", 0) in loop.out_of_range
+    reads.asked[1].set_result(20)
+    loop._tick(2.0)
+    assert [tp.offset for tp in consumer.seeks] == [20]
+    assert len(loop.out_of_range) == 0
+
+
+def test_release_and_loss_drop_the_entry(h: Harness) -> None:
+    consumer = FakeConsumer()
+    reads = LogStarts(h)
+    loop = loop_for(h, consumer, reads)
+    reads.hang = True
+    loop._dispatch(Fetched(out_of_range={("t", 0): 10}), 0.0)
+    h.now = STALLED_AFTER + 1
+    loop._tick(h.now)
+    assert loop.out_of_range.stalled == 1
+    loop.forget([("t", 0)])
+    assert len(loop.out_of_range) == 0
+    assert h.m.log_start_stalled.labels("r1")._value.get() == 0
 
 
 def test_a_position_beyond_the_log_closes_the_segment_and_restarts(h: Harness) -> None:
@@ -184,7 +283,7 @@ def test_a_position_beyond_the_log_closes_the_segment_and_restarts(h: Harness) -
     h.writer.append(messages(records(range(30))), now=0.0)
     h.low = 0
     loop._dispatch(Fetched(out_of_range={("t", 0): 30}), 0.0)
-    settle_log_start(loop)
+    settle_log_start(loop, h)
     assert [tp.offset for tp in consumer.seeks] == [0]
     h.writer.append(messages(records(range(5))), now=0.0)
     h.writer.close(CloseReason.COUNT)
@@ -205,11 +304,9 @@ def test_a_partition_stopped_out_of_range_while_failed_is_restarted_by_the_rewin
     consumer.stopped = True
     fail_first_segment(h)
     h.now = 100.0
-    for o in list(loop.out_of_range.values()):
-        o.log_start.exception(10)
     loop._tick(h.now)
     assert [(tp.partition, tp.offset) for tp in consumer.restarts] == [(0, 0)]
-    assert h.writer.failed is None and loop.out_of_range == {}
+    assert h.writer.failed is None and len(loop.out_of_range) == 0
 
 
 def test_ticks_space_out_with_many_partitions() -> None:
@@ -231,7 +328,7 @@ def test_arrow_allocations_count_against_the_memory_budget(h: Harness, native: i
     assert 0 < held < 1_000_000
     loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
                     outcomes, h.m, "r1", FlowLimits.for_budget(held + 500_000),
-                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0,
+                    lambda: h.now, lambda _now: None, LogStarts(h),
                     native_bytes=lambda: native)
     loop._apply_memory_budget([h.writer])
     closed = h.writer.segment is None
@@ -247,7 +344,7 @@ def test_arrow_bytes_alone_never_keep_the_process_paused(h: Harness) -> None:
     outcomes: queue.SimpleQueue[SegmentOutcome] = queue.SimpleQueue()
     loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
                     outcomes, h.m, "r1", FlowLimits.for_budget(10**6),
-                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0,
+                    lambda: h.now, lambda _now: None, LogStarts(h),
                     native_bytes=lambda: 2 * 10**6)
     loop._apply_memory_budget([h.writer])
     assert not loop.memory_paused
@@ -263,7 +360,7 @@ def test_each_tick_gives_writers_the_flush_size_of_the_partition_count(h: Harnes
     budget = 64 * 1024**2
     loop = PollLoop(FakeConsumer(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
                     outcomes, h.m, "r1", FlowLimits.for_budget(budget),
-                    lambda: h.now, lambda _now: None, h.pool, lambda t, p: 0)
+                    lambda: h.now, lambda _now: None, LogStarts(h))
     for p in range(1, 64):
         loop.writers[("t", p)] = h.writer   # the count is what matters
     loop._tick(0.0)
