@@ -17,14 +17,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from concurrent.futures import Future
 from pathlib import Path
 
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from egress import out_of_range
 from egress.controller import Egress
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.devstack.processes import free_port
@@ -186,3 +189,63 @@ def test_records_deleted_while_a_segment_is_open_are_reported(pipe: Pipeline,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_partition_whose_log_start_cannot_be_read_is_reported_stalled_and_recovers(
+        pipe: Pipeline, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Retention deleted records under egress's committed position, and the log start of
+    the partition cannot be read (the read never answers: a broker that does not, a client
+    stuck). The partition must not stop silently: after the stall time ERROR, the stalled
+    gauge, and the process not ready; once the read answers, it reports the exact loss,
+    goes on by itself and is ready again."""
+    monkeypatch.setattr(out_of_range, "STALLED_AFTER", 3.0)
+    monkeypatch.setattr(out_of_range, "READ_PATIENCE", 1.0)
+    pipe.create_source(1)
+    p = Producer(pipe.source_kafka)
+
+    def produce(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            p.produce(pipe.topic, value=f"v{i}".encode(), partition=0)
+        assert p.flush(30) == 0
+
+    produce(0, 50)
+    settings = pipe.egress_settings(max_segment_messages=25, max_segment_age="60s")
+    with running_egress(Egress(settings, store=pipe.store)):
+        wait_for(lambda: [(k.start, k.end) for k in segment_keys(pipe.store, pipe.topic, 0)]
+                 == [(0, 24), (25, 49)], 30, "the first 50 records in segments")
+    produce(50, 200)
+    admin = AdminClient({"bootstrap.servers": pipe.source_brokers})
+    for fut in admin.delete_records([ck.TopicPartition(pipe.topic, 0, 150)]).values():
+        fut.result(30)
+
+    answering = threading.Event()
+    real = Admin.log_start
+    asked: list[float] = []
+
+    def gated(self: Admin, topic: str, partition: int, *, timeout: float) -> Future[int]:
+        asked.append(time.monotonic())
+        if answering.is_set():
+            return real(self, topic, partition, timeout=timeout)
+        return Future()                 # never answers
+
+    monkeypatch.setattr(Admin, "log_start", gated)
+    with caplog.at_level(logging.INFO), running_egress(Egress(settings, store=pipe.store)) \
+            as eg:
+        stalled = lambda: eg.metrics.total("egress_log_start_stalled_partitions")  # noqa: E731
+        wait_for(lambda: stalled() == 1, 60, "the partition to be reported stalled")
+        assert not eg.ready()
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert any(f"{pipe.topic}[0]: stopped at offset 50" in m and "ListOffsets" in m
+                   for m in errors), errors
+        assert eg.metrics.total("egress_source_lost_messages_total") == 0
+        assert len(asked) >= 2          # asked again, never given up
+        answering.set()
+        wait_for(lambda: any(k.end == 199 for k in segment_keys(pipe.store, pipe.topic, 0))
+                 or eg.metrics.total("egress_messages_total") == 50, 60,
+                 "the records after the deleted ones")
+        wait_for(lambda: stalled() == 0 and eg.ready(), 30, "the stall to end")
+        assert eg.metrics.total("egress_source_lost_messages_total") == 100
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any(f"{pipe.topic}[0]: offsets 50..149 (100 positions) were deleted" in m
+               for m in errors), errors
