@@ -16,23 +16,63 @@ one offset while reading from another.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import timedelta
+from typing import Protocol
 
 from replicator.core.errors import KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import Consumer, TopicPartition
 from replicator.core.retry import RetryPolicy, retry
 
+log = logging.getLogger(__name__)
+
 COMMIT_POLICY = RetryPolicy(attempts=3, initial=timedelta(milliseconds=100))
 COMMIT_WAIT = 120.0
 """Seconds a worker waits for the poll thread to serve its commit (far above a poll turn)."""
 
-_Request = tuple[str, int, int, int, "Future[None]"]
-"""(topic, partition, offset, owner generation, result)"""
+_Request = tuple[str, int, int, str, int, "Future[None]"]
+"""(topic, partition, offset, metadata, owner generation, result)"""
+
+NEXT_SEGMENT = "next-segment-start="
+"""Commit metadata of a position past records egress skipped (``[egress] skip_origins``):
+where the partition's next segment starts, below the committed offset."""
+
+
+def commit_metadata(offset: int, next_segment: int) -> str:
+    """The metadata committed with ``offset`` when the next segment starts at
+    ``next_segment`` (pure): empty when they are the same (every commit without skipped
+    records), so commits stay what they always were.
+    """
+    return "" if next_segment == offset else f"{NEXT_SEGMENT}{next_segment}"
+
+
+def next_segment_start(offset: int, metadata: str) -> int:
+    """Where the next segment starts for a committed ``offset`` and its ``metadata``
+    (pure): the offset itself unless the metadata names an earlier start (the records in
+    between were skipped). Metadata egress did not write (another tool's commit) or a
+    start above the offset is ignored, with a WARNING.
+    """
+    if not metadata.startswith(NEXT_SEGMENT):
+        return offset
+    try:
+        start = int(metadata.removeprefix(NEXT_SEGMENT))
+    except ValueError:
+        start = -1
+    if not 0 <= start <= offset:
+        log.warning("commit metadata %r of offset %d names no usable segment start; the next "
+                    "segment starts at the offset", metadata, offset)
+        return offset
+    return start
+
+
+class Commit(Protocol):
+    """One partition's commit (``CommitService.committer``)."""
+
+    def __call__(self, offset: int, next_segment: int | None = None) -> None: ...
 
 
 class NotOwner(ReplicatorError):
@@ -48,10 +88,12 @@ class CommitService:
         self._owners: dict[tuple[str, int], int] = {}
         self._generation = 0
 
-    def committer(self, topic: str, partition: int) -> Callable[[int], None]:
+    def committer(self, topic: str, partition: int) -> Commit:
         """The commit of a new owner of the partition (poll thread: at assignment).
 
-        ``commit(offset)`` returns once ``offset`` is committed. Earlier committers of the
+        ``commit(offset, next_segment)`` returns once ``offset`` is committed, with
+        ``next_segment`` (where the partition's next segment starts, below ``offset`` when
+        the records in between were skipped) in its metadata. Earlier committers of the
         partition are refused from now on.
 
         Raises (from ``commit``):
@@ -63,9 +105,10 @@ class CommitService:
         generation = self._generation
         self._owners[(topic, partition)] = generation
 
-        def commit(offset: int) -> None:
+        def commit(offset: int, next_segment: int | None = None) -> None:
+            meta = commit_metadata(offset, offset if next_segment is None else next_segment)
             done: Future[None] = Future()
-            self._requests.put((topic, partition, offset, generation, done))
+            self._requests.put((topic, partition, offset, meta, generation, done))
             deadline = time.monotonic() + COMMIT_WAIT
             while True:
                 try:
@@ -93,7 +136,7 @@ class CommitService:
                 r = self._requests.get_nowait()
             except queue.Empty:
                 break
-            t, p, o, generation, done = r
+            t, p, o, _meta, generation, done = r
             if self._owners.get((t, p)) != generation:
                 done.set_exception(NotOwner(
                     f"commit {t}[{p}]@{o} refused: this writer no longer owns the "
@@ -103,8 +146,8 @@ class CommitService:
             requests.append(r)
         if not requests:
             return
-        what = ", ".join(f"{t}[{p}]@{o}" for t, p, o, _, _ in requests)
-        offsets = [TopicPartition(t, p, o) for t, p, o, _, _ in requests]
+        what = ", ".join(f"{t}[{p}]@{o}" for t, p, o, *_ in requests)
+        offsets = [TopicPartition(t, p, o, meta) for t, p, o, meta, *_ in requests]
         try:
             refused = retry(lambda: consumer.commit(offsets), COMMIT_POLICY,
                             what=f"commit {what}")
@@ -112,7 +155,7 @@ class CommitService:
             for *_, done in requests:
                 done.set_exception(e)
             return
-        for t, p, _o, _g, done in requests:
+        for t, p, *_, done in requests:
             err = refused.get((t, p))
             if err is None:
                 done.set_result(None)

@@ -33,7 +33,7 @@ from datetime import timedelta
 from typing import Any
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
-from egress.commits import CommitService
+from egress.commits import CommitService, next_segment_start
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
 from egress.metrics import EgressMetrics
@@ -395,15 +395,21 @@ class Egress:
             log.error("assigning %s failed: %s", ", ".join(map(str, partitions)), e)
             return
         for tp in committed:
-            expected = tp.offset if tp.offset >= 0 else None
+            position = tp.offset if tp.offset >= 0 else None
+            # Past records skipped by skip_origins, the commit's metadata keeps where the
+            # next segment starts, so segments still touch (egress.commits).
+            expected = None if position is None else next_segment_start(position,
+                                                                         tp.metadata)
             ref = PartitionRef(self.settings.s3.prefix, self.region, tp.topic, tp.partition)
             self._writers[(tp.topic, tp.partition)] = PartitionWriter(
                 ref, self._limits[tp.topic], expected, ctx=self._ctx,
                 metrics=self.m.for_partition(self.region, tp.topic, tp.partition),
-                commit=self._commits.committer(tp.topic, tp.partition))
-            log.info("%s[%d]: assigned, resuming at %s", tp.topic, tp.partition,
-                     expected if expected is not None else "the first available offset "
-                                                           "(no commit)")
+                commit=self._commits.committer(tp.topic, tp.partition), position=position)
+            log.info("%s[%d]: assigned, resuming at %s%s", tp.topic, tp.partition,
+                     position if position is not None else "the first available offset "
+                                                           "(no commit)",
+                     f" (next segment from {expected}: the records between were skipped)"
+                     if expected != position else "")
         self._assigned_once = True
         self.m.rebalances.labels(self.region, "assign").inc(len(committed))
         self.m.assigned.labels(self.region).set(len(self._writers))
@@ -461,6 +467,7 @@ class Egress:
         for w in writers:
             if w.failed is None and not w.broken.is_set():
                 w.close(reason)
+                w.commit_skipped(0.0, 0.0)   # no segment: commit past skipped records
             else:
                 w.discard_open()
         deadline = time.monotonic() + self.config.shutdown_timeout.total_seconds()

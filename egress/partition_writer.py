@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 
 import pyarrow as pa
 
-from egress.commits import NotOwner
+from egress.commits import Commit, NotOwner
 from egress.flow import MAX_FLUSH_BYTES
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
@@ -91,17 +91,20 @@ class PartitionWriter:
     Args:
         ref: the partition (prefix/region/topic/partition of its keys).
         limits: rotation thresholds of the topic.
-        expected: the position the partition resumed from (committed offset), or ``None``
-            when the group has no commit for it.
+        expected: where the partition's next segment starts (the committed offset, or
+            the start its commit metadata names when records before the committed offset
+            were skipped), or ``None`` when the group has no commit for it.
         ctx: shared store, format, pool, clocks.
         metrics: this partition's metric children.
-        commit: commits ``offset`` (the next offset to read) for this partition,
-            synchronously; raises ``ReplicatorError``.
+        commit: commits ``offset`` (the next offset to read) for this partition, with the
+            next segment's start, synchronously; raises ``ReplicatorError``.
+        position: the offset the consumer fetches from (the committed offset); default
+            ``expected``.
     """
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
-                 ctx: WriterContext, metrics: PartitionMetrics,
-                 commit: Callable[[int], None]) -> None:
+                 ctx: WriterContext, metrics: PartitionMetrics, commit: Commit,
+                 position: int | None = None) -> None:
         self.ref = ref
         self.limits = limits
         self.expected = expected
@@ -118,7 +121,11 @@ class PartitionWriter:
         self.failures = 0
         self.retry_at = 0.0
         self.next_offset: int | None = expected
-        self.committed_offset: int | None = expected
+        self.position: int | None = expected if position is None else position
+        """The offset after the last record fetched, kept or skipped (``[egress]
+        skip_origins``); every record from ``next_offset`` up to it was skipped."""
+        self.committed_offset: int | None = self.position
+        self._skip_commit_at = 0.0
         self.resumed = expected is not None
         self._first_recorded = ctx.first_positions is None
         self.flush_bytes = FLUSH_BYTES
@@ -154,6 +161,58 @@ class PartitionWriter:
             if reason is CloseReason.COUNT or reason is CloseReason.SIZE:
                 self.close(reason)
         self.next_offset = self.expected if self.segment is None else self.segment.end + 1
+        last = msgs[-1].offset()
+        if last is not None and (self.position is None or last >= self.position):
+            self.position = last + 1
+
+    def skipped_to(self, position: int) -> None:
+        """The records up to ``position`` (exclusive) after the last appended one were
+        skipped (``[egress] skip_origins``): the consumer's position moved past them
+        (poll thread).
+        """
+        if self.broken.is_set() or self.failed is not None:
+            return      # rewinding: they are read again
+        if self.position is None or position > self.position:
+            self.position = position
+
+    def commit_skipped(self, now: float, interval: float) -> None:
+        """Commit the position past skipped records while no segment is open or closing
+        (poll thread; at most every ``interval`` seconds, any time with ``interval`` 0).
+
+        In active-active replication a partition whose recent records all came from the
+        other region opens no segment, so no segment commit moves its offset: without this
+        the commit stays behind them, every restart reads them again, and once retention
+        deletes them a restart would report them as lost although they were never to be
+        copied. The next segment's start (``expected``) goes into the commit's metadata.
+        """
+        pos, start = self.position, self.expected
+        if pos is None or start is None or pos <= start or self.segment is not None \
+                or self.closing or self.failed is not None or self.broken.is_set():
+            return
+        if self.committed_offset is not None and pos <= self.committed_offset:
+            return
+        if now < self._skip_commit_at:
+            return
+        self._skip_commit_at = now + interval
+        self.queue.submit(lambda: self._commit_skipped(pos, start))
+
+    def _commit_skipped(self, position: int, start: int) -> None:
+        if self.cancel.is_set() or self.broken.is_set():
+            return
+        try:
+            self._commit(position, start)
+        except NotOwner as e:
+            log.info("%s: %s", self.name, e)
+            return
+        except ReplicatorError as e:
+            # The next one (or the next segment's) covers it.
+            log.warning("%s: committing offset %d past skipped records failed: %s",
+                        self.name, position, e)
+            self.metrics.commit_failures.inc()
+            return
+        log.debug("%s: committed offset %d past skipped records (next segment starts at "
+                  "%d)", self.name, position, start)
+        self.committed_offset = max(position, self.committed_offset or 0)
 
     def _open(self, first: Message, now: float) -> Segment:
         first_offset = first.offset()
@@ -213,6 +272,9 @@ class PartitionWriter:
         self._flush(seg)
         seg.reason = reason
         seg.state = SegmentState.CLOSING
+        # Records after the segment's last one up to the consumer's position were all
+        # skipped (any other would be in the segment): the commit goes past them.
+        seg.commit_to = max(seg.end + 1, self.position or 0)
         self.expected = seg.end + 1
         self.closing.append(seg)
         self.queue.submit(lambda: self.make_durable(seg))
@@ -244,7 +306,7 @@ class PartitionWriter:
             self.closing.remove(o.segment)
         if o.state is SegmentState.COMMITTED:
             self.failures = 0
-            self.committed_offset = o.segment.end + 1
+            self.committed_offset = max(o.segment.commit_to, self.committed_offset or 0)
         elif o.state is SegmentState.FAILED and self.failed is None:
             self.failures += 1
             self.failed = o.segment
@@ -287,6 +349,7 @@ class PartitionWriter:
         self.closing.clear()
         self.expected = start
         self.next_offset = start
+        self.position = start
         self.broken.clear()
         return start
 
@@ -331,7 +394,9 @@ class PartitionWriter:
            lifecycle rule for ``temp/`` expires; it does not stop the commit.
            (Steps 2 and 3 are ``formats.segment_io.publish_segment``, which compaction
            publishes its outputs with too.)
-        4. Commit offset ``end + 1`` for this partition, synchronously.
+        4. Commit offset ``end + 1`` for this partition, synchronously (past it when the
+           records after the segment were skipped: ``skip_origins``; the commit's metadata
+           then says the next segment starts at ``end + 1``).
 
         Nothing is committed earlier. Steps 1-3 retry ``RetriableError`` with the retry
         policy; when steps 1-2 fail for good, or the partition is cancelled before step 2,
@@ -391,9 +456,9 @@ class PartitionWriter:
             seg.state = SegmentState.ABORTED
             self.ctx.report(SegmentOutcome(self, seg, SegmentState.ABORTED, key))
             return
-        # Step 4: commit end + 1, synchronously.
+        # Step 4: commit end + 1 (or past skipped records after it), synchronously.
         try:
-            self._commit(seg.end + 1)
+            self._commit(seg.commit_to, seg.end + 1)
         except NotOwner as e:
             # Revoked or lost between the check above and the commit: as above.
             log.warning("%s: segment %s is durable; %s", self.name, final, e)
@@ -402,13 +467,13 @@ class PartitionWriter:
             # partition moved to another member, it re-reads from the older commit and
             # writes an overlapping segment, which ingress tolerates.
             log.error("%s: segment %s is durable but committing offset %d failed: %s",
-                      self.name, final, seg.end + 1, e)
+                      self.name, final, seg.commit_to, e)
             self.metrics.commit_failures.inc()
         seg.state = SegmentState.COMMITTED
         self.metrics.segment_committed(str(seg.reason), seg.stored_bytes)
         log.info("%s: segment %s committed (%d messages, %d raw bytes, %d stored bytes, "
                  "reason %s), offset %d", self.name, final, seg.count, seg.raw_bytes,
-                 seg.stored_bytes, seg.reason, seg.end + 1)
+                 seg.stored_bytes, seg.reason, seg.commit_to)
         self._release(seg)
         self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
 

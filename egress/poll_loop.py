@@ -53,6 +53,9 @@ def tick_interval(writers: int) -> float:
     """Seconds between ticks with ``writers`` assigned partitions."""
     return max(TICK_INTERVAL, writers * TICK_PER_WRITER)
 GAUGE_INTERVAL = 1.0
+SKIP_COMMIT_INTERVAL = 5.0
+"""Seconds between commits of a partition whose records are all skipped
+(``[egress] skip_origins``): its position moves while no segment commits it."""
 
 Writers = dict[tuple[str, int], PartitionWriter]
 
@@ -132,9 +135,17 @@ class PollLoop:
                           topic, partition, len(run))
                 self.m.dropped.labels(self.region, str(topic), str(partition)).inc(len(run))
                 continue
-            msgs = run if self.skip is None else self.skip.keep(topic, run)
+            if self.skip is None:
+                w.append(run, now)
+                continue
+            msgs = self.skip.keep(topic, run)
             if msgs:
                 w.append(msgs, now)
+            if msgs is not run:
+                # The run ended with skipped records: the position moves past them.
+                last = run[-1].offset()
+                if last is not None:
+                    w.skipped_to(last + 1)
 
     # --- positions deleted under the consumer -----------------------------------------
 
@@ -185,8 +196,8 @@ class PollLoop:
 
     def _others(self, key: tuple[str, int]) -> list[TopicPartition]:
         """Every other assigned partition at the offset it reads next (eager restarts)."""
-        return [TopicPartition(t, p, OFFSET_BEGINNING if v.next_offset is None
-                               else v.next_offset)
+        return [TopicPartition(t, p, OFFSET_BEGINNING if v.position is None
+                               else v.position)
                 for (t, p), v in self.writers.items() if (t, p) != key]
 
     def _consume_error(self, err: ReplicatorError) -> None:
@@ -230,6 +241,9 @@ class PollLoop:
         for w in writers:
             if w.ready_to_rewind(now):
                 self._rewind(w, now)
+        if self.skip is not None:
+            for w in writers:
+                w.commit_skipped(now, SKIP_COMMIT_INTERVAL)
         if self.out_of_range:
             self._settle_out_of_range(now)
         self._apply_pauses(writers)

@@ -47,6 +47,9 @@ class Segment:
         self.state = SegmentState.OPEN
         self.reason: CloseReason | None = None
         self.stored_bytes = 0
+        self.commit_to = start
+        """The offset committed once durable: ``end + 1``, or past the skipped records
+        after it (set at close)."""
 
     def stats(self) -> SegmentStats:
         return SegmentStats(self.count, self.raw_bytes, self.first_at)

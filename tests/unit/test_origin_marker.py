@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -131,13 +132,23 @@ def h() -> Iterator[Harness]:
     harness.close()
 
 
-def test_skipped_records_are_holes_and_segments_still_touch(h: Harness) -> None:
-    loop = PollLoop(object(), {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
-                    queue.SimpleQueue[SegmentOutcome](), h.m, "r1",
-                    FlowLimits.for_budget(10**9), lambda: h.now, lambda _now: None, h.pool,
-                    lambda _t, _p: 0)
+def skipping_loop(h: Harness) -> PollLoop:
+    from tests.unit.egress.test_poll_loop import FakeConsumer
+
+    loop = PollLoop(FakeConsumer(), {("t", 0): h.writer},  # type: ignore[arg-type]
+                    CommitService(), queue.SimpleQueue[SegmentOutcome](), h.m, "r1",
+                    FlowLimits.for_budget(10**9), lambda: h.now, lambda _now: None,
+                    lambda _t, _p: Future())
     loop.skip = OriginFilter(H, ["b"], h.m, "r1")
-    from_b = (H, b"b")
+    return loop
+
+
+FROM_B = (H, b"b")
+
+
+def test_skipped_records_are_holes_and_segments_still_touch(h: Harness) -> None:
+    loop = skipping_loop(h)
+    from_b = FROM_B
 
     def fetch(*recs: Record) -> None:
         loop._dispatch(Fetched(runs={("t", 0): [FakeMessage(r) for r in recs]}), h.now)
@@ -152,6 +163,49 @@ def test_skipped_records_are_holes_and_segments_still_touch(h: Harness) -> None:
     h.settle()
     keys = [SegmentKey.parse(k) for k in h.final_keys()]
     assert [(k.start, k.end) for k in keys] == [(0, 3), (4, 8)]
-    assert h.commits == [4, 9]
+    # Each commit goes past the skipped records after the segment; its metadata keeps
+    # where the next segment starts.
+    assert h.commits == [6, 10]
+    assert h.next_segments == {6: 4, 10: 9}
     assert h.m.registry.value("replicator_egress_origin_skipped_total",
                               {"region": "r1", "topic": "t", "origin": "b"}) == 5
+
+
+def test_a_partition_of_nothing_but_skipped_records_commits_past_them(h: Harness) -> None:
+    # Active-active: the recent records of a partition all came from the other region. No
+    # segment opens, yet the commit must move past them (or a restart reads them again,
+    # and once retention deletes them reports them as lost), with the next segment's start
+    # kept in the commit's metadata so the segments still touch.
+    loop = skipping_loop(h)
+
+    def fetch(*recs: Record) -> None:
+        loop._dispatch(Fetched(runs={("t", 0): [FakeMessage(r) for r in recs]}), h.now)
+
+    fetch(rec(0), rec(1))
+    h.writer.close(CloseReason.AGE)
+    h.settle()
+    assert h.commits == [2]
+    fetch(*[rec(o, FROM_B) for o in range(2, 50)])
+    loop._tick(h.now)
+    h.settle()
+    assert h.commits == [2, 50] and h.next_segments == {50: 2}
+    fetch(*[rec(o, FROM_B) for o in range(50, 60)])
+    loop._tick(h.now + 1)                       # within SKIP_COMMIT_INTERVAL: not yet
+    h.settle()
+    assert h.commits == [2, 50]
+    h.now += 10
+    loop._tick(h.now)
+    h.settle()
+    assert h.commits == [2, 50, 60] and h.next_segments[60] == 2
+    # A restart from that commit: fetched from 60, the next segment named from 2.
+    from egress.commits import next_segment_start
+    from egress.partition_writer import PartitionWriter
+
+    w = PartitionWriter(h.writer.ref, h.limits, next_segment_start(60, "next-segment-start=2"),
+                        ctx=h.ctx, metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
+                        position=60)
+    w.append([FakeMessage(rec(60)), FakeMessage(rec(61))], h.now)
+    w.close(CloseReason.AGE)
+    assert w.queue.wait_idle(10)
+    keys = sorted((k.start, k.end) for k in map(SegmentKey.parse, h.final_keys()))
+    assert keys == [(0, 1), (2, 61)]              # touching: no gap for ingress

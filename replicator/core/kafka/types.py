@@ -52,6 +52,8 @@ class TopicPartition:
     topic: str
     partition: int
     offset: int = OFFSET_INVALID
+    metadata: str = ""
+    """The metadata committed with ``offset`` (commits and committed offsets only)."""
 
     def __str__(self) -> str:
         return f"{self.topic}[{self.partition}]"
@@ -64,12 +66,14 @@ class TopicPartition:
 
 def to_client(tp: TopicPartition) -> ck.TopicPartition:
     """The client's ``TopicPartition`` for ``tp`` (seam-internal)."""
+    if tp.metadata:
+        return ck.TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata)
     return ck.TopicPartition(tp.topic, tp.partition, tp.offset)
 
 
 def from_client(tp: ck.TopicPartition) -> TopicPartition:
     """Our value for a client ``TopicPartition`` (seam-internal)."""
-    return TopicPartition(tp.topic, tp.partition, tp.offset)
+    return TopicPartition(tp.topic, tp.partition, tp.offset, tp.metadata or "")
 
 
 @dataclass(slots=True)

@@ -112,6 +112,8 @@ class Harness:
     log); the writer itself never asks."""
     now: float = 0.0
     commits: list[int] = field(default_factory=list)
+    next_segments: dict[int, int] = field(default_factory=dict)
+    """Commit metadata: committed offset -> the next segment's start, where they differ."""
     outcomes: list[SegmentOutcome] = field(default_factory=list)
     commit_error: Exception | None = None
     first_positions: Any = None
@@ -132,9 +134,11 @@ class Harness:
             PartitionRef("data", "r1", "t", 0), self.limits, self.expected, ctx=self.ctx,
             metrics=self.m.for_partition("r1", "t", 0), commit=self._commit)
 
-    def _commit(self, offset: int) -> None:
+    def _commit(self, offset: int, next_segment: int | None = None) -> None:
         with self.store.lock:
             self.store.ops.append(("commit", str(offset)))
+        if next_segment is not None and next_segment != offset:
+            self.next_segments[offset] = next_segment
         if self.commit_error is not None:
             raise self.commit_error
         self.commits.append(offset)

@@ -63,3 +63,14 @@ def test_a_writer_that_no_longer_owns_its_partition_never_commits(then: str) -> 
     assert consumer.commits == []
     assert len(result) == 1 and isinstance(result[0], ReplicatorError)
     assert "no longer owns" in str(result[0])
+
+
+def test_commit_metadata_keeps_the_next_segment_start_only_where_it_differs() -> None:
+    from egress.commits import commit_metadata, next_segment_start
+
+    assert commit_metadata(10, 10) == ""
+    assert next_segment_start(10, commit_metadata(10, 4)) == 4
+    assert next_segment_start(10, "") == 10
+    assert next_segment_start(10, "written by another tool") == 10
+    assert next_segment_start(10, "next-segment-start=11") == 10     # above: ignored
+    assert next_segment_start(10, "next-segment-start=x") == 10
