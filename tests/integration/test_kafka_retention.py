@@ -232,7 +232,9 @@ def test_a_partition_whose_log_start_cannot_be_read_is_reported_stalled_and_reco
     monkeypatch.setattr(Admin, "log_start", gated)
     with caplog.at_level(logging.INFO), running_egress(Egress(settings, store=pipe.store)) \
             as eg:
-        stalled = lambda: eg.metrics.total("egress_log_start_stalled_partitions")  # noqa: E731
+        def stalled() -> float:
+            return eg.metrics.total("egress_log_start_stalled_partitions")
+
         wait_for(lambda: stalled() == 1, 60, "the partition to be reported stalled")
         assert not eg.ready()
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
