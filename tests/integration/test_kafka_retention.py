@@ -251,3 +251,43 @@ def test_a_partition_whose_log_start_cannot_be_read_is_reported_stalled_and_reco
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any(f"{pipe.topic}[0]: offsets 50..149 (100 positions) were deleted" in m
                for m in errors), errors
+
+
+def test_records_skipped_by_origin_are_committed_past_and_never_reported_lost(
+        pipe: Pipeline) -> None:
+    """Active-active: the recent records of a partition all came from the other region
+    (``skip_origins``). Egress copies none of them, yet its commit must move past them;
+    otherwise, once retention deletes them, a restart reports them as deleted before egress
+    read them (ERROR and the lost metric for records that were never to be copied)."""
+    from replicator.core.settings.services import ORIGIN_HEADER
+
+    pipe.create_source(1)
+    p = Producer(pipe.source_kafka)
+
+    def produce(lo: int, hi: int, origin: bytes | None) -> None:
+        for i in range(lo, hi):
+            p.produce(pipe.topic, value=f"v{i}".encode(), partition=0,
+                      headers=[(ORIGIN_HEADER, origin)] if origin else None)
+        assert p.flush(30) == 0
+
+    produce(0, 10, None)
+    produce(10, 110, b"other")
+    settings = pipe.egress_settings(egress={"skip_origins": ["other"]},
+                                    max_segment_messages=10)
+    admin = Admin(pipe.source_kafka)
+    with running_egress(Egress(settings, store=pipe.store)):
+        wait_for(lambda: admin.group_offsets(pipe.egress_group).get((pipe.topic, 0)) == 110,
+                 60, "the commit past the skipped records")
+    # Retention deletes the skipped records.
+    ac = AdminClient({"bootstrap.servers": pipe.source_brokers})
+    for fut in ac.delete_records([ck.TopicPartition(pipe.topic, 0, 110)]).values():
+        fut.result(30)
+    produce(110, 120, None)
+    with running_egress(Egress(settings, store=pipe.store)) as eg:
+        wait_for(lambda: any(k.end == 119 for k in segment_keys(pipe.store, pipe.topic, 0)),
+                 60, "the records after the skipped ones")
+        assert eg.metrics.total("egress_source_lost_messages_total") == 0
+    keys = segment_keys(pipe.store, pipe.topic, 0)
+    assert [(k.start, k.end) for k in keys] == [(0, 9), (10, 119)]    # touching
+    got = [r.value for r in read_partition(pipe.store, pipe.topic, 0)]
+    assert got == [f"v{i}".encode() for i in [*range(10), *range(110, 120)]]
