@@ -41,6 +41,8 @@ class S3Upload(Upload):
         self.upload_id: str | None = None
         self._parts: list[dict[str, Any]] = []
         self._buf = bytearray()
+        self._sending = 0
+        """Bytes of the part being sent (it left ``_buf`` but is held until S3 answers)."""
         self._written = 0
         self._state = "open"  # open | failed | complete | aborted
         self._result: ObjectInfo | None = None
@@ -84,11 +86,22 @@ class S3Upload(Upload):
                     Bucket=s.bucket, Key=self.key,
                     **s.write_args(self.storage_class))["UploadId"]
         number = len(self._parts) + 1
-        with aws_errors(f"upload part {number} of {s.url(self.key)}"):
-            resp = s.client.upload_part(Bucket=s.bucket, Key=self.key, UploadId=self.upload_id,
-                                        PartNumber=number, Body=bytes(self._buf))
+        # The buffer itself is the body: a copy (``bytes(buf)``) would hold the part twice
+        # while it is sent, memory the budget did not count. The part is counted in
+        # ``buffered_bytes`` until S3 answered.
+        part, self._buf = self._buf, bytearray()
+        self._sending = len(part)
+        try:
+            with aws_errors(f"upload part {number} of {s.url(self.key)}"):
+                resp = s.client.upload_part(Bucket=s.bucket, Key=self.key,
+                                            UploadId=self.upload_id, PartNumber=number,
+                                            Body=part)
+        except BaseException:
+            self._buf = part + self._buf        # unusable now, but kept as it was
+            raise
+        finally:
+            self._sending = 0
         self._parts.append({"PartNumber": number, "ETag": resp["ETag"]})
-        self._buf.clear()
 
     def complete(self) -> ObjectInfo:
         with self._lock:
@@ -98,7 +111,12 @@ class S3Upload(Upload):
             s = self.store
             if self.upload_id is None:
                 # Below one part: a single PutObject is cheaper than a multipart upload.
-                info = s.put(self.key, bytes(self._buf), storage_class=self.storage_class)
+                # Below one part: the copy ``put`` sends is counted while it is sent.
+                self._sending = len(self._buf)
+                try:
+                    info = s.put(self.key, bytes(self._buf), storage_class=self.storage_class)
+                finally:
+                    self._sending = 0
             else:
                 if self._buf:
                     self._send_part()  # the last part may be short
@@ -146,4 +164,5 @@ class S3Upload(Upload):
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf)
+        """The part being filled, plus the part being sent."""
+        return len(self._buf) + self._sending
