@@ -20,7 +20,7 @@ class StubClient:
     def create_multipart_upload(self, **kw: Any) -> dict[str, str]:
         return {"UploadId": "u1"}
 
-    def upload_part(self, *, Body: Any, **kw: Any) -> dict[str, str]:  # noqa: N803
+    def upload_part(self, *, Body: Any, **kw: Any) -> dict[str, str]:
         self.seen.append((len(Body), self.upload[0].buffered_bytes))
         return {"ETag": '"e"'}
 
