@@ -389,13 +389,25 @@ class Compaction:
 
     def _replicated(self, output: SegmentKey, inputs: int, report: RunReport) -> bool:
         assert self.store is not None
-        ok, why = replicated(self.store.head(output.to_key()), self.clock(),
+        verdict = replicated(self.store.head(output.to_key()), self.clock(),
                              self.cfg.replication_grace)
-        if not ok:
+        if verdict.failed:
+            # S3 never retries a FAILED object: unlike PENDING, no later run fixes this.
+            log.error("%s: S3 replication of this output FAILED and S3 never retries it: the "
+                      "other region does not get it, and its %d inputs stay here until the "
+                      "replication is re-driven (S3 Batch Replication, or a copy of the "
+                      "object onto itself; docs/deploy.md, \"S3 replication\")", output,
+                      inputs)
+            self.m.replication_failed.labels(self.settings.region, output.topic).inc()
+            report.errors.append(f"{output}: replication FAILED; {inputs} inputs stay until "
+                                 f"it is re-driven")
+        elif not verdict.delete:
             log.info("%s: its %d inputs stay until it is safe in the other region (%s); a "
-                     "later run deletes them", output, inputs, why)
-            report.skipped.append(f"{output}: {inputs} inputs wait for replication ({why})")
-        return ok
+                     "later run deletes them", output, inputs, verdict.why)
+        if not verdict.delete:
+            report.skipped.append(f"{output}: {inputs} inputs wait for replication "
+                                  f"({verdict.why})")
+        return verdict.delete
 
 
 class _LockLost(ReplicatorError):
