@@ -5,7 +5,9 @@
 
 1. takes the region lock (``{prefix}/{region}/_compaction.lock``), or is skipped;
 2. lists the configured topics of this region only and plans each partition
-   (``compaction.planner``);
+   (``compaction.planner``); reads the footers of segments that would be deleted unread and
+   of what covers them, and keeps (ERROR, ``replicator_compaction_conflicts_total``) what
+   cannot hold the same records (``planner.verify_plan``);
 3. runs the merge tasks on the executor (Spark, or in-process with ``spark_master =
    "inline"``); each publishes its output before it reports success;
 4. deletes the inputs of each successful task, then leftovers covered by higher levels;
@@ -29,13 +31,26 @@ from compaction.executors import Executor, ExecutorFactory, default_executor
 from compaction.lock import RegionLock, lock_key
 from compaction.merge import TaskResult, TaskSpec
 from compaction.metrics import CompactionMetrics
-from compaction.planner import Listed, PartitionPlan, plan_all
+from compaction.planner import (
+    FooterOrError,
+    Listed,
+    PartitionPlan,
+    footers_to_check,
+    plan_all,
+    verify_plan,
+)
 from compaction.replication import replicated
 from compaction.report import RunReport, RunScope, planned
 from formats.registry import get_format
+from formats.segment_io import read_footer
 from replicator.core.clock import Clock, utc_now
 from replicator.core.cron import CronSchedule, parse_cron
-from replicator.core.errors import ConfigError, ReplicatorError
+from replicator.core.errors import (
+    ConfigError,
+    ReplicatorError,
+    SegmentCorrupt,
+    SegmentNotFound,
+)
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import CompactionSettings, CompactionTopicSettings, Settings
@@ -297,7 +312,8 @@ class Compaction:
               now: datetime, report: RunReport) -> list[PartitionPlan]:
         plans: list[PartitionPlan] = []
         for name in sorted(topics):
-            for p in plan_all(self._list(name, partition), topics[name], now):
+            for listed in plan_all(self._list(name, partition), topics[name], now):
+                p = self._verify(listed, report)
                 plans.append(p)
                 ref = p.partition
                 where = f"{ref.topic}[{ref.partition}]"
@@ -317,6 +333,33 @@ class Compaction:
                     report.skipped.append(f"{where}: {p.skipped_reason}")
         report.partitions = len(plans)
         return plans
+
+    def _verify(self, p: PartitionPlan, report: RunReport) -> PartitionPlan:
+        """The plan without what contradicts what covers it (``planner.verify_plan``): reads
+        the footers of what would be deleted unread and of what covers it, only those.
+        """
+        keys = footers_to_check(p)
+        if not keys:
+            return p
+        assert self.store is not None
+        footers: dict[SegmentKey, FooterOrError] = {}
+        for key in keys:
+            try:
+                footers[key] = read_footer(self.store, key)
+            except SegmentNotFound:
+                pass                   # deleted meanwhile (another run, an operator)
+            except SegmentCorrupt as e:
+                footers[key] = str(e)
+        verified, conflicts = verify_plan(p, footers)
+        ref = p.partition
+        for c in conflicts:
+            log.error("%s[%d]: %s. A topic recreated or a partition truncated or reset "
+                      "reuses positions; compare them (replicator segments inspect) and "
+                      "delete the one that is not wanted", ref.topic, ref.partition,
+                      c.describe())
+            self.m.conflicts.labels(self.settings.region, ref.topic, str(ref.partition)).inc()
+            report.errors.append(c.describe())
+        return verified
 
     def _execute(self, plans: list[PartitionPlan], topics: dict[str, CompactionTopicSettings],
                  report: RunReport) -> dict[str, TaskResult]:
@@ -341,6 +384,9 @@ class Compaction:
             elif not r.ok:
                 pt.outcome, pt.error = "failed", r.error
                 report.errors.append(f"{pt.output}: {r.error}")
+                if r.conflict:
+                    out = SegmentKey.parse(pt.output)
+                    self.m.conflicts.labels(region, out.topic, str(out.partition)).inc()
             else:
                 pt.outcome = "existing" if r.existing else "merged"
                 pt.records, pt.bytes_out = r.records, r.bytes_out
