@@ -306,6 +306,12 @@ def contradiction(part: SegmentMetadata, holders: Sequence[SegmentMetadata], *,
     written after its inputs, so ``part`` cannot have been written later. Without it (a
     segment inside a merge's other inputs), a later write is normal: egress rewrites a
     range it published but had not committed when it restarted.
+
+    The footer's start and end offsets are the key's (``SegmentMetadata.check_key``) and it
+    carries no topic id, so these are the facts there are. They err towards keeping: a
+    range egress rewrote *after* it was merged (a crash between copy and commit, then down
+    for longer than ``min_segment_age``) holds the same records but was written after the
+    output, and is reported and kept like another incarnation.
     """
     reasons: list[str] = []
     total = sum(h.message_count for h in holders)
