@@ -347,7 +347,9 @@ class Compaction:
             try:
                 footers[key] = read_footer(self.store, key)
             except SegmentNotFound:
-                pass                   # deleted meanwhile (another run, an operator)
+                # Deleted meanwhile (another run, an operator): left out of ``footers``,
+                # which verify_plan reads as gone.
+                log.debug("%s: gone before its footer was read", key)
             except SegmentCorrupt as e:
                 footers[key] = str(e)
         verified, conflicts = verify_plan(p, footers)

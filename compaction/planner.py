@@ -375,7 +375,7 @@ def verify_plan(p: PartitionPlan, footers: Mapping[SegmentKey, FooterOrError],
         mine = footers.get(part)
         theirs = [footers.get(h) for h in holders]
         if mine is None:
-            return True                     # gone already: nothing to delete
+            return True                     # gone already: deleting it is a no-op
         unreadable = [f"{k.to_key()}: {f}" for k, f in ((part, mine), *zip(holders, theirs,
                                                                            strict=True))
                       if isinstance(f, str)]
@@ -396,7 +396,7 @@ def verify_plan(p: PartitionPlan, footers: Mapping[SegmentKey, FooterOrError],
         return True
 
     covered = [k for k in p.covered_to_delete
-               if check(k, (p.covering[k],), True) and k in footers]
+               if k in footers and check(k, (p.covering[k],), True)]
     tasks = [t for t in p.tasks
              if all([check(c, _holders(t, c), False) for c in t.covered])]
     if not conflicts and len(covered) == len(p.covered_to_delete):

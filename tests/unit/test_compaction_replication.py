@@ -42,14 +42,7 @@ def test_without_a_status_and_without_a_grace_inputs_are_never_deleted() -> None
     assert replicated(info("COMPLETED"), NOW, None).delete
 
 
-def settings_with_grace(grace: str) -> object:
-    return compaction_settings(replication_grace=grace)
-
-
-def test_inputs_stay_until_the_output_is_replicated() -> None:
-    store = MemoryObjectStore()
-    inputs = seed(store, [(0, 99), (100, 199)])
-    statuses = {k(1, 0, 199).to_key(): "PENDING"}
+def with_status(store: MemoryObjectStore, statuses: dict[str, str]) -> None:
     head = store.head
 
     def head_with_status(key: str) -> ObjectInfo:
@@ -58,6 +51,17 @@ def test_inputs_stay_until_the_output_is_replicated() -> None:
                           statuses.get(key))
 
     store.head = head_with_status  # type: ignore[method-assign]
+
+
+def settings_with_grace(grace: str) -> object:
+    return compaction_settings(replication_grace=grace)
+
+
+def test_inputs_stay_until_the_output_is_replicated() -> None:
+    store = MemoryObjectStore()
+    inputs = seed(store, [(0, 99), (100, 199)])
+    statuses = {k(1, 0, 199).to_key(): "PENDING"}
+    with_status(store, statuses)
     c = controller(store)
     report = c.run_once()
     assert report.outcome == "success" and [t.outcome for t in report.tasks] == ["merged"]
@@ -82,17 +86,6 @@ def test_without_replication_status_the_grace_period_applies() -> None:
     report = controller(store, settings=settings, clock=later).run_once()
     assert sorted(report.deleted) == sorted(x.to_key() for x in inputs)
     assert isinstance(SegmentKey.parse(segment_keys(store)[0]), SegmentKey)
-
-
-def with_status(store: MemoryObjectStore, statuses: dict[str, str]) -> None:
-    head = store.head
-
-    def head_with_status(key: str) -> ObjectInfo:
-        i = head(key)
-        return ObjectInfo(i.key, i.size, i.last_modified, i.etag, i.storage_class,
-                          statuses.get(key))
-
-    store.head = head_with_status  # type: ignore[method-assign]
 
 
 def test_a_failed_replication_is_an_error_with_a_metric_and_the_inputs_stay(
