@@ -5,7 +5,9 @@
 
 1. takes the region lock (``{prefix}/{region}/_compaction.lock``), or is skipped;
 2. lists the configured topics of this region only and plans each partition
-   (``compaction.planner``);
+   (``compaction.planner``); reads the footers of segments that would be deleted unread and
+   of what covers them, and keeps (ERROR, ``replicator_compaction_conflicts_total``) what
+   cannot hold the same records (``planner.verify_plan``);
 3. runs the merge tasks on the executor (Spark, or in-process with ``spark_master =
    "inline"``); each publishes its output before it reports success;
 4. deletes the inputs of each successful task, then leftovers covered by higher levels;
@@ -29,13 +31,26 @@ from compaction.executors import Executor, ExecutorFactory, default_executor
 from compaction.lock import RegionLock, lock_key
 from compaction.merge import TaskResult, TaskSpec
 from compaction.metrics import CompactionMetrics
-from compaction.planner import Listed, PartitionPlan, plan_all
+from compaction.planner import (
+    FooterOrError,
+    Listed,
+    PartitionPlan,
+    footers_to_check,
+    plan_all,
+    verify_plan,
+)
 from compaction.replication import replicated
 from compaction.report import RunReport, RunScope, planned
 from formats.registry import get_format
+from formats.segment_io import read_footer
 from replicator.core.clock import Clock, utc_now
 from replicator.core.cron import CronSchedule, parse_cron
-from replicator.core.errors import ConfigError, ReplicatorError
+from replicator.core.errors import (
+    ConfigError,
+    ReplicatorError,
+    SegmentCorrupt,
+    SegmentNotFound,
+)
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import CompactionSettings, CompactionTopicSettings, Settings
@@ -297,7 +312,8 @@ class Compaction:
               now: datetime, report: RunReport) -> list[PartitionPlan]:
         plans: list[PartitionPlan] = []
         for name in sorted(topics):
-            for p in plan_all(self._list(name, partition), topics[name], now):
+            for listed in plan_all(self._list(name, partition), topics[name], now):
+                p = self._verify(listed, report)
                 plans.append(p)
                 ref = p.partition
                 where = f"{ref.topic}[{ref.partition}]"
@@ -317,6 +333,35 @@ class Compaction:
                     report.skipped.append(f"{where}: {p.skipped_reason}")
         report.partitions = len(plans)
         return plans
+
+    def _verify(self, p: PartitionPlan, report: RunReport) -> PartitionPlan:
+        """The plan without what contradicts what covers it (``planner.verify_plan``): reads
+        the footers of what would be deleted unread and of what covers it, only those.
+        """
+        keys = footers_to_check(p)
+        if not keys:
+            return p
+        assert self.store is not None
+        footers: dict[SegmentKey, FooterOrError] = {}
+        for key in keys:
+            try:
+                footers[key] = read_footer(self.store, key)
+            except SegmentNotFound:
+                # Deleted meanwhile (another run, an operator): left out of ``footers``,
+                # which verify_plan reads as gone.
+                log.debug("%s: gone before its footer was read", key)
+            except SegmentCorrupt as e:
+                footers[key] = str(e)
+        verified, conflicts = verify_plan(p, footers)
+        ref = p.partition
+        for c in conflicts:
+            log.error("%s[%d]: %s. A topic recreated or a partition truncated or reset "
+                      "reuses positions; compare them (replicator segments inspect) and "
+                      "delete the one that is not wanted", ref.topic, ref.partition,
+                      c.describe())
+            self.m.conflicts.labels(self.settings.region, ref.topic, str(ref.partition)).inc()
+            report.errors.append(c.describe())
+        return verified
 
     def _execute(self, plans: list[PartitionPlan], topics: dict[str, CompactionTopicSettings],
                  report: RunReport) -> dict[str, TaskResult]:
@@ -341,6 +386,9 @@ class Compaction:
             elif not r.ok:
                 pt.outcome, pt.error = "failed", r.error
                 report.errors.append(f"{pt.output}: {r.error}")
+                if r.conflict:
+                    out = SegmentKey.parse(pt.output)
+                    self.m.conflicts.labels(region, out.topic, str(out.partition)).inc()
             else:
                 pt.outcome = "existing" if r.existing else "merged"
                 pt.records, pt.bytes_out = r.records, r.bytes_out
@@ -389,13 +437,25 @@ class Compaction:
 
     def _replicated(self, output: SegmentKey, inputs: int, report: RunReport) -> bool:
         assert self.store is not None
-        ok, why = replicated(self.store.head(output.to_key()), self.clock(),
+        verdict = replicated(self.store.head(output.to_key()), self.clock(),
                              self.cfg.replication_grace)
-        if not ok:
+        if verdict.failed:
+            # S3 never retries a FAILED object: unlike PENDING, no later run fixes this.
+            log.error("%s: S3 replication of this output FAILED and S3 never retries it: the "
+                      "other region does not get it, and its %d inputs stay here until the "
+                      "replication is re-driven (S3 Batch Replication, or a copy of the "
+                      "object onto itself; docs/deploy.md, \"S3 replication\")", output,
+                      inputs)
+            self.m.replication_failed.labels(self.settings.region, output.topic).inc()
+            report.errors.append(f"{output}: replication FAILED; {inputs} inputs stay until "
+                                 f"it is re-driven")
+        elif not verdict.delete:
             log.info("%s: its %d inputs stay until it is safe in the other region (%s); a "
-                     "later run deletes them", output, inputs, why)
-            report.skipped.append(f"{output}: {inputs} inputs wait for replication ({why})")
-        return ok
+                     "later run deletes them", output, inputs, verdict.why)
+        if not verdict.delete:
+            report.skipped.append(f"{output}: {inputs} inputs wait for replication "
+                                  f"({verdict.why})")
+        return verdict.delete
 
 
 class _LockLost(ReplicatorError):

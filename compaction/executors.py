@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from compaction.merge import TaskResult, TaskSpec, merge_segments
+from compaction.merge import InputsDisagree, TaskResult, TaskSpec, merge_segments
 from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.errors import ConfigError
@@ -56,7 +56,8 @@ def run_task(store: ObjectStore, settings: Settings, spec: TaskSpec,
         # to the driver, which then keeps this task's inputs and counts the failure.
         log.exception("merge into %s failed", spec.output)
         return TaskResult(spec.output, False, segments_in=len(spec.inputs),
-                          seconds=time.monotonic() - t0, error=f"{type(e).__name__}: {e}")
+                          seconds=time.monotonic() - t0, error=f"{type(e).__name__}: {e}",
+                          conflict=isinstance(e, InputsDisagree))
 
 
 # --- settings across the process boundary -------------------------------------------------

@@ -7,7 +7,11 @@ conditional create, then re-read to confirm that this run's owner id is what is 
 The owner renews the lease while it works (``refresh``: a conditional put over exactly the
 lock it read, so a refresh racing ``release`` can never re-create a deleted lock) and deletes
 it at the end. S3's 409 ``ConditionalRequestConflict`` on the create means another run is
-creating the lock at that moment: this run skips, like when the lock is held.
+creating the lock at that moment: this run skips, like when the lock is held. A create
+whose reply was lost (the SDK's retry answers 412, or a retriable error surfaces after the
+request took effect) left this run's own lock: a stored lock whose owner is this run is
+acquired, never reported as held by another run (which would skip every run for
+``lock_ttl``).
 
 Residual race, by design of S3 (no conditional delete here): two runs that find the same
 expired lock within the same few milliseconds may both believe they won. ``confirm()`` is
@@ -32,6 +36,7 @@ from replicator.core.errors import (
     ObjectNotFound,
     PreconditionFailed,
     ReplicatorError,
+    StorageError,
 )
 from replicator.core.keys import region_prefix
 from replicator.core.storage import ObjectStore
@@ -100,6 +105,9 @@ class RegionLock:
         """Serialises ``refresh`` and ``release``."""
         self._etag: str | None = None
         """ETag of the lock as last read by ``read``."""
+        self._maybe_created = False
+        """A create raised a retriable error: it may have taken effect unseen, so ``release``
+        deletes a lock of this run even if ``acquire`` did not return."""
 
     def _state(self) -> LockState:
         now = self.clock()
@@ -127,7 +135,11 @@ class RegionLock:
             return LockState("<unreadable>", info.last_modified, info.last_modified + self.ttl)
 
     def acquire(self) -> bool:
-        """Take the lock; ``False`` if another live run holds it."""
+        """Take the lock; ``False`` if another live run holds it.
+
+        Raises:
+            StorageError: a create failed and no lock of this run is stored.
+        """
         if self._create():
             self.held = True
             log.info("compaction lock %s taken by %s", self.key, self.owner)
@@ -152,16 +164,42 @@ class RegionLock:
         return self.held
 
     def _create(self) -> bool:
-        """Conditional create; ``False`` if the key exists."""
+        """Conditional create; ``True`` if the stored lock is this run's.
+
+        A create can take effect while its reply is lost: the SDK's retry of it then answers
+        412 (the key exists: this very create), or the retries run out and a retriable error
+        surfaces. Either way the lock is re-read, and one whose owner is this run is this
+        run's lock: reported as held by another run, it would be neither used nor released,
+        and every run would skip until it expired (``lock_ttl``).
+
+        Raises:
+            StorageError: the create failed and no lock of this run is stored.
+        """
         try:
             self.store.put(self.key, self._state().to_json(), if_none_match=True,
                            content_type="application/json")
         except PreconditionFailed:
-            return False
+            return self._ours_anyway(self.read(), "412 Precondition Failed")
         except ConditionalConflict as e:
             log.info("compaction lock %s is being created by another run: %s", self.key, e)
             return False
+        except StorageError as e:
+            # If even the re-read fails, release() still looks for a lock of this run.
+            self._maybe_created = True
+            current = self.read()
+            if current is None:
+                raise          # the create did not take effect: the run fails, nothing held
+            return self._ours_anyway(current, f"{e}")
         return True
+
+    def _ours_anyway(self, current: LockState | None, answer: str) -> bool:
+        """After a create that did not answer success: ``True`` if the lock is this run's."""
+        if current is not None and current.owner == self.owner:
+            log.info("compaction lock %s: the create answered %s, but the stored lock is "
+                     "this run's (%s): the create took effect and its reply was lost",
+                     self.key, answer, self.owner)
+            return True
+        return False
 
     def confirm(self) -> bool:
         """Re-read the lock: ``True`` if this run still owns it."""
@@ -216,13 +254,14 @@ class RegionLock:
             self._keeper.join(timeout=5)
             self._keeper = None
         with self._mutex:
-            if not self.held:
+            if not self.held and not self._maybe_created:
                 return
-            self.held = False
+            was_held = self.held
+            self.held = self._maybe_created = False
             current = self.read()
             if current is not None and current.owner == self.owner:
                 self.store.delete(self.key)
                 log.info("compaction lock %s released", self.key)
-            else:
+            elif was_held:
                 log.warning("compaction lock %s was taken by %s before release", self.key,
                             current.owner if current else "nobody")

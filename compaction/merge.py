@@ -65,6 +65,9 @@ class TaskResult:
     """Records skipped because an overlapping earlier input already held their offsets."""
     existing: bool = False
     """The output was already published by an earlier (interrupted) run."""
+    conflict: bool = False
+    """Failed because overlapping inputs hold different records at the same positions
+    (``InputsDisagree``)."""
     seconds: float = 0.0
     error: str | None = None
 
@@ -85,6 +88,109 @@ def _drop_written(batch: pa.RecordBatch, last_written: int) -> pa.RecordBatch:
     return batch.slice(int(n_old))
 
 
+class InputsDisagree(SegmentCorrupt):
+    """Two inputs of a merge hold different records at the same positions: another topic
+    incarnation, or a partition truncated or reset. Nothing is merged; both are kept.
+    """
+
+
+class _OverlapGuard:
+    """Checks that records dropped as already written are the records written.
+
+    Inputs overlap when egress rewrote a range it had published but not committed: the
+    same records, and the merge keeps the first copy. When a topic was recreated or a
+    partition truncated, the positions repeat but the records differ, and dropping them
+    would lose the later ones. So the offsets and timestamps written in the ranges a later
+    input overlaps are kept (only those: 16 bytes a record of the overlap), and each later
+    input must hold exactly those offsets there, with the same timestamps.
+    """
+
+    def __init__(self, inputs: list[SegmentKey]) -> None:
+        self.inputs = inputs
+        self.lo: int | None = None
+        self.hi = -1
+        """Offsets ``lo..hi`` are remembered: the union of what later inputs overlap."""
+        reach = -1
+        for k in inputs:
+            if reach >= k.start:
+                self.lo = k.start if self.lo is None else min(self.lo, k.start)
+                self.hi = max(self.hi, min(reach, k.end))
+            reach = max(reach, k.end)
+        self._offsets: list[pa.Array] = []
+        self._times: list[pa.Array] = []
+        self._owner: list[pa.Array] = []
+        self._current = -1
+        self._dropped = 0
+        self._expected = 0
+
+    def written(self, index: int, batch: pa.RecordBatch) -> None:
+        """``batch`` of input ``index`` was written."""
+        if self.lo is None:
+            return
+        offsets = batch.column("offset")
+        keep = pc.and_(pc.greater_equal(offsets, self.lo), pc.less_equal(offsets, self.hi))
+        if not pc.any(keep).as_py():
+            return
+        kept = batch.filter(keep)
+        self._offsets.append(kept.column("offset"))
+        self._times.append(kept.column("timestamp").cast(pa.int64()))
+        self._owner.append(pa.array([index] * kept.num_rows, pa.int32()))
+
+    def started(self, index: int, last_written: int) -> None:
+        """Input ``index`` begins; everything written so far ends at ``last_written``."""
+        self.finished()
+        self._current, self._dropped = index, 0
+        k = self.inputs[index]
+        if self.lo is None or k.start > last_written:
+            self._expected = 0
+            return
+        offsets = self._all(self._offsets, pa.int64())
+        inside = pc.and_(pc.greater_equal(offsets, k.start),
+                         pc.less_equal(offsets, min(k.end, last_written)))
+        self._expected = pc.sum(inside, min_count=0).as_py()
+
+    def dropped(self, rows: pa.RecordBatch) -> None:
+        """``rows`` of the current input were not written: their offsets already were."""
+        self._dropped += rows.num_rows
+        if self.lo is None or not rows.num_rows:
+            return
+        offsets = self._all(self._offsets, pa.int64())
+        at = pc.index_in(rows.column("offset"), value_set=offsets)
+        missing = pc.is_null(at)
+        if pc.any(missing).as_py():
+            o = pc.filter(rows.column("offset"), missing)[0].as_py()
+            self._disagree(None, f"it holds offset {o}, which no earlier input holds")
+        times = pc.take(self._all(self._times, pa.int64()), at)
+        mine = rows.column("timestamp").cast(pa.int64())
+        differ = pc.not_equal(times, mine)
+        if pc.any(differ).as_py():
+            i = pc.index(differ, True).as_py()
+            owner = pc.take(self._all(self._owner, pa.int32()), at)[i].as_py()
+            self._disagree(owner, f"offset {rows.column('offset')[i].as_py()} has timestamp "
+                                  f"{mine[i].as_py()} ms there and {times[i].as_py()} ms in "
+                                  f"the earlier input")
+
+    def finished(self) -> None:
+        """The current input ended: it must have held every remembered offset it overlaps."""
+        if self._current >= 0 and self._dropped != self._expected:
+            self._disagree(None, f"it holds {self._dropped} records where earlier inputs "
+                                 f"hold {self._expected}")
+        self._current = -1
+
+    def _disagree(self, owner: int | None, detail: str) -> None:
+        later = self.inputs[self._current]
+        earlier = ([self.inputs[owner]] if owner is not None else
+                   [k for k in self.inputs[:self._current] if k.end >= later.start])
+        raise InputsDisagree(
+            f"{later} and {', '.join(str(k) for k in earlier)} overlap but hold different "
+            f"records at the same positions ({detail}): a topic recreated or a partition "
+            f"truncated or reset; nothing merged, both kept")
+
+    @staticmethod
+    def _all(chunks: list[pa.Array], type_: pa.DataType) -> pa.Array:
+        return pa.concat_arrays(chunks) if chunks else pa.array([], type_)
+
+
 READ_AHEAD_BATCHES = 2
 """Decoded input batches queued ahead of the writer (``read_ahead``): reading and decoding
 overlap encoding and uploading; memory stays bounded: at most this many batches queued plus
@@ -92,11 +198,12 @@ one being read and one being written."""
 
 def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentKey],
                    batch_size: int, stopped: Callable[[], bool], where: str,
-                   ) -> Iterator[pa.RecordBatch]:
-    """Every record batch of ``inputs`` in order, each input verified (step 3, per input):
-    it yields its footer's record count, all inside its own key range.
+                   ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """Every record batch of ``inputs`` in order, with the input's index, each input
+    verified (step 3, per input): it yields its footer's record count, all inside its own
+    key range.
     """
-    for k in inputs:
+    for index, k in enumerate(inputs):
         if stopped():
             raise InterruptedError(f"{where}: merge cancelled before reading {k}")
         read, first_in, last_in = 0, None, None
@@ -110,7 +217,7 @@ def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentK
                 if first_in is None:
                     first_in = offsets[0].as_py()
                 last_in = offsets[-1].as_py()
-                yield batch
+                yield index, batch
         if read != expected_count:
             raise SegmentCorrupt(f"{k}: footer says {expected_count} records, read {read}")
         if first_in is not None and (first_in < k.start or (last_in or 0) > k.end):
@@ -126,7 +233,9 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
     1. If the output key already holds a valid segment (an earlier run published it and
        died before deleting the inputs), report it and write nothing.
     2. Stream every input, in order, in ``batch_size`` batches into one temp upload, keeping
-       only offsets after the last one written (overlapping inputs never duplicate).
+       only offsets after the last one written (overlapping inputs never duplicate); the
+       records dropped so must be the ones written (same offsets and timestamps,
+       ``_OverlapGuard``), or the merge fails with ``InputsDisagree``.
     3. Verify: each input yielded its footer's record count inside its own range (checked
        as it is read, ``_input_batches``); the output starts at or after its key's start
        and ends exactly at its key's end.
@@ -140,6 +249,7 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
 
     Raises:
         SegmentCorrupt: an input or the output fails verification.
+        InputsDisagree: overlapping inputs hold different records at the same positions.
         SegmentNotFound: an input is gone.
         StorageError: retriable storage failure.
     """
@@ -162,13 +272,23 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
     try:
         last = -1
         dropped = 0
+        guard = _OverlapGuard(inputs)
+        current = -1
         batches = _input_batches(store, fmt, inputs, spec.batch_size, stopped, where)
-        for batch in read_ahead(batches, READ_AHEAD_BATCHES, name="merge-read-ahead"):
+        for index, batch in read_ahead(batches, READ_AHEAD_BATCHES, name="merge-read-ahead"):
+            if index != current:
+                guard.started(index, last)
+                current = index
             fresh = _drop_written(batch, last)
-            dropped += batch.num_rows - fresh.num_rows
+            old = batch.num_rows - fresh.num_rows
+            if old:
+                guard.dropped(batch.slice(0, old))
+            dropped += old
             if fresh.num_rows:
                 upload.write_batch(fresh)
+                guard.written(index, fresh)
                 last = fresh.column("offset")[-1].as_py()
+        guard.finished()
 
         # Step 3 (output)
         count = upload.message_count

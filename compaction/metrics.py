@@ -1,5 +1,5 @@
 """Compaction metrics (docs/metrics.md): runs by outcome, duration, segments and bytes,
-last success.
+last success, holes, conflicting segments kept, outputs whose replication failed.
 """
 
 from __future__ import annotations
@@ -47,6 +47,16 @@ class CompactionMetrics:
         self.holes = m.counter("compaction_holes_total",
                                "Missing segment ranges found (each ends a run).",
                                ["region", "topic", "partition"])
+        self.conflicts = m.counter(
+            "compaction_conflicts_total",
+            "Segments kept because their footer contradicts the segment(s) holding their "
+            "positions (a topic recreated, a partition truncated or reset): neither is "
+            "deleted nor merged.", ["region", "topic", "partition"])
+        self.replication_failed = m.counter(
+            "compaction_replication_failed_total",
+            "Outputs whose S3 replication status is FAILED, counted by each run that finds "
+            "one (S3 never retries them; their inputs stay until the replication is "
+            "re-driven).", ["region", "topic"])
         for outcome in RUN_OUTCOMES:
             self.runs.labels(region, outcome)
 
@@ -63,6 +73,8 @@ class CompactionMetrics:
             "bytes_written": m.total("compaction_bytes_written_total", region=r),
             "records_written": m.total("compaction_records_written_total", region=r),
             "holes": m.total("compaction_holes_total", region=r),
+            "conflicts": m.total("compaction_conflicts_total", region=r),
+            "replication_failed": m.total("compaction_replication_failed_total", region=r),
             "last_success_timestamp": m.value("compaction_last_success_timestamp_seconds",
                                               {"region": r}),
         }

@@ -30,16 +30,28 @@ The planner works on one (topic, partition) at a time. Its rules:
 * **Output.** level = highest input level + 1; range = [first input start, **max** input
   end] (the original used the last appended input's end and could mislabel files). Keys are
   deterministic, so a re-run plans the same outputs.
+* **Same content, not just the same positions** (``verify_plan``). Positions repeat when a
+  topic is recreated or a partition truncated, so a segment covered by position may hold
+  other records. Before anything covered is deleted unread, its footer is compared with the
+  footers of what covers it (``contradiction``: record count, record-time range, and for a
+  higher-level cover also when it was written: an output is written after its inputs). A
+  covered segment that contradicts its cover is a ``Conflict``: it is neither deleted nor
+  merged, its cover stays too, and a human decides. A merge whose unread covered segment
+  contradicts the inputs holding its range is dropped whole, so a merge never mixes
+  incarnations (records that overlapping inputs both hold are compared record by record
+  as they are merged, ``compaction.merge``). The controller reads the footers, and only
+  the footers (``footers_to_check`` says which).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from formats.base import SegmentMetadata
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.settings import CompactionTopicSettings
 
@@ -260,3 +272,134 @@ class _Coverage:
         if i >= 0 and self._widest[i].end >= k.end:
             return self._widest[i]
         return None
+
+
+# --- same content, not just the same positions ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """``segment`` lies inside ``holders`` by position, but its footer says it cannot hold
+    the same records (another topic incarnation, a truncated or reset partition). Both are
+    kept: nothing of them is deleted or merged until a human decides.
+    """
+
+    segment: SegmentKey
+    holders: tuple[SegmentKey, ...]
+    reason: str
+
+    def describe(self) -> str:
+        """One line naming both sides, for the ERROR and the run report."""
+        held = ", ".join(k.to_key() for k in self.holders)
+        return (f"{self.segment.to_key()} lies inside {held} by position but cannot hold the "
+                f"same records ({self.reason}); both are kept, neither deleted nor merged")
+
+
+def contradiction(part: SegmentMetadata, holders: Sequence[SegmentMetadata], *,
+                  merged_into: bool) -> str | None:
+    """Why ``part`` cannot hold only records that ``holders`` hold, or ``None``.
+
+    Footer facts only (cheap to read): every record of ``part`` would be one of theirs, so
+    it cannot hold more records than they do together, nor records with times outside
+    theirs (checked when both sides carry the time range). With ``merged_into`` the single
+    holder is a higher-level segment that ``part`` would be an input of; an output is
+    written after its inputs, so ``part`` cannot have been written later. Without it (a
+    segment inside a merge's other inputs), a later write is normal: egress rewrites a
+    range it published but had not committed when it restarted.
+
+    The footer's start and end offsets are the key's (``SegmentMetadata.check_key``) and it
+    carries no topic id, so these are the facts there are. They err towards keeping: a
+    range egress rewrote *after* it was merged (a crash between copy and commit, then down
+    for longer than ``min_segment_age``) holds the same records but was written after the
+    output, and is reported and kept like another incarnation.
+    """
+    reasons: list[str] = []
+    total = sum(h.message_count for h in holders)
+    if part.message_count > total:
+        reasons.append(f"it has {part.message_count} records, they have {total}")
+    times = [(h.min_timestamp, h.max_timestamp) for h in holders]
+    if part.min_timestamp is not None and part.max_timestamp is not None and times \
+            and all(lo is not None and hi is not None for lo, hi in times):
+        lo = min(t[0] for t in times if t[0] is not None)
+        hi = max(t[1] for t in times if t[1] is not None)
+        if part.min_timestamp < lo or part.max_timestamp > hi:
+            reasons.append(f"its record times {part.min_timestamp}..{part.max_timestamp} ms "
+                           f"are not within theirs {lo}..{hi} ms")
+    if merged_into and len(holders) == 1 and part.created_at > holders[0].created_at:
+        reasons.append(f"it was written at {part.created_at.isoformat()}, after the "
+                       f"segment covering it ({holders[0].created_at.isoformat()}), so it "
+                       f"cannot be one of that segment's inputs")
+    return "; ".join(reasons) or None
+
+
+def _overlaps(a: SegmentKey, b: SegmentKey) -> bool:
+    return a.start <= b.end and b.start <= a.end
+
+
+def _holders(task: CompactionTask, covered: SegmentKey) -> tuple[SegmentKey, ...]:
+    """The inputs of ``task`` whose range meets ``covered`` (together they hold it)."""
+    return tuple(k for k in task.inputs if _overlaps(k, covered))
+
+
+def footers_to_check(p: PartitionPlan) -> list[SegmentKey]:
+    """The segments whose footers ``verify_plan`` needs: what would be deleted unread and
+    what covers it. In the usual run (segments that touch, nothing left over) none.
+    """
+    keys: set[SegmentKey] = set(p.covered_to_delete)
+    keys.update(p.covering[k] for k in p.covered_to_delete)
+    for t in p.tasks:
+        for c in t.covered:
+            keys.add(c)
+            keys.update(_holders(t, c))
+    return sorted(keys, key=lambda k: (k.start, k.end, k.level))
+
+
+FooterOrError = SegmentMetadata | str
+"""A footer as read, or why it could not be read (corrupt, unknown format)."""
+
+
+def verify_plan(p: PartitionPlan, footers: Mapping[SegmentKey, FooterOrError],
+                ) -> tuple[PartitionPlan, list[Conflict]]:
+    """The plan without what contradicts what covers it, and the conflicts found.
+
+    ``footers`` holds what was read for ``footers_to_check(p)``; a key missing from it is
+    gone (deleted meanwhile). A covered segment that is gone needs no deletion; one whose
+    cover is gone is left for the next run. An unreadable footer is a conflict: nothing
+    says the records are the same. A merge with a conflicting covered segment is dropped
+    (its inputs and the covered segment stay); other merges are not affected.
+    """
+    conflicts: list[Conflict] = []
+
+    def check(part: SegmentKey, holders: tuple[SegmentKey, ...], merged_into: bool) -> bool:
+        """True if ``part`` may be deleted unread (or is gone)."""
+        mine = footers.get(part)
+        theirs = [footers.get(h) for h in holders]
+        if mine is None:
+            return True                     # gone already: deleting it is a no-op
+        unreadable = [f"{k.to_key()}: {f}" for k, f in ((part, mine), *zip(holders, theirs,
+                                                                           strict=True))
+                      if isinstance(f, str)]
+        if unreadable:
+            conflicts.append(Conflict(part, holders, "footer unreadable: "
+                                      + "; ".join(unreadable)))
+            return False
+        if any(f is None for f in theirs):
+            # A cover gone: keep what it covered, the next run plans it again. An input of
+            # a merge gone: the merge fails on it and says so.
+            return not merged_into
+        assert isinstance(mine, SegmentMetadata)
+        why = contradiction(mine, [f for f in theirs if isinstance(f, SegmentMetadata)],
+                            merged_into=merged_into)
+        if why is not None:
+            conflicts.append(Conflict(part, holders, why))
+            return False
+        return True
+
+    covered = [k for k in p.covered_to_delete
+               if k in footers and check(k, (p.covering[k],), True)]
+    tasks = [t for t in p.tasks
+             if all([check(c, _holders(t, c), False) for c in t.covered])]
+    if not conflicts and len(covered) == len(p.covered_to_delete):
+        return p, []
+    return replace(p, tasks=tasks, covered_to_delete=covered,
+                   covering={k: p.covering[k] for k in covered}), conflicts

@@ -340,3 +340,23 @@ def open_segment(store: ObjectStore, key: SegmentKey, *,
         stream.close()
         raise
     return SegmentStreamReader(reader, stream, fmt)
+
+
+FOOTER_READ_BUFFER = 64 * 1024
+"""Read buffer of ``read_footer``: a Parquet reader asks for the last 64 KiB first (footer
+and schema), an Arrow segment for its trailer and then its schema at the start; either is
+one or two ranged reads of this size, whatever the object's size."""
+
+
+def read_footer(store: ObjectStore, key: SegmentKey) -> SegmentMetadata:
+    """The footer of a published segment, checked against ``key``, reading only what the
+    footer needs: a HEAD and ranged reads of ``FOOTER_READ_BUFFER`` (an object no larger
+    than that is read whole), never the records.
+
+    Raises:
+        SegmentNotFound: no object under the key.
+        SegmentCorrupt: no known format, unreadable, or the footer disagrees with the key.
+        StorageError: retriable failure.
+    """
+    with open_segment(store, key, buffer_size=FOOTER_READ_BUFFER) as reader:
+        return reader.metadata

@@ -27,7 +27,9 @@ def compaction_for(e: Env) -> Compaction:
     data = json.loads(json.dumps(e.data))
     data["region"] = SOURCE_REGION   # compaction runs in the region that owns the segments
     del data["ingress"]
-    data["compaction"] = {"spark_master": "inline", "parallelism": 2, "topics": {
+    # One bucket that nothing replicates (moto reports no replication status).
+    data["compaction"] = {"spark_master": "inline", "parallelism": 2,
+                          "replication_grace": "0s", "topics": {
         e.source: {"min_segment_age": "1h", "min_segment_count": 2, "min_segment_size": 1,
                    "max_segment_count": 1000, "batch_size": 1000}}}
     settings = load_settings(data=data, environ={})

@@ -209,6 +209,8 @@ def test_spark_failed_task_keeps_its_inputs_others_succeed(spark: Any, moto_endp
 def write_config(tmp_path: Path, moto_endpoint: str, bucket: str, **compaction: Any) -> Path:
     topics = compaction.pop("topics", {"t": {"min_segment_age": "1s", "min_segment_count": 2,
                                              "min_segment_size": 1, "batch_size": 50}})
+    # moto reports no replication status, and nothing replicates this bucket.
+    compaction.setdefault("replication_grace", "0s")
     lines = [
         'region = "r1"',
         "[s3]", f'bucket = "{bucket}"', f'endpoint_url = "{moto_endpoint}"',

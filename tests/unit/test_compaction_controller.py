@@ -465,3 +465,65 @@ def test_a_409_on_creating_the_lock_is_a_skipped_run_not_a_failed_one() -> None:
     seed(store, [(0, 99), (100, 199)])
     report = controller(store).run_once()
     assert report.outcome == "skipped" and "holds the region lock" in (report.reason or "")
+
+
+class LostReplyOnCreate(MemoryObjectStore):
+    """The lock create takes effect but its reply is lost; ``then`` is what the caller sees:
+    the SDK's retry of the create answered 412 (the key exists: this very create), or the
+    retries ran out and a retriable error surfaced. Only the first create is affected."""
+
+    def __init__(self, then: Exception) -> None:
+        super().__init__()
+        self.then: Exception | None = then
+
+    def put(self, key: str, data: bytes, **kw: Any) -> ObjectInfo:
+        info = super().put(key, data, **kw)
+        if kw.get("if_none_match") and self.then is not None:
+            error, self.then = self.then, None
+            raise error
+        return info
+
+
+def _precondition_412(key: str) -> Exception:
+    response: Any = {"Error": {"Code": "PreconditionFailed", "Message": "exists"},
+                     "ResponseMetadata": {"HTTPStatusCode": 412}}
+    return translate(ClientError(response, "PutObject"), f"put {key}")
+
+
+@pytest.mark.parametrize("then", ["412 on the SDK's retry", "retriable error"])
+def test_a_lock_created_by_this_run_whose_reply_was_lost_is_acquired(then: str) -> None:
+    key = lock_key("data", "r1")
+    error = (_precondition_412(key) if then.startswith("412")
+             else StorageError(f"put {key}: connection reset after the request was sent"))
+    store = LostReplyOnCreate(error)
+    inputs = seed(store, [(0, 99), (100, 199)])
+    c = controller(store)
+    report = c.run_once()
+    # Not "held by <this run>": the run merges, and releases the lock it created.
+    assert report.outcome == "success", report.reason
+    assert sorted(report.deleted) == sorted(x.to_key() for x in inputs)
+    assert key not in listing(store)
+    assert c.m.summary()["runs"]["skipped"] == 0
+    # The next run is not skipped either.
+    assert controller(store).run_once().outcome == "success"
+
+
+def test_a_lock_created_unseen_is_released_even_when_the_run_fails_before_it_knew() -> None:
+    # The create took effect, its reply was lost, and the re-read failed too: the run
+    # fails, but the lock it may have created must not block the next runs for lock_ttl.
+    lock = lock_key("data", "r1")
+    store = LostReplyOnCreate(StorageError(f"put {lock}: timed out"))
+    seed(store, [(0, 99), (100, 199)])
+    get_with_etag = store.get_with_etag
+    failures = [StorageError(f"get {lock}: timed out")]
+
+    def flaky_read(key: str) -> tuple[bytes, str]:
+        if failures:
+            raise failures.pop()
+        return get_with_etag(key)
+
+    store.get_with_etag = flaky_read  # type: ignore[method-assign]
+    report = controller(store).run_once()
+    assert report.outcome == "failed" and "timed out" in (report.reason or "")
+    assert lock not in listing(store)
+    assert controller(store).run_once().outcome == "success"

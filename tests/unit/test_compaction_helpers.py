@@ -25,6 +25,9 @@ def compaction_settings(*, region: str = "r1", bucket: str = "b", prefix: str = 
         "metrics": {"port": 0},
         "compaction": {"spark_master": "inline", "parallelism": 2,
                        "topics": topics if topics is not None else {"t": topic_cfg},
+                       # The in-memory store reports no replication status: without a
+                       # grace, no input would ever be deleted.
+                       "replication_grace": "0s",
                        **compaction},
     }
     return load_settings(data=data, environ={})

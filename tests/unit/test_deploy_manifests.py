@@ -890,3 +890,13 @@ def test_alert_rules_use_metrics_that_exist_and_are_complete() -> None:
     # Data loss pages someone.
     lost = [r for r in rules if "messages_lost" in r["expr"]]
     assert lost and all(r["labels"]["severity"] == "critical" for r in lost)
+
+
+def test_a_failed_replication_of_a_compaction_output_alerts() -> None:
+    # S3 never retries an object whose replication FAILED: nothing heals by itself, so the
+    # metric compaction counts it in must page someone.
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    failed = [r for r in rules if "replicator_compaction_replication_failed_total" in r["expr"]]
+    assert failed, "no alert on replicator_compaction_replication_failed_total"
+    assert all(r["labels"]["severity"] == "critical" for r in failed)
+    assert all("re-drive" in r["annotations"].get("description", "") for r in failed)

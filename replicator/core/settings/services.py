@@ -516,10 +516,13 @@ class CompactionSettings(Model):
                                 "takes the master from spark-submit.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
     lock_ttl: Duration = Field(timedelta(hours=2), description="Expiry of the region lock.")
-    replication_grace: Duration = Field(
-        timedelta(0), description="Inputs are deleted once their output replicated (S3 "
-        "replication status COMPLETED); on a store that reports no status (replicator sync, "
-        "no replication rule), once the output is this old. Set it above the sync's lag.")
+    replication_grace: Duration | None = Field(
+        None, description="Inputs are deleted once their output replicated (S3 "
+        "replication status COMPLETED; FAILED is an ERROR and the inputs stay until the "
+        "replication is re-driven, docs/deploy.md). On a store that reports no status "
+        "(replicator sync, no replication rule), once the output is this old; unset, such "
+        "inputs are never deleted. Set it above the sync's lag, or to \"0s\" where nothing "
+        "replicates.")
     topics: dict[str, CompactionTopicSettings] = Field(description="Topics to compact.")
 
     @field_validator("schedule")
