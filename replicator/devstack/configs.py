@@ -109,6 +109,10 @@ first_segment_delay = "2s"
         body = f"""
 [compaction]
 schedule = "* * * * *"
+# The embedded stack copies its buckets with `replicator sync` every half second (no S3
+# replication status): inputs may go as soon as their output is written; a late output
+# in the other bucket is a late segment that ingress waits for.
+replication_grace = "0s"
 parallelism = 2
 spark_master = "local[2]"
 spark_conf = {{ "spark.ui.enabled" = "false", "spark.driver.host" = "127.0.0.1" }}
