@@ -30,7 +30,7 @@ from egress.partition_writer import PartitionWriter
 from egress.rotation import CloseReason, should_rotate
 from egress.segment import SegmentOutcome
 from replicator.core.clock import Monotonic
-from replicator.core.errors import KafkaRetriableError, ReplicatorError
+from replicator.core.errors import GroupProtocolMismatch, KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import OFFSET_BEGINNING, Consumer, Fetched, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ def tick_interval(writers: int) -> float:
     """Seconds between ticks with ``writers`` assigned partitions."""
     return max(TICK_INTERVAL, writers * TICK_PER_WRITER)
 GAUGE_INTERVAL = 1.0
+PROTOCOL_ERROR_INTERVAL = 60.0
+"""Seconds between two ERRORs of a group that refuses this member's assignor protocol."""
 SKIP_COMMIT_INTERVAL = 5.0
 """Seconds between commits of a partition whose records are all skipped
 (``[egress] skip_origins``): its position moves while no segment commits it."""
@@ -104,6 +106,7 @@ class PollLoop:
         """``time.monotonic()`` of the last fetch (health), 0 before the first."""
         self._last_tick = 0.0
         self._last_gauges = 0.0
+        self._protocol_error_at = 0.0
         self.skip: OriginFilter | None = None
         """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
 
@@ -202,6 +205,14 @@ class PollLoop:
 
     def _consume_error(self, err: ReplicatorError) -> None:
         self.m.consume_errors.labels(self.region).inc()
+        if isinstance(err, GroupProtocolMismatch):
+            # Repeated at every join attempt: an ERROR the operator must act on, at a rate
+            # a log can carry.
+            now = time.monotonic()
+            if now >= self._protocol_error_at:
+                self._protocol_error_at = now + PROTOCOL_ERROR_INTERVAL
+                log.error("consumer: %s", err)
+            return
         if isinstance(err, KafkaRetriableError):
             log.warning("consumer: %s", err)
             return

@@ -94,6 +94,14 @@ class KafkaRetriableError(RetriableError):
     """A Kafka request failed in a way the client marks retriable."""
 
 
+class GroupProtocolMismatch(KafkaRetriableError):
+    """The consumer group refused this member's join: its members use an assignor of the
+    other protocol (eager ``range``/``roundrobin`` against ``cooperative-sticky``). It
+    passes once those members leave (a rolling update completed by hand), so it is
+    retriable, but it must be reported clearly: the member owns nothing meanwhile.
+    """
+
+
 class KafkaFatalError(FatalError):
     """A Kafka error that cannot pass by itself (fenced producer, authorization, ...)."""
 

@@ -67,3 +67,50 @@ def test_a_member_joining_closes_only_the_partitions_that_move(pipe: Pipeline) -
     finally:
         stop.set()
         producer.join(30)
+
+
+def test_a_member_of_the_old_eager_protocol_is_reported_and_the_new_one_joins_after_it(
+        pipe: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    """A rolling update from a version that used the eager ``range`` assignor: the broker
+    refuses the new cooperative member's join while an old member is in the group. The new
+    member must say why and what to do (an ERROR at a bounded rate, not ready), keep the
+    old member replicating, and join by itself once the old member has left."""
+    import logging
+
+    from replicator.core.kafka import Consumer
+    from tests.conftest import FAST_GROUP_CONFIG
+
+    pipe.create_source(2)
+    old = Consumer(pipe.source_kafka, pipe.egress_group,
+                   {**FAST_GROUP_CONFIG, "partition.assignment.strategy": "range"})
+    old.subscribe([pipe.topic])
+    deadline = time.monotonic() + 30
+    while not old.assignment() and time.monotonic() < deadline:
+        old.fetch(10, 0.2)
+    assert old.assignment(), "premise: the old member owns the partitions"
+    p = Producer(pipe.source_kafka)
+    for i in range(10):
+        p.produce(pipe.topic, value=f"v{i}".encode(), partition=i % 2)
+    assert p.flush(30) == 0
+    settings = pipe.egress_settings(max_segment_messages=5)
+    try:
+        with caplog.at_level(logging.WARNING), \
+                running_egress(Egress(settings, store=pipe.store)) as eg:
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                old.fetch(10, 0.2)       # the old member stays in the group
+            errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+            refused = [m for m in errors if "partition.assignment.strategy" in m]
+            assert len(refused) == 1, errors            # clear, and not once per join
+            assert "docs/upgrades.md" in refused[0]
+            assert not eg.ready() and not eg._writers
+            old.close()                                 # the rolling update completes
+            wait_for(lambda: len(eg._writers) == 2 and eg.ready(), 60,
+                     "the new member to own both partitions")
+            wait_for(lambda: eg.metrics.total("egress_messages_total") == 10, 30,
+                     "the records replicated")
+    finally:
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 (closed above already)
+            pass

@@ -30,6 +30,7 @@ import confluent_kafka as ck
 from replicator.core.errors import (
     ConfigError,
     GenerationFenced,
+    GroupProtocolMismatch,
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
@@ -140,6 +141,16 @@ def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
                            "session.timeout.ms (it must lie within the broker's "
                            "group.min.session.timeout.ms and group.max.session.timeout.ms, "
                            f"6 s to 30 min by default): {err.str()}")
+    if err.code() == ck.KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+        return GroupProtocolMismatch(
+            f"the consumer group refused this member ({err.str()}): other members use a "
+            "partition.assignment.strategy of the other protocol (eager range or roundrobin "
+            "against cooperative-sticky), which one group cannot mix. Egress uses "
+            "cooperative-sticky unless kafka.config sets the strategy; older versions used "
+            "range. Either set kafka.config partition.assignment.strategy = \"range\" on the "
+            "new members until every member runs them, or stop every member of the group "
+            "and start the new ones (docs/upgrades.md). This member owns no partition until "
+            "then and joins by itself once the others have left.")
     if err.retriable() or not err.fatal():
         return KafkaRetriableError(f"{where}: {err.str()}")
     return KafkaFatalError(f"{where}: {err.str()}")
