@@ -49,7 +49,7 @@ from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
+from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_END, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy
@@ -381,8 +381,14 @@ class Egress:
         # at whatever is committed when it asks, and a stale commit landing in between (a
         # writer elsewhere that has not noticed it lost the partition) would make the
         # segment named from one offset hold records from another.
-        start = {(tp.topic, tp.partition): tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                 for tp in committed}
+        try:
+            start = self._start_positions(consumer, committed)
+        except ReplicatorError as e:
+            self._failed = True
+            self._fatal = e
+            self._stop.set()
+            log.error("reading where partitions without a commit start failed: %s", e)
+            return
         try:
             consumer.assign_added([
                 TopicPartition(tp.topic, tp.partition,
@@ -413,6 +419,41 @@ class Egress:
         self._assigned_once = True
         self.m.rebalances.labels(self.region, "assign").inc(len(committed))
         self.m.assigned.labels(self.region).set(len(self._writers))
+
+    def _start_positions(self, consumer: Consumer, committed: Sequence[TopicPartition]
+                         ) -> dict[tuple[str, int], int]:
+        """Where each partition is fetched from: its committed offset, else what the
+        topic's ``start`` says (oldest record, end of the log, or the first record at or
+        after a time).
+        """
+        start: dict[tuple[str, int], int] = {}
+        by_time: list[TopicPartition] = []
+        for tp in committed:
+            key = (tp.topic, tp.partition)
+            if tp.offset >= 0:
+                start[key] = tp.offset
+                continue
+            how = self.config.topic_settings(tp.topic).start
+            if how == "earliest":
+                start[key] = OFFSET_BEGINNING
+            elif how == "latest":
+                start[key] = OFFSET_END
+                log.warning("%s[%d]: no committed offset; starting at the end of the log "
+                            '(start = "latest"): records produced before are not copied',
+                            tp.topic, tp.partition)
+            else:
+                ms = int(how.timestamp() * 1000)
+                by_time.append(TopicPartition(tp.topic, tp.partition, ms))
+        if by_time:
+            for tp in consumer.offsets_for_times(by_time, timeout=30):
+                when = self.config.topic_settings(tp.topic).start
+                start[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_END
+                log.warning("%s[%d]: no committed offset; starting at %s, the first record "
+                            "at or after %s (start): records before are not copied",
+                            tp.topic, tp.partition,
+                            f"offset {tp.offset}" if tp.offset >= 0 else "the end of the log",
+                            when)
+        return start
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]

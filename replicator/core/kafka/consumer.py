@@ -323,6 +323,17 @@ class Consumer:
         except ck.KafkaException as e:
             raise translate(e, "read committed offsets at assignment") from e
 
+    def offsets_for_times(self, partitions: Sequence[TopicPartition], timeout: float
+                          ) -> list[TopicPartition]:
+        """For each partition (its ``offset`` a timestamp in milliseconds), the offset of
+        its first record at or after that time (``OFFSET_END``, -1, when there is none).
+        """
+        try:
+            return [from_client(tp) for tp in self._c.offsets_for_times(_clients(partitions),
+                                                                        timeout=timeout)]
+        except ck.KafkaException as e:
+            raise translate(e, "offsets for times") from e
+
     def position(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
         """The next offset this consumer reads of each partition."""
         try:

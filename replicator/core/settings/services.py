@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 import string
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AwareDatetime, Field, field_validator, model_validator
 
 from replicator.core.errors import KeyFormatError
 from replicator.core.keys import check_region, check_topic
@@ -56,6 +56,15 @@ class EgressTopicSettings(Model):
     max_segment_size: Size = Field(100 * 1024**2, description="Close after N raw record bytes.")
     max_segment_age: Duration = Field(
         timedelta(minutes=5), description="Close this long after the segment's first message.")
+    start: Literal["earliest", "latest"] | AwareDatetime = Field(
+        "earliest", description="Where a partition without a committed offset starts (a new "
+        "deployment on a live cluster, a topic selected later): its oldest record "
+        "(earliest: the whole retention window is copied), the end of its log (latest: "
+        "only records produced from then on), or the first record at or after a time (a "
+        "date-time with its zone, e.g. 2026-11-01T00:00:00Z). A partition with a commit "
+        "always resumes from it. Ingress starts each partition where egress's first "
+        "segment does (docs/architecture.md, \"Topic metadata\"), so nothing before it is "
+        "declared lost.")
 
     @field_validator("max_segment_size")
     @classmethod
@@ -63,6 +72,23 @@ class EgressTopicSettings(Model):
         if v < 1:
             raise ValueError("must be at least 1 byte")
         return v
+
+    @field_validator("start", mode="before")
+    @classmethod
+    def _start_ok(cls, v: Any) -> Any:
+        # One clear message instead of one per member of the union.
+        if v in ("earliest", "latest"):
+            return v
+        when = v
+        if isinstance(v, str):
+            try:
+                when = datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                when = None
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise ValueError('must be "earliest", "latest" or a date-time with its zone '
+                             f"(e.g. 2026-11-01T00:00:00Z), got {v!r}")
+        return when
 
     @field_validator("max_segment_age")
     @classmethod

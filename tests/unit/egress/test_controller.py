@@ -131,3 +131,36 @@ def test_the_subscription_follows_the_selection() -> None:
     eg._check_topics()
     eg._maybe_check_topics(0.0)
     assert consumer.subscriptions[-1] == ["_schemas"]
+
+
+@pytest.mark.parametrize(("start", "expected"), [
+    ("earliest", OFFSET_BEGINNING), ("latest", -1), ("2026-11-01T00:00:00Z", 7)])
+def test_a_partition_without_a_commit_starts_where_the_topic_says(
+        start: str, expected: int) -> None:
+    # A new deployment on a live cluster: without a commit, the topic's `start` decides
+    # (the whole retention window, only new records, or from a time); a commit always wins.
+    h = Harness()
+    settings = load_settings(data={
+        "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "localhost:1"},
+        "egress": {"group_id": "g", "topics": {"t": {"start": start}}}}, environ={})
+    eg = Egress(settings, store=h.store)
+    eg._ctx = h.ctx
+
+    class TimedConsumer(AssignConsumer):
+        asked: list[TopicPartition] = []
+
+        def offsets_for_times(self, tps: Sequence[TopicPartition], timeout: float
+                              ) -> list[TopicPartition]:
+            self.asked.extend(tps)
+            return [TopicPartition(tp.topic, tp.partition, 7) for tp in tps]
+
+    consumer = TimedConsumer({0: 40})
+    try:
+        eg._on_assign(consumer, [TopicPartition("t", 0), TopicPartition("t", 1)])  # type: ignore[arg-type]
+    finally:
+        h.close()
+    assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [(0, 40), (1, expected)]
+    if start.startswith("2026"):
+        # 2026-11-01T00:00:00Z in milliseconds, asked for the partition without a commit.
+        assert [(tp.partition, tp.offset) for tp in consumer.asked] == [(1, 1_793_491_200_000)]
+    assert eg._writers[("t", 1)].expected is None     # named from its first record

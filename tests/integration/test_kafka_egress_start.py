@@ -1,0 +1,64 @@
+"""Where egress starts a partition without a committed offset (``[egress.topics."name"]
+start``), on Apache Kafka: a new deployment on a live cluster copies the whole retention
+window by default, only new records with ``latest``, or from a time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from egress.controller import Egress
+from replicator.core.kafka import Producer, TopicPartition
+from tests.integration.pipeline import Pipeline, running_egress, wait_for
+from tests.integration.test_egress import read_partition, segment_keys
+
+pytestmark = pytest.mark.apache
+
+
+def produce(pipe: Pipeline, lo: int, hi: int, timestamp: int = 0) -> None:
+    p = Producer(pipe.source_kafka)
+    for i in range(lo, hi):
+        p.produce(pipe.topic, value=f"v{i}".encode(), partition=0,
+                  timestamp=timestamp + i if timestamp else 0)
+    assert p.flush(30) == 0
+
+
+def test_latest_copies_only_records_produced_after_the_start(pipe: Pipeline) -> None:
+    pipe.create_source(1)
+    produce(pipe, 0, 20)
+    settings = pipe.egress_settings(max_segment_messages=5, start="latest")
+    with running_egress(Egress(settings, store=pipe.store)) as eg:
+        # The end of the log is resolved, and fetched from, before new records come (a
+        # fetch response carries the high watermark the client caches).
+        def resolved() -> bool:
+            c = eg._consumer
+            return c is not None and bool(eg._writers) and c.watermarks(
+                TopicPartition(pipe.topic, 0), cached=True)[1] == 20
+
+        wait_for(resolved, 30, "the partition assigned at the end of its log")
+        produce(pipe, 20, 30)
+        wait_for(lambda: sum(k.end - k.start + 1 for k in segment_keys(pipe.store, pipe.topic,
+                                                                        0)) == 10,
+                 30, "the new records in segments")
+        assert eg.metrics.total("egress_source_lost_messages_total") == 0
+    keys = segment_keys(pipe.store, pipe.topic, 0)
+    assert keys[0].start == 20                       # named from its first record
+    assert [r.value for r in read_partition(pipe.store, pipe.topic, 0)] == [
+        f"v{i}".encode() for i in range(20, 30)]
+
+
+def test_a_time_starts_at_the_first_record_at_or_after_it(pipe: Pipeline) -> None:
+    pipe.create_source(1)
+    base = int(time.time() * 1000) - 3_600_000
+    produce(pipe, 0, 30, timestamp=base)            # record i at base + i ms
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime((base + 10_000) / 1000))
+    # A whole second after the records' times: none is at or after it ...
+    settings = pipe.egress_settings(max_segment_messages=5, start=f"{when}Z")
+    produce(pipe, 30, 40, timestamp=base + 20_000)  # ... but these are
+    with running_egress(Egress(settings, store=pipe.store)):
+        wait_for(lambda: sum(k.end - k.start + 1 for k in segment_keys(pipe.store, pipe.topic,
+                                                                        0)) == 10,
+                 30, "the records from that time in segments")
+    assert [r.value for r in read_partition(pipe.store, pipe.topic, 0)] == [
+        f"v{i}".encode() for i in range(30, 40)]
