@@ -112,7 +112,7 @@ def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None
         "kafka reachable", "kafka cluster", f"checkpoint topic {region.checkpoint_topic}",
         f"segment events topic {region.events_topic}",
         f"offset map topic {region.offset_map_topic}", "topic auto-creation",
-        "transaction.max.timeout.ms", "s3 bucket", "s3 versioning", "s3 temp object",
+        "transaction.max.timeout.ms", "s3 bucket", "s3 versioning", "s3 list",
         "clock skew (S3)", "s3 notifications", "sqs queue", "sqs visibility timeout"]
     # Tansu describes no broker configs: auto-creation and the transaction limit are unknown.
     unknown = {"topic auto-creation", "transaction.max.timeout.ms"}
@@ -124,8 +124,8 @@ def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None
             "auto.create.topics.enable=false"
         assert by_name(report, "transaction.max.timeout.ms")["seen"] == \
             "900000 on the brokers; ingress uses 150000 (ingress default)"
-    # The temporary object is gone again.
-    assert "temp/doctor-" in by_name(report, "s3 temp object")["seen"]
+    # Ingress writes nothing: its source region's prefix is listed instead.
+    assert by_name(report, "s3 list")["seen"] == f"data/{SOURCE}/: empty so far"
 
 
 def test_the_table_names_each_check_and_the_totals(region: Region, tmp_path: Path) -> None:
@@ -261,6 +261,9 @@ spark_master = "spark://127.0.0.1:{free_port()}"
     assert got[f"topic {missing}"] == "WARN"
     assert by_name(report, "egress select")["seen"] == f"1 topic(s) match now: {matched} (2)"
     assert got["s3 versioning"] == "WARN"        # a new bucket: never enabled
+    # A writer: a temporary object written, read and deleted again.
+    assert got["s3 temp object"] == "PASS"
+    assert list(s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])) == []
     assert got["spark master"] == "FAIL" and "Connection refused" in \
         by_name(report, "spark master")["seen"]
     # Java from the machine (Spark 4 needs 17+; the test infrastructure has 17).

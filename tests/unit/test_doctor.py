@@ -4,11 +4,13 @@ functions on fakes (the real stack: tests/integration/test_doctor.py)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from replicator.cli.doctor import table_rows, used_transaction_timeout
+from replicator.cli.main import main
 from replicator.core.errors import (
     KafkaRetriableError,
     ObjectNotFound,
@@ -41,6 +43,7 @@ from replicator.ops.doctor.kafka import (
 )
 from replicator.ops.doctor.s3 import (
     bucket_check,
+    list_check,
     notification_check,
     s3_checks,
     skew_check,
@@ -347,9 +350,29 @@ def test_s3_checks() -> None:
     assert [(c.name, c.status) for c in missing] == [("s3 bucket", F)]
     # The clock cannot be compared with T0 here: that is test_clock_skew's.
     checks = s3_checks(FakeBucket(), store, s, queue=("q", ARN))
+    # Ingress writes nothing to the bucket: its prefixes are listed instead.
     assert [(c.name, c.status) for c in checks if c.name != "clock skew (S3)"] == [
-        ("s3 bucket", P), ("s3 versioning", W), ("s3 temp object", P),
-        ("s3 notifications", F)]
+        ("s3 bucket", P), ("s3 versioning", W), ("s3 list", P), ("s3 notifications", F)]
+    assert list(store.list("")) == []
+    writer = settings(egress={"topics": {"a": {}}})
+    checks = s3_checks(FakeBucket(), store, writer)
+    assert [c.name for c in checks] == ["s3 bucket", "s3 versioning", "s3 temp object",
+                                        "clock skew (S3)"]
+
+
+class RefusingList(MemoryObjectStore):
+    def list(self, prefix: str, *, start_after: str | None = None) -> Any:
+        raise StorageFatalError(f"list s3://b/{prefix}*: AccessDenied")
+
+
+def test_list_of_the_source_prefixes() -> None:
+    store = MemoryObjectStore("b")
+    store.put("data/us-east-1/t/0/0/x", b"x")
+    c = list_check(store, ["data/us-east-1/", "data/eu-west-1/"])
+    assert c.status is P
+    assert c.seen == "data/us-east-1/: objects; data/eu-west-1/: empty so far"
+    refused = list_check(RefusingList("b"), ["data/us-east-1/"])
+    assert refused.status is F and "s3:ListBucket" in refused.fix
 
 
 # --- sqs ---------------------------------------------------------------------------------
@@ -436,3 +459,42 @@ def test_compaction_checks() -> None:
     checks = compaction_checks(inline, java_home=None, timeout=1,
                                java=lambda home: (None, "not found"), spark=lambda: None)
     assert [(c.name, c.status) for c in checks] == [("spark master", P)]
+
+
+# --- documentation -----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_check_is_documented() -> None:
+    """docs/operations.md has a row for every check the doctor prints."""
+    s = settings(ingress=INGRESS, egress={"topics": {"a": {}}, "select": {"include": ["s.*"]}},
+                 compaction={"spark_master": "spark://m:1", "topics": {"a": {}}})
+    admin = FakeAdmin({"a": 1}, {}, {})
+    names = [c.name for c in kafka_checks(admin, s, select=lambda ts: {"a"},
+                                          transaction_timeout=(1, "x"))]
+    names += [c.name for c in s3_checks(FakeBucket(), MemoryObjectStore("b"), s,
+                                        queue=("q", ARN))]
+    names += [c.name for c in s3_checks(FakeBucket(), MemoryObjectStore("b"),
+                                        settings(ingress=INGRESS))]
+    names += [c.name for c in sqs_checks(FakeQueue({"VisibilityTimeout": "60"}))[0]]
+    assert s.compaction is not None
+    names += [c.name for c in compaction_checks(s.compaction, java_home=None, timeout=1,
+                                                java=lambda home: (None, "x"),
+                                                connect=lambda h, p, t: None,
+                                                spark=lambda: None)]
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    topics = {"a", "replicator.checkpoint", "replicator.segmentevents", "replicator.offsetmap"}
+    documented = {n.rsplit(" ", 1)[0] + " NAME" if n.rsplit(" ", 1)[-1] in topics else n
+                  for n in names}
+    assert len(documented) == 19
+    missing = sorted(n for n in documented if f"`{n}`" not in doc)
+    assert not missing, f"docs/operations.md has no row for {missing}"
+
+
+def test_every_command_is_in_the_readme() -> None:
+    """The README's "Operator commands" (or its demo and stack sections) names every
+    ``replicator`` command."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in main.commands if f"replicator {name}" not in readme]
+    assert not missing, f"README.md does not show {missing}"

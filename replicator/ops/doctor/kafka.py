@@ -179,9 +179,12 @@ def internal_topic_check(t: InternalTopic, partitions: int | None,
         problems = checkpoint_topic_problems(configs)
         errors = [m for level, m in problems if level >= logging.ERROR]
         if errors:
-            return fail(name, seen, f"set cleanup.policy=compact on {t.topic} "
-                                    f"(kafka-configs.sh --alter --add-config "
-                                    f"cleanup.policy=compact): {errors[0]}")
+            # "cleanup.policy=X: why; set cleanup.policy=compact": the why, once.
+            why = errors[0].split(": ", 1)[-1].rsplit("; set", 1)[0]
+            return fail(name, seen, f"set cleanup.policy=compact on {t.topic}: {why}; "
+                                    f"kafka-configs.sh --alter --entity-type topics "
+                                    f"--entity-name {t.topic} --add-config "
+                                    "cleanup.policy=compact")
         if problems:
             return warn(name, seen, "; ".join(m for _, m in problems))
         if policy is None:

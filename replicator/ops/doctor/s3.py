@@ -1,10 +1,11 @@
 """S3 checks of ``replicator doctor``: the bucket answers, its versioning, a temporary object
-written, read and deleted under the temp prefix, the bucket's event notification to
-ingress's queue, and this host's clock against S3's.
+written, read and deleted under the temp prefix (configs of writers: egress, compaction) or
+the source prefixes listed (ingress, which writes nothing), the bucket's event notification
+to ingress's queue, and this host's clock against S3's.
 
 The decisions (``bucket_check``, ``versioning_check``, ``notification_check``,
-``skew_check``) are pure; ``temp_object_check`` runs its round trip on any ``ObjectStore``;
-``s3_checks`` reads the bucket through the S3 seam (``BucketProbe`` here).
+``skew_check``) are pure; ``temp_object_check`` and ``list_check`` run on any
+``ObjectStore``; ``s3_checks`` reads the bucket through the S3 seam (``BucketProbe`` here).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def temp_object_check(store: ObjectStore, temp_prefix: str) -> Check:
     store's encryption settings): the permissions and the KMS key every writer needs.
     """
     name = "s3 temp object"
-    key = f"{temp_prefix}/doctor-{uuid.uuid4().hex}"
+    key = f"{temp_prefix}/doctor-{uuid.uuid4().hex[:12]}"
     data = b"replicator doctor " + key.encode()
     step = "put"
     try:
@@ -90,6 +91,22 @@ def temp_object_check(store: ObjectStore, temp_prefix: str) -> Check:
         return fail(name, f"{key}: read {len(got)} bytes (head {size}), wrote {len(data)}",
                     "the store does not return what was written: check s3.endpoint_url")
     return passed(name, f"put, head, get, delete {key} ({len(data)} bytes)")
+
+
+def list_check(store: ObjectStore, prefixes: Sequence[str]) -> Check:
+    """List the first keys under each of ``prefixes`` (what ingress reads: it writes
+    nothing to the bucket, so no temporary object is written for it).
+    """
+    name = "s3 list"
+    found = []
+    for prefix in prefixes:
+        try:
+            first = next(iter(store.list(prefix)), None)
+        except ReplicatorError as e:
+            return fail(name, f"list {prefix}: {e}",
+                        "grant s3:ListBucket on the bucket (docs/deploy.md, IAM)")
+        found.append(f"{prefix}: {'objects' if first is not None else 'empty so far'}")
+    return passed(name, "; ".join(found) or "nothing to list")
 
 
 _ACTIONS = {"put": "PutObject", "head": "GetObject", "get": "GetObject",
@@ -153,8 +170,10 @@ def skew_check(head: BucketHead) -> Check:
 def s3_checks(bucket: BucketProbe, store: ObjectStore, settings: Settings, *,
               queue: tuple[str, str] | None = None) -> list[Check]:
     """Every S3 check of ``settings``: the bucket first (nothing else when it does not
-    answer), versioning, the temp-object round trip on ``store`` (the same bucket), the
-    clock and, with ``queue`` (name and ARN of ingress's queue), the notification to it.
+    answer), versioning, the temp-object round trip on ``store`` (the same bucket; for an
+    ingress-only config, which writes nothing, a listing of the source regions' prefixes
+    instead), the clock and, with ``queue`` (name and ARN of ingress's queue), the
+    notification to it.
     """
     try:
         head = bucket.head_bucket()
@@ -166,12 +185,16 @@ def s3_checks(bucket: BucketProbe, store: ObjectStore, settings: Settings, *,
     except ReplicatorError as e:
         out.append(warn("s3 versioning", f"not readable: {e}",
                         "grant s3:GetBucketVersioning to check it"))
-    out.append(temp_object_check(store, settings.s3.temp_prefix))
+    writer = settings.egress is not None or settings.compaction is not None
+    prefixes = sorted({f"{settings.s3.prefix}/{s.region}/"
+                       for s in (settings.ingress.sources if settings.ingress else [])})
+    if writer or settings.ingress is None:
+        out.append(temp_object_check(store, settings.s3.temp_prefix))
+    else:
+        out.append(list_check(store, prefixes))
     out.append(skew_check(head))
     if queue is not None and settings.ingress is not None:
         name, arn = queue
-        prefixes = sorted({f"{settings.s3.prefix}/{s.region}/"
-                           for s in settings.ingress.sources})
         try:
             out.append(notification_check(bucket.bucket, name, arn, prefixes,
                                           bucket.queue_notifications()))
