@@ -108,7 +108,7 @@ def wait_for_kafka(kafka: KafkaSettings, what: str, stopping: threading.Event, *
         ConfigError: the client refuses ``kafka.config``.
     """
     if admin is None:
-        admin = Admin(kafka, timeout=request_timeout)
+        admin = Admin(kafka, timeout=request_timeout, collect_errors=True)
     addresses = bootstrap_addresses(kafka.brokers)
     failures = 0
     while not stopping.is_set():

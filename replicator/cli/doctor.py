@@ -53,7 +53,7 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
     Raises:
         ConfigError: a client refuses the configuration (``kafka.config``).
     """
-    admin = Admin(settings.kafka, timeout=timeout)
+    admin = Admin(settings.kafka, timeout=timeout, collect_errors=True)
 
     def selected(topics: Sequence[str]) -> frozenset[str]:
         eg = settings.require("egress")

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from replicator.cli.common import wait_for_kafka
-from replicator.core.errors import KafkaRetriableError
+from replicator.core.errors import KafkaRetriableError, ReplicatorError
+from replicator.core.kafka import Admin
 from replicator.core.kafka.config import CLIENT_LOG, RepeatsToDebug
 from replicator.core.settings import KafkaSettings
 from replicator.devstack.processes import free_port
@@ -128,3 +129,18 @@ def test_a_stop_ends_the_wait_on_a_real_client(caplog: pytest.LogCaptureFixture)
     assert errors[0] == (f"cannot reach Kafka at 127.0.0.1:{port}: Connect to "
                          f"ipv4#127.0.0.1:{port} failed: Connection refused; egress not "
                          "started, retrying every 1s")
+
+
+def test_client_errors_are_collected_only_on_request() -> None:
+    """A long-lived admin never polls, so its client would queue error events forever."""
+    port = free_port()
+    for collect in (True, False):
+        admin = Admin(KafkaSettings(brokers=f"127.0.0.1:{port}"), timeout=0.5,
+                      collect_errors=collect)
+        with pytest.raises(ReplicatorError):      # _TRANSPORT: no retriable flag
+            admin.list_topics()
+        errors = admin.client_errors()
+        if collect:
+            assert any(e.startswith(f"127.0.0.1:{port}/bootstrap: Connect to") for e in errors)
+        else:
+            assert errors == []

@@ -50,16 +50,22 @@ class Admin:
         kafka: the cluster.
         timeout: seconds each request may take.
         overrides: librdkafka settings over ``kafka.config``.
+        collect_errors: keep the client's own errors for ``client_errors`` (for a
+            short-lived admin that reports why a cluster cannot be reached).
 
     Raises:
         ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
     """
 
     def __init__(self, kafka: KafkaSettings, *, timeout: float = 30.0,
-                 overrides: Mapping[str, Any] | None = None) -> None:
+                 overrides: Mapping[str, Any] | None = None,
+                 collect_errors: bool = False) -> None:
         conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
-        conf["error_cb"] = self._on_client_error
+        if collect_errors:
+            # Only on request: with an error callback the client queues every error event
+            # until something polls, and a long-lived admin (egress's) never polls.
+            conf["error_cb"] = self._on_client_error
         self._errors: deque[str] = deque(maxlen=_KEPT_CLIENT_ERRORS)
         self._errors_lock = threading.Lock()
         self._admin: cka.AdminClient = construct("admin", cka.AdminClient, conf)
@@ -75,7 +81,8 @@ class Admin:
     def client_errors(self) -> list[str]:
         """The client's own errors so far, oldest first, each once: why a broker could not
         be reached (``host:port/bootstrap: Connect to ... failed: Connection refused``,
-        a failed name lookup, TLS handshake or SASL authentication).
+        a failed name lookup, TLS handshake or SASL authentication). Empty unless the
+        admin was built with ``collect_errors=True``.
         """
         self._admin.poll(0)   # error callbacks are served by poll
         with self._errors_lock:
