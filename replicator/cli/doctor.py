@@ -20,15 +20,16 @@ from ingress.sink import transaction_timeout_ms
 from replicator.cli.common import EXIT_USAGE, config_option, echo_json, fail, load_or_exit
 from replicator.cli.tables import print_table
 from replicator.cli.topics import own_topics
-from replicator.core.errors import ConfigError
+from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Admin
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings
 from replicator.core.sqs import SqsQueue
-from replicator.ops.doctor import Check, exit_code, overall
+from replicator.ops.doctor import Check, Status, exit_code, overall
 from replicator.ops.doctor.compaction import compaction_checks
-from replicator.ops.doctor.kafka import kafka_checks
-from replicator.ops.doctor.s3 import s3_checks
+from replicator.ops.doctor.kafka import REACH, kafka_checks
+from replicator.ops.doctor.s3 import BUCKET, s3_checks
+from replicator.ops.doctor.sources import source_checks
 from replicator.ops.doctor.sqs import sqs_checks
 
 
@@ -46,8 +47,13 @@ def used_transaction_timeout(settings: Settings) -> tuple[int, str] | None:
     return transaction_timeout_ms(float(call_timeout)), "ingress default"
 
 
+def _passed(checks: Sequence[Check], name: str) -> bool:
+    return any(c.name == name and c.status is Status.PASS for c in checks)
+
+
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
-    """Every check of ``settings``: Kafka, S3, SQS (with ``[ingress]``), compaction (with
+    """Every check of ``settings``: Kafka, S3, ingress's sources (their ``_topic.json``
+    against the destination topics) and SQS (with ``[ingress]``), compaction (with
     ``[compaction]``).
 
     Raises:
@@ -69,7 +75,15 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
         sqs, arn = sqs_checks(queue)
         queue_ref = None if arn is None else (queue.name, arn)
     store = S3ObjectStore.from_settings(settings)
-    checks += s3_checks(store, store, settings, queue=queue_ref)
+    s3 = s3_checks(store, store, settings, queue=queue_ref)
+    checks += s3
+    if settings.ingress is not None and _passed(checks, REACH) and _passed(s3, BUCKET):
+        try:
+            partitions = admin.topic_partitions()
+        except ReplicatorError:
+            partitions = None       # the cluster stopped answering: reported above
+        if partitions is not None:
+            checks += source_checks(settings.ingress, settings.s3.prefix, store, partitions)
     checks += sqs
     if settings.compaction is not None:
         checks += compaction_checks(settings.compaction, java_home=os.environ.get("JAVA_HOME"),

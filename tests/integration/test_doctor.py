@@ -1,8 +1,9 @@
 """``replicator doctor`` against the embedded stack (the session's broker and moto server),
 each fault made on purpose: a broker that is down (an unused port), a missing bucket,
 versioning off, a missing queue, a checkpoint topic with the wrong cleanup.policy, a
-transaction timeout above the brokers' limit, a missing egress topic, an unreachable Spark
-master; and a healthy ingress config that passes."""
+transaction timeout above the brokers' limit, a source without _topic.json or with a
+smaller destination, a missing egress topic, an unreachable Spark master; and a healthy
+ingress config that passes."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from click.testing import CliRunner
 from replicator.cli.main import main
 from replicator.core.compacted_topic import CHECKPOINT_TOPIC_CONFIG
 from replicator.core.kafka import Admin
+from replicator.core.keys import topic_meta_key
 from replicator.core.settings import KafkaSettings
 from replicator.core.sqs import SqsQueue, make_sqs_client
+from replicator.core.wire import TopicMetadata
 from replicator.devstack.aws import create_bucket, create_queue, set_bucket_notifications
 from replicator.devstack.processes import free_port
 from tests.conftest import BROKER_KIND, unique_name
@@ -40,6 +43,7 @@ class Region:
     checkpoint_topic: str
     events_topic: str
     offset_map_topic: str
+    source: str
 
     def config(self, path: Path, *, brokers: str | None = None, bucket: str | None = None,
                queue: str | None = None, kafka_config: str = "", extra: str = "") -> Path:
@@ -60,7 +64,7 @@ segment_events_topic = "{self.events_topic}"
 offset_map_topic = "{self.offset_map_topic}"
 [[ingress.sources]]
 region = "{SOURCE}"
-topic = "orders"
+topic = "{self.source}"
 {extra}''')
         return path
 
@@ -85,7 +89,7 @@ def region(moto_endpoint: str, s3_client: Any, dest_brokers: str) -> Region:
     """A healthy ingress region: versioned bucket notifying its queue (visibility 60 s), and
     the checkpoint, segment-events and offset-map topics as ingress creates them."""
     r = Region(moto_endpoint, dest_brokers, unique_name("bucket"), unique_name("queue"),
-               unique_name("cp"), unique_name("ev"), unique_name("om"))
+               unique_name("cp"), unique_name("ev"), unique_name("om"), unique_name("orders"))
     create_bucket(s3_client, r.bucket, REGION)
     s3_client.put_bucket_versioning(Bucket=r.bucket,
                                     VersioningConfiguration={"Status": "Enabled"})
@@ -99,9 +103,14 @@ def region(moto_endpoint: str, s3_client: Any, dest_brokers: str) -> Region:
     assert admin.create_topic(r.offset_map_topic, 1, dict(CHECKPOINT_TOPIC_CONFIG))
     assert admin.create_topic(r.events_topic, 1, {"cleanup.policy": "delete",
                                                   "retention.ms": "3600000"})
+    # The source as egress in us-east-1 announced it, and its copy here.
+    s3_client.put_object(Bucket=r.bucket, Key=topic_meta_key("data", SOURCE, r.source),
+                         Body=TopicMetadata(3, topic=r.source, region=SOURCE).encode())
+    assert admin.create_topic(r.source, 3)
     # A created topic reaches every broker's metadata a moment later.
-    wait_for(lambda: all(admin.partition_count(t) == 1 for t in (
-        r.checkpoint_topic, r.offset_map_topic, r.events_topic)), 10, "the topics' metadata")
+    wait_for(lambda: all(admin.partition_count(t) == n for t, n in (
+        (r.checkpoint_topic, 1), (r.offset_map_topic, 1), (r.events_topic, 1),
+        (r.source, 3))), 10, "the topics' metadata")
     return r
 
 
@@ -113,7 +122,8 @@ def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None
         f"segment events topic {region.events_topic}",
         f"offset map topic {region.offset_map_topic}", "topic auto-creation",
         "transaction.max.timeout.ms", "s3 bucket", "s3 versioning", "s3 list",
-        "clock skew (S3)", "s3 notifications", "sqs queue", "sqs visibility timeout"]
+        "clock skew (S3)", "s3 notifications", f"source {SOURCE}/{region.source}",
+        "sqs queue", "sqs visibility timeout"]
     # Tansu describes no broker configs: auto-creation and the transaction limit are unknown.
     unknown = {"topic auto-creation", "transaction.max.timeout.ms"}
     expected_warn = unknown if BROKER_KIND == "tansu" else set()
@@ -125,7 +135,9 @@ def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None
         assert by_name(report, "transaction.max.timeout.ms")["seen"] == \
             "900000 on the brokers; ingress uses 150000 (ingress default)"
     # Ingress writes nothing: its source region's prefix is listed instead.
-    assert by_name(report, "s3 list")["seen"] == f"data/{SOURCE}/: empty so far"
+    assert by_name(report, "s3 list")["seen"] == f"data/{SOURCE}/: objects"
+    assert by_name(report, f"source {SOURCE}/{region.source}")["seen"] == \
+        f"3 partition(s) → {region.source} (3 partition(s))"
 
 
 def test_the_table_names_each_check_and_the_totals(region: Region, tmp_path: Path) -> None:
@@ -135,7 +147,7 @@ def test_the_table_names_each_check_and_the_totals(region: Region, tmp_path: Pat
     lines = res.output.splitlines()
     assert lines[0].split() == ["check", "status", "seen", "fix"]
     assert any(line.startswith("kafka reachable") and " PASS " in line for line in lines)
-    assert lines[-1].startswith(("PASS: 14 PASS, 0 WARN, 0 FAIL", "WARN: 12 PASS, 2 WARN"))
+    assert lines[-1].startswith(("PASS: 15 PASS, 0 WARN, 0 FAIL", "WARN: 13 PASS, 2 WARN"))
 
 
 def test_a_broker_that_is_down_is_named_with_the_cause(region: Region,
@@ -214,6 +226,31 @@ def test_missing_internal_topics_are_warned_about(region: Region, tmp_path: Path
     code, report = doctor(cfg)
     cp = next(c for c in report["checks"] if c["check"].startswith("checkpoint topic"))
     assert cp["status"] == "WARN" and cp["seen"] == "does not exist yet"
+    assert code == 0
+
+
+def test_sources_without_topic_json_or_with_a_smaller_destination(
+        region: Region, s3_client: Any, tmp_path: Path) -> None:
+    waiting, small = unique_name("waiting"), unique_name("small")
+    s3_client.put_object(Bucket=region.bucket, Key=topic_meta_key("data", SOURCE, small),
+                         Body=TopicMetadata(4, topic=small, region=SOURCE).encode())
+    admin = Admin(KafkaSettings(brokers=region.brokers))
+    assert admin.create_topic(small, 2)
+    wait_for(lambda: admin.partition_count(small) == 2, 10, "the topic's metadata")
+    code, report = doctor(region.config(tmp_path / "sources.toml", extra=f"""
+[[ingress.sources]]
+region = "{SOURCE}"
+topic = "{waiting}"
+[[ingress.sources]]
+region = "{SOURCE}"
+topic = "{small}"
+"""))
+    w = by_name(report, f"source {SOURCE}/{waiting}")
+    assert w["status"] == "WARN"
+    assert w["seen"] == f"no data/{SOURCE}/{waiting}/_topic.json yet: nothing to replay"
+    s = by_name(report, f"source {SOURCE}/{small}")
+    assert s["status"] == "WARN" and s["seen"] == f"4 partition(s) → {small}, which has 2"
+    assert statuses(report)[f"source {SOURCE}/{region.source}"] == "PASS"
     assert code == 0
 
 

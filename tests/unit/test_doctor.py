@@ -18,9 +18,16 @@ from replicator.core.errors import (
     StorageFatalError,
 )
 from replicator.core.kafka import ClusterInfo
+from replicator.core.keys import topic_meta_key
 from replicator.core.s3 import BucketHead, QueueNotification
-from replicator.core.settings import CompactionSettings, Settings, load_settings
+from replicator.core.settings import (
+    CompactionSettings,
+    IngressSettings,
+    Settings,
+    load_settings,
+)
 from replicator.core.storage import MemoryObjectStore
+from replicator.core.wire import TopicMetadata
 from replicator.ops.doctor import Check, Status, exit_code, overall
 from replicator.ops.doctor.compaction import (
     compaction_checks,
@@ -50,6 +57,7 @@ from replicator.ops.doctor.s3 import (
     temp_object_check,
     versioning_check,
 )
+from replicator.ops.doctor.sources import source_check, source_checks
 from replicator.ops.doctor.sqs import queue_check, sqs_checks, visibility_check
 
 P, W, F = Status.PASS, Status.WARN, Status.FAIL
@@ -413,6 +421,39 @@ def test_sqs_checks() -> None:
     assert [c.status for c in checks] == [P, P] and arn == ARN
 
 
+# --- ingress sources ---------------------------------------------------------------------
+
+
+def test_source_check() -> None:
+    key = "data/us-east-1/t/_topic.json"
+    assert source_check("us-east-1", "t", "t.copy", key, 3, 3).status is P
+    created = source_check("us-east-1", "t", "t.copy", key, 3, None)
+    assert created.status is P and created.seen == \
+        "3 partition(s) → t.copy: ingress creates it"
+    small = source_check("us-east-1", "t", "t.copy", key, 3, 2)
+    assert small.status is W and "--partitions 3" in small.fix
+    waiting = source_check("us-east-1", "t", "t.copy", key, None, None)
+    assert waiting.status is W and waiting.seen == f"no {key} yet: nothing to replay"
+    assert "copies data/us-east-1/ into this bucket" in waiting.fix
+    assert source_check("us-east-1", "t", "t.copy", key, None, None, "not JSON").status is F
+
+
+def test_source_checks_find_sources_as_ingress_does() -> None:
+    ingress = IngressSettings.model_validate({"sqs_queue": "q", "sources": [
+        {"region": "us-east-1", "topic": "named", "destination_topic": "{topic}.copy"},
+        {"region": "us-east-1", "topic_pattern": "s\\..*"}]})
+    store = MemoryObjectStore("b")
+    for topic, n in (("named", 2), ("s.found", 4)):
+        store.put(topic_meta_key("data", "us-east-1", topic),
+                  TopicMetadata(n, topic=topic, region="us-east-1").encode())
+    store.put(topic_meta_key("data", "us-east-1", "other"), TopicMetadata(1).encode())
+    store.put(topic_meta_key("data", "us-east-1", "s.bad"), b"not json")
+    checks = source_checks(ingress, "data", store, {"named.copy": 2, "s.found": 1})
+    assert [(c.name, c.status) for c in checks] == [
+        ("source us-east-1/named", P), ("source us-east-1/s.bad", F),
+        ("source us-east-1/s.found", W)]
+
+
 # --- compaction --------------------------------------------------------------------------
 
 
@@ -478,6 +519,10 @@ def test_every_check_is_documented() -> None:
     names += [c.name for c in s3_checks(FakeBucket(), MemoryObjectStore("b"),
                                         settings(ingress=INGRESS))]
     names += [c.name for c in sqs_checks(FakeQueue({"VisibilityTimeout": "60"}))[0]]
+    assert s.ingress is not None
+    names += ["source REGION/TOPIC" for c in source_checks(s.ingress, "data",
+                                                           MemoryObjectStore("b"), {})
+              if c.name == "source us-east-1/t"]
     assert s.compaction is not None
     names += [c.name for c in compaction_checks(s.compaction, java_home=None, timeout=1,
                                                 java=lambda home: (None, "x"),
@@ -487,7 +532,7 @@ def test_every_check_is_documented() -> None:
     topics = {"a", "replicator.checkpoint", "replicator.segmentevents", "replicator.offsetmap"}
     documented = {n.rsplit(" ", 1)[0] + " NAME" if n.rsplit(" ", 1)[-1] in topics else n
                   for n in names}
-    assert len(documented) == 19
+    assert len(documented) == 20
     missing = sorted(n for n in documented if f"`{n}`" not in doc)
     assert not missing, f"docs/operations.md has no row for {missing}"
 
