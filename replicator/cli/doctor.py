@@ -36,12 +36,19 @@ from replicator.ops.doctor.sqs import sqs_checks
 def used_transaction_timeout(settings: Settings) -> tuple[int, str] | None:
     """The ``transaction.timeout.ms`` exactly-once ingress gives its producers, and where it
     comes from (``None`` for a config without exactly-once ingress).
+
+    Raises:
+        ConfigError: ``kafka.config`` gives one that is not a number.
     """
     if settings.ingress is None or settings.ingress.delivery != "exactly-once":
         return None
     given = settings.kafka.config.get("transaction.timeout.ms")
     if given is not None:
-        return int(given), "kafka.config"
+        try:
+            return int(str(given)), "kafka.config"
+        except ValueError as e:
+            raise ConfigError("kafka.config", f"transaction.timeout.ms = {given!r} is not a "
+                                              "whole number of milliseconds") from e
     # The producers' flush/commit timeout (TransactionLoop's default), as ingress computes it.
     call_timeout = inspect.signature(TransactionLoop).parameters["timeout"].default
     return transaction_timeout_ms(float(call_timeout)), "ingress default"

@@ -12,6 +12,7 @@ import pytest
 from replicator.cli.doctor import table_rows, used_transaction_timeout
 from replicator.cli.main import main
 from replicator.core.errors import (
+    ConfigError,
     KafkaRetriableError,
     ObjectNotFound,
     StorageError,
@@ -201,6 +202,10 @@ def test_used_transaction_timeout() -> None:
     assert used_transaction_timeout(s) == (1_000_000, "kafka.config")
     alo = settings(ingress={**INGRESS, "delivery": "at-least-once"})
     assert used_transaction_timeout(alo) is None
+    bad = settings(ingress=INGRESS, kafka={"brokers": "k:1",
+                                           "config": {"transaction.timeout.ms": "soon"}})
+    with pytest.raises(ConfigError, match=r"transaction\.timeout\.ms"):
+        used_transaction_timeout(bad)
 
 
 class FakeAdmin:
