@@ -6,6 +6,8 @@ import json
 import logging
 import signal
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -15,7 +17,9 @@ import click
 
 from replicator.cli.logs import setup_logging
 from replicator.core.errors import ConfigError, FatalError, ReplicatorError
-from replicator.core.settings import Settings, load_settings
+from replicator.core.kafka import Admin
+from replicator.core.settings import KafkaSettings, Settings, load_settings
+from replicator.ops.doctor.kafka import bootstrap_addresses, broker_causes
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,66 @@ def load_or_exit(config: Path | None, section: str | None = None) -> Settings:
         fail(str(e), EXIT_USAGE)
 
 
+KAFKA_RETRY_SECONDS = 5.0
+"""How often a service that cannot reach its cluster at start asks again, and says so (one
+ERROR per attempt: 12 a minute instead of librdkafka's several a second)."""
+KAFKA_REQUEST_SECONDS = 5.0
+"""How long one of those metadata requests may take; a SIGTERM is seen within it. A broker
+that answers late (frozen, overloaded) answers the request still waiting, so the service
+starts as soon as it can."""
+
+
+class MetadataSource(Protocol):
+    """What ``wait_for_kafka`` asks (``replicator.core.kafka.Admin``)."""
+
+    def list_topics(self) -> list[str]: ...
+    def client_errors(self) -> list[str]: ...
+
+
+def wait_for_kafka(kafka: KafkaSettings, what: str, stopping: threading.Event, *,
+                   every: float = KAFKA_RETRY_SECONDS,
+                   request_timeout: float = KAFKA_REQUEST_SECONDS,
+                   admin: MetadataSource | None = None) -> bool:
+    """Block until the cluster answers a metadata request; ``False`` when ``stopping`` is
+    set first.
+
+    Each failed attempt is one ERROR naming every bootstrap broker and the client's reason
+    ("cannot reach Kafka at 127.0.0.1:9092: Connect to ... failed: Connection refused; egress
+    not started, retrying every 5s"), at most one per ``every`` seconds, so a service never
+    says it started before it reached its cluster.
+
+    Raises:
+        ConfigError: the client refuses ``kafka.config``.
+    """
+    if admin is None:
+        admin = Admin(kafka, timeout=request_timeout, collect_errors=True)
+    addresses = bootstrap_addresses(kafka.brokers)
+    failures = 0
+    while not stopping.is_set():
+        began = time.monotonic()
+        try:
+            admin.list_topics()
+        except ReplicatorError as e:
+            if stopping.is_set():
+                break
+            failures += 1
+            causes = broker_causes(addresses, admin.client_errors())
+            where = "; ".join(f"{a}: {causes.get(a, 'no answer')}" for a in addresses) \
+                if causes else f"{', '.join(addresses)}: {e}"
+            log.error("cannot reach Kafka at %s; %s not started, retrying every %.0fs", where,
+                      what, every)
+            stopping.wait(max(0.0, every - (time.monotonic() - began)))
+            continue
+        if failures:
+            log.info("reached Kafka at %s after %d failed attempt(s)", kafka.brokers, failures)
+        return True
+    return False
+
+
 def run_controller(config: Path, section: str, build: Callable[[Settings], Controller]) -> None:
-    """Load settings, start the controller, run until SIGTERM/SIGINT, exit 0/1/2."""
+    """Load settings, wait for the Kafka cluster (egress, ingress), start the controller, run
+    until SIGTERM/SIGINT, exit 0/1/2.
+    """
     settings = load_or_exit(config, section)
     setup_logging(settings.log.level, settings.log.format)
     log.info("starting %s with settings %s", section, json.dumps(settings.masked()))
@@ -81,14 +143,21 @@ def run_controller(config: Path, section: str, build: Callable[[Settings], Contr
         controller = build(settings)
     except ConfigError as e:
         fail(str(e), EXIT_USAGE)
+    stopping = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s, draining", signal.Signals(signum).name)
+        stopping.set()
         controller.stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        # Compaction reads and writes S3 only.
+        if section != "compaction" and not wait_for_kafka(settings.kafka, section, stopping):
+            log.info("%s stopped before it reached Kafka", section)
+            controller.close()
+            sys.exit(EXIT_OK)
         controller.start()
         controller.run()
     except ConfigError as e:

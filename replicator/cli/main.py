@@ -6,6 +6,7 @@ import click
 
 from replicator.cli.checkpoints import checkpoints
 from replicator.cli.demo import demo
+from replicator.cli.doctor import doctor
 from replicator.cli.groups import groups
 from replicator.cli.local import local
 from replicator.cli.logs import setup_command_logging
@@ -34,3 +35,4 @@ main.add_command(checkpoints)
 main.add_command(restore)
 main.add_command(topics)
 main.add_command(groups)
+main.add_command(doctor)

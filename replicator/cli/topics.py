@@ -18,8 +18,8 @@ from replicator.core.settings import IngressSettings, Settings
 from replicator.ops.topics import egress_report, ingress_report
 
 
-def _own_topics(settings: Settings) -> set[str]:
-    # As egress: the replicator's own topics are never selected by a pattern.
+def own_topics(settings: Settings) -> set[str]:
+    """The replicator's own topics, which (as in egress) no pattern selects."""
     fields = IngressSettings.model_fields
     own = {str(fields["checkpoint_topic"].default), str(fields["segment_events_topic"].default)}
     if settings.ingress is not None:
@@ -48,7 +48,7 @@ def topics(config: Path, output: str) -> None:
         if settings.egress is not None:
             eg = settings.egress
             selected = select(Admin(settings.kafka).list_topics(), eg.select.include,
-                              eg.select.exclude, eg.topics, _own_topics(settings))
+                              eg.select.exclude, eg.topics, own_topics(settings))
             erows = egress_report(settings.region, settings.kafka, eg.group_id, sorted(selected))
             out["egress"] = [r.as_dict() for r in erows]
         if settings.ingress is not None:

@@ -16,7 +16,9 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -62,6 +64,30 @@ def make_s3_client(*, endpoint_url: str | None, region: str, access_key_id: str 
         config=client_config(max_pool_connections=max_pool_connections,
                              connect_timeout=connect_timeout, read_timeout=read_timeout,
                              max_attempts=max_attempts, addressing_style=addressing_style))
+
+
+@dataclass(frozen=True)
+class BucketHead:
+    """What HeadBucket tells: the bucket exists and answers, and the server's clock."""
+
+    region: str | None
+    """``x-amz-bucket-region`` (``None`` when the store does not send it)."""
+    server_time: datetime | None
+    """The response's ``Date`` header (whole seconds; ``None`` when absent)."""
+    sent: datetime
+    """This host's clock when the request was sent ..."""
+    received: datetime
+    """... and when the answer came (the server's time lies between them)."""
+
+
+@dataclass(frozen=True)
+class QueueNotification:
+    """One S3 → SQS event notification of a bucket."""
+
+    queue_arn: str
+    events: tuple[str, ...]
+    prefix: str
+    """The key prefix filter ("" for every key)."""
 
 
 def _etag(value: Any) -> str:
@@ -333,6 +359,49 @@ class S3ObjectStore(ObjectStore):
             raise StorageFatalError(msg)
 
     # test and operations helpers ---------------------------------------------------------
+
+    def head_bucket(self) -> BucketHead:
+        """HeadBucket: the bucket exists and these credentials may use it.
+
+        Raises:
+            ObjectNotFound: no such bucket.
+            StorageFatalError: access denied (403), or another refusal.
+            StorageError: the endpoint did not answer.
+        """
+        sent = datetime.now(UTC)
+        with aws_errors(f"head bucket s3://{self.bucket}"):
+            resp = self.client.head_bucket(Bucket=self.bucket)
+        received = datetime.now(UTC)
+        headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        server_time = None
+        if headers.get("date"):
+            try:
+                server_time = parsedate_to_datetime(headers["date"])
+            except (TypeError, ValueError):
+                server_time = None
+        return BucketHead(headers.get("x-amz-bucket-region"), server_time, sent, received)
+
+    def versioning(self) -> str | None:
+        """The bucket's versioning status: ``"Enabled"``, ``"Suspended"``, or ``None`` when
+        it was never enabled.
+        """
+        with aws_errors(f"get versioning of s3://{self.bucket}"):
+            resp = self.client.get_bucket_versioning(Bucket=self.bucket)
+        status = resp.get("Status")
+        return str(status) if status else None
+
+    def queue_notifications(self) -> builtins.list[QueueNotification]:
+        """The bucket's event notifications to SQS queues."""
+        with aws_errors(f"get notification configuration of s3://{self.bucket}"):
+            resp = self.client.get_bucket_notification_configuration(Bucket=self.bucket)
+        out: builtins.list[QueueNotification] = []
+        for q in resp.get("QueueConfigurations", []):
+            rules = q.get("Filter", {}).get("Key", {}).get("FilterRules", [])
+            prefix = next((r.get("Value", "") for r in rules
+                           if str(r.get("Name", "")).lower() == "prefix"), "")
+            out.append(QueueNotification(str(q.get("QueueArn", "")),
+                                         tuple(q.get("Events", [])), prefix))
+        return out
 
     def open_multipart_uploads(self, prefix: str = "") -> builtins.list[tuple[str, str]]:
         """``(key, upload_id)`` of multipart uploads not completed nor aborted."""

@@ -120,6 +120,14 @@ class SqsQueue:
             self._arn = str(attrs["QueueArn"])
         return self._arn
 
+    def attributes(self) -> dict[str, str]:
+        """Every attribute of the queue (``VisibilityTimeout``, ``RedrivePolicy``, ...)."""
+        url = self.url
+        with aws_errors(f"get attributes of SQS queue {self.name}"):
+            attrs = self.client.get_queue_attributes(
+                QueueUrl=url, AttributeNames=["All"]).get("Attributes", {})
+        return {str(k): str(v) for k, v in attrs.items()}
+
     def receive(self, max_messages: int = 10, wait_seconds: int = 20,
                 visibility_timeout: int | None = None) -> list[QueueMessage]:
         """Long-poll for up to ``max_messages`` (at most 10) messages.

@@ -6,7 +6,7 @@ Services talk to three typed wrappers and never see a client exception or error 
   transactions as explicit steps with translated errors;
 * ``Consumer`` (``consumer.py``): fetch sorted into records / errors / partition ends,
   typed rebalance callbacks, eager and incremental assignment, commit/seek/pause;
-* ``Admin`` (``admin.py``): topics and their configs;
+* ``Admin`` (``admin.py``): topics and their configs, the cluster and its brokers;
 
 plus ``read_to_end`` (``reader.py``: a topic from the beginning to its end). Client errors
 become the suite's error tree in ``errors.py`` (docs/architecture.md, "Errors").
@@ -14,7 +14,7 @@ become the suite's error tree in ``errors.py`` (docs/architecture.md, "Errors").
 
 from __future__ import annotations
 
-from replicator.core.kafka.admin import Admin
+from replicator.core.kafka.admin import Admin, ClusterInfo
 from replicator.core.kafka.config import (
     CONSUMER_DEFAULTS,
     CONSUMER_ONLY,
@@ -53,6 +53,7 @@ __all__ = [
     "TIMESTAMP_LOG_APPEND_TIME",
     "TIMESTAMP_NOT_AVAILABLE",
     "Admin",
+    "ClusterInfo",
     "Consumer",
     "DeliveryReport",
     "Fetched",

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from typing import Any
 
 import confluent_kafka as ck
@@ -29,6 +32,19 @@ from replicator.core.settings import KafkaSettings
 # A config describe entry that was set on the topic itself.
 _TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
 
+# Client errors kept for ``client_errors``: librdkafka repeats one per broker and retry
+# (about 20 a second against a closed port), so only the newest distinct ones matter.
+_KEPT_CLIENT_ERRORS = 32
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What DescribeCluster tells about a cluster."""
+
+    cluster_id: str | None
+    controller_id: int | None
+    broker_ids: tuple[int, ...]
+
 
 class Admin:
     """Topic administration of one cluster.
@@ -37,17 +53,43 @@ class Admin:
         kafka: the cluster.
         timeout: seconds each request may take.
         overrides: librdkafka settings over ``kafka.config``.
+        collect_errors: keep the client's own errors for ``client_errors`` (for a
+            short-lived admin that reports why a cluster cannot be reached).
 
     Raises:
         ConfigError: librdkafka refuses the configuration (names ``kafka.config``).
     """
 
     def __init__(self, kafka: KafkaSettings, *, timeout: float = 30.0,
-                 overrides: Mapping[str, Any] | None = None) -> None:
+                 overrides: Mapping[str, Any] | None = None,
+                 collect_errors: bool = False) -> None:
         conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
+        if collect_errors:
+            # Only on request: with an error callback the client queues every error event
+            # until something polls, and a long-lived admin (egress's) never polls.
+            conf["error_cb"] = self._on_client_error
+        self._errors: deque[str] = deque(maxlen=_KEPT_CLIENT_ERRORS)
+        self._errors_lock = threading.Lock()
         self._admin: cka.AdminClient = construct("admin", cka.AdminClient, conf)
         self.timeout = timeout
+
+    def _on_client_error(self, err: ck.KafkaError) -> None:
+        text = err.str()
+        with self._errors_lock:
+            if text in self._errors:
+                self._errors.remove(text)
+            self._errors.append(text)
+
+    def client_errors(self) -> list[str]:
+        """The client's own errors so far, oldest first, each once: why a broker could not
+        be reached (``host:port/bootstrap: Connect to ... failed: Connection refused``,
+        a failed name lookup, TLS handshake or SASL authentication). Empty unless the
+        admin was built with ``collect_errors=True``.
+        """
+        self._admin.poll(0)   # error callbacks are served by poll
+        with self._errors_lock:
+            return list(self._errors)
 
     def _metadata(self) -> Any:
         try:
@@ -74,6 +116,44 @@ class Admin:
     def list_topics(self) -> list[str]:
         """All topic names."""
         return sorted(self._metadata().topics)
+
+    def topic_partitions(self) -> dict[str, int]:
+        """Every topic of the cluster with its partition count, from one metadata request.
+
+        Raises:
+            KafkaRetriableError: the cluster did not answer within ``timeout``.
+        """
+        return {name: len(t.partitions) for name, t in self._metadata().topics.items()
+                if t.error is None}
+
+    def cluster(self) -> ClusterInfo:
+        """The cluster's id, controller and brokers (DescribeCluster)."""
+        try:
+            desc = self._admin.describe_cluster(
+                request_timeout=self.timeout).result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, "describe cluster") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe cluster: no answer within "
+                                      f"{self.timeout:.0f}s") from e
+        controller = desc.controller.id if desc.controller is not None else None
+        return ClusterInfo(desc.cluster_id, controller,
+                           tuple(sorted(n.id for n in desc.nodes or [])))
+
+    def broker_config(self, broker_id: int) -> dict[str, str]:
+        """The effective configs of one broker (empty when the broker describes none, as
+        Tansu does).
+        """
+        res = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+        try:
+            entries = self._admin.describe_configs(
+                [res], request_timeout=self.timeout)[res].result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"describe configs of broker {broker_id}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe configs of broker {broker_id}: no answer "
+                                      f"within {self.timeout:.0f}s") from e
+        return {k: v.value for k, v in entries.items() if v.value is not None}
 
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool:

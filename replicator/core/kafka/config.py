@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from replicator.core.settings import KafkaSettings
@@ -57,10 +60,53 @@ PRODUCER_ONLY = frozenset({
 })
 
 
+class RepeatsToDebug(logging.Filter):
+    """Keeps the first of each client log line at its level and sends its repeats within
+    ``window`` seconds to DEBUG (dropped unless the logger is enabled for DEBUG).
+
+    librdkafka logs a connection failure once per broker, client and retry: against a port
+    where nothing listens, about 5 lines a second per client ("FAIL ... Connection
+    refused"), which buried the one line that says what is wrong. Lines count as repeats
+    when they differ only in the client's name (``rdkafka#consumer-2``), its thread and the
+    ``(after Nms in state X)`` timing; a line still true after ``window`` is logged at its
+    level again, so a lasting failure shows once a minute.
+    """
+
+    _VARYING = re.compile(r"\[rdkafka#[^\]]*\]|\[thrd:[^\]]*\]|\(after \d+ms in state \w+\)")
+
+    def __init__(self, window: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 max_lines: int = 1024) -> None:
+        super().__init__()
+        self.window = window
+        self.clock = clock
+        self.max_lines = max_lines
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
+            return True
+        key = self._VARYING.sub("", record.getMessage())
+        now = self.clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is None or now - last >= self.window:
+                if len(self._last) >= self.max_lines:
+                    self._last.clear()   # bounded: at worst a line is logged again
+                self._last[key] = now
+                return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
 CLIENT_LOG = logging.getLogger("librdkafka")
 """Where the clients' own log lines go (the ``logger`` setting of every client the seam
 builds): through Python logging, so each entry point decides where they appear, instead of
-librdkafka writing to the process's stderr."""
+librdkafka writing to the process's stderr. Repeated lines go to DEBUG
+(``RepeatsToDebug``)."""
+CLIENT_LOG.addFilter(RepeatsToDebug())
 
 
 def client_config(kafka: KafkaSettings, defaults: Mapping[str, Any],

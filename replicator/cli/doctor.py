@@ -1,0 +1,152 @@
+"""``replicator doctor``: check everything a region's config depends on, before a service
+starts (README, "Operator commands"; the checks live in ``replicator.ops.doctor``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from egress.selection import select
+from ingress.shared import TransactionLoop
+from ingress.sink import transaction_timeout_ms
+from replicator.cli.common import EXIT_USAGE, config_option, echo_json, fail, load_or_exit
+from replicator.cli.tables import print_table
+from replicator.cli.topics import own_topics
+from replicator.core.errors import ConfigError, ReplicatorError
+from replicator.core.kafka import Admin
+from replicator.core.s3 import S3ObjectStore
+from replicator.core.settings import Settings
+from replicator.core.sqs import SqsQueue
+from replicator.ops.doctor import Check, Status, exit_code, overall
+from replicator.ops.doctor.compaction import compaction_checks
+from replicator.ops.doctor.kafka import REACH, kafka_checks
+from replicator.ops.doctor.s3 import BUCKET, s3_checks
+from replicator.ops.doctor.sources import source_checks
+from replicator.ops.doctor.sqs import sqs_checks
+
+
+def used_transaction_timeout(settings: Settings) -> tuple[int, str] | None:
+    """The ``transaction.timeout.ms`` exactly-once ingress gives its producers, and where it
+    comes from (``None`` for a config without exactly-once ingress).
+
+    Raises:
+        ConfigError: ``kafka.config`` gives one that is not a number.
+    """
+    if settings.ingress is None or settings.ingress.delivery != "exactly-once":
+        return None
+    given = settings.kafka.config.get("transaction.timeout.ms")
+    if given is not None:
+        try:
+            return int(str(given)), "kafka.config"
+        except ValueError as e:
+            raise ConfigError("kafka.config", f"transaction.timeout.ms = {given!r} is not a "
+                                              "whole number of milliseconds") from e
+    # The producers' flush/commit timeout (TransactionLoop's default), as ingress computes it.
+    call_timeout = inspect.signature(TransactionLoop).parameters["timeout"].default
+    return transaction_timeout_ms(float(call_timeout)), "ingress default"
+
+
+def _passed(checks: Sequence[Check], name: str) -> bool:
+    return any(c.name == name and c.status is Status.PASS for c in checks)
+
+
+def run_checks(settings: Settings, timeout: float) -> list[Check]:
+    """Every check of ``settings``: Kafka, S3, ingress's sources (their ``_topic.json``
+    against the destination topics) and SQS (with ``[ingress]``), compaction (with
+    ``[compaction]``).
+
+    Raises:
+        ConfigError: a client refuses the configuration (``kafka.config``).
+    """
+    admin = Admin(settings.kafka, timeout=timeout, collect_errors=True)
+
+    def selected(topics: Sequence[str]) -> frozenset[str]:
+        eg = settings.require("egress")
+        return select(topics, eg.select.include, eg.select.exclude, eg.topics,
+                      own_topics(settings))
+
+    checks = kafka_checks(admin, settings, select=selected,
+                          transaction_timeout=used_transaction_timeout(settings))
+    queue_ref: tuple[str, str] | None = None
+    sqs: list[Check] = []
+    if settings.ingress is not None:
+        queue = SqsQueue.from_settings(settings)
+        sqs, arn = sqs_checks(queue)
+        queue_ref = None if arn is None else (queue.name, arn)
+    store = S3ObjectStore.from_settings(settings)
+    s3 = s3_checks(store, store, settings, queue=queue_ref)
+    checks += s3
+    if settings.ingress is not None and _passed(checks, REACH) and _passed(s3, BUCKET):
+        try:
+            partitions = admin.topic_partitions()
+        except ReplicatorError:
+            partitions = None       # the cluster stopped answering: reported above
+        if partitions is not None:
+            checks += source_checks(settings.ingress, settings.s3.prefix, store, partitions)
+    checks += sqs
+    if settings.compaction is not None:
+        checks += compaction_checks(settings.compaction, java_home=os.environ.get("JAVA_HOME"),
+                                    timeout=timeout)
+    return checks
+
+
+SEEN_WIDTH = 60
+FIX_WIDTH = 60
+"""Columns the seen and fix texts are wrapped to, so the table stays readable in a
+terminal (the JSON output has them whole)."""
+
+
+def table_rows(checks: Sequence[Check]) -> list[list[str]]:
+    """One row per check, long seen and fix texts wrapped onto the rows below it."""
+    rows: list[list[str]] = []
+    for c in checks:
+        seen = textwrap.wrap(c.seen, SEEN_WIDTH, break_on_hyphens=False) or [""]
+        fix = textwrap.wrap(c.fix, FIX_WIDTH, break_on_hyphens=False) or [""]
+        for i, (s, f) in enumerate(itertools.zip_longest(seen, fix, fillvalue="")):
+            rows.append([c.name if i == 0 else "", c.status.value if i == 0 else "", s, f])
+    return rows
+
+
+@click.command()
+@config_option
+@click.option("--output", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.option("--timeout", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+              help="Seconds each dependency may take to answer (a broker that does not "
+                   "answer within it is reported unreachable).")
+def doctor(config: Path, output: str, timeout: float) -> None:
+    """Check what a region's config depends on: Kafka, S3, SQS, Spark.
+
+    Kafka: the brokers answer (or why not, per bootstrap address), the cluster id, the
+    topics [egress] names or selects and their partitions, ingress's checkpoint,
+    segment-events and offset-map topics and their cleanup.policy, topic auto-creation,
+    transaction.max.timeout.ms against what exactly-once ingress uses. S3: the bucket,
+    versioning, a temporary object put/head/get/delete under s3.temp_prefix, the bucket's
+    notification to ingress's queue, this host's clock against S3's. SQS: the queue and its
+    visibility timeout. Compaction: the Spark master and Java.
+
+    One line per check (PASS, WARN or FAIL, what was seen, the fix). Exit code 0 when
+    nothing failed, 1 when a check failed, 2 for a configuration that does not load.
+    """
+    settings = load_or_exit(config)
+    try:
+        checks = run_checks(settings, timeout)
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
+    status = overall(checks)
+    if output == "json":
+        echo_json({"region": settings.region, "status": status.value,
+                   "checks": [c.as_dict() for c in checks]})
+    else:
+        print_table(["check", "status", "seen", "fix"], table_rows(checks))
+        counts = {s: sum(c.status == s for c in checks) for s in ("PASS", "WARN", "FAIL")}
+        click.echo(f"{status.value}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    sys.exit(exit_code(checks))
