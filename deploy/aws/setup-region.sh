@@ -3,7 +3,7 @@
 #
 #   deploy/aws/setup-region.sh render       # write rendered JSON to $OUT (default: ./rendered/$REGION)
 #   deploy/aws/setup-region.sh bucket       # bucket (versioned, encrypted, TLS-only, lifecycle) + SQS queue + notification
-#   deploy/aws/setup-region.sh iam          # IRSA roles for egress/ingress/compaction + the S3 replication role
+#   deploy/aws/setup-region.sh iam          # IRSA roles for egress/ingress/compaction (+ its Spark driver) + the S3 replication role
 #   deploy/aws/setup-region.sh replication  # S3 replication to the peer bucket (run after both regions' `bucket`)
 #
 # Settings (environment):
@@ -32,6 +32,8 @@ export PREFIX="${PREFIX:-data}" TEMP_PREFIX="${TEMP_PREFIX:-temp}"
 export SOURCE_REGION="${SOURCE_REGION:-$PEER_REGION}"
 export OIDC_PROVIDER="${OIDC_PROVIDER:-}"
 OUT="${OUT:-$PWD/rendered/$REGION}"
+# One IRSA role replicator-$REGION-<name> per ServiceAccount replicator-<name>.
+IRSA_ACCOUNTS="egress ingress compaction compaction-driver"
 
 # Only these variables are substituted; any other `$` in a template stays as it is.
 VARS='${REGION} ${PEER_REGION} ${ACCOUNT_ID} ${KMS_KEY_ARN} ${PEER_KMS_KEY_ARN} ${BUCKET}
@@ -49,7 +51,7 @@ render() {
              iam/s3-replication.json iam/s3-replication-trust.json; do
       CONTROLLER="" envsubst "$VARS" < "$f" > "$OUT/$f"
     done
-    for c in egress ingress compaction; do
+    for c in $IRSA_ACCOUNTS; do
       CONTROLLER="$c" envsubst "$VARS" < iam/irsa-trust.json > "$OUT/iam/irsa-trust-$c.json"
     done
   )
@@ -112,10 +114,13 @@ ensure_role() {  # name trust-policy-file
 iam() {
   : "${OIDC_PROVIDER:?set OIDC_PROVIDER (aws eks describe-cluster --query cluster.identity.oidc.issuer)}"
   render
-  for c in egress ingress compaction; do
+  for c in $IRSA_ACCOUNTS; do
+    # The Spark driver (deploy/compaction/) has its own ServiceAccount, so its own role (a
+    # trust names exactly one ServiceAccount), with the compaction policy.
+    policy="${c%-driver}"
     ensure_role "replicator-$REGION-$c" "$OUT/iam/irsa-trust-$c.json"
     aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
-      --policy-name "replicator-$c" --policy-document "file://$OUT/iam/$c.json"
+      --policy-name "replicator-$policy" --policy-document "file://$OUT/iam/$policy.json"
   done
   ensure_role "replicator-$REGION-s3-replication" "$OUT/iam/s3-replication-trust.json"
   aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-s3-replication" \

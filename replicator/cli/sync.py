@@ -43,9 +43,12 @@ def sync(from_bucket: str, to_bucket: str, prefix: str, endpoint_url: str | None
          no_delete: bool, output: str) -> None:
     """Copy segment objects (and deletes) from one bucket to another.
 
-    Only final segment keys and _topic.json under PREFIX are copied, never temporary
-    objects. Each pass copies before it deletes, so readers of the destination always
-    find a segment covering every range. Running it again changes nothing.
+    Under PREFIX, final segment keys, _topic.json and the exported consumer-group
+    offsets (_groups/) are copied; temporary objects and the compaction lock never are.
+    Segments the source no longer has are deleted (not with --no-delete); _topic.json
+    and group offsets never are. Each pass copies before it deletes, so readers of the
+    destination always find a segment covering every range. Running it again changes
+    nothing.
     """
     setup_command_logging("INFO" if follow else "WARNING")
     settings = load_or_exit(config) if config is not None else None

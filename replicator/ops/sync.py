@@ -1,10 +1,10 @@
 """Bucket-to-bucket copy of segment objects, for stores without S3 replication.
 
 ``replicator sync`` copies every segment key (and ``_topic.json`` and the exported group
-offsets, ``_groups/``) under the data prefix
-from a source bucket to a destination bucket, and deletes destination segments that the
-source no longer has (compaction removed them). Temporary objects are never copied: only
-keys under the data prefix move, and the temp prefix may not lie inside it.
+offsets, ``_groups/``; not the compaction lock) under the data prefix from a source bucket
+to a destination bucket, and deletes destination segments that the source no longer has
+(compaction removed them). Temporary objects are never copied: only keys under the data
+prefix move, and the temp prefix may not lie inside it.
 
 Order matters for readers on the destination side: in one pass every copy happens before
 any delete, so a compacted segment is visible before the level-0 segments it replaces

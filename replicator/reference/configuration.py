@@ -6,6 +6,7 @@ fails when the committed file and the models disagree, so the reference is never
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 import typing
@@ -23,6 +24,7 @@ from replicator.core.settings import (
     EgressSettings,
     EgressTopicSettings,
     FormatSettings,
+    GroupExportSettings,
     IngressSettings,
     IngressSourceSettings,
     KafkaSettings,
@@ -30,6 +32,7 @@ from replicator.core.settings import (
     MetricsSettings,
     S3Settings,
     Settings,
+    is_size_field,
 )
 from replicator.core.units import format_duration
 
@@ -45,42 +48,48 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ('[egress.topics."NAME"]', EgressTopicSettings,
      "Segment thresholds per source topic; [egress.topic_defaults] has the same keys (the "
      "thresholds of selected topics, and of keys a table leaves out)."),
+    ("[egress.group_export]", GroupExportSettings,
+     "Source consumer-group offsets exported next to the segments (docs/failover.md)."),
     ("[ingress]", IngressSettings, "The ingress controller (destination region)."),
     ("[[ingress.sources]]", IngressSourceSettings, "One entry per replicated source topic."),
     ("[compaction]", CompactionSettings, "The compaction job (per region)."),
     ('[compaction.topics."NAME"]', CompactionTopicSettings, "Compaction thresholds per topic."),
 ]
 
-_SIZE_FIELDS = {"part_size", "multipart_copy_threshold", "row_group_size", "max_segment_size",
-                "max_buffered_bytes", "min_segment_size"}
+# Where a nested model is documented: the first section that shows its keys.
+_SECTION_OF: dict[type[BaseModel], str] = {}
+for _title, _model, _about in SECTIONS:
+    _SECTION_OF.setdefault(_model, _title)
 
 
-def _type_name(name: str, annotation: Any) -> str:
+def _type_name(field: FieldInfo, annotation: Any) -> str:
     if annotation is timedelta:
         return "duration"
-    if name in _SIZE_FIELDS:
+    if is_size_field(field.metadata):
         return "size"
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " \\| ".join(f'"{a}"' for a in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        inner = " \\| ".join(_type_name(name, a) for a in args)
+        inner = " \\| ".join(_type_name(field, a) for a in args)
         return f"{inner} (optional)" if len(args) < len(typing.get_args(annotation)) else inner
     if origin is dict:
         return "table"
     if origin is list:
         return "array of strings" if typing.get_args(annotation) == (str,) else "array of tables"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return "table"
+        title = _SECTION_OF.get(annotation)
+        return f"table (`{title}`)" if title else "table"
     return getattr(annotation, "__name__", str(annotation)).replace("SecretStr", "string (secret)")
 
 
-def _default(name: str, field: FieldInfo) -> str:  # noqa: C901 - one case per value kind
+def _default(field: FieldInfo) -> str:  # noqa: C901 - one case per value kind
     if field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
         if isinstance(value, BaseModel):
-            return "(table)"
+            title = _SECTION_OF.get(type(value))
+            return f"the defaults of `{title}`" if title else "(table)"
     else:
         value = field.default
     if value is PydanticUndefined:
@@ -91,7 +100,7 @@ def _default(name: str, field: FieldInfo) -> str:  # noqa: C901 - one case per v
         return f'`"{format_duration(value)}"`'
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
-    if name in _SIZE_FIELDS and isinstance(value, int):
+    if is_size_field(field.metadata) and isinstance(value, int):
         for unit, n in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
             if value % n == 0:
                 return f'`"{value // n}{unit}"`'
@@ -99,6 +108,8 @@ def _default(name: str, field: FieldInfo) -> str:  # noqa: C901 - one case per v
         return f'`"{value}"`'
     if isinstance(value, dict) and not value:
         return "`{}`"
+    if isinstance(value, list):
+        return f"`{json.dumps(value)}`"  # TOML writes a list of strings the same way
     return f"`{value}`"
 
 
@@ -125,8 +136,8 @@ def render_reference() -> str:
             if model is Settings and name not in ("region",):
                 continue
             desc = (field.description or "").replace("|", "\\|")
-            out.append(f"| `{name}` | {_type_name(name, field.annotation)} | "
-                       f"{_default(name, field)} | {desc} |")
+            out.append(f"| `{name}` | {_type_name(field, field.annotation)} | "
+                       f"{_default(field)} | {desc} |")
     return "\n".join(out) + "\n"
 
 

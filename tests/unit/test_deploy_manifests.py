@@ -692,6 +692,33 @@ def test_irsa_trust_names_one_service_account_per_controller() -> None:
         assert sub.rsplit(":", 1)[1] in sas
 
 
+def test_every_irsa_role_annotated_is_one_setup_region_creates() -> None:
+    # setup-region.sh creates replicator-<region>-<name> for each name of IRSA_ACCOUNTS, each
+    # trusting only the ServiceAccount replicator-<name>; every role a manifest annotates
+    # (the Spark driver's in deploy/compaction/ included) must be one of those, for the
+    # ServiceAccount that carries it.
+    script = (AWS / "setup-region.sh").read_text()
+    m = re.search(r'^IRSA_ACCOUNTS="([^"]+)"', script, re.M)
+    assert m, "setup-region.sh: no IRSA_ACCOUNTS"
+    created = m.group(1).split()
+    region = tomllib.loads((DEPLOY / "compaction" / "config-spark-on-k8s.toml").read_text())[
+        "region"]
+    sas = [d for d in yaml.safe_load_all((DEPLOY / "compaction" / "spark-on-k8s.yaml").read_text())
+           if d and d["kind"] == "ServiceAccount"]
+    assert sas
+    for sa in sas:
+        name = sa["metadata"]["name"].removeprefix("replicator-")
+        assert name in created, f"setup-region.sh creates no role for {name}"
+        role = sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].rsplit("/", 1)[1]
+        assert role == f"replicator-{region}-{name}", role
+    for c in created:
+        doc = _aws("iam/irsa-trust.json", CONTROLLER=c)
+        sub = doc["Statement"][0]["Condition"]["StringEquals"][
+            f"{AWS_VALUES['OIDC_PROVIDER']}:sub"]
+        assert sub == f"system:serviceaccount:replicator:replicator-{c}"
+        assert (AWS / "iam" / f"{c.removesuffix('-driver')}.json").exists()
+
+
 def test_replication_covers_own_segments_and_propagates_deletes() -> None:
     rules = _aws("s3/replication.json")["Rules"]
     (rule,) = rules

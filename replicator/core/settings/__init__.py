@@ -20,6 +20,7 @@ from replicator.core.settings.fields import (
     KafkaValue,
     Size,
     is_secret_setting,
+    is_size_field,
 )
 from replicator.core.settings.loader import (
     ENV_PREFIX,
@@ -68,6 +69,7 @@ __all__ = [
     "Size",
     "apply_env_overrides",
     "is_secret_setting",
+    "is_size_field",
     "load_settings",
     "validate_settings",
 ]

@@ -33,6 +33,11 @@ Size = Annotated[int, BeforeValidator(_size)]
 
 KafkaValue = str | int | float | bool
 
+
+def is_size_field(metadata: list[Any]) -> bool:
+    """True when a field's pydantic ``metadata`` marks it as a :data:`Size` (for the docs)."""
+    return any(getattr(m, "func", None) is _size for m in metadata)
+
 STORAGE_CLASSES = frozenset({
     "STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING",
     "GLACIER", "DEEP_ARCHIVE", "GLACIER_IR", "OUTPOSTS", "SNOW", "EXPRESS_ONEZONE",
