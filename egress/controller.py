@@ -55,6 +55,7 @@ from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy
 from replicator.core.settings import EgressSettings, IngressSettings, Settings
 from replicator.core.storage import ObjectStore
+from replicator.core.throttle import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,8 @@ class Egress:
                               self.clock, self._maybe_check_topics, self._log_start,
                               arrow_allocated_bytes)
         self._loop.skip = origin_filter(self.config, self.m, self.region)
+        if self.config.max_bytes_per_second:
+            self._loop.throttle = TokenBucket(self.config.max_bytes_per_second, self.clock())
         self._subscribe(self._wanted)
         if self.settings.metrics.port:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,

@@ -81,6 +81,9 @@ class EgressMetrics:
             "egress_seek_failures_total",
             "Seeks back to a failed segment's start that failed (retried after a backoff).",
             ("region",))
+        self.throttled = metrics.counter(
+            "egress_throttled_seconds_total", "Seconds the poll loop waited instead of "
+            "fetching, held to [egress] max_bytes_per_second.", ("region",))
         self.consume_errors = metrics.counter(
             "egress_consume_errors_total", "Errors reported by the consumer.", ("region",))
         self.buffered = metrics.gauge(

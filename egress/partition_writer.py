@@ -133,12 +133,15 @@ class PartitionWriter:
 
     # --- poll thread ------------------------------------------------------------------
 
-    def append(self, msgs: Sequence[Message], now: float) -> None:
-        """Append one run of this partition's messages (offset order)."""
+    def append(self, msgs: Sequence[Message], now: float) -> int:
+        """Append one run of this partition's messages (offset order); returns their raw
+        bytes (key + value + headers), 0 when they were dropped.
+        """
         if self.broken.is_set() or self.failed is not None:
             # Rewinding: these are re-read after the seek to the failed segment's start.
             self.metrics.dropped.inc(len(msgs))
-            return
+            return 0
+        total = 0
         i, n = 0, len(msgs)
         limits = self.limits
         while i < n:
@@ -155,6 +158,7 @@ class PartitionWriter:
             i += taken
             self.metrics.messages.inc(taken)
             self.metrics.bytes.inc(raw)
+            total += raw
             if len(seg.columns) >= FLUSH_ROWS or seg.columns.held_bytes >= self.flush_bytes:
                 self._flush(seg)
             reason = should_rotate(seg.stats(), limits, now)
@@ -164,6 +168,7 @@ class PartitionWriter:
         last = msgs[-1].offset()
         if last is not None and (self.position is None or last >= self.position):
             self.position = last + 1
+        return total
 
     def skipped_to(self, position: int) -> None:
         """The records up to ``position`` (exclusive) after the last appended one were

@@ -32,6 +32,7 @@ from egress.segment import SegmentOutcome
 from replicator.core.clock import Monotonic
 from replicator.core.errors import GroupProtocolMismatch, KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import OFFSET_BEGINNING, Consumer, Fetched, TopicPartition
+from replicator.core.throttle import TokenBucket
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ def tick_interval(writers: int) -> float:
     """Seconds between ticks with ``writers`` assigned partitions."""
     return max(TICK_INTERVAL, writers * TICK_PER_WRITER)
 GAUGE_INTERVAL = 1.0
+THROTTLED_POLL = 1.0
+"""Seconds a throttled loop may go without asking the client for a record."""
+MEAN_WEIGHT = 0.2
+"""Weight of the newest fetch in the mean record size."""
 PROTOCOL_ERROR_INTERVAL = 60.0
 """Seconds between two ERRORs of a group that refuses this member's assignor protocol."""
 SKIP_COMMIT_INTERVAL = 5.0
@@ -107,14 +112,27 @@ class PollLoop:
         self._last_tick = 0.0
         self._last_gauges = 0.0
         self._protocol_error_at = 0.0
+        self.throttle: TokenBucket | None = None
+        """``[egress] max_bytes_per_second`` (``None``: unlimited)."""
+        self.sleep: Callable[[float], None] = time.sleep
+        self._last_fetch = 0.0
+        self._mean_record = 1024.0
+        """Mean raw bytes of a record read lately (sizes throttled fetches)."""
         self.skip: OriginFilter | None = None
         """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
 
     def turn(self) -> None:
-        """One fetch and what follows it."""
-        fetched = self.consumer.fetch(CONSUME_BATCH, POLL_TIMEOUT)
+        """One fetch and what follows it (or, while throttled, a short wait instead)."""
+        batch = CONSUME_BATCH
+        if self.throttle is not None:
+            batch = self._throttled_batch()
+        if batch:
+            fetched = self.consumer.fetch(batch, POLL_TIMEOUT)
+            self.last_poll = time.monotonic()
+            self._last_fetch = self.clock()
+        else:
+            fetched = Fetched()
         now = self.clock()
-        self.last_poll = time.monotonic()
         if fetched:
             self._dispatch(fetched, now)
         self.commits.serve(self.consumer)
@@ -123,9 +141,38 @@ class PollLoop:
             self._last_tick = now
             self._tick(now)
 
+    def _throttled_batch(self) -> int:
+        """Records the next fetch may take under ``[egress] max_bytes_per_second``; 0 to
+        skip it (the loop waits a slice instead, still serving commits and ticks).
+
+        Out of bytes, the client is still asked for one record at least every
+        ``THROTTLED_POLL`` seconds: rebalance callbacks run only inside a fetch, and a
+        member that fetches nothing for ``max.poll.interval.ms`` leaves the group.
+        """
+        throttle = self.throttle
+        assert throttle is not None
+        now = self.clock()
+        wait = throttle.delay(now)
+        if wait <= 0:
+            return throttle.allowance(now, self._mean_record, CONSUME_BATCH)
+        pause = min(wait, POLL_TIMEOUT)
+        self.sleep(pause)
+        self.m.throttled.labels(self.region).inc(pause)
+        return 1 if self.clock() - self._last_fetch >= THROTTLED_POLL else 0
+
     # --- records ----------------------------------------------------------------------
 
     def _dispatch(self, fetched: Fetched, now: float) -> None:
+        read = self._append_runs(fetched, now)
+        if self.throttle is not None and read:
+            self.throttle.take(read, now)
+            records = fetched.records
+            if records:
+                self._mean_record += (read / records - self._mean_record) * MEAN_WEIGHT
+
+    def _append_runs(self, fetched: Fetched, now: float) -> int:
+        """Hand each run to its writer; returns the raw bytes read (for the throttle)."""
+        read = 0
         for err in fetched.errors:
             self._consume_error(err)
         for key, position in fetched.out_of_range.items():
@@ -139,16 +186,20 @@ class PollLoop:
                 self.m.dropped.labels(self.region, str(topic), str(partition)).inc(len(run))
                 continue
             if self.skip is None:
-                w.append(run, now)
+                read += w.append(run, now)
                 continue
             msgs = self.skip.keep(topic, run)
             if msgs:
-                w.append(msgs, now)
+                read += w.append(msgs, now)
             if msgs is not run:
+                if self.throttle is not None:
+                    # Skipped records were read from the source too (values only: cheap).
+                    read += sum(len(m) for m in run) - sum(len(m) for m in msgs)
                 # The run ended with skipped records: the position moves past them.
                 last = run[-1].offset()
                 if last is not None:
                     w.skipped_to(last + 1)
+        return read
 
     # --- positions deleted under the consumer -----------------------------------------
 

@@ -187,6 +187,11 @@ class EgressSettings(Model):
                                           "[egress.select] (new ones picked up, deleted "
                                           "ones released).")
     upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")
+    max_bytes_per_second: Size = Field(
+        0, description="Records read from the source cluster by this process, in raw bytes "
+        "(key + value + headers) per second, over all its partitions: a token bucket with "
+        "one second of burst, so over a minute the rate stays within a few percent of it. "
+        "0: unlimited. Time held back: replicator_egress_throttled_seconds_total.")
     group_export: GroupExportSettings = Field(
         default_factory=GroupExportSettings,
         description="Source consumer-group offsets exported next to the segments "
@@ -228,6 +233,13 @@ class EgressSettings(Model):
     @classmethod
     def _origin_header_ok(cls, v: str) -> str:
         return _header_name(v)
+
+    @field_validator("max_bytes_per_second")
+    @classmethod
+    def _rate_ok(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"must be 0 (unlimited) or a positive size, got {v}")
+        return v
 
     @model_validator(mode="before")
     @classmethod
