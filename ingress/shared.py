@@ -621,7 +621,8 @@ class SharedAcks:
             sink.check()
             p = self.producer
             p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
-                           rows.values, rows.headers, rows.offsets)
+                           rows.values, rows.headers, rows.offsets,
+                           on_failure=sink.record_failed)
             self._sent[sink.tp] = self._sent.get(sink.tp, 0) + len(rows)
 
     def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
@@ -636,16 +637,20 @@ class SharedAcks:
         """Records of the sink's partition not acknowledged yet (after serving callbacks
         for up to ``timeout``).
 
+        How many ended is read *before* the sink's failures: a record counted as ended
+        here either was acknowledged or its failure is already recorded (reports of one
+        partition come in the order the records were produced, the batch's last one
+        after every other), so a callback served by another thread between the two reads
+        can only make the count understate, never hide a failure.
+
         Raises:
-            KafkaRetriableError: a record of the partition failed.
+            KafkaRetriableError: a record of this sink failed.
         """
         p = self.producer
         p.poll(timeout)
-        failed = p.take_failures(sink.topic, sink.partition)
-        if failed:
-            raise KafkaRetriableError(f"{sink.topic}[{sink.partition}]: {len(failed)} "
-                                      f"record(s) failed: {failed[0].reason}")
-        return self.unanswered(sink, p)
+        n = self.unanswered(sink, p)
+        sink.raise_failures()
+        return n
 
     def unanswered(self, sink: SharedAckSink, p: Producer | None = None) -> int:
         """Records of the sink's partition whose delivery has not ended (acknowledged or
@@ -703,10 +708,13 @@ class SharedAckSink(ReplaySink):
         self.broken = False
         self.checkpoints_in_flight = 0
         self._cp_error: str | None = None
+        self._failures: list[DeliveryReport] = []
         self._lock = threading.Lock()
 
     def check(self) -> None:
-        """Raise if this sink may not produce (purged, or its records were purged)."""
+        """Raise if this sink may not produce (purged, or its records were purged, or one
+        of its records failed: no checkpoint may follow a failed record).
+        """
         if self.purged:
             raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
         if self.broken:
@@ -715,6 +723,31 @@ class SharedAckSink(ReplaySink):
         if self._cp_error is not None:
             raise KafkaRetriableError(f"{self.where}: a checkpoint was not delivered: "
                                       f"{self._cp_error}")
+        self.raise_failures()
+
+    def record_failed(self, report: DeliveryReport) -> None:
+        """A record of this sink's produce calls failed (the producer's polling thread).
+        Kept by the sink, never by the destination partition: in fan-in, several sinks
+        write one partition, and only the sink whose record failed may not checkpoint.
+        """
+        with self._lock:
+            self._failures.append(report)
+
+    def raise_failures(self) -> None:
+        """Raise if a record of this sink failed; the failures stay (the session is over:
+        every later call raises too, and ``outstanding_now`` still counts what is queued).
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError / ProducerFenced: the first failure.
+        """
+        with self._lock:
+            failed = list(self._failures)
+        if failed:
+            first = failed[0]
+            if isinstance(first.error, (KafkaFatalError, ProducerFenced)):
+                raise first.error
+            raise KafkaRetriableError(f"{self.where}: {len(failed)} record(s) failed: "
+                                      f"{first.reason}")
 
     def cp_delivered(self, report: DeliveryReport) -> None:
         """A checkpoint's delivery report (the producer's polling thread)."""

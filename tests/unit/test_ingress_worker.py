@@ -868,10 +868,13 @@ class QueueingProducer:
         self.answering = False
         self.failing = False
         """Each poll reports a failed record (a batch of them failing one by one)."""
+        self.on_failure: Any = None
 
     def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
-                     values: Any, headers: Any, offsets: Sequence[int]) -> None:
+                     values: Any, headers: Any, offsets: Sequence[int],
+                     on_failure: Any = None) -> None:
         self.queued.extend(offsets)
+        self.on_failure = on_failure
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
         from replicator.core.kafka.types import DeliveryReport
@@ -884,6 +887,8 @@ class QueueingProducer:
             self.queued.clear()
         else:
             time.sleep(min(timeout, 0.01))
+        if self.failing and self.on_failure is not None:
+            self.on_failure(self.take_failures()[0])
         return 0
 
     def take_failures(self, topic: str | None = None, partition: int | None = None) -> list[Any]:
