@@ -7,8 +7,9 @@ and fencing").
   hand it a batch (records + checkpoint) and park, holding no thread or replay slot, until
   the batch's callback wakes them; it puts every batch waiting into one transaction,
   fenced by the placement group's generation (``_transact``).
-* ``SharedAcks`` (at-least-once): one idempotent producer, acknowledgements counted per
-  destination partition.
+* ``SharedAcks`` (at-least-once): one idempotent producer, acknowledgements and failures
+  counted per sink (per produce call), never per destination partition: in fan-in several
+  sinks write one partition.
 * ``SharedTxnSink`` / ``SharedAckSink``: a worker's ``ReplaySink`` over them.
 
 Threads and producers no longer grow with the partition count: one producer (its
@@ -570,7 +571,8 @@ class SharedTxnSink(ReplaySink):
 
 class SharedAcks:
     """At-least-once: one idempotent producer for every partition of the process, with
-    acknowledgements counted per destination partition (``Producer.done``).
+    acknowledgements and failures counted per sink, from each produce call's own delivery
+    callbacks (``SharedAckSink.ended_by``, ``SharedAckSink.record_failed``).
 
     A worker that misses its revoke deadline, or closes a session, with records still
     unacknowledged gets the whole producer purged (librdkafka purges per producer, not per
@@ -588,7 +590,6 @@ class SharedAcks:
             lambda: Producer(kafka_settings, name="ingress producer", track_acks=True))
         self.lock = threading.RLock()
         self._producer: Producer | None = None
-        self._sent: dict[TP, int] = {}
         self._sinks: set[SharedAckSink] = set()
 
     def start(self) -> None:
@@ -620,10 +621,10 @@ class SharedAcks:
         with self.lock:
             sink.check()
             p = self.producer
+            sink.sent += len(rows)
             p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
                            rows.values, rows.headers, rows.offsets,
-                           on_failure=sink.record_failed)
-            self._sent[sink.tp] = self._sent.get(sink.tp, 0) + len(rows)
+                           on_ends=sink.ended_by(len(rows)), on_failure=sink.record_failed)
 
     def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
                            value: bytes) -> None:
@@ -653,7 +654,8 @@ class SharedAcks:
         return n
 
     def unanswered(self, sink: SharedAckSink, p: Producer | None = None) -> int:
-        """Records of the sink's partition whose delivery has not ended (acknowledged or
+        """Records of the sink (its produce calls, not its partition: in fan-in other
+        sinks write the partition too) whose delivery has not ended (acknowledged or
         failed), without taking failures: a failed record does not hide those queued
         behind it (revoke).
         """
@@ -661,7 +663,7 @@ class SharedAcks:
         with self.lock:
             if p is not self._producer:
                 return 0
-            return self._sent.get(sink.tp, 0) - p.done(sink.topic, sink.partition)
+        return sink.unanswered()
 
     def release(self, sink: SharedAckSink, why: str = "at the revoke deadline") -> None:
         """``sink``'s worker missed its revoke deadline (or its session closed with
@@ -685,7 +687,6 @@ class SharedAcks:
                           "of the purge; they may still reach the partition beside its new "
                           "owner", sink.where, unanswered, min(self.timeout, PURGE_WAIT))
             self._producer = self._make()
-            self._sent = {}
         log.warning("%s: %d record(s) unacknowledged %s: the shared producer was purged "
                     "and replaced; other partitions redo their unacknowledged batches from "
                     "their checkpoints", sink.where, left, why)
@@ -709,6 +710,9 @@ class SharedAckSink(ReplaySink):
         self.checkpoints_in_flight = 0
         self._cp_error: str | None = None
         self._failures: list[DeliveryReport] = []
+        self.sent = 0
+        """Records of this sink produced (``SharedAcks.produce``, under its lock)."""
+        self._ended = 0
         self._lock = threading.Lock()
 
     def check(self) -> None:
@@ -724,6 +728,22 @@ class SharedAckSink(ReplaySink):
             raise KafkaRetriableError(f"{self.where}: a checkpoint was not delivered: "
                                       f"{self._cp_error}")
         self.raise_failures()
+
+    def ended_by(self, n: int) -> Callable[[int, DeliveryReport], None]:
+        """The listener of a produce call of ``n`` records: its last record's report (any
+        outcome) ends the whole call, as one partition's records are reported in the
+        order they were produced.
+        """
+        def ends(i: int, report: DeliveryReport) -> None:
+            if i == n - 1:
+                with self._lock:
+                    self._ended += n
+        return ends
+
+    def unanswered(self) -> int:
+        """Records of this sink whose delivery has not ended."""
+        with self._lock:
+            return self.sent - self._ended
 
     def record_failed(self, report: DeliveryReport) -> None:
         """A record of this sink's produce calls failed (the producer's polling thread).

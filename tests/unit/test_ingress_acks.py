@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from ingress import delivery
 from ingress.delivery import AtLeastOnce
 from ingress.rows import Rows
 from ingress.shared import SharedAcks, SharedAckSink
@@ -32,7 +33,10 @@ class Acks:
     """A ``SharedAcks`` over the seam and a fake client, and its checkpoints."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, *, auto: bool = True,
-                 capacity: int | None = None, timeout: float = 5.0) -> None:
+                 capacity: int | None = None, timeout: float = 5.0,
+                 ack_timeout: float = 3.0) -> None:
+        # A regression fails in seconds, not after the 120 s of production.
+        monkeypatch.setattr(delivery, "ACK_TIMEOUT", ack_timeout)
         self.clients: list[FakeClient] = []
         self.monkeypatch = monkeypatch
         self.auto = auto
@@ -135,12 +139,52 @@ def test_what_was_delivered_is_read_before_the_failures_are_taken(
 def serve_between(acks: Acks, sink: SharedAckSink) -> None:
     """Make the answers arrive (served by "another thread") right when the sink reads
     how many of its records were delivered: the worst moment for the reads' order."""
-    p = acks.shared.producer
-    real_done = p.done
+    read = sink.unanswered
 
-    def done(topic: str, partition: int) -> int:
+    def unanswered() -> int:
         acks.client.answer()
         acks.client.poll()
-        return real_done(topic, partition)
+        return read()
 
-    p.done = done  # type: ignore[method-assign]
+    sink.unanswered = unanswered  # type: ignore[method-assign]
+
+
+def test_a_sink_counts_only_its_own_unacknowledged_records(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fan-in: B's records are acknowledged, A's (produced after them) are not yet. Was:
+    the count was the destination partition's, so B waited for A's records too."""
+    acks = Acks(monkeypatch, auto=False)
+    a, b = acks.sink(), acks.sink()
+    b.produce(rows(10, 12))
+    a.produce(rows(0, 3))
+    acks.client.answer(2)                    # the broker answered B's two records
+    assert b.outstanding(0.0) == 0
+    assert a.outstanding(0.0) == 3
+
+
+def test_a_source_settles_while_another_keeps_its_destination_partition_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fan-in livelock: source A catches up and always has a record in flight in the
+    shared destination partition. Was: B's settle waited for the partition's count to
+    reach its own, never did, and B restarted at ``ACK_TIMEOUT`` in a loop (duplicates)."""
+    acks = Acks(monkeypatch, auto=False, ack_timeout=1.0)
+    a, b = acks.sink(), acks.sink()
+    db = acks.delivery(b, "src-b")
+    db.deliver(rows(10, 12), cp(11))
+    offset = iter(range(1000))
+    busy = [False]
+
+    def a_produces_more() -> None:           # each poll: answers, and A's next record
+        if busy[0]:
+            return
+        busy[0] = True
+        try:
+            acks.client.answer()
+            a.produce(rows(next(offset), next(offset) + 1))
+        finally:
+            busy[0] = False
+
+    acks.client.on_poll = a_produces_more
+    db.settle()                               # was: KafkaRetriableError after 1 s
+    acks.client.on_poll = lambda: None
+    assert acks.checkpoints("src-b") == [11]

@@ -869,12 +869,14 @@ class QueueingProducer:
         self.failing = False
         """Each poll reports a failed record (a batch of them failing one by one)."""
         self.on_failure: Any = None
+        self.calls: list[tuple[int, Any]] = []
 
     def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
                      values: Any, headers: Any, offsets: Sequence[int],
-                     on_failure: Any = None) -> None:
+                     on_ends: Any = None, on_failure: Any = None) -> None:
         self.queued.extend(offsets)
         self.on_failure = on_failure
+        self.calls.append((len(offsets), on_ends))
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
         from replicator.core.kafka.types import DeliveryReport
@@ -883,8 +885,14 @@ class QueueingProducer:
 
     def poll(self, timeout: float = 0.0) -> int:
         if self.answering:
+            from replicator.core.kafka.types import DeliveryReport
+
             self.delivered.extend(self.queued)
             self.queued.clear()
+            calls, self.calls = self.calls, []
+            for n, on_ends in calls:
+                if on_ends is not None:
+                    on_ends(n - 1, DeliveryReport("copy", 3, 0))
         else:
             time.sleep(min(timeout, 0.01))
         if self.failing and self.on_failure is not None:
