@@ -617,22 +617,49 @@ class SharedAcks:
             self._sinks.discard(sink)
 
     def produce(self, sink: SharedAckSink, rows: Rows) -> None:
-        """Enqueue ``rows`` for the sink's partition (refused once the sink is purged)."""
+        """Enqueue ``rows`` for the sink's partition (refused once the sink is purged).
+
+        The enqueue runs *outside* ``lock``: with the broker not answering it waits for
+        room in the client's queue, and only ``release`` (which takes ``lock``) would
+        empty that queue by purging it; the purge makes the waiting enqueue give up
+        (``Producer.purge``), so a revoke never waits for queue space.
+
+        Raises:
+            KafkaFatalError: the sink was purged (its revoke deadline passed).
+            KafkaRetriableError: the producer was purged for another sink, or a record of
+                this sink failed; redo from the checkpoint.
+        """
         with self.lock:
             sink.check()
             p = self.producer
+            # Counted before the enqueue: records enqueued before a refusal stay
+            # unanswered for this sink, so closing it purges them (never left queued).
             sink.sent += len(rows)
+        try:
             p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
                            rows.values, rows.headers, rows.offsets,
                            on_ends=sink.ended_by(len(rows)), on_failure=sink.record_failed)
+        except KafkaFatalError:
+            sink.check()     # purged under the enqueue: say why (ours, or another sink's)
+            raise
 
     def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
                            value: bytes) -> None:
-        """Enqueue a checkpoint; its acknowledgement is counted by the sink."""
+        """Enqueue a checkpoint; its acknowledgement is counted by the sink. Like
+        ``produce``, the enqueue (which may wait for queue space) runs outside ``lock``.
+
+        Raises:
+            KafkaFatalError / KafkaRetriableError: as ``produce``.
+        """
         with self.lock:
             sink.check()
-            sink.checkpoints_in_flight += 1
-            self.producer.produce(topic, value, key.encode(), on_delivery=sink.cp_delivered)
+            p = self.producer
+            sink.cp_sent()
+        try:
+            p.produce(topic, value, key.encode(), on_delivery=sink.cp_delivered)
+        except KafkaFatalError:
+            sink.check()
+            raise
 
     def outstanding(self, sink: SharedAckSink, timeout: float) -> int:
         """Records of the sink's partition not acknowledged yet (after serving callbacks
@@ -768,6 +795,11 @@ class SharedAckSink(ReplaySink):
                 raise first.error
             raise KafkaRetriableError(f"{self.where}: {len(failed)} record(s) failed: "
                                       f"{first.reason}")
+
+    def cp_sent(self) -> None:
+        """A checkpoint is being enqueued."""
+        with self._lock:
+            self.checkpoints_in_flight += 1
 
     def cp_delivered(self, report: DeliveryReport) -> None:
         """A checkpoint's delivery report (the producer's polling thread)."""

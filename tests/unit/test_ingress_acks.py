@@ -6,6 +6,8 @@ that was not delivered (RELIABILITY.md, "At-least-once delivery under failure").
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -14,7 +16,7 @@ from ingress import delivery
 from ingress.delivery import AtLeastOnce
 from ingress.rows import Rows
 from ingress.shared import SharedAcks, SharedAckSink
-from replicator.core.errors import KafkaRetriableError
+from replicator.core.errors import KafkaFatalError, KafkaRetriableError, ReplicatorError
 from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -188,3 +190,46 @@ def test_a_source_settles_while_another_keeps_its_destination_partition_busy(
     db.settle()                               # was: KafkaRetriableError after 1 s
     acks.client.on_poll = lambda: None
     assert acks.checkpoints("src-b") == [11]
+
+
+@pytest.mark.parametrize("waiting", ["records", "checkpoint"])
+def test_a_full_producer_queue_does_not_block_the_revoke(
+        monkeypatch: pytest.MonkeyPatch, waiting: str) -> None:
+    """The broker stopped answering and the local queue is full: a worker's produce waits
+    for space. The revoke deadline's release must purge the producer (the only thing that
+    empties the queue) at once. Was: the produce waited holding the lock the release
+    needs, so the revoke callback blocked up to ``message.timeout.ms``."""
+    acks = Acks(monkeypatch, auto=False, capacity=4)
+    s = acks.sink()
+    outcome: list[BaseException | None] = []
+
+    if waiting == "checkpoint":
+        s.produce(rows(0, 4))                # fills the queue; the checkpoint waits
+
+    def produce() -> None:
+        try:
+            if waiting == "records":
+                s.produce(rows(0, 10))
+            else:
+                s.produce_checkpoint("src", cp(3))
+            outcome.append(None)
+        except ReplicatorError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    first = acks.client
+    deadline = time.monotonic() + 5
+    while len(first) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(first) == 4                   # the queue is full, the produce waits
+    released = threading.Thread(target=acks.shared.release, args=(s,), daemon=True)
+    started = time.monotonic()
+    released.start()
+    released.join(3)
+    assert not released.is_alive(), "the release waited for the full queue"
+    assert time.monotonic() - started < 3
+    t.join(3)
+    assert outcome and isinstance(outcome[0], KafkaFatalError)
+    assert first.log == []                   # nothing of the purged queue was delivered
+    assert acks.client is not first          # a new producer for the other partitions
