@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -77,7 +77,8 @@ def producer_fenced_backoff() -> Backoff:
 
 class Ownership:
     """The destination partitions this process owns, each with the epoch of its grant, and
-    the commit in progress.
+    the commits in progress (counted per partition: several transaction loops commit at
+    once with `ingress.producers > 1`).
 
     ``grant`` and ``revoke`` run in the placement consumer's rebalance callbacks. Every
     grant of a partition gets a new epoch, and a worker's batches carry the epoch the
@@ -93,7 +94,9 @@ class Ownership:
     def __init__(self) -> None:
         self._owned: dict[TP, int] = {}
         self._epochs = 0
-        self._committing: frozenset[TP] = frozenset()
+        # Commits running now, per partition: with ``ingress.producers > 1`` several
+        # transaction loops commit at once, each with its own partitions.
+        self._committing: Counter[TP] = Counter()
         self._cond = threading.Condition()
 
     def grant(self, parts: Iterable[TP]) -> None:
@@ -131,7 +134,7 @@ class Ownership:
         with self._cond:
             for tp in gone:
                 self._owned.pop(tp, None)
-            while self._committing & gone:
+            while any(self._committing[tp] for tp in gone):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -147,14 +150,16 @@ class Ownership:
         with self._cond:
             wanted = list(batches)
             lost = frozenset(tp for tp, e in wanted if self._owned.get(tp) != e)
+            mine = Counter(tp for tp, _ in wanted)
             if not lost:
-                self._committing = frozenset(tp for tp, _ in wanted)
+                self._committing.update(mine)
         try:
             yield lost
         finally:
             if not lost:
                 with self._cond:
-                    self._committing = frozenset()
+                    self._committing.subtract(mine)
+                    self._committing = +self._committing   # drop the zeros
                     self._cond.notify_all()
 
 

@@ -276,3 +276,48 @@ def test_closing_an_at_least_once_sink_with_nothing_outstanding_does_not_wait() 
         s.close()
     assert polls and all(t == 0.0 for t in polls), polls[:5]
     assert time.monotonic() - t0 < 1.0
+
+
+def test_revoke_waits_for_a_commit_of_the_partition_by_any_of_several_loops() -> None:
+    """``ingress.producers > 1``: loop 0 commits partition 0 (slowly) while loop 1 commits
+    partition 1. Was: the commit in progress was one set, which loop 1's commit overwrote
+    and cleared, so the revoke of partition 0 returned while loop 0 still committed it."""
+    h = Harness()
+    h.ownership.grant([(T, 0), (T, 1)])
+    second: list[FakeProducer] = []
+
+    def make() -> Producer:
+        p = FakeProducer(h.log)
+        second.append(p)
+        return cast("Producer", p)
+
+    other = TransactionLoop(KafkaSettings(brokers="unused:1"), transactional_id="g.a.1",
+                            checkpoint_topic="cps", ownership=h.ownership,
+                            group=lambda: h.group,
+                            metrics=IngressMetrics.create(Metrics()), timeout=5,
+                            make_producer=make, name="transactions-1")
+    release, committing = threading.Event(), threading.Event()
+
+    def slow_commit() -> None:
+        committing.set()
+        release.wait(10)
+
+    try:
+        h.loop.start()
+        other.start()
+        h.producer.on_commit = slow_commit
+        b0 = h.batch(0, 0, 3)
+        h.loop.submit(b0)
+        assert committing.wait(5)                 # loop 0 is committing partition 0
+        b1 = h.batch(1, 0, 2)
+        other.submit(b1)
+        other.wait(b1)                            # loop 1 committed partition 1
+        assert not h.ownership.revoke([(T, 0)], 0.3), \
+            "revoke returned while another loop still committed the partition"
+        release.set()
+        assert h.ownership.revoke([(T, 0)], 5.0)
+        assert h.outcome(b0) is None
+    finally:
+        release.set()
+        other.close()
+        h.loop.close()
