@@ -321,3 +321,19 @@ def test_revoke_waits_for_a_commit_of_the_partition_by_any_of_several_loops() ->
         release.set()
         other.close()
         h.loop.close()
+
+
+def test_a_retired_workers_batch_is_refused_while_the_partition_stays_owned(
+        h: Harness) -> None:
+    """A worker stopped without a revoke (its source no longer wanted) and a new worker of
+    the same partition: only the new one's batches commit."""
+    old = h.batch(0, 0, 3)
+    assert h.ownership.retire(old.epoch, 1.0)
+    new = h.batch(0, 0, 3)
+    assert new.epoch != old.epoch
+    h.loop.submit(old)
+    h.loop.submit(new)
+    h.loop.start()
+    assert isinstance(h.outcome(old), PartitionRevoked)
+    assert h.outcome(new) is None
+    assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]
