@@ -1018,3 +1018,27 @@ def test_an_at_least_once_session_that_failed_leaves_no_records_queued_behind_it
         assert left == [], f"still queued after the release: {left}"
     finally:
         scheduler.close()
+
+
+def test_the_segment_inventory_stays_bounded_on_a_busy_partition() -> None:
+    """Segment events come faster than the rescan interval (a busy partition): every event
+    wakes the worker before the idle rescan's reload, so only events feed the inventory.
+    Was: ``known`` and ``arrived`` kept every segment announced for the worker's life (and
+    each step cost time in proportion). Segments below the position are dropped now."""
+    h = Harness(batch_size=50)
+    h.cfg = replace(h.cfg, rescan_interval=timedelta(hours=1))
+    try:
+        write(h.store, key(0, 4))
+        w = h.start()
+        h.wait(lambda: h.offsets()[-1:] == [4])
+        most = 0
+        for i in range(1, 150):
+            k = key(i * 5, i * 5 + 4)
+            write(h.store, k)
+            w.offer(SegmentEvent("created", k, event_time=utc_now()))
+            h.wait(lambda k=k: h.offsets()[-1:] == [k.end])    # type: ignore[misc]
+            most = max(most, len(w.inventory.known), len(w.inventory.arrived))
+        assert h.offsets() == list(range(150 * 5))
+        assert most <= 3, f"{most} segments kept for a position that only moves forward"
+    finally:
+        h.stop()
