@@ -448,7 +448,12 @@ class TransactionLoop:
            (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
            checkpoint without its records).
         4. Produce every batch's checkpoint record, and its offset-map entries (where its
-           records landed, learnt from the delivery reports of its first and last record).
+           records landed, learnt from the delivery reports of its first and last record),
+           and wait for their delivery reports (acks=all): the checkpoints are in the log,
+           below its high watermark, before the generation check. A member that passes
+           step 5 and then stalls past ``revoke_timeout`` cannot let the next owner load an
+           older checkpoint: the load sees this transaction's checkpoint record and waits
+           for the transaction's end (ingress/README.md, "Producer and fencing", point 3).
         5. ``send_offsets_to_transaction`` with the placement consumer's group metadata:
            the group coordinator refuses a member of an older generation
            (``GenerationFenced``). A member in no generation at all is refused here
@@ -480,6 +485,11 @@ class TransactionLoop:
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
         if om is not None:
             om.produce(keep, p.produce)
+        left = p.flush(self.timeout)
+        if left:
+            raise KafkaRetriableError(f"{left} checkpoint record(s) not acknowledged within "
+                                      f"{self.timeout:.0f}s")
+        p.check_deliveries(self.transactional_id)
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:

@@ -36,6 +36,9 @@ class FakeProducer:
         self.committed: list[tuple[str, int, int]] = []
         self.on_offsets: Callable[[], None] = lambda: None
         self.on_commit: Callable[[], None] = lambda: None
+        self.queued_checkpoints = 0
+        """Checkpoint records produced and not delivered yet (a flush delivers them)."""
+        self.undelivered_at_offsets: list[int] = []
 
     def init_transactions(self, timeout: float) -> None:
         self.log.append("init")
@@ -51,6 +54,7 @@ class FakeProducer:
 
     def flush(self, timeout: float) -> int:
         self.log.append("flush")
+        self.queued_checkpoints = 0
         return 0
 
     def check_deliveries(self, where: str) -> None:
@@ -58,10 +62,12 @@ class FakeProducer:
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         self.log.append(f"checkpoint {key!r}")
+        self.queued_checkpoints += 1
 
     def send_offsets_to_transaction(self, offsets: list[TopicPartition], group: GroupMetadata,
                                     timeout: float) -> None:
         self.log.append("offsets")
+        self.undelivered_at_offsets.append(self.queued_checkpoints)
         self.on_offsets()
 
     def commit_transaction(self, timeout: float) -> None:
@@ -129,7 +135,22 @@ def test_batches_of_several_partitions_share_one_transaction_in_the_durability_o
     assert h.outcome(b0) is None and h.outcome(b1) is None
     assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2), (T, 1, 0), (T, 1, 1)]
     assert h.log == ["init", "begin", "flush", "checkpoint b'src:0'", "checkpoint b'src:1'",
-                     "offsets", "commit"]
+                     "flush", "offsets", "commit"]
+
+
+def test_checkpoints_are_in_the_log_before_the_generation_check(h: Harness) -> None:
+    """The generation check (``send_offsets_to_transaction``) is what stops a former
+    member; the next owner's checkpoint load waits for a transaction only if its
+    checkpoint record is in the log. Was: the checkpoints were still queued (linger) at
+    the check and reached the log only in the commit, so a member whose commit stalled
+    past ``revoke_timeout`` let the next owner load the older checkpoint and replay, and
+    the stalled commit then landed too: the batch twice."""
+    b0, b1 = h.batch(0, 0, 3), h.batch(1, 0, 2)
+    h.loop.submit(b0)
+    h.loop.submit(b1)
+    h.loop.start()
+    assert h.outcome(b0) is None and h.outcome(b1) is None
+    assert h.producer.undelivered_at_offsets == [0]
 
 
 def test_a_batch_of_a_revoked_partition_never_joins_a_transaction(h: Harness) -> None:
