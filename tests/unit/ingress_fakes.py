@@ -135,6 +135,26 @@ class FakeClient:
             return len(self.queued) + len(self.reports)
 
 
+def seam_over_fake(*, auto: bool = True, capacity: int | None = None,
+                   **kw: Any) -> tuple[Producer, FakeClient]:
+    """``fake_producer`` without pytest's monkeypatch (stateful tests build producers
+    between steps): the seam's client factory is swapped for the construction only.
+    """
+    made: list[FakeClient] = []
+
+    def construct(kind: str, factory: Any, conf: dict[str, Any]) -> FakeClient:
+        made.append(FakeClient(conf["on_delivery"], auto=auto, capacity=capacity))
+        return made[-1]
+
+    real = seam.construct  # type: ignore[attr-defined]
+    seam.construct = construct  # type: ignore[attr-defined,assignment]
+    try:
+        p = Producer(KafkaSettings(brokers="fake:1"), **kw)
+    finally:
+        seam.construct = real  # type: ignore[attr-defined]
+    return p, made[0]
+
+
 def fake_producer(monkeypatch: pytest.MonkeyPatch, *, auto: bool = True,
                   capacity: int | None = None, **kw: Any) -> tuple[Producer, FakeClient]:
     """A seam ``Producer`` (``kw``: its arguments) over a ``FakeClient``."""
