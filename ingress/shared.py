@@ -687,7 +687,7 @@ class SharedAcks:
             p = self.producer
             # Counted before the enqueue: records enqueued before a refusal stay
             # unanswered for this sink, so closing it purges them (never left queued).
-            sink.sent += len(rows)
+            sink.add_sent(len(rows))
         try:
             p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
                            rows.values, rows.headers, rows.offsets,
@@ -789,9 +789,9 @@ class SharedAckSink(ReplaySink):
         self.broken = False
         self.checkpoints_in_flight = 0
         self._cp_error: str | None = None
-        self._failures: list[DeliveryReport] = []
-        self.sent = 0
-        """Records of this sink produced (``SharedAcks.produce``, under its lock)."""
+        self._failed = 0
+        self._first_failure: DeliveryReport | None = None
+        self._sent = 0
         self._ended = 0
         self._lock = threading.Lock()
 
@@ -820,33 +820,40 @@ class SharedAckSink(ReplaySink):
                     self._ended += n
         return ends
 
+    def add_sent(self, n: int) -> None:
+        """``n`` more records of this sink are being enqueued."""
+        with self._lock:
+            self._sent += n
+
     def unanswered(self) -> int:
         """Records of this sink whose delivery has not ended."""
         with self._lock:
-            return self.sent - self._ended
+            return self._sent - self._ended
 
     def record_failed(self, report: DeliveryReport) -> None:
         """A record of this sink's produce calls failed (the producer's polling thread).
         Kept by the sink, never by the destination partition: in fan-in, several sinks
         write one partition, and only the sink whose record failed may not checkpoint.
+        The first report and a count are kept (a whole batch may fail).
         """
         with self._lock:
-            self._failures.append(report)
+            self._failed += 1
+            if self._first_failure is None:
+                self._first_failure = report
 
     def raise_failures(self) -> None:
-        """Raise if a record of this sink failed; the failures stay (the session is over:
+        """Raise if a record of this sink failed; the failure stays (the session is over:
         every later call raises too, and ``outstanding_now`` still counts what is queued).
 
         Raises:
             KafkaRetriableError / KafkaFatalError / ProducerFenced: the first failure.
         """
         with self._lock:
-            failed = list(self._failures)
-        if failed:
-            first = failed[0]
+            failed, first = self._failed, self._first_failure
+        if first is not None:
             if isinstance(first.error, (KafkaFatalError, ProducerFenced)):
                 raise first.error
-            raise KafkaRetriableError(f"{self.where}: {len(failed)} record(s) failed: "
+            raise KafkaRetriableError(f"{self.where}: {failed} record(s) failed: "
                                       f"{first.reason}")
 
     def cp_sent(self) -> None:
