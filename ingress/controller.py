@@ -108,6 +108,8 @@ class Ingress:
         # Entries with topic_pattern add sources to self.sources as their topics appear.
         self.discovery = TopicDiscovery(self.cfg, settings.s3.prefix, self.m)
         self.workers: dict[WorkerId, ReplayWorker] = {}
+        self._epochs: dict[WorkerId, int] = {}
+        """Each running worker's ownership epoch (``Ownership.epoch``), retired when it stops."""
         # Segments replayed at once, whatever the partition count: bounds memory.
         # Granted in the order asked (FIFO), so no partition starves during a catch-up.
         self._permits = FifoPermits(self.cfg.max_parallel_replays)
@@ -365,6 +367,7 @@ class Ingress:
         for wid, w in list(self.workers.items()):
             if not w.alive:
                 del self.workers[wid]
+                self.ownership.retire(self._epochs.pop(wid, 0), 0.0)
         desired = self._desired()
         extra = [w for w in self.workers if w not in desired]
         if extra:
@@ -377,6 +380,7 @@ class Ingress:
         src = self.sources[(wid[0], wid[1])].source
         # The grant this worker belongs to: its batches never commit under a later one.
         epoch = self.ownership.epoch((src.destination, wid[2])) or 0
+        self._epochs[wid] = epoch
         ref = PartitionRef(self.settings.s3.prefix, src.region, src.name, wid[2])
         cfg = WorkerConfig(source=src, ref=ref, destination_topic=src.destination,
                            delivery=self._delivery,
@@ -424,6 +428,16 @@ class Ingress:
                         "%s; the next owner's checkpoint load waits for its end",
                         ", ".join(f"{t}[{p}]" for t, p in sorted(release)),
                         self.cfg.revoke_timeout)
+        # Every stop path, not only a revoke (a source no longer wanted, a partition count
+        # changed, shutdown): the partition may stay owned, and a worker started for it
+        # later must not share this one's epoch, or a batch of this one still waiting in
+        # a transaction could commit beside the new worker's.
+        for wid, _ in workers:
+            if not self.ownership.retire(self._epochs.pop(wid, 0),
+                                         max(0.0, deadline - time.monotonic())):
+                log.warning("worker %s/%s[%d]: a commit containing its batch was still "
+                            "running after %s", wid[0], wid[1], wid[2],
+                            self.cfg.revoke_timeout)
         for wid, w in workers:
             if not w.join(max(0.0, deadline - time.monotonic())):
                 # Before the partition is released (this runs in the revoke callback): an

@@ -65,7 +65,9 @@ class SegmentInventory:
         return min((s.start for s in excluded), default=None)
 
     def apply(self, events: Iterable[SegmentEvent]) -> None:
-        """Learn from segment events: ``created`` makes a segment usable again."""
+        """Learn from segment events: ``created`` makes a segment usable again. What replay
+        no longer needs is dropped (``prune``).
+        """
         for ev in events:
             if ev.kind == "created":
                 self.known.add(ev.key)
@@ -75,6 +77,29 @@ class SegmentInventory:
                 self.gone.discard(ev.key)
             else:
                 self.known.discard(ev.key)
+                self.arrived.pop(ev.key, None)
+        self.prune()
+
+    def prune(self) -> None:
+        """Drop the segments replay no longer needs: those ending at or below the position
+        (kept if they lie below the origin: reported as skipped), the rule of ``reload``.
+        On a busy partition segment events keep waking the worker before its idle rescan
+        reloads, so without this ``known`` and ``arrived`` would hold every segment
+        announced for the worker's life, and every step would cost time in proportion.
+        """
+        position, origin = self.horizon()
+        if position is None:
+            return
+
+        def needed(s: SegmentKey) -> bool:
+            return s.end > position or (origin is not None and s.start < origin)
+
+        if all(needed(s) for s in self.known) and len(self.arrived) <= len(self.known):
+            return
+        self.known = {s for s in self.known if needed(s)}
+        self.arrived = {s: t for s, t in self.arrived.items() if s in self.known}
+        self.bad &= self.known
+        self.gone &= self.known
 
     def reload(self, *, retry_gone: bool = True, full: bool = False) -> None:
         """List the partition's segments: from the resume position (``_start_after``), or

@@ -7,8 +7,9 @@ and fencing").
   hand it a batch (records + checkpoint) and park, holding no thread or replay slot, until
   the batch's callback wakes them; it puts every batch waiting into one transaction,
   fenced by the placement group's generation (``_transact``).
-* ``SharedAcks`` (at-least-once): one idempotent producer, acknowledgements counted per
-  destination partition.
+* ``SharedAcks`` (at-least-once): one idempotent producer, acknowledgements and failures
+  counted per sink (per produce call), never per destination partition: in fan-in several
+  sinks write one partition.
 * ``SharedTxnSink`` / ``SharedAckSink``: a worker's ``ReplaySink`` over them.
 
 Threads and producers no longer grow with the partition count: one producer (its
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,49 +76,69 @@ def producer_fenced_backoff() -> Backoff:
 
 
 class Ownership:
-    """The destination partitions this process owns, each with the epoch of its grant, and
-    the commit in progress.
+    """The destination partitions this process owns, each with the number of its grant; the
+    epochs of the workers started under each grant; and the commits in progress (counted
+    per partition and per epoch: several transaction loops commit at once with
+    ``ingress.producers > 1``).
 
     ``grant`` and ``revoke`` run in the placement consumer's rebalance callbacks. Every
-    grant of a partition gets a new epoch, and a worker's batches carry the epoch the
-    worker was started in: a batch of a former worker of the same partition (one that
-    missed its revoke deadline, still waiting when the partition came back) is never
-    committed beside the new worker's. The transaction loop checks ownership when a batch
-    joins a transaction and again, under the same lock, right before the commit
-    (``commit_guard``). ``revoke`` returns only when no commit containing a revoked
-    partition is running (or after its timeout), so once the callback returns, no
-    transaction of this process with a batch of those partitions commits any more.
+    worker gets its own epoch (``epoch``), valid while it runs and its partition's grant
+    lasts; its batches carry it. A batch of a former worker of the same partition (one that
+    missed its revoke deadline, still waiting when the partition came back, or one stopped
+    while the partition stayed owned: ``retire``) is never committed beside the new
+    worker's. The transaction loop checks ownership when a batch joins a transaction and
+    again, under the same lock, right before the commit (``commit_guard``). ``revoke`` and
+    ``retire`` return only when no commit containing a batch they took away is running
+    (or after their timeout), so once they return, no transaction of this process with
+    such a batch commits any more.
     """
 
     def __init__(self) -> None:
         self._owned: dict[TP, int] = {}
+        self._grants = 0
         self._epochs = 0
-        self._committing: frozenset[TP] = frozenset()
+        self._workers: dict[int, tuple[TP, int]] = {}
+        """A worker's epoch -> its partition and the grant it was started under."""
+        self._committing: Counter[TP] = Counter()
+        self._committing_epochs: Counter[int] = Counter()
         self._cond = threading.Condition()
 
     def grant(self, parts: Iterable[TP]) -> None:
-        """The partitions were assigned to this process (a new epoch each)."""
-        with self._cond:
-            for tp in parts:
-                self._epochs += 1
-                self._owned[tp] = self._epochs
-
-    def epoch(self, tp: TP) -> int | None:
-        """The epoch of ``tp``'s current grant (``None`` while not owned)."""
-        with self._cond:
-            return self._owned.get(tp)
-
-    def owns(self, tp: TP, epoch: int) -> bool:
-        """True while ``tp`` is owned under the grant of ``epoch``."""
-        with self._cond:
-            return self._owned.get(tp) == epoch
-
-    def abandoned(self, tp: TP, epoch: int) -> bool:
-        """True once ``tp`` is no longer owned under ``epoch`` and no commit containing it
-        runs: a batch of that epoch can never commit any more.
+        """The partitions were assigned to this process (a new grant each: epochs of
+        workers started under an earlier one are no longer valid).
         """
         with self._cond:
-            return self._owned.get(tp) != epoch and tp not in self._committing
+            for tp in parts:
+                self._grants += 1
+                self._owned[tp] = self._grants
+
+    def epoch(self, tp: TP) -> int | None:
+        """A new epoch for a worker of ``tp`` starting now, valid until ``retire`` or the
+        revoke of the current grant (``None`` while ``tp`` is not owned).
+        """
+        with self._cond:
+            grant = self._owned.get(tp)
+            if grant is None:
+                return None
+            self._epochs += 1
+            self._workers[self._epochs] = (tp, grant)
+            return self._epochs
+
+    def _valid(self, tp: TP, epoch: int) -> bool:
+        w = self._workers.get(epoch)
+        return w is not None and w[0] == tp and self._owned.get(tp) == w[1]
+
+    def owns(self, tp: TP, epoch: int) -> bool:
+        """True while the worker of ``epoch`` may commit to ``tp``."""
+        with self._cond:
+            return self._valid(tp, epoch)
+
+    def abandoned(self, tp: TP, epoch: int) -> bool:
+        """True once ``epoch`` may no longer commit to ``tp`` and no commit containing its
+        batch runs: a batch of that epoch can never commit any more.
+        """
+        with self._cond:
+            return not self._valid(tp, epoch) and epoch not in self._committing_epochs
 
     def revoke(self, parts: Iterable[TP], timeout: float) -> bool:
         """Take ``parts`` away; wait (up to ``timeout`` seconds) for a commit that contains
@@ -130,7 +151,24 @@ class Ownership:
         with self._cond:
             for tp in gone:
                 self._owned.pop(tp, None)
-            while self._committing & gone:
+            for e in [e for e, (tp, _) in self._workers.items() if tp in gone]:
+                del self._workers[e]
+            while any(self._committing[tp] for tp in gone):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def retire(self, epoch: int, timeout: float) -> bool:
+        """The worker of ``epoch`` stopped (any reason, the partition may stay owned): its
+        batches no longer commit; wait (up to ``timeout`` seconds) for a commit that
+        contains one. False if that commit still ran at the deadline.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._workers.pop(epoch, None)
+            while self._committing_epochs[epoch]:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -141,19 +179,25 @@ class Ownership:
     def commit_guard(self, batches: Iterable[tuple[TP, int]]) -> Iterator[frozenset[TP]]:
         """Yields the partitions of ``batches`` (partition, epoch) no longer owned under
         that epoch; when none, the body (the commit) runs with them marked as committing,
-        and ``revoke`` waits for it.
+        and ``revoke`` / ``retire`` wait for it.
         """
         with self._cond:
             wanted = list(batches)
-            lost = frozenset(tp for tp, e in wanted if self._owned.get(tp) != e)
+            lost = frozenset(tp for tp, e in wanted if not self._valid(tp, e))
+            parts = Counter(tp for tp, _ in wanted)
+            epochs = Counter(e for _, e in wanted)
             if not lost:
-                self._committing = frozenset(tp for tp, _ in wanted)
+                self._committing.update(parts)
+                self._committing_epochs.update(epochs)
         try:
             yield lost
         finally:
             if not lost:
                 with self._cond:
-                    self._committing = frozenset()
+                    self._committing.subtract(parts)
+                    self._committing = +self._committing   # drop the zeros
+                    self._committing_epochs.subtract(epochs)
+                    self._committing_epochs = +self._committing_epochs
                     self._cond.notify_all()
 
 
@@ -404,7 +448,12 @@ class TransactionLoop:
            (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
            checkpoint without its records).
         4. Produce every batch's checkpoint record, and its offset-map entries (where its
-           records landed, learnt from the delivery reports of its first and last record).
+           records landed, learnt from the delivery reports of its first and last record),
+           and wait for their delivery reports (acks=all): the checkpoints are in the log,
+           below its high watermark, before the generation check. A member that passes
+           step 5 and then stalls past ``revoke_timeout`` cannot let the next owner load an
+           older checkpoint: the load sees this transaction's checkpoint record and waits
+           for the transaction's end (ingress/README.md, "Producer and fencing", point 3).
         5. ``send_offsets_to_transaction`` with the placement consumer's group metadata:
            the group coordinator refuses a member of an older generation
            (``GenerationFenced``). A member in no generation at all is refused here
@@ -436,6 +485,11 @@ class TransactionLoop:
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
         if om is not None:
             om.produce(keep, p.produce)
+        left = p.flush(self.timeout)
+        if left:
+            raise KafkaRetriableError(f"{left} checkpoint record(s) not acknowledged within "
+                                      f"{self.timeout:.0f}s")
+        p.check_deliveries(self.transactional_id)
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:
@@ -570,7 +624,8 @@ class SharedTxnSink(ReplaySink):
 
 class SharedAcks:
     """At-least-once: one idempotent producer for every partition of the process, with
-    acknowledgements counted per destination partition (``Producer.done``).
+    acknowledgements and failures counted per sink, from each produce call's own delivery
+    callbacks (``SharedAckSink.ended_by``, ``SharedAckSink.record_failed``).
 
     A worker that misses its revoke deadline, or closes a session, with records still
     unacknowledged gets the whole producer purged (librdkafka purges per producer, not per
@@ -588,7 +643,6 @@ class SharedAcks:
             lambda: Producer(kafka_settings, name="ingress producer", track_acks=True))
         self.lock = threading.RLock()
         self._producer: Producer | None = None
-        self._sent: dict[TP, int] = {}
         self._sinks: set[SharedAckSink] = set()
 
     def start(self) -> None:
@@ -616,39 +670,72 @@ class SharedAcks:
             self._sinks.discard(sink)
 
     def produce(self, sink: SharedAckSink, rows: Rows) -> None:
-        """Enqueue ``rows`` for the sink's partition (refused once the sink is purged)."""
+        """Enqueue ``rows`` for the sink's partition (refused once the sink is purged).
+
+        The enqueue runs *outside* ``lock``: with the broker not answering it waits for
+        room in the client's queue, and only ``release`` (which takes ``lock``) would
+        empty that queue by purging it; the purge makes the waiting enqueue give up
+        (``Producer.purge``), so a revoke never waits for queue space.
+
+        Raises:
+            KafkaFatalError: the sink was purged (its revoke deadline passed).
+            KafkaRetriableError: the producer was purged for another sink, or a record of
+                this sink failed; redo from the checkpoint.
+        """
         with self.lock:
             sink.check()
             p = self.producer
+            # Counted before the enqueue: records enqueued before a refusal stay
+            # unanswered for this sink, so closing it purges them (never left queued).
+            sink.add_sent(len(rows))
+        try:
             p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
-                           rows.values, rows.headers, rows.offsets)
-            self._sent[sink.tp] = self._sent.get(sink.tp, 0) + len(rows)
+                           rows.values, rows.headers, rows.offsets,
+                           on_ends=sink.ended_by(len(rows)), on_failure=sink.record_failed)
+        except KafkaFatalError:
+            sink.check()     # purged under the enqueue: say why (ours, or another sink's)
+            raise
 
     def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
                            value: bytes) -> None:
-        """Enqueue a checkpoint; its acknowledgement is counted by the sink."""
+        """Enqueue a checkpoint; its acknowledgement is counted by the sink. Like
+        ``produce``, the enqueue (which may wait for queue space) runs outside ``lock``.
+
+        Raises:
+            KafkaFatalError / KafkaRetriableError: as ``produce``.
+        """
         with self.lock:
             sink.check()
-            sink.checkpoints_in_flight += 1
-            self.producer.produce(topic, value, key.encode(), on_delivery=sink.cp_delivered)
+            p = self.producer
+            sink.cp_sent()
+        try:
+            p.produce(topic, value, key.encode(), on_delivery=sink.cp_delivered)
+        except KafkaFatalError:
+            sink.check()
+            raise
 
     def outstanding(self, sink: SharedAckSink, timeout: float) -> int:
         """Records of the sink's partition not acknowledged yet (after serving callbacks
         for up to ``timeout``).
 
+        How many ended is read *before* the sink's failures: a record counted as ended
+        here either was acknowledged or its failure is already recorded (reports of one
+        partition come in the order the records were produced, the batch's last one
+        after every other), so a callback served by another thread between the two reads
+        can only make the count understate, never hide a failure.
+
         Raises:
-            KafkaRetriableError: a record of the partition failed.
+            KafkaRetriableError: a record of this sink failed.
         """
         p = self.producer
         p.poll(timeout)
-        failed = p.take_failures(sink.topic, sink.partition)
-        if failed:
-            raise KafkaRetriableError(f"{sink.topic}[{sink.partition}]: {len(failed)} "
-                                      f"record(s) failed: {failed[0].reason}")
-        return self.unanswered(sink, p)
+        n = self.unanswered(sink, p)
+        sink.raise_failures()
+        return n
 
     def unanswered(self, sink: SharedAckSink, p: Producer | None = None) -> int:
-        """Records of the sink's partition whose delivery has not ended (acknowledged or
+        """Records of the sink (its produce calls, not its partition: in fan-in other
+        sinks write the partition too) whose delivery has not ended (acknowledged or
         failed), without taking failures: a failed record does not hide those queued
         behind it (revoke).
         """
@@ -656,7 +743,7 @@ class SharedAcks:
         with self.lock:
             if p is not self._producer:
                 return 0
-            return self._sent.get(sink.tp, 0) - p.done(sink.topic, sink.partition)
+        return sink.unanswered()
 
     def release(self, sink: SharedAckSink, why: str = "at the revoke deadline") -> None:
         """``sink``'s worker missed its revoke deadline (or its session closed with
@@ -680,7 +767,6 @@ class SharedAcks:
                           "of the purge; they may still reach the partition beside its new "
                           "owner", sink.where, unanswered, min(self.timeout, PURGE_WAIT))
             self._producer = self._make()
-            self._sent = {}
         log.warning("%s: %d record(s) unacknowledged %s: the shared producer was purged "
                     "and replaced; other partitions redo their unacknowledged batches from "
                     "their checkpoints", sink.where, left, why)
@@ -703,10 +789,16 @@ class SharedAckSink(ReplaySink):
         self.broken = False
         self.checkpoints_in_flight = 0
         self._cp_error: str | None = None
+        self._failed = 0
+        self._first_failure: DeliveryReport | None = None
+        self._sent = 0
+        self._ended = 0
         self._lock = threading.Lock()
 
     def check(self) -> None:
-        """Raise if this sink may not produce (purged, or its records were purged)."""
+        """Raise if this sink may not produce (purged, or its records were purged, or one
+        of its records failed: no checkpoint may follow a failed record).
+        """
         if self.purged:
             raise KafkaFatalError(f"{self.where}: producer purged after the revoke deadline")
         if self.broken:
@@ -715,6 +807,59 @@ class SharedAckSink(ReplaySink):
         if self._cp_error is not None:
             raise KafkaRetriableError(f"{self.where}: a checkpoint was not delivered: "
                                       f"{self._cp_error}")
+        self.raise_failures()
+
+    def ended_by(self, n: int) -> Callable[[int, DeliveryReport], None]:
+        """The listener of a produce call of ``n`` records: its last record's report (any
+        outcome) ends the whole call, as one partition's records are reported in the
+        order they were produced.
+        """
+        def ends(i: int, report: DeliveryReport) -> None:
+            if i == n - 1:
+                with self._lock:
+                    self._ended += n
+        return ends
+
+    def add_sent(self, n: int) -> None:
+        """``n`` more records of this sink are being enqueued."""
+        with self._lock:
+            self._sent += n
+
+    def unanswered(self) -> int:
+        """Records of this sink whose delivery has not ended."""
+        with self._lock:
+            return self._sent - self._ended
+
+    def record_failed(self, report: DeliveryReport) -> None:
+        """A record of this sink's produce calls failed (the producer's polling thread).
+        Kept by the sink, never by the destination partition: in fan-in, several sinks
+        write one partition, and only the sink whose record failed may not checkpoint.
+        The first report and a count are kept (a whole batch may fail).
+        """
+        with self._lock:
+            self._failed += 1
+            if self._first_failure is None:
+                self._first_failure = report
+
+    def raise_failures(self) -> None:
+        """Raise if a record of this sink failed; the failure stays (the session is over:
+        every later call raises too, and ``outstanding_now`` still counts what is queued).
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError / ProducerFenced: the first failure.
+        """
+        with self._lock:
+            failed, first = self._failed, self._first_failure
+        if first is not None:
+            if isinstance(first.error, (KafkaFatalError, ProducerFenced)):
+                raise first.error
+            raise KafkaRetriableError(f"{self.where}: {failed} record(s) failed: "
+                                      f"{first.reason}")
+
+    def cp_sent(self) -> None:
+        """A checkpoint is being enqueued."""
+        with self._lock:
+            self.checkpoints_in_flight += 1
 
     def cp_delivered(self, report: DeliveryReport) -> None:
         """A checkpoint's delivery report (the producer's polling thread)."""

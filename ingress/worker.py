@@ -741,6 +741,7 @@ class ReplayWorker:
         cp = self._holes(seg)
         if cp is not None:
             self._deliver(None, cp)
+        self.inventory.prune()      # the segments now below the position
         self.metrics.segments_replayed.labels(**self._labels).inc()
         log.info("%s: segment %s done, checkpoint %d", self.where, seg.to_key(),
                  self.position)

@@ -300,3 +300,41 @@ def test_a_failed_checkpoint_reader_makes_healthz_false() -> None:
         assert not ing.healthy() and not ing.ready()
     finally:
         ing.close()
+
+
+def test_a_worker_stopped_without_a_revoke_gives_up_its_epoch() -> None:
+    """Exactly-once: a worker stopped while its partition stays owned (its source no longer
+    wanted, the partition count changed) must lose its ownership epoch, and the worker
+    started for the same partition later must get another. Was: both had the grant's
+    epoch, so a batch of the stopped worker still waiting in a transaction could commit
+    beside the new worker's."""
+    ing, store, admin = make([{"region": "us-east-1", "topic": "t"}])
+    try:
+        admin.topics["t"] = 1
+        meta(store, "us-east-1", "t", 1)
+        ing._check_topics()
+        ing._started = True
+        ing.assigned = {("t", 0)}
+        ing.ownership.grant([("t", 0)])
+        epochs: list[int | None] = []
+        real = ing.ownership.epoch
+
+        def epoch(tp: tuple[str, int]) -> int | None:
+            epochs.append(real(tp))
+            return epochs[-1]
+
+        ing.ownership.epoch = epoch  # type: ignore[method-assign]
+        ing._reconcile()
+        assert len(epochs) == 1 and epochs[0] is not None
+        st = ing.sources[("us-east-1", "t")]
+        st.stopped = "stopped by the test"
+        ing._reconcile()                        # stopped, the partition still owned
+        assert ing.workers == {}
+        assert not ing.ownership.owns(("t", 0), epochs[0])
+        st.stopped = None
+        ing._reconcile()                        # a new worker for the same partition
+        assert len(epochs) == 2 and epochs[1] is not None and epochs[1] != epochs[0]
+        assert ing.ownership.owns(("t", 0), epochs[1])
+        assert not ing.ownership.owns(("t", 0), epochs[0])
+    finally:
+        ing.close()

@@ -36,6 +36,9 @@ class FakeProducer:
         self.committed: list[tuple[str, int, int]] = []
         self.on_offsets: Callable[[], None] = lambda: None
         self.on_commit: Callable[[], None] = lambda: None
+        self.queued_checkpoints = 0
+        """Checkpoint records produced and not delivered yet (a flush delivers them)."""
+        self.undelivered_at_offsets: list[int] = []
 
     def init_transactions(self, timeout: float) -> None:
         self.log.append("init")
@@ -51,6 +54,7 @@ class FakeProducer:
 
     def flush(self, timeout: float) -> int:
         self.log.append("flush")
+        self.queued_checkpoints = 0
         return 0
 
     def check_deliveries(self, where: str) -> None:
@@ -58,10 +62,12 @@ class FakeProducer:
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         self.log.append(f"checkpoint {key!r}")
+        self.queued_checkpoints += 1
 
     def send_offsets_to_transaction(self, offsets: list[TopicPartition], group: GroupMetadata,
                                     timeout: float) -> None:
         self.log.append("offsets")
+        self.undelivered_at_offsets.append(self.queued_checkpoints)
         self.on_offsets()
 
     def commit_transaction(self, timeout: float) -> None:
@@ -129,7 +135,22 @@ def test_batches_of_several_partitions_share_one_transaction_in_the_durability_o
     assert h.outcome(b0) is None and h.outcome(b1) is None
     assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2), (T, 1, 0), (T, 1, 1)]
     assert h.log == ["init", "begin", "flush", "checkpoint b'src:0'", "checkpoint b'src:1'",
-                     "offsets", "commit"]
+                     "flush", "offsets", "commit"]
+
+
+def test_checkpoints_are_in_the_log_before_the_generation_check(h: Harness) -> None:
+    """The generation check (``send_offsets_to_transaction``) is what stops a former
+    member; the next owner's checkpoint load waits for a transaction only if its
+    checkpoint record is in the log. Was: the checkpoints were still queued (linger) at
+    the check and reached the log only in the commit, so a member whose commit stalled
+    past ``revoke_timeout`` let the next owner load the older checkpoint and replay, and
+    the stalled commit then landed too: the batch twice."""
+    b0, b1 = h.batch(0, 0, 3), h.batch(1, 0, 2)
+    h.loop.submit(b0)
+    h.loop.submit(b1)
+    h.loop.start()
+    assert h.outcome(b0) is None and h.outcome(b1) is None
+    assert h.producer.undelivered_at_offsets == [0]
 
 
 def test_a_batch_of_a_revoked_partition_never_joins_a_transaction(h: Harness) -> None:
@@ -276,3 +297,64 @@ def test_closing_an_at_least_once_sink_with_nothing_outstanding_does_not_wait() 
         s.close()
     assert polls and all(t == 0.0 for t in polls), polls[:5]
     assert time.monotonic() - t0 < 1.0
+
+
+def test_revoke_waits_for_a_commit_of_the_partition_by_any_of_several_loops() -> None:
+    """``ingress.producers > 1``: loop 0 commits partition 0 (slowly) while loop 1 commits
+    partition 1. Was: the commit in progress was one set, which loop 1's commit overwrote
+    and cleared, so the revoke of partition 0 returned while loop 0 still committed it."""
+    h = Harness()
+    h.ownership.grant([(T, 0), (T, 1)])
+    second: list[FakeProducer] = []
+
+    def make() -> Producer:
+        p = FakeProducer(h.log)
+        second.append(p)
+        return cast("Producer", p)
+
+    other = TransactionLoop(KafkaSettings(brokers="unused:1"), transactional_id="g.a.1",
+                            checkpoint_topic="cps", ownership=h.ownership,
+                            group=lambda: h.group,
+                            metrics=IngressMetrics.create(Metrics()), timeout=5,
+                            make_producer=make, name="transactions-1")
+    release, committing = threading.Event(), threading.Event()
+
+    def slow_commit() -> None:
+        committing.set()
+        release.wait(10)
+
+    try:
+        h.loop.start()
+        other.start()
+        h.producer.on_commit = slow_commit
+        b0 = h.batch(0, 0, 3)
+        h.loop.submit(b0)
+        assert committing.wait(5)                 # loop 0 is committing partition 0
+        b1 = h.batch(1, 0, 2)
+        other.submit(b1)
+        other.wait(b1)                            # loop 1 committed partition 1
+        assert not h.ownership.revoke([(T, 0)], 0.3), \
+            "revoke returned while another loop still committed the partition"
+        release.set()
+        assert h.ownership.revoke([(T, 0)], 5.0)
+        assert h.outcome(b0) is None
+    finally:
+        release.set()
+        other.close()
+        h.loop.close()
+
+
+def test_a_retired_workers_batch_is_refused_while_the_partition_stays_owned(
+        h: Harness) -> None:
+    """A worker stopped without a revoke (its source no longer wanted) and a new worker of
+    the same partition: only the new one's batches commit."""
+    old = h.batch(0, 0, 3)
+    assert h.ownership.retire(old.epoch, 1.0)
+    new = h.batch(0, 0, 3)
+    assert new.epoch != old.epoch
+    h.loop.submit(old)
+    h.loop.submit(new)
+    h.loop.start()
+    assert isinstance(h.outcome(old), PartitionRevoked)
+    assert h.outcome(new) is None
+    assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]

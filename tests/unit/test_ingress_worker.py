@@ -868,10 +868,15 @@ class QueueingProducer:
         self.answering = False
         self.failing = False
         """Each poll reports a failed record (a batch of them failing one by one)."""
+        self.on_failure: Any = None
+        self.calls: list[tuple[int, Any]] = []
 
     def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
-                     values: Any, headers: Any, offsets: Sequence[int]) -> None:
+                     values: Any, headers: Any, offsets: Sequence[int],
+                     on_ends: Any = None, on_failure: Any = None) -> None:
         self.queued.extend(offsets)
+        self.on_failure = on_failure
+        self.calls.append((len(offsets), on_ends))
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any) -> None:
         from replicator.core.kafka.types import DeliveryReport
@@ -880,10 +885,18 @@ class QueueingProducer:
 
     def poll(self, timeout: float = 0.0) -> int:
         if self.answering:
+            from replicator.core.kafka.types import DeliveryReport
+
             self.delivered.extend(self.queued)
             self.queued.clear()
+            calls, self.calls = self.calls, []
+            for n, on_ends in calls:
+                if on_ends is not None:
+                    on_ends(n - 1, DeliveryReport("copy", 3, 0))
         else:
             time.sleep(min(timeout, 0.01))
+        if self.failing and self.on_failure is not None:
+            self.on_failure(self.take_failures()[0])
         return 0
 
     def take_failures(self, topic: str | None = None, partition: int | None = None) -> list[Any]:
@@ -1005,3 +1018,27 @@ def test_an_at_least_once_session_that_failed_leaves_no_records_queued_behind_it
         assert left == [], f"still queued after the release: {left}"
     finally:
         scheduler.close()
+
+
+def test_the_segment_inventory_stays_bounded_on_a_busy_partition() -> None:
+    """Segment events come faster than the rescan interval (a busy partition): every event
+    wakes the worker before the idle rescan's reload, so only events feed the inventory.
+    Was: ``known`` and ``arrived`` kept every segment announced for the worker's life (and
+    each step cost time in proportion). Segments below the position are dropped now."""
+    h = Harness(batch_size=50)
+    h.cfg = replace(h.cfg, rescan_interval=timedelta(hours=1))
+    try:
+        write(h.store, key(0, 4))
+        w = h.start()
+        h.wait(lambda: h.offsets()[-1:] == [4])
+        most = 0
+        for i in range(1, 150):
+            k = key(i * 5, i * 5 + 4)
+            write(h.store, k)
+            w.offer(SegmentEvent("created", k, event_time=utc_now()))
+            h.wait(lambda k=k: h.offsets()[-1:] == [k.end])    # type: ignore[misc]
+            most = max(most, len(w.inventory.known), len(w.inventory.arrived))
+        assert h.offsets() == list(range(150 * 5))
+        assert most <= 3, f"{most} segments kept for a position that only moves forward"
+    finally:
+        h.stop()

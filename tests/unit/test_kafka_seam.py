@@ -284,3 +284,22 @@ def test_altering_offsets_retries_a_coordinator_that_is_still_loading() -> None:
     with pytest.raises(KafkaFatalError, match=r"GROUP_AUTHORIZATION|[Aa]uthoriz"):
         admin.alter_group_offsets("g", {("t", 0): 4})
     assert client.calls == 1
+
+
+def test_a_calls_failures_go_to_its_own_listener_not_to_the_partition(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several writers share one partition of a producer: ``on_failure`` takes the failed
+    records of its ``produce_many`` call (middle and ends), and the partition-wide
+    collection keeps only the others'."""
+    from tests.unit.ingress_fakes import fake_producer, too_large
+
+    p, client = fake_producer(monkeypatch, track_acks=True)
+    client.fail = lambda q: too_large() if q.value == b"x" else None
+    mine: list[int] = []
+    p.produce_many("t", 0, [1] * 4, [None] * 4, [b"x", b"x", b"v", b"x"], [None] * 4,
+                   [0, 1, 2, 3], on_failure=lambda r: mine.append(r.partition))
+    p.produce_many("t", 0, [1] * 2, [None] * 2, [b"v", b"x"], [None] * 2, [4, 5])
+    p.poll()
+    assert mine == [0, 0, 0]
+    assert len(p.take_failures("t", 0)) == 1
+    assert p.done("t", 0) == 6

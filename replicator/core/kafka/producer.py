@@ -198,15 +198,21 @@ class Producer:
                 except ck.KafkaException as e:
                     raise translate(e, f"produce to {topic}") from e
 
-    def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int
+    def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int,
+             on_failure: Callable[[DeliveryReport], None] | None = None
              ) -> Callable[[ck.KafkaError | None, ck.Message], None]:
-        """A per-record delivery callback: the producer's own bookkeeping, ``count`` more
-        records of the partition ended (``track_acks``), then ``listener``.
+        """A per-record delivery callback: the producer's own bookkeeping (a failure goes
+        to ``on_failure`` instead when given), ``count`` more records of the partition
+        ended (``track_acks``), then ``listener``.
         """
         def delivered(err: ck.KafkaError | None, msg: ck.Message) -> None:
-            self._delivered(err, msg)
             topic, partition = msg.topic() or "", msg.partition()
             p = -1 if partition is None else partition
+            if err is not None and on_failure is not None:
+                on_failure(DeliveryReport(topic, p, -1, delivery_error(err, f"{topic}[{p}]"),
+                                          err.str()))
+            else:
+                self._delivered(err, msg)
             if count:
                 with self._lock:
                     self._done[(topic, p)] = self._done.get((topic, p), 0) + count
@@ -226,14 +232,19 @@ class Producer:
     def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None],
                      headers: Sequence[Headers | None], ids: Sequence[int], *,
-                     on_ends: Callable[[int, DeliveryReport], None] | None = None) -> None:
+                     on_ends: Callable[[int, DeliveryReport], None] | None = None,
+                     on_failure: Callable[[DeliveryReport], None] | None = None) -> None:
         """Enqueue records column by column to one partition, then serve callbacks once.
 
         The hot path of a replay: one client call per record and nothing else. ``ids``
         name the records in an error (``topic[partition]@id``: the source offsets).
         ``on_ends`` is called with ``(0, report)`` for the first record and ``(n - 1,
         report)`` for the last (successes need ``report_successes``): where the batch
-        landed, at the cost of two callbacks, not one per record.
+        landed, at the cost of two callbacks, not one per record. ``on_failure`` is
+        called with each failed record of this call, which is then kept out of
+        ``check_deliveries`` / ``take_failures``: several writers share a partition of
+        one producer, and a failure belongs to the writer of its call, not to the
+        partition (each record of the call has its own callback then).
 
         Raises:
             KafkaRetriableError / KafkaFatalError: the client refused a record.
@@ -245,12 +256,13 @@ class Producer:
         # partition's records are reported in the order they were produced (idempotent
         # producer), so when it comes every record before it has ended too.
         tally = n if self._track else 0
+        mid_cb = None if on_failure is None else self._failures_to(on_failure)
         if n and (on_ends is not None or tally):
             # The ends with their own callbacks, the middle on the plain hot path.
             def end(i: int, count: int) -> None:
                 listener = None if on_ends is None else (lambda report: on_ends(i, report))
                 self._produce(topic, values[i], keys[i], partition, timestamps[i],
-                              headers[i], self._one(listener, count))
+                              headers[i], self._one(listener, count, on_failure))
 
             with self._produce_lock:    # the batch stays contiguous in the partition
                 lo = 0
@@ -260,26 +272,45 @@ class Producer:
                 if n - 1 > lo:
                     mid = slice(lo, n - 1)
                     self._produce_run(topic, partition, timestamps[mid], keys[mid],
-                                      values[mid], headers[mid], ids[mid])
+                                      values[mid], headers[mid], ids[mid], mid_cb)
                 end(n - 1, tally)
             return
-        self._produce_run(topic, partition, timestamps, keys, values, headers, ids)
+        self._produce_run(topic, partition, timestamps, keys, values, headers, ids, mid_cb)
+
+    def _failures_to(self, on_failure: Callable[[DeliveryReport], None]
+                     ) -> Callable[[ck.KafkaError | None, ck.Message], None]:
+        """The callback of a call's middle records: failures go to ``on_failure``; a
+        success costs what the producer-wide callback's does (returns at once).
+        """
+        def delivered(err: ck.KafkaError | None, msg: ck.Message) -> None:
+            if err is None:
+                return
+            topic, partition = msg.topic() or "", msg.partition()
+            p = -1 if partition is None else partition
+            on_failure(DeliveryReport(topic, p, -1, delivery_error(err, f"{topic}[{p}]"),
+                                      err.str()))
+        return delivered
 
     def _produce_run(self, topic: str, partition: int, timestamps: Sequence[int],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None],
-                     headers: Sequence[Headers | None], ids: Sequence[int]) -> None:
-        """Records with the producer-wide callback only: one client call each, no more."""
+                     headers: Sequence[Headers | None], ids: Sequence[int],
+                     on_delivery: Callable[[ck.KafkaError | None, ck.Message], None] | None
+                     = None) -> None:
+        """Records with one callback (default: the producer-wide one): one client call
+        each, no more.
+        """
         n = len(ids)
         p = self._p
         # The loop runs in C: ``map`` calls the client's ``produce`` with positional
-        # arguments (no keyword dict per record; ``None`` for both callback slots: the
-        # producer-wide one applies) and ``deque(maxlen=0)`` drains it. A record the client
+        # arguments (no keyword dict per record; the first callback slot holds
+        # ``on_delivery``, ``None`` for the producer-wide one, the second ``None``) and
+        # ``deque(maxlen=0)`` drains it. A record the client
         # refuses stops the drain; the values iterator's remaining length names it, and
         # the same ``map`` then goes on after it.
         produce = cast("Callable[..., None]", p.produce)
         values_it = iter(values)
         args: list[Iterable[Any]] = [repeat(topic, n), values_it, keys, repeat(partition, n),
-                                     repeat(None, n), repeat(None, n), timestamps]
+                                     repeat(on_delivery, n), repeat(None, n), timestamps]
         if headers.count(None) != n:
             args.append(headers)        # without headers the argument is left out
         run = map(produce, *args)
@@ -295,7 +326,7 @@ class Producer:
                     i = n - length_hint(values_it) - 1
                     p.poll(QUEUE_FULL_WAIT)
                     self._produce(topic, values[i], keys[i], partition, timestamps[i],
-                                  headers[i], None)
+                                  headers[i], on_delivery)
                 except ck.KafkaException as e:
                     i = n - length_hint(values_it) - 1
                     raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
