@@ -20,7 +20,7 @@ from replicator.core.errors import KeyFormatError, ReplicatorError
 from replicator.core.keys import check_region, check_topic
 from replicator.core.units import format_size, parse_size
 from replicator.ops.pace import Progress, summary_lines
-from replicator.ops.restore import Restorer, RestoreRequest, make_plan
+from replicator.ops.restore import Restorer, RestoreRefused, RestoreRequest, make_plan
 from replicator.ops.restore_plan import Plan, RestoreRange
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,9 @@ class _Bar:
 @click.option("--allow-gaps", is_flag=True,
               help="Skip positions missing from the archive (logged and counted) instead of "
                    "refusing to start.")
+@click.option("--force", is_flag=True,
+              help="Restore even when another range already restored into --to-topic may "
+                   "hold some of these records (they are then in the topic twice).")
 @click.option("--checkpoint-topic", default=None,
               help="Topic of the restore's checkpoints (created compacted if missing; "
                    f"default: ingress.checkpoint_topic, else {DEFAULT_CHECKPOINT_TOPIC}).")
@@ -155,17 +158,20 @@ class _Bar:
 def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa: C901
             partitions: str | None, from_offset: int | None, to_offset: int | None,
             from_time: str | None, to_time: str | None, dry_run: bool, rate: str | None,
-            allow_gaps: bool, checkpoint_topic: str | None, batch_size: int,
+            allow_gaps: bool, force: bool, checkpoint_topic: str | None, batch_size: int,
             progress: bool | None, log_file: Path | None, bucket: str | None) -> None:
     """Replay a range of archived segments into a topic, exactly once.
 
     Same partition, same order, same keys, values (null stays null), headers and
     timestamps. The planner reads the fewest segments of any level that cover the range,
-    never a record twice. Each batch is one transaction with a checkpoint under
-    restore:{region}:{topic}:{partition}:{to-topic}: run the same command again after an
-    interruption and it resumes where it stopped. Exit 0 only when the whole range was
-    restored; a gap in the archive, or a segment in GLACIER/DEEP_ARCHIVE, refuses to start
-    (naming them).
+    never a record twice. Each batch is one transaction with a checkpoint keyed by the whole
+    request, restore:{region}:{topic}:{partition}:{to-topic}:{offsets}:{times}: run the same
+    command again after an interruption and it resumes where it stopped; another range is
+    another restore, refused (exit 2) where it may repeat records another range already
+    restored into --to-topic, unless --force. Restores of disjoint --partitions of one
+    topic run side by side. Exit 0 only when the whole range was restored; a gap in the
+    archive (with time bounds: any hole of the offset range), or a segment in
+    GLACIER/DEEP_ARCHIVE, refuses to start (naming them).
     """
     try:
         check_region(source_region)
@@ -191,7 +197,7 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     cp_topic = checkpoint_topic or (settings.ingress.checkpoint_topic if settings.ingress
                                     else DEFAULT_CHECKPOINT_TOPIC)
     request = RestoreRequest(source_region, topic, to_topic, cp_topic, rng, parts, allow_gaps,
-                             rate_bytes, batch_size)
+                             rate_bytes, batch_size, force=force)
     try:
         plan = make_plan(store, settings.s3.prefix, request,
                          note=lambda m: click.echo(f"note: {m}", err=True))
@@ -216,6 +222,11 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
                         on_progress=bar)
     try:
         restorer.run(plan)
+    except RestoreRefused as e:
+        bar(prog, final=True)
+        for r in e.reasons[:-1]:
+            click.echo(f"error: {r}", err=True)
+        fail(e.reasons[-1], EXIT_USAGE)
     except ReplicatorError as e:
         bar(prog, final=True)
         fail(f"{e} (run the same command again to resume)", EXIT_FAILURE)

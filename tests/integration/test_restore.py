@@ -56,15 +56,17 @@ def record(i: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | 
 
 
 def build_archive(pipe: Pipeline, n: int, *, per_segment: int = 50,
-                  merge_upto: int = 200) -> None:
-    """``n`` records over the source's partitions, archived by egress; level 1 over the
-    first ``merge_upto`` positions of each partition."""
-    pipe.create_source(PARTITIONS, {"cleanup.policy": "delete"})
+                  merge_upto: int = 200, base_ts: int = BASE_TS,
+                  source_config: dict[str, str] | None = None) -> None:
+    """``n`` records over the source's partitions (record ``i`` at ``base_ts + i`` s),
+    archived by egress; level 1 over the first ``merge_upto`` positions of each
+    partition."""
+    pipe.create_source(PARTITIONS, source_config or {"cleanup.policy": "delete"})
     p = Producer(pipe.source_kafka)
     for i in range(n):
         key, value, headers = record(i)
         p.produce(pipe.topic, value, key, partition=i % PARTITIONS,
-                  timestamp=BASE_TS + i * 1000, headers=headers or None)
+                  timestamp=base_ts + i * 1000, headers=headers or None)
     assert p.flush(30) == 0
     last = {part: (n - 1 - (n - 1 - part) % PARTITIONS) // PARTITIONS
             for part in range(PARTITIONS)}
@@ -121,8 +123,19 @@ def restore_cmd(cfg: Path, pipe: Pipeline, to_topic: str, *args: str) -> list[st
             "--checkpoint-topic", pipe.checkpoint_topic, *args]
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a ``replicator`` subprocess: this checkout's packages first (the
+    console script's own directory comes first on its path, so without this it imports
+    whatever checkout the virtualenv's editable install points at)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": path}
+
+
 def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true"}
+    env = cli_env()
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
                           check=False)
 
@@ -186,7 +199,7 @@ def test_kill9_during_a_restore_then_the_same_command_resumes_exactly(
     log = tmp_path / "restore.out"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
-                                env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"})
+                                env=cli_env())
     try:
         def some_restored() -> bool:
             if to_topic not in Admin(pipe.dest_kafka).list_topics():
@@ -233,3 +246,83 @@ def test_dry_run_refuses_a_hole_and_a_glacier_segment_and_nothing_is_produced(
     assert "GLACIER" in run(restore_cmd(cfg, pipe, to_topic, "--dry-run")).stdout
     assert to_topic not in Admin(pipe.dest_kafka).list_topics()
     assert pipe.checkpoint_topic not in Admin(pipe.dest_kafka).list_topics()
+
+
+def count(kafka: KafkaSettings, topic: str) -> int:
+    return sum(1 for part in range(PARTITIONS) for _ in read_partition(kafka, topic, part))
+
+
+def test_two_windows_one_after_the_other_then_an_overlap_is_refused(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """Monday's window, then Tuesday's, into one topic: both restored (the checkpoint is
+    keyed by the whole request); a window across both is refused, exit 2, unless --force."""
+    build_archive(pipe, 400)
+    cfg = config(pipe, tmp_path)
+    source = {part: list(rows(pipe.source_kafka, pipe.topic, part))
+              for part in range(PARTITIONS)}
+    to_topic = unique_name("restored")
+    first = ("--from-time", str(BASE_TS), "--to-time", str(BASE_TS + 199_999))
+    second = ("--from-time", str(BASE_TS + 200_000), "--to-time", str(BASE_TS + 399_999))
+    done = run(restore_cmd(cfg, pipe, to_topic, *first))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restored 200 records" in done.stdout
+    done = run(restore_cmd(cfg, pipe, to_topic, *second))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restored 200 records" in done.stdout  # was 0: the first window's checkpoint
+    for part in range(PARTITIONS):
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == content(source[part])
+
+    # The second command again resumes its own checkpoint: nothing twice.
+    again = run(restore_cmd(cfg, pipe, to_topic, *second))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "restored 0 records" in again.stdout
+    # A window across both: refused by name before anything is produced.
+    across = ("--from-time", str(BASE_TS + 150_000), "--to-time", str(BASE_TS + 249_999))
+    refused = run(restore_cmd(cfg, pipe, to_topic, *across))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"another restore into {to_topic}" in refused.stderr
+    assert "--force" in refused.stderr
+    assert count(pipe.dest_kafka, to_topic) == 400
+    forced = run(restore_cmd(cfg, pipe, to_topic, *across, "--force"))
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert count(pipe.dest_kafka, to_topic) == 500  # the user asked for the duplicates
+
+
+def test_disjoint_partitions_restore_side_by_side(pipe: Pipeline, tmp_path: Path) -> None:
+    """Two restores of one topic, --partitions 0 and --partitions 1, running at the same
+    time into one target: neither fences the other (one transactional id per target
+    partition)."""
+    build_archive(pipe, 1200, per_segment=100, merge_upto=300)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    Admin(pipe.dest_kafka).create_topic(to_topic, PARTITIONS)
+    env = cli_env()
+    procs, logs = [], []
+    for part in range(PARTITIONS):
+        logs.append(tmp_path / f"restore-{part}.out")
+        with open(logs[-1], "w") as out:
+            # Paced so that both are producing at once (600 records of ~30 bytes each).
+            procs.append(subprocess.Popen(
+                restore_cmd(cfg, pipe, to_topic, "--partitions", str(part), "--batch-size",
+                            "20", "--rate", "3KB/s"),
+                stdout=out, stderr=out, start_new_session=True, env=env))
+    try:
+        def both_writing() -> bool:
+            return all(any(True for _ in read_partition(pipe.dest_kafka, to_topic, part))
+                       for part in range(PARTITIONS)) or \
+                any(p.poll() is not None for p in procs)
+
+        wait_for(both_writing, 120, "both restores to commit a batch")
+        assert all(p.poll() is None for p in procs), [f.read_text() for f in logs]
+        for p in procs:
+            p.wait(300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+    assert [p.returncode for p in procs] == [0, 0], [f.read_text() for f in logs]
+    for part in range(PARTITIONS):
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))
+
