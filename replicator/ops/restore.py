@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,6 +40,16 @@ from replicator.core.topic_copy import copied_configs, existing_partitions, read
 from replicator.core.wire import Checkpoint
 from replicator.ops.pace import Progress, TokenBucket
 from replicator.ops.restore_plan import ArchivedSegment, Plan, RestoreRange, Step, plan, with_times
+from replicator.ops.restore_target import (
+    CREATED_TOPIC_CONFIGS,
+    HEADER_OVERHEAD,
+    RECORD_OVERHEAD,
+    RecordFacts,
+    finite_retention,
+    needs_largest,
+    needs_null_keys,
+    target_issues,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +104,9 @@ class RestoreRequest:
     force: bool = False
     """Restore even where records already restored into the target by another range may be
     restored again (duplicates accepted)."""
+    accept_target_config: bool = False
+    """Go on when an existing target's configs would replace the restored timestamps
+    (LogAppendTime) or delete restored records (retention): ``restore_target``."""
 
     def checkpoint_prefix(self, partition: int) -> str:
         """``restore:{source_region}:{topic}:{partition}:{to_topic}:``, the start of the
@@ -296,6 +310,61 @@ def make_plan(store: ObjectStore, prefix: str, request: RestoreRequest, *,
     return plan(with_times(segments, times), request.range, request.partitions)
 
 
+def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -> RecordFacts:
+    """What the records ``plan_`` restores need of the target (``restore_target``).
+
+    ``oldest`` reads the steps' footers (a segment without footer times: its records) for
+    the smallest timestamp (a bound: a segment's oldest record may lie outside the step,
+    and the time bounds raise it); ``scan`` reads the records of every step for the
+    largest record and those without a key.
+    """
+    rng = plan_.range
+    low: int | None = None
+    if oldest:
+        for step in plan_.steps:
+            found, _ = segment_times(store, step.segment.key)
+            if found is not None:
+                t = found[0] if rng.from_time is None else max(found[0], rng.from_time)
+                low = t if low is None else min(low, t)
+    if not scan:
+        return RecordFacts(oldest=low)
+    largest, nulls = 0, 0
+    first_null: tuple[int, int] | None = None
+    for step in plan_.steps:
+        with open_segment(store, step.segment.key) as reader:
+            for batch in reader.iter_batches(50_000):
+                cut = _cut(batch, step.first, step.last, rng)
+                if cut is None or not cut[0].num_rows:
+                    continue
+                kept = cut[0]
+                sizes = _record_sizes(kept)
+                largest = max(largest, int(sizes.max()))
+                missing = kept.column("key").is_null()
+                n = int(pc.sum(missing, min_count=0).as_py())
+                if n and first_null is None:
+                    at = int(pc.index(missing, pa.scalar(True)).as_py())
+                    first_null = (step.segment.key.partition,
+                                  int(kept.column("offset")[at].as_py()))
+                nulls += n
+    return RecordFacts(oldest=low, largest=largest, null_keys=nulls,
+                       first_null_key=first_null)
+
+
+def _record_sizes(batch: pa.RecordBatch) -> np.ndarray:
+    """Per record, the bytes of a batch holding only it: key, value, headers, overheads."""
+    def lengths(arr: pa.Array) -> np.ndarray:
+        return np.asarray(pc.fill_null(pc.binary_length(arr), 0), dtype=np.int64)
+
+    headers = batch.column("headers")
+    flat = headers.flatten()
+    owner = np.asarray(pc.list_parent_indices(headers), dtype=np.int64)
+    per_header = lengths(flat.field("key")) + lengths(flat.field("value")) + HEADER_OVERHEAD
+    header_bytes = np.bincount(owner, weights=per_header, minlength=batch.num_rows)
+    sizes: np.ndarray = (lengths(batch.column("key")) + lengths(batch.column("value"))
+                         + header_bytes.astype(np.int64) + RECORD_OVERHEAD)
+    return sizes
+
+
 # --- running ----------------------------------------------------------------------------
 
 
@@ -335,7 +404,9 @@ class Restorer:
                  request: RestoreRequest, *, progress: Progress | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time,
+                 note: Callable[[str], None] = log.info) -> None:
         self.kafka = kafka
         self.store = store
         self.prefix = prefix
@@ -344,6 +415,8 @@ class Restorer:
         self._on_progress = on_progress
         self._clock = clock
         self._sleep = sleep
+        self._wall = wall
+        self._note = note
         self._bucket = None if request.rate is None else \
             TokenBucket(request.rate, now=clock())
         self._producer: Producer | None = None
@@ -353,10 +426,19 @@ class Restorer:
     # Steps a-d -------------------------------------------------------------------------
 
     def prepare_topics(self, plan_: Plan) -> None:
-        """Step a: the checkpoint topic and the destination topic exist.
+        """Step a: the checkpoint topic and the destination topic exist, and the
+        destination keeps the restored records as they are.
+
+        A missing destination is created with the source's partition count and copied
+        configs, then ``CREATED_TOPIC_CONFIGS`` (no retention, no compaction, CreateTime),
+        and ``note`` says so. Then the destination's effective configs are checked
+        (``restore_target.target_issues``), whether created or not.
 
         Raises:
             RestoreError: the destination exists with too few partitions.
+            RestoreRefused: a config of the destination would reject, change or delete
+                restored records (the acceptable ones pass with
+                ``request.accept_target_config``).
         """
         req = self.request
         admin = Admin(self.kafka)
@@ -366,8 +448,16 @@ class Restorer:
         have = existing_partitions(admin, req.to_topic)
         if have is None:
             count = max(wanted, meta.partitions if meta is not None else 0)
-            configs = copied_configs(meta.configs) if meta is not None else {}
+            copied = copied_configs(meta.configs) if meta is not None else {}
+            configs = {**copied, **CREATED_TOPIC_CONFIGS}
             if admin.create_topic(req.to_topic, count, configs):
+                changed = ", ".join(f"{k}={v}" + (f" (the source has {copied[k]})"
+                                                  if k in copied and copied[k] != v else "")
+                                    for k, v in CREATED_TOPIC_CONFIGS.items())
+                self._note(f"created topic {req.to_topic} with {count} partition(s) and the "
+                           f"source's configs but {changed}, so the broker deletes no "
+                           "restored record and keeps their timestamps: change them once "
+                           "done with the records")
                 log.info("created topic %s with %d partition(s), configs %s (from %s)",
                          req.to_topic, count, configs,
                          "_topic.json" if meta is not None else "the archive's partitions")
@@ -379,6 +469,31 @@ class Restorer:
             raise RestoreError(f"topic {req.to_topic} has {have} partition(s); the restore "
                                f"writes partition {wanted - 1} (same partition as the "
                                "source): give it more partitions or restore elsewhere")
+        source_limit = None if meta is None or "max.message.bytes" not in meta.configs \
+            else int(meta.configs["max.message.bytes"])
+        self.check_target(plan_, admin.effective_topic_config(req.to_topic), source_limit)
+
+    def check_target(self, plan_: Plan, config: Mapping[str, str],
+                     source_limit: int | None) -> None:
+        """Refuse a destination whose ``config`` would reject, change or delete restored
+        records (``restore_target``), reading only what its configs make necessary.
+
+        Raises:
+            RestoreRefused: naming each setting.
+        """
+        req = self.request
+        facts = record_facts(
+            self.store, plan_, oldest=finite_retention(config) is not None,
+            scan=needs_null_keys(config) or needs_largest(config, source_limit))
+        issues = target_issues(req.to_topic, config, facts, int(self._wall() * 1000))
+        refused = [i.message for i in issues if not (i.acceptable and req.accept_target_config)]
+        for i in issues:
+            if i.acceptable and req.accept_target_config:
+                log.warning("restore into %s: %s (accepted: --accept-target-config)",
+                            req.to_topic, i.message)
+                self._note(f"accepted ({i.setting}): {i.message}")
+        if refused:
+            raise RestoreRefused([*refused, f"nothing was produced into {req.to_topic}"])
 
     def start_producer(self, partition: int) -> Producer:
         """Step c: register the target partition's transactional id (fences an earlier

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,8 +27,9 @@ from egress.controller import Egress
 from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.kafka import Admin, Producer
-from replicator.core.keys import SegmentKey
+from replicator.core.keys import SegmentKey, topic_meta_key
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import TopicMetadata
 from replicator.devstack.toml_writer import write_toml
 from replicator.ops.verify import read_partition
 from tests.conftest import RECENT_MS, unique_name
@@ -326,3 +328,62 @@ def test_disjoint_partitions_restore_side_by_side(pipe: Pipeline, tmp_path: Path
         assert content(rows(pipe.dest_kafka, to_topic, part)) == \
             content(rows(pipe.source_kafka, pipe.topic, part))
 
+
+DAY_MS = 86_400_000
+WEEK_MS = 7 * DAY_MS
+
+
+def test_restored_month_old_records_survive_the_targets_retention(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """The source keeps 7 days; its month-old records live on in the archive. Restored into
+    a new topic they stay there (created with retention.ms=-1, said on stdout); an existing
+    topic with 7 days' retention, or LogAppendTime, is refused (exit 2, naming the setting,
+    nothing produced) unless --accept-target-config."""
+    month_ago = RECENT_MS - 30 * DAY_MS
+    build_archive(pipe, 200, base_ts=month_ago,
+                  source_config={"cleanup.policy": "delete", "retention.ms": "-1"})
+    # The source as usually configured: its _topic.json says 7 days (egress copies it).
+    meta_key = topic_meta_key("data", SOURCE_REGION, pipe.topic)
+    meta = TopicMetadata.parse(pipe.store.get(meta_key), where=meta_key)
+    pipe.store.put(meta_key, replace(meta, configs={**meta.configs,
+                                                    "retention.ms": str(WEEK_MS)}).encode())
+    cfg = config(pipe, tmp_path)
+    admin = Admin(pipe.dest_kafka)
+
+    to_topic = unique_name("restored")
+    done = run(restore_cmd(cfg, pipe, to_topic))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Premise: this broker deletes month-old records of a 7-day topic within the test (it
+    # checks retention every second): a control topic loses its record.
+    control = unique_name("control")
+    admin.create_topic(control, 1, {"retention.ms": str(WEEK_MS)})
+    p = Producer(pipe.dest_kafka)
+    p.produce(control, b"old", b"k", partition=0, timestamp=month_ago)
+    assert p.flush(30) == 0
+    wait_for(lambda: admin.log_start(control, 0, timeout=10).result(15) > 0, 60,
+             "retention to delete the control topic's month-old record")
+    for part in range(PARTITIONS):
+        assert admin.log_start(to_topic, part, timeout=10).result(15) == 0
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))
+    assert f"retention.ms=-1 (the source has {WEEK_MS})" in done.stdout
+    assert admin.topic_config(to_topic)["retention.ms"] == "-1"
+
+    # Existing targets: checked before anything is produced.
+    weekly = unique_name("restored")
+    admin.create_topic(weekly, PARTITIONS, {"retention.ms": str(WEEK_MS)})
+    stamped = unique_name("restored")
+    admin.create_topic(stamped, PARTITIONS, {"retention.ms": "-1",
+                                             "message.timestamp.type": "LogAppendTime"})
+    for topic, setting in ((weekly, f"retention.ms={WEEK_MS}"),
+                           (stamped, "message.timestamp.type=LogAppendTime")):
+        refused = run(restore_cmd(cfg, pipe, topic))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"{topic} has {setting}" in refused.stderr
+        assert "--accept-target-config" in refused.stderr
+        assert f"nothing was produced into {topic}" in refused.stderr
+        assert count(pipe.dest_kafka, topic) == 0
+    accepted = run(restore_cmd(cfg, pipe, stamped, "--accept-target-config"))
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert "accepted (message.timestamp.type)" in accepted.stdout
+    assert count(pipe.dest_kafka, stamped) == 200
