@@ -16,7 +16,7 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore
-from replicator.core.wire import Checkpoint
+from replicator.core.wire import Checkpoint, parse_checkpoint_key
 from replicator.ops.restore import (
     RestoreMark,
     RestoreRequest,
@@ -101,6 +101,9 @@ def test_checkpoint_keys_name_the_whole_request() -> None:
     assert monday.checkpoint_key(0) != tuesday.checkpoint_key(0)
     assert monday.checkpoint_key(0).startswith(monday.checkpoint_prefix(0))
     assert tuesday.checkpoint_key(0).startswith(monday.checkpoint_prefix(0))
+    # Never read as an ingress checkpoint (those have three or four parts).
+    assert parse_checkpoint_key(monday.checkpoint_key(0)) is None
+    assert parse_checkpoint_key(r.checkpoint_key(3)) is None
 
 
 bounds = st.one_of(st.none(), st.integers(0, 5))
