@@ -77,13 +77,18 @@ def policies(config: Mapping[str, str]) -> set[str]:
     return {p.strip() for p in raw.split(",") if p.strip()}
 
 
+KAFKA_DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+"""Apache Kafka's default ``retention.ms``: assumed when a broker describes only the configs
+set on a topic (Tansu), so an unreported retention is never taken for none."""
+
+
 def finite_retention(config: Mapping[str, str]) -> int | None:
     """The topic's time retention in ms when the broker deletes by time, else ``None``
     (compaction only, or ``retention.ms=-1``).
     """
     if "delete" not in policies(config):
         return None
-    ms = int(config.get("retention.ms", str(7 * 24 * 3600 * 1000)))
+    ms = int(config.get("retention.ms", str(KAFKA_DEFAULT_RETENTION_MS)))
     return None if ms < 0 else ms
 
 
@@ -136,7 +141,9 @@ def target_issues(topic: str, config: Mapping[str, str], facts: RecordFacts,
         age = timedelta(milliseconds=now_ms - facts.oldest)
         out.append(Issue(
             "retention.ms",
-            f"{topic} has retention.ms={retention} ({_days(retention)}) and the oldest record "
+            f"{topic} has retention.ms={retention} ({_days(retention)}"
+            f"{'' if 'retention.ms' in config else ': not reported, the Kafka default'}) "
+            "and the oldest record "
             f"to restore is from {oldest} ({age.days} day(s) old): the broker would delete "
             "restored records at its next retention checks (or within a day); set "
             "retention.ms=-1 (or longer), restore into a new topic (created with "

@@ -59,6 +59,10 @@ def test_retention_shorter_than_the_records_age_is_named_with_the_oldest_record(
     assert issues({"retention.ms": "-1"}, RecordFacts(oldest=0)) == []
     assert issues({"cleanup.policy": "compact"}, RecordFacts(oldest=0)) == []
     assert finite_retention({"cleanup.policy": "compact,delete", "retention.ms": "5"}) == 5
+    # A broker that describes only the configs set on a topic (Tansu): Kafka's default is
+    # assumed, and the message says so.
+    [issue] = target_issues("t.restored", {}, RecordFacts(oldest=NOW - 30 * DAY), NOW)
+    assert "retention.ms=604800000 (7 day(s): not reported, the Kafka default)" in issue.message
 
 
 def test_log_append_time_would_replace_the_timestamps() -> None:
