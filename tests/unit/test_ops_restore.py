@@ -256,3 +256,31 @@ def test_cat_json_marks_bytes_that_are_not_text() -> None:
     r = Record(7, 1000, None, b"\x00\xff", (("a", None), ("a", b"x")), 2)
     assert record_json(r) == {"offset": 7, "timestamp": 1000, "timestamp_type": 2, "key": None,
                               "value": {"base64": "AP8="}, "headers": [["a", None], ["a", "x"]]}
+
+
+def test_resuming_checks_the_checkpoint_against_the_archive_as_it_is_now() -> None:
+    """An open --from-offset is the archive's first position at each run: when that moved
+    past what the restore reached, the positions in between are refused (or, with
+    --allow-gaps, skipped loudly), never passed over."""
+    from replicator.core.settings import KafkaSettings
+    from replicator.ops.pace import Progress
+    from replicator.ops.restore import RestoreError, Restorer
+
+    def restorer(allow_gaps: bool) -> Restorer:
+        req = RestoreRequest("us-east-1", "orders", "orders.restored", "cp", RestoreRange(),
+                             allow_gaps=allow_gaps)
+        return Restorer(KafkaSettings(brokers="127.0.0.1:1"), MemoryObjectStore("b"), "data",
+                        req, progress=Progress(0, 0, 0.0))
+
+    def mark(origin: int, offset: int) -> RestoreMark:
+        return RestoreMark(RestoreRange(), origin, offset, "", (1, 2),
+                           datetime(2026, 11, 25, tzinfo=UTC))
+
+    assert restorer(False)._resume(0, 50, mark(0, 99), "here") == 99
+    with pytest.raises(RestoreError, match="positions 100-199 are no longer in the archive"):
+        restorer(False)._resume(0, 200, mark(0, 99), "here")
+    r = restorer(True)
+    assert r._resume(0, 200, mark(0, 99), "here") == 99
+    assert r.progress is not None and r.progress.gaps == [(0, 100, 199)]
+    with pytest.raises(RestoreError, match="this restore started at offset 10"):
+        restorer(False)._resume(0, 0, mark(10, 99), "here")
