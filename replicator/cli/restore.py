@@ -149,7 +149,8 @@ class _Bar:
 @click.option("--accept-target-config", is_flag=True,
               help="Restore into an existing --to-topic whose configs would replace the "
                    "records' timestamps (message.timestamp.type=LogAppendTime) or delete "
-                   "restored records (retention.ms shorter than their age); refused "
+                   "restored records (retention.ms shorter than their age, retention.bytes "
+                   "below what a partition restores); refused "
                    "otherwise, exit 2.")
 @click.option("--checkpoint-topic", default=None,
               help="Topic of the restore's checkpoints (created compacted if missing; "

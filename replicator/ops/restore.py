@@ -311,7 +311,8 @@ def make_plan(store: ObjectStore, prefix: str, request: RestoreRequest, *,
 
 
 def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -> RecordFacts:
-    """What the records ``plan_`` restores need of the target (``restore_target``).
+    """What the records ``plan_`` restores need of the target (``restore_target``); the
+    bytes per partition come from the plan.
 
     ``oldest`` reads the steps' footers (a segment without footer times: its records) for
     the smallest timestamp (a bound: a segment's oldest record may lie outside the step,
@@ -319,6 +320,11 @@ def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -
     largest record and those without a key.
     """
     rng = plan_.range
+    per_part: dict[int, int] = {}
+    for step in plan_.steps:
+        per_part[step.segment.key.partition] = \
+            per_part.get(step.segment.key.partition, 0) + step.est_bytes
+    most = max(per_part.items(), key=lambda kv: kv[1], default=None)
     low: int | None = None
     if oldest:
         for step in plan_.steps:
@@ -327,7 +333,7 @@ def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -
                 t = found[0] if rng.from_time is None else max(found[0], rng.from_time)
                 low = t if low is None else min(low, t)
     if not scan:
-        return RecordFacts(oldest=low)
+        return RecordFacts(oldest=low, partition_bytes=most)
     largest, nulls = 0, 0
     first_null: tuple[int, int] | None = None
     for step in plan_.steps:
@@ -347,7 +353,7 @@ def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -
                                   int(kept.column("offset")[at].as_py()))
                 nulls += n
     return RecordFacts(oldest=low, largest=largest, null_keys=nulls,
-                       first_null_key=first_null)
+                       first_null_key=first_null, partition_bytes=most)
 
 
 def _record_sizes(batch: pa.RecordBatch) -> np.ndarray:

@@ -58,6 +58,10 @@ class RecordFacts:
     """How many records to restore have no key."""
     first_null_key: tuple[int, int] | None = None
     """``(partition, offset)`` of the first of them."""
+    partition_bytes: tuple[int, int] | None = None
+    """``(partition, bytes)`` of the partition restoring the most: its share of the
+    segments' stored bytes, about what its records take in the log, usually less (the
+    segments are compressed)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,16 @@ def finite_retention(config: Mapping[str, str]) -> int | None:
         return None
     ms = int(config.get("retention.ms", str(KAFKA_DEFAULT_RETENTION_MS)))
     return None if ms < 0 else ms
+
+
+def finite_size_retention(config: Mapping[str, str]) -> int | None:
+    """The topic's size retention per partition in bytes when the broker deletes by size,
+    else ``None`` (compaction only, or ``retention.bytes=-1``, Kafka's default).
+    """
+    if "delete" not in policies(config):
+        return None
+    size = int(config.get("retention.bytes", "-1"))
+    return None if size < 0 else size
 
 
 def needs_null_keys(config: Mapping[str, str]) -> bool:
@@ -134,6 +148,16 @@ def target_issues(topic: str, config: Mapping[str, str], facts: RecordFacts,
             f"{topic} has max.message.bytes={limit} and the largest record to restore needs "
             f"{facts.largest} bytes: the broker would reject it; raise max.message.bytes to "
             f"at least {facts.largest}, or restore into another topic", acceptable=False))
+    size_limit = finite_size_retention(config)
+    if size_limit is not None and facts.partition_bytes is not None and \
+            facts.partition_bytes[1] > size_limit:
+        part, size = facts.partition_bytes
+        out.append(Issue(
+            "retention.bytes",
+            f"{topic} has retention.bytes={size_limit} (per partition) and partition {part} "
+            f"restores about {size} bytes (the segments' stored size; more in the log): the "
+            "broker would delete its oldest restored records; set retention.bytes=-1, "
+            "restore into a new topic, or pass --accept-target-config", acceptable=True))
     retention = finite_retention(config)
     if retention is not None and facts.oldest is not None and \
             now_ms - facts.oldest + RETENTION_MARGIN.total_seconds() * 1000 > retention:

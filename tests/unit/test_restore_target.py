@@ -17,6 +17,7 @@ from replicator.ops.restore_target import (
     RECORD_OVERHEAD,
     RecordFacts,
     finite_retention,
+    finite_size_retention,
     needs_largest,
     needs_null_keys,
     target_issues,
@@ -117,4 +118,15 @@ def test_record_facts_measure_only_the_records_restored() -> None:
     # Time bounds raise the oldest time; without a scan nothing else is measured.
     facts = record_facts(store, plan(segs, RestoreRange(from_time=NOW - 25 * DAY)),
                          oldest=True, scan=False)
-    assert facts == RecordFacts(oldest=NOW - 25 * DAY)
+    assert facts == RecordFacts(oldest=NOW - 25 * DAY, partition_bytes=(2, segs[0].size))
+
+
+def test_size_retention_below_what_a_partition_restores_is_named() -> None:
+    assert finite_size_retention(KAFKA_DEFAULTS) is None
+    assert finite_size_retention({"cleanup.policy": "compact", "retention.bytes": "5"}) is None
+    limited = {"retention.bytes": "1000000"}
+    assert issues(limited, RecordFacts(partition_bytes=(3, 1_000_000))) == []
+    [issue] = target_issues("t.restored", {**KAFKA_DEFAULTS, **limited},
+                            RecordFacts(partition_bytes=(3, 1_000_001)), NOW)
+    assert (issue.setting, issue.acceptable) == ("retention.bytes", True)
+    assert "partition 3 restores about 1000001 bytes" in issue.message
