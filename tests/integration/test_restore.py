@@ -329,6 +329,48 @@ def test_disjoint_partitions_restore_side_by_side(pipe: Pipeline, tmp_path: Path
             content(rows(pipe.source_kafka, pipe.topic, part))
 
 
+
+def test_a_second_writer_of_a_partition_fences_the_first_and_nothing_is_doubled(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """The same restore started twice: the second fences the first (exit 1, "took over"),
+    reads its checkpoint after the fence and finishes; the topic holds every record once."""
+    build_archive(pipe, 1200, per_segment=100, merge_upto=300)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    # 600 records of ~20 bytes at 500 B/s: ~24 s, so the second starts while the first runs.
+    cmd = restore_cmd(cfg, pipe, to_topic, "--partitions", "0", "--batch-size", "20",
+                      "--rate", "500B/s")
+    logs = [tmp_path / "first.out", tmp_path / "second.out"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(logs[0], "w") as out:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
+                                          env=cli_env()))
+
+        def some_restored() -> bool:
+            return to_topic in Admin(pipe.dest_kafka).list_topics() and \
+                sum(1 for _ in read_partition(pipe.dest_kafka, to_topic, 0)) >= 100
+
+        wait_for(some_restored, 120, "the first restore to commit some batches")
+        assert procs[0].poll() is None, logs[0].read_text()
+        with open(logs[1], "w") as out:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
+                                          env=cli_env()))
+        for p in procs:
+            p.wait(300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+    first, second = (f.read_text() for f in logs)
+    assert procs[0].returncode == 1 and "took over" in first, first
+    assert procs[1].returncode == 0, second
+    assert "partition 0: resumed after offset" in second
+    assert content(rows(pipe.dest_kafka, to_topic, 0)) == \
+        content(rows(pipe.source_kafka, pipe.topic, 0))
+
+
 DAY_MS = 86_400_000
 WEEK_MS = 7 * DAY_MS
 
