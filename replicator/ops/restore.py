@@ -5,8 +5,11 @@
 The plan comes from ``replicator.ops.restore_plan`` (pure); this module lists the archive,
 reads footers for record times when the range is bounded by time, and runs the plan with
 its own durability method (``Restorer._deliver``): one transaction per batch holding the
-records and a checkpoint under the restore's own key, so an interrupted restore (even
-``kill -9``) run again resumes after its last committed batch and produces nothing twice.
+records and a checkpoint under a key naming the whole request, so an interrupted restore
+(even ``kill -9``) run again resumes after its last committed batch and produces nothing
+twice, and another range into the same topic is another restore (``overlap_refusals``
+says when it may repeat records). What the target topic must be is
+``replicator.ops.restore_target``'s.
 """
 
 from __future__ import annotations
