@@ -20,7 +20,7 @@ from replicator.core.errors import KeyFormatError, ReplicatorError
 from replicator.core.keys import check_region, check_topic
 from replicator.core.units import format_size, parse_size
 from replicator.ops.pace import Progress, summary_lines
-from replicator.ops.restore import Restorer, RestoreRequest, make_plan
+from replicator.ops.restore import Restorer, RestoreRefused, RestoreRequest, make_plan
 from replicator.ops.restore_plan import Plan, RestoreRange
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,9 @@ class _Bar:
 @click.option("--source-region", required=True, help="Region whose segments are read.")
 @click.option("--topic", required=True, help="Source topic in the archive.")
 @click.option("--to-topic", required=True,
-              help="Topic written, in the cluster of the config's [kafka]; created with the "
-                   "source's partition count and copied configs (_topic.json) if missing.")
+              help="Topic written, in the cluster of the config's [kafka]; created if missing "
+                   "with the source's partition count and copied configs (_topic.json) but "
+                   "no retention, no compaction and CreateTime, so restored records stay.")
 @click.option("--partitions", default=None, help="Only these partitions: 0,3-5 (default: all).")
 @click.option("--from-offset", type=click.IntRange(min=0), default=None,
               help="First offset (inclusive; default: the archive's first).")
@@ -142,6 +143,15 @@ class _Bar:
 @click.option("--allow-gaps", is_flag=True,
               help="Skip positions missing from the archive (logged and counted) instead of "
                    "refusing to start.")
+@click.option("--force", is_flag=True,
+              help="Restore even when another range already restored into --to-topic may "
+                   "hold some of these records (they are then in the topic twice).")
+@click.option("--accept-target-config", is_flag=True,
+              help="Restore into an existing --to-topic whose configs would replace the "
+                   "records' timestamps (message.timestamp.type=LogAppendTime) or delete "
+                   "restored records (retention.ms shorter than their age, retention.bytes "
+                   "below what a partition restores); refused "
+                   "otherwise, exit 2.")
 @click.option("--checkpoint-topic", default=None,
               help="Topic of the restore's checkpoints (created compacted if missing; "
                    f"default: ingress.checkpoint_topic, else {DEFAULT_CHECKPOINT_TOPIC}).")
@@ -155,17 +165,21 @@ class _Bar:
 def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa: C901
             partitions: str | None, from_offset: int | None, to_offset: int | None,
             from_time: str | None, to_time: str | None, dry_run: bool, rate: str | None,
-            allow_gaps: bool, checkpoint_topic: str | None, batch_size: int,
+            allow_gaps: bool, force: bool, accept_target_config: bool,
+            checkpoint_topic: str | None, batch_size: int,
             progress: bool | None, log_file: Path | None, bucket: str | None) -> None:
     """Replay a range of archived segments into a topic, exactly once.
 
     Same partition, same order, same keys, values (null stays null), headers and
     timestamps. The planner reads the fewest segments of any level that cover the range,
-    never a record twice. Each batch is one transaction with a checkpoint under
-    restore:{region}:{topic}:{partition}:{to-topic}: run the same command again after an
-    interruption and it resumes where it stopped. Exit 0 only when the whole range was
-    restored; a gap in the archive, or a segment in GLACIER/DEEP_ARCHIVE, refuses to start
-    (naming them).
+    never a record twice. Each batch is one transaction with a checkpoint keyed by the whole
+    request, restore:{region}:{topic}:{partition}:{to-topic}:{offsets}:{times}: run the same
+    command again after an interruption and it resumes where it stopped; another range is
+    another restore, refused (exit 2) where it may repeat records another range already
+    restored into --to-topic, unless --force. Restores of disjoint --partitions of one
+    topic run side by side. Exit 0 only when the whole range was restored; a gap in the
+    archive (with time bounds: any hole of the offset range), or a segment in
+    GLACIER/DEEP_ARCHIVE, refuses to start (naming them).
     """
     try:
         check_region(source_region)
@@ -191,7 +205,8 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     cp_topic = checkpoint_topic or (settings.ingress.checkpoint_topic if settings.ingress
                                     else DEFAULT_CHECKPOINT_TOPIC)
     request = RestoreRequest(source_region, topic, to_topic, cp_topic, rng, parts, allow_gaps,
-                             rate_bytes, batch_size)
+                             rate_bytes, batch_size, force=force,
+                             accept_target_config=accept_target_config)
     try:
         plan = make_plan(store, settings.s3.prefix, request,
                          note=lambda m: click.echo(f"note: {m}", err=True))
@@ -213,9 +228,14 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     prog = Progress(plan.est_records, plan.bytes_to_read, started)
     bar = _Bar(sys.stderr.isatty() if progress is None else progress)
     restorer = Restorer(settings.kafka, store, settings.s3.prefix, request, progress=prog,
-                        on_progress=bar)
+                        on_progress=bar, note=lambda m: click.echo(f"note: {m}"))
     try:
         restorer.run(plan)
+    except RestoreRefused as e:
+        bar(prog, final=True)
+        for r in e.reasons[:-1]:
+            click.echo(f"error: {r}", err=True)
+        fail(e.reasons[-1], EXIT_USAGE)
     except ReplicatorError as e:
         bar(prog, final=True)
         fail(f"{e} (run the same command again to resume)", EXIT_FAILURE)

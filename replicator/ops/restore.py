@@ -5,18 +5,24 @@
 The plan comes from ``replicator.ops.restore_plan`` (pure); this module lists the archive,
 reads footers for record times when the range is bounded by time, and runs the plan with
 its own durability method (``Restorer._deliver``): one transaction per batch holding the
-records and a checkpoint under the restore's own key, so an interrupted restore (even
-``kill -9``) run again resumes after its last committed batch and produces nothing twice.
+records and a checkpoint under a key naming the whole request, so an interrupted restore
+(even ``kill -9``) run again resumes after its last committed batch and produces nothing
+twice, and another range into the same topic is another restore (``overlap_refusals``
+says when it may repeat records). What the target topic must be is
+``replicator.ops.restore_target``'s.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,6 +43,16 @@ from replicator.core.topic_copy import copied_configs, existing_partitions, read
 from replicator.core.wire import Checkpoint
 from replicator.ops.pace import Progress, TokenBucket
 from replicator.ops.restore_plan import ArchivedSegment, Plan, RestoreRange, Step, plan, with_times
+from replicator.ops.restore_target import (
+    CREATED_TOPIC_CONFIGS,
+    HEADER_OVERHEAD,
+    RECORD_OVERHEAD,
+    RecordFacts,
+    finite_retention,
+    needs_largest,
+    needs_null_keys,
+    target_issues,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +65,28 @@ ABORTABLE_RETRIES = 5
 
 class RestoreError(FatalError):
     """A restore cannot run, or stopped: the message says why and what to do."""
+
+
+class RestoreRefused(RestoreError):
+    """The request conflicts with what the target topic holds or how it is configured;
+    nothing of the refused partitions was produced (the CLI exits 2).
+
+    Args:
+        reasons: one sentence per conflict, naming it and what to do.
+    """
+
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+
+
+def range_id(rng: RestoreRange) -> str:
+    """A range's part of a checkpoint key: ``{from_offset}..{to_offset}:{from_time}..{to_time}``
+    (ms), an open bound left empty (``120..287:..``, ``..:1700000000000..1700086399999``).
+    """
+    def b(x: int | None) -> str:
+        return "" if x is None else str(x)
+    return f"{b(rng.from_offset)}..{b(rng.to_offset)}:{b(rng.from_time)}..{b(rng.to_time)}"
 
 
 @dataclass(frozen=True)
@@ -66,15 +104,155 @@ class RestoreRequest:
     """Bytes per second of keys, values and headers produced (``None``: unlimited)."""
     batch_records: int = 2000
     """Records per transaction."""
+    force: bool = False
+    """Restore even where records already restored into the target by another range may be
+    restored again (duplicates accepted)."""
+    accept_target_config: bool = False
+    """Go on when an existing target's configs would replace the restored timestamps
+    (LogAppendTime) or delete restored records (retention): ``restore_target``."""
+
+    def checkpoint_prefix(self, partition: int) -> str:
+        """``restore:{source_region}:{topic}:{partition}:{to_topic}:``, the start of the
+        key of every restore of this source partition into this target (topic names and
+        regions hold no ``:``).
+        """
+        return f"restore:{self.source_region}:{self.topic}:{partition}:{self.to_topic}:"
 
     def checkpoint_key(self, partition: int) -> str:
-        """``restore:{source_region}:{topic}:{partition}:{to_topic}``."""
-        return f"restore:{self.source_region}:{self.topic}:{partition}:{self.to_topic}"
+        """The partition's checkpoint key: the whole request (source, target, partition,
+        offset and time bounds), so another range is another restore and the same command
+        resumes its own: ``restore:{region}:{topic}:{partition}:{to_topic}:{range_id}``.
+        """
+        return self.checkpoint_prefix(partition) + range_id(self.range)
+
+    def transactional_id(self, partition: int) -> str:
+        """The producer's id while it writes ``partition`` of the target: one writer per
+        target partition. Restores of disjoint partitions run side by side; a second run
+        writing the same target partition (the same restore again, or another one) fences
+        the first before it reads the checkpoints.
+        """
+        return f"replicator-restore:{self.to_topic}:{partition}"
+
+
+@dataclass(frozen=True)
+class RestoreMark:
+    """A restore checkpoint: what one request restored of one partition.
+
+    The value is a ``Checkpoint`` (``offset``: the last source position covered;
+    ``origin``: the first position of the partition's range) plus a ``restore`` object
+    with the request's bounds and ``times``, the smallest and largest timestamp of the
+    records restored so far (``null`` while none): what ``overlaps`` compares.
+    """
+
+    range: RestoreRange
+    origin: int
+    offset: int
+    segment: str
+    times: tuple[int, int] | None
+    updated_at: datetime
+
+    def encode(self) -> bytes:
+        """The JSON value written to the checkpoint topic."""
+        doc: dict[str, Any] = json.loads(Checkpoint(self.offset, self.segment, self.updated_at,
+                                                    origin=self.origin).encode())
+        r = self.range
+        doc["restore"] = {"from_offset": r.from_offset, "to_offset": r.to_offset,
+                          "from_time": r.from_time, "to_time": r.to_time,
+                          "times": None if self.times is None else list(self.times)}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> RestoreMark:
+        """Parse a restore checkpoint.
+
+        Raises:
+            ValueError: naming what is wrong.
+        """
+        cp = Checkpoint.decode(value)
+        assert value is not None  # Checkpoint.decode refuses a tombstone
+        doc = json.loads(value).get("restore")
+        if not isinstance(doc, dict) or cp.origin is None:
+            raise ValueError("not a restore checkpoint (no restore object or origin)")
+
+        def bound(name: str) -> int | None:
+            x = doc.get(name)
+            if x is None or (isinstance(x, int) and not isinstance(x, bool)):
+                return x
+            raise ValueError(f"restore checkpoint {name} must be an int or null, got {x!r}")
+
+        times = doc.get("times")
+        if times is not None and not (isinstance(times, list) and len(times) == 2
+                                      and all(isinstance(t, int) for t in times)):
+            raise ValueError(f"restore checkpoint times must be [min, max], got {times!r}")
+        rng = RestoreRange(bound("from_offset"), bound("to_offset"), bound("from_time"),
+                           bound("to_time"))
+        return cls(rng, cp.origin, cp.offset, cp.segment,
+                   None if times is None else (times[0], times[1]), cp.updated_at)
 
     @property
-    def transactional_id(self) -> str:
-        """The producer's id: a second run of the same restore fences the first."""
-        return f"replicator-restore:{self.source_region}:{self.topic}:{self.to_topic}"
+    def restored(self) -> bool:
+        """True when at least one record was restored under it."""
+        return self.times is not None and self.offset >= self.origin
+
+
+def overlaps(mark: RestoreMark, rng: RestoreRange, first: int, last: int) -> bool:
+    """Whether a record restored under ``mark`` may be one of a request for positions
+    ``first..last`` within ``rng``'s time bounds.
+
+    The records restored lie at positions ``mark.origin..mark.offset`` with times within
+    ``mark.times``; a record common to both needs both the positions and the times to meet.
+    ``False`` is exact (no record can be in both); ``True`` may be cautious (record times
+    are known only as a span).
+    """
+    if not mark.restored or mark.times is None:
+        return False
+    if mark.offset < first or mark.origin > last:
+        return False
+    lo, hi = mark.times
+    return (rng.from_time is None or hi >= rng.from_time) and \
+        (rng.to_time is None or lo <= rng.to_time)
+
+
+def overlap_refusals(request: RestoreRequest, plan_: Plan,
+                     marks: Mapping[int, Mapping[str, RestoreMark]]) -> list[str]:
+    """Why ``request`` would restore again records that other restores of the same source
+    partition already wrote into its target (``marks``: partition → key → mark); empty with
+    ``request.force`` or when no other range overlaps. Its own key is a resume, never a
+    conflict.
+    """
+    if request.force:
+        return []
+    out = []
+    for pp in plan_.partitions:
+        if pp.first is None or pp.last is None:
+            continue
+        own = request.checkpoint_key(pp.partition)
+        for key, mark in sorted(marks.get(pp.partition, {}).items()):
+            if key != own and overlaps(mark, request.range, pp.first, pp.last):
+                assert mark.times is not None
+                out.append(
+                    f"{request.source_region}/{request.topic}[{pp.partition}]: another "
+                    f"restore into {request.to_topic} ({key}) already restored positions "
+                    f"{mark.origin}-{mark.offset} with record times {mark.times[0]}-"
+                    f"{mark.times[1]}, which may hold records of this range "
+                    f"(positions {pp.first}-{pp.last}{_time_text(request.range)}): restore "
+                    "into another topic, narrow the range, or pass --force to restore them "
+                    "again (duplicates)")
+    return out
+
+
+def _partition_of(prefixes: Mapping[bytes, int], key: bytes | None) -> int | None:
+    """The partition whose checkpoint prefix ``key`` starts with, if any."""
+    if key is None or not key.startswith(b"restore:"):
+        return None
+    return next((part for prefix, part in prefixes.items() if key.startswith(prefix)), None)
+
+
+def _time_text(rng: RestoreRange) -> str:
+    if not rng.timed:
+        return ""
+    return f", times {'' if rng.from_time is None else rng.from_time}-" \
+           f"{'' if rng.to_time is None else rng.to_time}"
 
 
 # --- planning ---------------------------------------------------------------------------
@@ -135,6 +313,67 @@ def make_plan(store: ObjectStore, prefix: str, request: RestoreRequest, *,
     return plan(with_times(segments, times), request.range, request.partitions)
 
 
+def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -> RecordFacts:
+    """What the records ``plan_`` restores need of the target (``restore_target``); the
+    bytes per partition come from the plan.
+
+    ``oldest`` reads the steps' footers (a segment without footer times: its records) for
+    the smallest timestamp (a bound: a segment's oldest record may lie outside the step,
+    and the time bounds raise it); ``scan`` reads the records of every step for the
+    largest record and those without a key.
+    """
+    rng = plan_.range
+    per_part: dict[int, int] = {}
+    for step in plan_.steps:
+        per_part[step.segment.key.partition] = \
+            per_part.get(step.segment.key.partition, 0) + step.est_bytes
+    most = max(per_part.items(), key=lambda kv: kv[1], default=None)
+    low: int | None = None
+    if oldest:
+        for step in plan_.steps:
+            found, _ = segment_times(store, step.segment.key)
+            if found is not None:
+                t = found[0] if rng.from_time is None else max(found[0], rng.from_time)
+                low = t if low is None else min(low, t)
+    if not scan:
+        return RecordFacts(oldest=low, partition_bytes=most)
+    largest, nulls = 0, 0
+    first_null: tuple[int, int] | None = None
+    for step in plan_.steps:
+        with open_segment(store, step.segment.key) as reader:
+            for batch in reader.iter_batches(50_000):
+                cut = _cut(batch, step.first, step.last, rng)
+                if cut is None or not cut[0].num_rows:
+                    continue
+                kept = cut[0]
+                sizes = _record_sizes(kept)
+                largest = max(largest, int(sizes.max()))
+                missing = kept.column("key").is_null()
+                n = int(pc.sum(missing, min_count=0).as_py())
+                if n and first_null is None:
+                    at = int(pc.index(missing, pa.scalar(True)).as_py())
+                    first_null = (step.segment.key.partition,
+                                  int(kept.column("offset")[at].as_py()))
+                nulls += n
+    return RecordFacts(oldest=low, largest=largest, null_keys=nulls,
+                       first_null_key=first_null, partition_bytes=most)
+
+
+def _record_sizes(batch: pa.RecordBatch) -> np.ndarray:
+    """Per record, the bytes of a batch holding only it: key, value, headers, overheads."""
+    def lengths(arr: pa.Array) -> np.ndarray:
+        return np.asarray(pc.fill_null(pc.binary_length(arr), 0), dtype=np.int64)
+
+    headers = batch.column("headers")
+    flat = headers.flatten()
+    owner = np.asarray(pc.list_parent_indices(headers), dtype=np.int64)
+    per_header = lengths(flat.field("key")) + lengths(flat.field("value")) + HEADER_OVERHEAD
+    header_bytes = np.bincount(owner, weights=per_header, minlength=batch.num_rows)
+    sizes: np.ndarray = (lengths(batch.column("key")) + lengths(batch.column("value"))
+                         + header_bytes.astype(np.int64) + RECORD_OVERHEAD)
+    return sizes
+
+
 # --- running ----------------------------------------------------------------------------
 
 
@@ -155,19 +394,28 @@ class Restorer:
     a. the checkpoint topic (compacted) and the destination topic exist (the destination
        created with the source's partition count and copied configs from ``_topic.json``
        when missing, by the same rules as ingress: ``replicator.core.topic_copy``);
-    b. the transactional producer registers ``request.transactional_id``: an earlier run
-       of the same restore is fenced and its open transaction aborted;
-    c. each partition's checkpoint is read, read_committed past its newest record
-       (``load_checkpoints``); the partition resumes after it.
+    b. the restore checkpoints of every planned partition are read: a range overlapping
+       one that another restore already wrote into the target is refused
+       (``overlap_refusals``) before anything is produced.
 
-    Then every batch goes through ``_deliver``, the one durability method.
+    Then partition by partition:
+
+    c. a transactional producer registers the partition's ``transactional_id``: an earlier
+       writer of that target partition is fenced and its open transaction aborted;
+    d. the partition's checkpoints are read again (after the fence, so nothing the fenced
+       writer committed is missed), overlaps checked again, and the partition resumes
+       after its own checkpoint (the key of this very request).
+
+    Every batch goes through ``_deliver``, the one durability method.
     """
 
     def __init__(self, kafka: KafkaSettings, store: ObjectStore, prefix: str,
                  request: RestoreRequest, *, progress: Progress | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time,
+                 note: Callable[[str], None] = log.info) -> None:
         self.kafka = kafka
         self.store = store
         self.prefix = prefix
@@ -176,17 +424,30 @@ class Restorer:
         self._on_progress = on_progress
         self._clock = clock
         self._sleep = sleep
+        self._wall = wall
+        self._note = note
         self._bucket = None if request.rate is None else \
             TokenBucket(request.rate, now=clock())
         self._producer: Producer | None = None
+        self._times: dict[int, tuple[int, int] | None] = {}
+        """Per partition: the time span of the records restored so far (its checkpoint's)."""
 
-    # Steps a-c -------------------------------------------------------------------------
+    # Steps a-d -------------------------------------------------------------------------
 
     def prepare_topics(self, plan_: Plan) -> None:
-        """Step a: the checkpoint topic and the destination topic exist.
+        """Step a: the checkpoint topic and the destination topic exist, and the
+        destination keeps the restored records as they are.
+
+        A missing destination is created with the source's partition count and copied
+        configs, then ``CREATED_TOPIC_CONFIGS`` (no retention, no compaction, CreateTime),
+        and ``note`` says so. Then the destination's effective configs are checked
+        (``restore_target.target_issues``), whether created or not.
 
         Raises:
             RestoreError: the destination exists with too few partitions.
+            RestoreRefused: a config of the destination would reject, change or delete
+                restored records (the acceptable ones pass with
+                ``request.accept_target_config``).
         """
         req = self.request
         admin = Admin(self.kafka)
@@ -196,8 +457,16 @@ class Restorer:
         have = existing_partitions(admin, req.to_topic)
         if have is None:
             count = max(wanted, meta.partitions if meta is not None else 0)
-            configs = copied_configs(meta.configs) if meta is not None else {}
+            copied = copied_configs(meta.configs) if meta is not None else {}
+            configs = {**copied, **CREATED_TOPIC_CONFIGS}
             if admin.create_topic(req.to_topic, count, configs):
+                changed = ", ".join(f"{k}={v}" + (f" (the source has {copied[k]})"
+                                                  if k in copied and copied[k] != v else "")
+                                    for k, v in CREATED_TOPIC_CONFIGS.items())
+                self._note(f"created topic {req.to_topic} with {count} partition(s) and the "
+                           f"source's configs but {changed}, so the broker deletes no "
+                           "restored record and keeps their timestamps: change them once "
+                           "done with the records")
                 log.info("created topic %s with %d partition(s), configs %s (from %s)",
                          req.to_topic, count, configs,
                          "_topic.json" if meta is not None else "the archive's partitions")
@@ -209,66 +478,101 @@ class Restorer:
             raise RestoreError(f"topic {req.to_topic} has {have} partition(s); the restore "
                                f"writes partition {wanted - 1} (same partition as the "
                                "source): give it more partitions or restore elsewhere")
+        source_limit = None if meta is None or "max.message.bytes" not in meta.configs \
+            else int(meta.configs["max.message.bytes"])
+        self.check_target(plan_, admin.effective_topic_config(req.to_topic), source_limit)
 
-    def start_producer(self) -> Producer:
-        """Step b: register the transactional id (fences an earlier run)."""
-        p = Producer(self.kafka, transactional_id=self.request.transactional_id,
-                     name=f"restore into {self.request.to_topic}")
+    def check_target(self, plan_: Plan, config: Mapping[str, str],
+                     source_limit: int | None) -> None:
+        """Refuse a destination whose ``config`` would reject, change or delete restored
+        records (``restore_target``), reading only what its configs make necessary.
+
+        Raises:
+            RestoreRefused: naming each setting.
+        """
+        req = self.request
+        facts = record_facts(
+            self.store, plan_, oldest=finite_retention(config) is not None,
+            scan=needs_null_keys(config) or needs_largest(config, source_limit))
+        issues = target_issues(req.to_topic, config, facts, int(self._wall() * 1000))
+        refused = [i.message for i in issues if not (i.acceptable and req.accept_target_config)]
+        for i in issues:
+            if i.acceptable and req.accept_target_config:
+                log.warning("restore into %s: %s (accepted: --accept-target-config)",
+                            req.to_topic, i.message)
+                self._note(f"accepted ({i.setting}): {i.message}")
+        if refused:
+            raise RestoreRefused([*refused, f"nothing was produced into {req.to_topic}"])
+
+    def start_producer(self, partition: int) -> Producer:
+        """Step c: register the target partition's transactional id (fences an earlier
+        writer of that partition).
+        """
+        self.close()
+        p = Producer(self.kafka, transactional_id=self.request.transactional_id(partition),
+                     name=f"restore into {self.request.to_topic}[{partition}]")
         p.init_transactions(TXN_TIMEOUT)
         self._producer = p
         return p
 
-    def load_checkpoints(self, partitions: list[int]) -> dict[int, Checkpoint]:
-        """Step c: the newest committed checkpoint of each partition of this restore.
+    def load_marks(self, partitions: list[int]) -> dict[int, dict[str, RestoreMark]]:
+        """Steps b and d: the newest committed restore checkpoint of every restore of the
+        source's ``partitions`` into the target (partition → key → mark).
 
         The checkpoint topic may be shared (ingress's): while another writer's transaction
         is open, read_committed stops at it. So, as ingress does: 1. read_uncommitted to the
         end for the offset after our newest record; 2. read_committed until the stable end
         has passed it.
         """
-        keys = {self.request.checkpoint_key(p).encode(): p for p in partitions}
+        prefixes = {self.request.checkpoint_prefix(p).encode(): p for p in partitions}
+
+        def partition_of(key: bytes | None) -> int | None:
+            return _partition_of(prefixes, key)
+
         need: dict[int, int] = {}
         for m in read_to_end(self.kafka, self.request.checkpoint_topic,
                              isolation="read_uncommitted", timeout=120, what="checkpoint topic"):
-            if m.key() in keys and (part := m.partition()) is not None and \
+            if partition_of(m.key()) is not None and (part := m.partition()) is not None and \
                     (off := m.offset()) is not None:
                 need[part] = max(need.get(part, 0), off + 1)
-        out: dict[int, Checkpoint] = {}
+        out: dict[int, dict[str, RestoreMark]] = {p: {} for p in partitions}
         for m in read_to_end(self.kafka, self.request.checkpoint_topic,
                              isolation="read_committed", ends_at_least=need, timeout=120,
                              what="checkpoint topic"):
             key = m.key()
-            if key not in keys:
+            part = partition_of(key)
+            if part is None or key is None:
                 continue
+            name = key.decode()
             value = m.value()
             if value is None:
-                out.pop(keys[key], None)  # a tombstone: the restore was reset
+                out[part].pop(name, None)  # a tombstone: the restore was reset
                 continue
             try:
-                out[keys[key]] = Checkpoint.decode(value)
+                out[part][name] = RestoreMark.decode(value)
             except ValueError as e:
-                log.error("invalid restore checkpoint %s ignored: %s", key.decode(), e)
+                log.error("invalid restore checkpoint %s ignored: %s", name, e)
         return out
 
     # The durability method --------------------------------------------------------------
 
-    def _deliver(self, partition: int, batch: pa.RecordBatch | None, cp: Checkpoint) -> None:
+    def _deliver(self, partition: int, batch: pa.RecordBatch | None, mark: RestoreMark) -> None:
         """Restore one batch exactly once.
 
         1. Begin a transaction.
         2. Produce the batch's records to ``partition`` of the destination: key, value
            (null stays null), headers in order, the source timestamp as CreateTime.
         3. Flush: the records are in the log before their checkpoint is sent.
-        4. Produce the checkpoint (``cp``: the last source offset this batch covers) under
-           the restore's key in the checkpoint topic, and commit: records and checkpoint
-           become visible together or not at all.
+        4. Produce the checkpoint (``mark``: the last source offset this batch covers, the
+           time span restored so far) under the request's key in the checkpoint topic,
+           and commit: records and checkpoint become visible together or not at all.
 
         A batch whose transaction the broker asks to abort is redone (up to
         ``ABORTABLE_RETRIES`` times). Any other failure aborts and raises: the next run
         resumes after the last committed checkpoint.
 
         Raises:
-            RestoreError: fenced by a newer run of the same restore.
+            RestoreError: fenced by a newer writer of the same target partition.
             KafkaRetriableError / KafkaFatalError: the batch was not restored.
         """
         p = self._producer
@@ -283,14 +587,14 @@ class Restorer:
                                   headers=rec[3])
                     p.flush(TXN_TIMEOUT)                                       # Step 3
                     p.check_deliveries(f"restore into {to}[{partition}]")
-                p.produce(self.request.checkpoint_topic, cp.encode(),          # Step 4
+                p.produce(self.request.checkpoint_topic, mark.encode(),        # Step 4
                           self.request.checkpoint_key(partition).encode())
                 p.commit_transaction(TXN_TIMEOUT)
                 return
             except ProducerFenced as e:
-                raise RestoreError(f"another run of this restore into {to} took over "
-                                   f"(transactional id {self.request.transactional_id}); "
-                                   "this one stops") from e
+                raise RestoreError(
+                    f"another restore into {to}[{partition}] took over (transactional id "
+                    f"{self.request.transactional_id(partition)}); this one stops") from e
             except TransactionAbortable:
                 p.abort_transaction(TXN_TIMEOUT)
                 if attempt == ABORTABLE_RETRIES:
@@ -310,12 +614,17 @@ class Restorer:
     def run(self, plan_: Plan) -> list[PartitionResult]:
         """Run ``plan_`` (already checked: ``Plan.refusals``). Gaps of the plan are skipped
         with an ERROR line each (the caller allowed them).
+
+        Raises:
+            RestoreRefused: the range overlaps one already restored into the target
+                (without ``request.force``); nothing was produced.
         """
         self.prepare_topics(plan_)                       # a
-        self.start_producer()                            # b
         parts = [p.partition for p in plan_.partitions if p.first is not None]
-        checkpoints = self.load_checkpoints(parts)       # c
-        results = []
+        refusals = overlap_refusals(self.request, plan_, self.load_marks(parts))  # b
+        if refusals:
+            raise RestoreRefused(refusals)
+        results: list[PartitionResult] = []
         for pp in plan_.partitions:
             for a, b in pp.gaps:
                 log.error("restore %s/%s[%d] into %s: positions %d-%d (%d) are missing from "
@@ -326,28 +635,32 @@ class Restorer:
                     self.progress.gaps.append((pp.partition, a, b))
             if pp.first is None or pp.last is None:
                 continue  # no segment at all (refused unless gaps are allowed)
+            self.start_producer(pp.partition)           # c
+            marks = self.load_marks([pp.partition])      # d
+            # Another restore may have written between b and the fence of c.
+            refusals = overlap_refusals(self.request, Plan(plan_.range, (pp,)), marks)
+            if refusals:
+                raise RestoreRefused([*refusals, "partitions restored before this was found: "
+                                      f"{[r.partition for r in results] or 'none'}"])
+            own = marks[pp.partition].get(self.request.checkpoint_key(pp.partition))
             results.append(self._run_partition(pp.partition, pp.first, pp.last,
-                                               list(pp.steps), checkpoints.get(pp.partition)))
+                                               list(pp.steps), own))
         return results
 
     def _run_partition(self, partition: int, first: int, last: int, steps: list[Step],
-                       cp: Checkpoint | None) -> PartitionResult:
+                       cp: RestoreMark | None) -> PartitionResult:
         req = self.request
         where = f"{req.source_region}/{req.topic}[{partition}] into {req.to_topic}"
         result = PartitionResult(partition)
         done = first - 1
+        self._times[partition] = None
         if cp is not None:
-            if cp.origin != first:
-                raise RestoreError(
-                    f"{where}: a restore of another range (from offset {cp.origin}) already "
-                    f"wrote into {req.to_topic} up to offset {cp.offset} (checkpoint "
-                    f"{req.checkpoint_key(partition)}); restore into another topic, or delete "
-                    "that checkpoint first")
-            done = cp.offset
-            result.resumed_after = done
+            done = max(done, self._resume(partition, first, cp, where))
+            self._times[partition] = cp.times
+            result.resumed_after = cp.offset
             if self.progress is not None:
-                self.progress.resumed[partition] = done
-            log.info("%s: resuming after offset %d (checkpoint)", where, done)
+                self.progress.resumed[partition] = cp.offset
+            log.info("%s: resuming after offset %d (checkpoint)", where, cp.offset)
         if done >= last:
             log.info("%s: already restored up to %d", where, last)
             return result
@@ -358,16 +671,41 @@ class Restorer:
             done = self._run_step(partition, step, done, first, result)
         if done < last:
             # The rest of the range is a gap (or filtered by time): record the end reached.
-            self._deliver(partition, None, self._checkpoint(last, "", first))
+            self._send(partition, [], last, "", first, result)
         log.info("%s: restored %d record(s) (offsets %d-%d)", where, result.records, first, last)
         return result
+
+    def _resume(self, partition: int, first: int, cp: RestoreMark, where: str) -> int:
+        """The last position this request restored (its checkpoint ``cp``), checked against
+        the range as the archive holds it now (with an open ``--from-offset`` its start
+        may have moved).
+
+        Raises:
+            RestoreError: the archive now starts before the checkpoint's origin, or after
+                its offset (positions never restored, unless gaps are allowed).
+        """
+        req = self.request
+        if cp.origin > first:
+            raise RestoreError(
+                f"{where}: this restore started at offset {cp.origin} (checkpoint "
+                f"{req.checkpoint_key(partition)}) but the archive now holds the range from "
+                f"{first}: restore into another topic, or delete that checkpoint")
+        if cp.offset + 1 < first:
+            # The archive's start moved past what this restore reached (an open
+            # --from-offset): those positions can no longer be restored.
+            if not req.allow_gaps:
+                raise RestoreError(
+                    f"{where}: positions {cp.offset + 1}-{first - 1} are no longer in the "
+                    "archive and this restore had not reached them (--allow-gaps skips them)")
+            log.error("%s: positions %d-%d are no longer in the archive and skipped",
+                      where, cp.offset + 1, first - 1)
+            if self.progress is not None:
+                self.progress.gaps.append((partition, cp.offset + 1, first - 1))
+        return cp.offset
 
     def _count_skipped_step(self, step: Step) -> None:
         if self.progress is not None:
             self.progress.bytes_read += step.segment.size
-
-    def _checkpoint(self, offset: int, segment: str, origin: int) -> Checkpoint:
-        return Checkpoint(offset, segment, datetime.now(UTC), origin=origin)
 
     def _run_step(self, partition: int, step: Step, done: int, origin: int,
                   result: PartitionResult) -> int:
@@ -390,12 +728,10 @@ class Restorer:
                     n += kept.num_rows
                 if n >= self.request.batch_records:
                     last = int(pending[-1].column("offset")[-1].as_py())
-                    self._send(partition, pending, self._checkpoint(last, key.to_key(), origin),
-                               result)
+                    self._send(partition, pending, last, key.to_key(), origin, result)
                     done, pending, n = last, [], 0
             # The step's end: its last position is restored (or was filtered out).
-            self._send(partition, pending, self._checkpoint(step.last, key.to_key(), origin),
-                       result)
+            self._send(partition, pending, step.last, key.to_key(), origin, result)
         if self.progress is not None:
             self.progress.bytes_read += step.segment.size
             self._report()
@@ -405,8 +741,11 @@ class Restorer:
         if self.progress is not None:
             self.progress.skipped += n
 
-    def _send(self, partition: int, batches: list[pa.RecordBatch], cp: Checkpoint,
-              result: PartitionResult) -> None:
+    def _send(self, partition: int, batches: list[pa.RecordBatch], last: int, segment: str,
+              origin: int, result: PartitionResult) -> None:
+        """Deliver ``batches`` (may be none) with the checkpoint ``last`` (the last position
+        they cover) and the time span restored, theirs included.
+        """
         batch = pa.Table.from_batches(batches).combine_chunks().to_batches()[0] \
             if len(batches) > 1 else (batches[0] if batches else None)
         if batch is not None and batch.num_rows == 0:
@@ -416,7 +755,13 @@ class Restorer:
             wait = self._bucket.take(raw, self._clock())
             if wait > 0:
                 self._sleep(wait)
-        self._deliver(partition, batch, cp)
+        times = self._times.get(partition)
+        if batch is not None:
+            lo, hi = timestamp_range(batch)
+            times = (lo, hi) if times is None else (min(times[0], lo), max(times[1], hi))
+        mark = RestoreMark(self.request.range, origin, last, segment, times, datetime.now(UTC))
+        self._deliver(partition, batch, mark)
+        self._times[partition] = times
         n = 0 if batch is None else batch.num_rows
         result.records += n
         if self.progress is not None:

@@ -15,8 +15,10 @@ cover the requested offset range (README, "Restoring from the archive"):
   misses the requested times is dropped; a segment without footer times is kept (the
   caller reads such segments to find their times and plans again; records are filtered
   by their own timestamp either way).
-* **Gaps.** Positions of the range that no segment contains are named in the plan; with
-  time bounds only those next to, or between, steps that stay.
+* **Gaps.** Positions of the range that no segment contains are named in the plan, with
+  time bounds too: record times are not ordered by offset (a producer's clock, a backfill),
+  so nothing says a missing record's time is outside the bounds. A time-bounded restore
+  over a hole is refused unless gaps are allowed, or the offset bounds leave the hole out.
 
 Offsets of a partition's segments touch (``next.start == prev.end + 1`` across the source's
 own offset holes), so a position no segment contains is missing from the archive.
@@ -174,8 +176,11 @@ class Plan:
                f"from the archive first (S3 RestoreObject), then run again"
                for s in self.needs_restore]
         if not allow_gaps:
+            why = ("their records' times are unknown, so they may fall inside the time "
+                   "bounds; --from-offset/--to-offset can leave them out, "
+                   if self.range.timed else "")
             out += [f"{_where(self, p)}: positions {a}-{b} ({b - a + 1}) are missing from "
-                    f"the archive (--allow-gaps skips them)" for p, a, b in self.gaps]
+                    f"the archive ({why}--allow-gaps skips them)" for p, a, b in self.gaps]
             out += [f"partition {p.partition} has no segment in the archive"
                     for p in self.partitions if p.first is None]
         return out
@@ -241,18 +246,9 @@ def _plan_partition(partition: int, segs: list[ArchivedSegment],
         last = min(best.key.end, hi)
         pieces.append((pos, last, Step(best, pos, last)))
         pos = last + 1
-    keep = [p[2] is not None and rng.time_overlaps(p[2].segment) for p in pieces]
-    steps = tuple(p[2] for p, k in zip(pieces, keep, strict=True) if k and p[2] is not None)
-    gaps = []
-    for n, (a, b, step) in enumerate(pieces):
-        if step is None and (not rng.timed or not any(keep) or _next_to_kept(keep, n)):
-            # With time bounds a gap matters next to, or between, steps that stay (its
-            # records' times are unknown); when no step stays, every gap does.
-            gaps.append((a, b))
-    first, last = lo, hi
-    return PartitionPlan(partition, first, last, steps, tuple(gaps))
-
-
-def _next_to_kept(keep: list[bool], n: int) -> bool:
-    return (n > 0 and keep[n - 1]) or (n + 1 < len(keep) and keep[n + 1]) or \
-        (any(keep[:n]) and any(keep[n + 1:]))
+    steps = tuple(step for _, _, step in pieces
+                  if step is not None and rng.time_overlaps(step.segment))
+    # Every hole counts, with time bounds too: a missing record's time is unknown (times
+    # are not ordered by offset), so it may lie inside the bounds.
+    gaps = tuple((a, b) for a, b, step in pieces if step is None)
+    return PartitionPlan(partition, lo, hi, steps, gaps)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,8 +27,9 @@ from egress.controller import Egress
 from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.kafka import Admin, Producer
-from replicator.core.keys import SegmentKey
+from replicator.core.keys import SegmentKey, topic_meta_key
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import TopicMetadata
 from replicator.devstack.toml_writer import write_toml
 from replicator.ops.verify import read_partition
 from tests.conftest import RECENT_MS, unique_name
@@ -56,15 +58,17 @@ def record(i: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | 
 
 
 def build_archive(pipe: Pipeline, n: int, *, per_segment: int = 50,
-                  merge_upto: int = 200) -> None:
-    """``n`` records over the source's partitions, archived by egress; level 1 over the
-    first ``merge_upto`` positions of each partition."""
-    pipe.create_source(PARTITIONS, {"cleanup.policy": "delete"})
+                  merge_upto: int = 200, base_ts: int = BASE_TS,
+                  source_config: dict[str, str] | None = None) -> None:
+    """``n`` records over the source's partitions (record ``i`` at ``base_ts + i`` s),
+    archived by egress; level 1 over the first ``merge_upto`` positions of each
+    partition."""
+    pipe.create_source(PARTITIONS, source_config or {"cleanup.policy": "delete"})
     p = Producer(pipe.source_kafka)
     for i in range(n):
         key, value, headers = record(i)
         p.produce(pipe.topic, value, key, partition=i % PARTITIONS,
-                  timestamp=BASE_TS + i * 1000, headers=headers or None)
+                  timestamp=base_ts + i * 1000, headers=headers or None)
     assert p.flush(30) == 0
     last = {part: (n - 1 - (n - 1 - part) % PARTITIONS) // PARTITIONS
             for part in range(PARTITIONS)}
@@ -121,8 +125,19 @@ def restore_cmd(cfg: Path, pipe: Pipeline, to_topic: str, *args: str) -> list[st
             "--checkpoint-topic", pipe.checkpoint_topic, *args]
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a ``replicator`` subprocess: this checkout's packages first (the
+    console script's own directory comes first on its path, so without this it imports
+    whatever checkout the virtualenv's editable install points at)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "AWS_EC2_METADATA_DISABLED": "true", "PYTHONPATH": path}
+
+
 def run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AWS_EC2_METADATA_DISABLED": "true"}
+    env = cli_env()
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env,
                           check=False)
 
@@ -186,7 +201,7 @@ def test_kill9_during_a_restore_then_the_same_command_resumes_exactly(
     log = tmp_path / "restore.out"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
-                                env={**os.environ, "AWS_EC2_METADATA_DISABLED": "true"})
+                                env=cli_env())
     try:
         def some_restored() -> bool:
             if to_topic not in Admin(pipe.dest_kafka).list_topics():
@@ -233,3 +248,184 @@ def test_dry_run_refuses_a_hole_and_a_glacier_segment_and_nothing_is_produced(
     assert "GLACIER" in run(restore_cmd(cfg, pipe, to_topic, "--dry-run")).stdout
     assert to_topic not in Admin(pipe.dest_kafka).list_topics()
     assert pipe.checkpoint_topic not in Admin(pipe.dest_kafka).list_topics()
+
+
+def count(kafka: KafkaSettings, topic: str) -> int:
+    return sum(1 for part in range(PARTITIONS) for _ in read_partition(kafka, topic, part))
+
+
+def test_two_windows_one_after_the_other_then_an_overlap_is_refused(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """Monday's window, then Tuesday's, into one topic: both restored (the checkpoint is
+    keyed by the whole request); a window across both is refused, exit 2, unless --force."""
+    build_archive(pipe, 400)
+    cfg = config(pipe, tmp_path)
+    source = {part: list(rows(pipe.source_kafka, pipe.topic, part))
+              for part in range(PARTITIONS)}
+    to_topic = unique_name("restored")
+    first = ("--from-time", str(BASE_TS), "--to-time", str(BASE_TS + 199_999))
+    second = ("--from-time", str(BASE_TS + 200_000), "--to-time", str(BASE_TS + 399_999))
+    done = run(restore_cmd(cfg, pipe, to_topic, *first))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restored 200 records" in done.stdout
+    done = run(restore_cmd(cfg, pipe, to_topic, *second))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restored 200 records" in done.stdout  # was 0: the first window's checkpoint
+    for part in range(PARTITIONS):
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == content(source[part])
+
+    # The second command again resumes its own checkpoint: nothing twice.
+    again = run(restore_cmd(cfg, pipe, to_topic, *second))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "restored 0 records" in again.stdout
+    # A window across both: refused by name before anything is produced.
+    across = ("--from-time", str(BASE_TS + 150_000), "--to-time", str(BASE_TS + 249_999))
+    refused = run(restore_cmd(cfg, pipe, to_topic, *across))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"another restore into {to_topic}" in refused.stderr
+    assert "--force" in refused.stderr
+    assert count(pipe.dest_kafka, to_topic) == 400
+    forced = run(restore_cmd(cfg, pipe, to_topic, *across, "--force"))
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert count(pipe.dest_kafka, to_topic) == 500  # the user asked for the duplicates
+
+
+def test_disjoint_partitions_restore_side_by_side(pipe: Pipeline, tmp_path: Path) -> None:
+    """Two restores of one topic, --partitions 0 and --partitions 1, running at the same
+    time into one target: neither fences the other (one transactional id per target
+    partition)."""
+    build_archive(pipe, 1200, per_segment=100, merge_upto=300)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    Admin(pipe.dest_kafka).create_topic(to_topic, PARTITIONS)
+    env = cli_env()
+    procs, logs = [], []
+    for part in range(PARTITIONS):
+        logs.append(tmp_path / f"restore-{part}.out")
+        with open(logs[-1], "w") as out:
+            # Paced so that both are producing at once (600 records of ~30 bytes each).
+            procs.append(subprocess.Popen(
+                restore_cmd(cfg, pipe, to_topic, "--partitions", str(part), "--batch-size",
+                            "20", "--rate", "3KB/s"),
+                stdout=out, stderr=out, start_new_session=True, env=env))
+    try:
+        def both_writing() -> bool:
+            return all(any(True for _ in read_partition(pipe.dest_kafka, to_topic, part))
+                       for part in range(PARTITIONS)) or \
+                any(p.poll() is not None for p in procs)
+
+        wait_for(both_writing, 120, "both restores to commit a batch")
+        assert all(p.poll() is None for p in procs), [f.read_text() for f in logs]
+        for p in procs:
+            p.wait(300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+    assert [p.returncode for p in procs] == [0, 0], [f.read_text() for f in logs]
+    for part in range(PARTITIONS):
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))
+
+
+
+def test_a_second_writer_of_a_partition_fences_the_first_and_nothing_is_doubled(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """The same restore started twice: the second fences the first (exit 1, "took over"),
+    reads its checkpoint after the fence and finishes; the topic holds every record once."""
+    build_archive(pipe, 1200, per_segment=100, merge_upto=300)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    # 600 records of ~20 bytes at 500 B/s: ~24 s, so the second starts while the first runs.
+    cmd = restore_cmd(cfg, pipe, to_topic, "--partitions", "0", "--batch-size", "20",
+                      "--rate", "500B/s")
+    logs = [tmp_path / "first.out", tmp_path / "second.out"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(logs[0], "w") as out:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
+                                          env=cli_env()))
+
+        def some_restored() -> bool:
+            return to_topic in Admin(pipe.dest_kafka).list_topics() and \
+                sum(1 for _ in read_partition(pipe.dest_kafka, to_topic, 0)) >= 100
+
+        wait_for(some_restored, 120, "the first restore to commit some batches")
+        assert procs[0].poll() is None, logs[0].read_text()
+        with open(logs[1], "w") as out:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True,
+                                          env=cli_env()))
+        for p in procs:
+            p.wait(300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+    first, second = (f.read_text() for f in logs)
+    assert procs[0].returncode == 1 and "took over" in first, first
+    assert procs[1].returncode == 0, second
+    assert "partition 0: resumed after offset" in second
+    assert content(rows(pipe.dest_kafka, to_topic, 0)) == \
+        content(rows(pipe.source_kafka, pipe.topic, 0))
+
+
+DAY_MS = 86_400_000
+WEEK_MS = 7 * DAY_MS
+
+
+def test_restored_month_old_records_survive_the_targets_retention(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """The source keeps 7 days; its month-old records live on in the archive. Restored into
+    a new topic they stay there (created with retention.ms=-1, said on stdout); an existing
+    topic with 7 days' retention, or LogAppendTime, is refused (exit 2, naming the setting,
+    nothing produced) unless --accept-target-config."""
+    month_ago = RECENT_MS - 30 * DAY_MS
+    build_archive(pipe, 200, base_ts=month_ago,
+                  source_config={"cleanup.policy": "delete", "retention.ms": "-1"})
+    # The source as usually configured: its _topic.json says 7 days (egress copies it).
+    meta_key = topic_meta_key("data", SOURCE_REGION, pipe.topic)
+    meta = TopicMetadata.parse(pipe.store.get(meta_key), where=meta_key)
+    pipe.store.put(meta_key, replace(meta, configs={**meta.configs,
+                                                    "retention.ms": str(WEEK_MS)}).encode())
+    cfg = config(pipe, tmp_path)
+    admin = Admin(pipe.dest_kafka)
+
+    to_topic = unique_name("restored")
+    done = run(restore_cmd(cfg, pipe, to_topic))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Premise: this broker deletes month-old records of a 7-day topic within the test (it
+    # checks retention every second): a control topic loses its record.
+    control = unique_name("control")
+    admin.create_topic(control, 1, {"retention.ms": str(WEEK_MS)})
+    p = Producer(pipe.dest_kafka)
+    p.produce(control, b"old", b"k", partition=0, timestamp=month_ago)
+    assert p.flush(30) == 0
+    wait_for(lambda: admin.log_start(control, 0, timeout=10).result(15) > 0, 60,
+             "retention to delete the control topic's month-old record")
+    for part in range(PARTITIONS):
+        assert admin.log_start(to_topic, part, timeout=10).result(15) == 0
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))
+    assert f"retention.ms=-1 (the source has {WEEK_MS})" in done.stdout
+    assert admin.topic_config(to_topic)["retention.ms"] == "-1"
+
+    # Existing targets: checked before anything is produced.
+    weekly = unique_name("restored")
+    admin.create_topic(weekly, PARTITIONS, {"retention.ms": str(WEEK_MS)})
+    stamped = unique_name("restored")
+    admin.create_topic(stamped, PARTITIONS, {"retention.ms": "-1",
+                                             "message.timestamp.type": "LogAppendTime"})
+    for topic, setting in ((weekly, f"retention.ms={WEEK_MS}"),
+                           (stamped, "message.timestamp.type=LogAppendTime")):
+        refused = run(restore_cmd(cfg, pipe, topic))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"{topic} has {setting}" in refused.stderr
+        assert "--accept-target-config" in refused.stderr
+        assert f"nothing was produced into {topic}" in refused.stderr
+        assert count(pipe.dest_kafka, topic) == 0
+    accepted = run(restore_cmd(cfg, pipe, stamped, "--accept-target-config"))
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert "accepted (message.timestamp.type)" in accepted.stdout
+    assert count(pipe.dest_kafka, stamped) == 200

@@ -176,6 +176,25 @@ def test_delivery_listener_sees_successes_and_failures() -> None:
         p.check_deliveries("t[1]")
 
 
+class FencedWhileFlushing:
+    """What confluent-kafka does on a fatal error during ``flush``: its KafkaException is
+    left pending while a delivery callback runs, whose first call into the Message fails."""
+
+    def flush(self, timeout: float) -> int:
+        try:
+            raise ck.KafkaException(ck.KafkaError(ck.KafkaError._FENCED, "fenced", fatal=True))
+        except ck.KafkaException:
+            raise SystemError("<method 'topic' of 'confluent_kafka.cimpl.Message' objects> "
+                              "returned a result with an exception set") from None
+
+
+def test_a_producer_fenced_during_flush_is_producer_fenced() -> None:
+    p = Producer(KAFKA, transactional_id="tx", name="restore into t[0]")
+    p._p = FencedWhileFlushing()  # type: ignore[assignment]
+    with pytest.raises(ProducerFenced, match=r"flush of restore into t\[0\]"):
+        p.flush(1)
+
+
 def test_cooperative_assignment_is_recognised_from_kafka_config() -> None:
     """Ingress adds partitions with incremental_assign under cooperative-sticky (assign
     fails there with _STATE), with assign under the eager default."""

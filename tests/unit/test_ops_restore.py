@@ -4,6 +4,11 @@ store, record times of segments without footer times, the batch cut."""
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from formats.base import SegmentMetadata, WriterOptions
 from formats.records import Record, records_to_batch
@@ -11,8 +16,17 @@ from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore
-from replicator.ops.restore import RestoreRequest, _cut, make_plan, segment_times
-from replicator.ops.restore_plan import RestoreRange
+from replicator.core.wire import Checkpoint, parse_checkpoint_key
+from replicator.ops.restore import (
+    RestoreMark,
+    RestoreRequest,
+    _cut,
+    make_plan,
+    overlap_refusals,
+    overlaps,
+    segment_times,
+)
+from replicator.ops.restore_plan import ArchivedSegment, PartitionPlan, Plan, RestoreRange, Step
 
 
 def key(start: int, end: int, level: int = 0) -> SegmentKey:
@@ -73,15 +87,141 @@ def test_cut_keeps_the_offset_window_and_the_time_bounds() -> None:
     assert dropped == 7
 
 
-def test_request_names_its_checkpoints_and_producer() -> None:
+MONDAY = RestoreRange(from_time=1_700_006_400_000, to_time=1_700_092_799_999)
+TUESDAY = RestoreRange(from_time=1_700_092_800_000, to_time=1_700_179_199_999)
+
+
+def test_checkpoint_keys_name_the_whole_request() -> None:
+    r = request(RestoreRange(from_offset=120, to_offset=287))
+    assert r.checkpoint_key(3) == "restore:us-east-1:orders:3:orders.restored:120..287:.."
+    # Monday's and Tuesday's windows into one topic are two restores, not one.
+    monday, tuesday = request(MONDAY), request(TUESDAY)
+    assert monday.checkpoint_key(0) == \
+        "restore:us-east-1:orders:0:orders.restored:..:1700006400000..1700092799999"
+    assert monday.checkpoint_key(0) != tuesday.checkpoint_key(0)
+    assert monday.checkpoint_key(0).startswith(monday.checkpoint_prefix(0))
+    assert tuesday.checkpoint_key(0).startswith(monday.checkpoint_prefix(0))
+    # Never read as an ingress checkpoint (those have three or four parts).
+    assert parse_checkpoint_key(monday.checkpoint_key(0)) is None
+    assert parse_checkpoint_key(r.checkpoint_key(3)) is None
+
+
+bounds = st.one_of(st.none(), st.integers(0, 5))
+ranges = st.builds(lambda a, b, c, d: RestoreRange(*sorted_pair(a, b), *sorted_pair(c, d)),
+                   bounds, bounds, bounds, bounds)
+
+
+def sorted_pair(a: int | None, b: int | None) -> tuple[int | None, int | None]:
+    return (min(a, b), max(a, b)) if a is not None and b is not None else (a, b)
+
+
+@given(ranges, ranges, st.integers(0, 3), st.integers(0, 3),
+       st.sampled_from(["t", "u"]), st.sampled_from(["t", "u"]))
+def test_one_checkpoint_key_per_request(r1: RestoreRange, r2: RestoreRange, p1: int, p2: int,
+                                        to1: str, to2: str) -> None:
+    """Property: two requests share a partition's checkpoint key exactly when they restore
+    the same source partition, with the same offset and time bounds, into the same topic;
+    and a key always starts with its partition's prefix (no prefix matches another's)."""
+    a = RestoreRequest("us-east-1", "orders", to1, "cp", r1)
+    b = RestoreRequest("us-east-1", "orders", to2, "cp", r2)
+    same = (r1, p1, to1) == (r2, p2, to2)
+    assert (a.checkpoint_key(p1) == b.checkpoint_key(p2)) == same
+    assert a.checkpoint_key(p1).startswith(a.checkpoint_prefix(p1))
+    assert a.checkpoint_key(p1).startswith(b.checkpoint_prefix(p2)) == \
+        ((p1, to1) == (p2, to2))
+
+
+def test_one_writer_per_target_partition() -> None:
+    """Disjoint --partitions of one restore (or another range) use distinct transactional
+    ids, so they run side by side; the same target partition is one id, so a second
+    writer fences the first before it reads the checkpoints."""
     r = request(RestoreRange())
-    assert r.checkpoint_key(3) == "restore:us-east-1:orders:3:orders.restored"
-    assert r.transactional_id == "replicator-restore:us-east-1:orders:orders.restored"
+    assert r.transactional_id(0) == "replicator-restore:orders.restored:0"
+    assert r.transactional_id(0) != r.transactional_id(1)
+    assert request(MONDAY).transactional_id(1) == request(TUESDAY).transactional_id(1)
+
+
+times = st.one_of(st.none(), st.tuples(st.integers(0, 10**13), st.integers(0, 10**13)))
+
+
+@given(ranges, st.integers(0, 10**6), st.integers(0, 10**6), times)
+def test_a_restore_mark_round_trips(rng: RestoreRange, origin: int, offset: int,
+                                    span: tuple[int, int] | None) -> None:
+    mark = RestoreMark(rng, origin, offset, "seg", span, datetime(2026, 11, 25, tzinfo=UTC))
+    assert RestoreMark.decode(mark.encode()) == mark
+    # The value is a checkpoint too: tools that list checkpoints read it as one.
+    cp = Checkpoint.decode(mark.encode())
+    assert (cp.offset, cp.origin) == (offset, origin)
+
+
+def test_a_checkpoint_without_the_restore_object_is_refused() -> None:
+    cp = Checkpoint(5, "", datetime(2026, 11, 25, tzinfo=UTC), origin=0)
+    with pytest.raises(ValueError, match="not a restore checkpoint"):
+        RestoreMark.decode(cp.encode())
+
+
+def window(o1: int | None, o2: int | None, t1: int | None, t2: int | None) -> RestoreRange:
+    return RestoreRange(*sorted_pair(o1, o2), *sorted_pair(t1, t2))
+
+
+opt = st.one_of(st.none(), st.integers(0, 20))
+
+
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=20), opt, opt, opt, opt, opt, opt,
+       opt, opt, st.integers(0, 20))
+def test_overlap_is_found_whenever_a_record_would_be_restored_twice(
+        ts: list[int], a1: int | None, a2: int | None, at1: int | None, at2: int | None,
+        b1: int | None, b2: int | None, bt1: int | None, bt2: int | None, cut: int) -> None:
+    """Property, against a brute-force model: restore A reached position ``cut`` of its
+    range; a request B sharing a record with what A restored is an overlap. Disjoint time
+    windows, or disjoint positions, never are (Monday then Tuesday restores both)."""
+    n = len(ts)
+    a, b = window(a1, a2, at1, at2), window(b1, b2, bt1, bt2)
+
+    def positions(r: RestoreRange) -> tuple[int, int]:
+        return (r.from_offset if r.from_offset is not None else 0,
+                r.to_offset if r.to_offset is not None else n - 1)
+
+    (fa, la), (fb, lb) = positions(a), positions(b)
+    reached = min(la, fa - 1 + cut)
+    done = [o for o in range(fa, reached + 1) if o < n and a.keeps_time(ts[o])]
+    span = (min(ts[o] for o in done), max(ts[o] for o in done)) if done else None
+    mark = RestoreMark(a, fa, reached, "", span, datetime(2026, 11, 25, tzinfo=UTC))
+    wanted = {o for o in range(fb, lb + 1) if o < n and b.keeps_time(ts[o])}
+    found = overlaps(mark, b, fb, lb)
+    if wanted & set(done):
+        assert found
+    disjoint_times = (a.to_time is not None and b.from_time is not None
+                      and a.to_time < b.from_time) or \
+        (b.to_time is not None and a.from_time is not None and b.to_time < a.from_time)
+    if disjoint_times or la < fb or lb < fa or not done:
+        assert not found
+
+
+def test_overlap_refusals_name_the_other_restore_and_spare_the_own_key() -> None:
+    done = {0: {request(MONDAY).checkpoint_key(0): RestoreMark(
+        MONDAY, 0, 499, "", (1_700_006_400_000, 1_700_092_700_000),
+        datetime(2026, 11, 25, tzinfo=UTC))}}
+    p = make_plan_over(0, 999)
+    assert overlap_refusals(request(TUESDAY), p, done) == []
+    assert overlap_refusals(request(MONDAY), p, done) == []  # its own: a resume
+    noon = RestoreRange(from_time=1_700_049_600_000, to_time=1_700_135_999_999)
+    [refusal] = overlap_refusals(request(noon), p, done)
+    assert refusal.startswith("us-east-1/orders[0]: another restore into orders.restored "
+                              f"({request(MONDAY).checkpoint_key(0)}) already restored "
+                              "positions 0-499")
+    assert "--force" in refusal
+    forced = RestoreRequest("us-east-1", "orders", "orders.restored", "cp", noon, force=True)
+    assert overlap_refusals(forced, p, done) == []
+
+
+def make_plan_over(first: int, last: int) -> Plan:
+    seg = ArchivedSegment(key(first, last), 100)
+    return Plan(RestoreRange(), (PartitionPlan(0, first, last, (Step(seg, first, last),)),))
 
 
 def test_cli_option_parsing_and_bad_input_exit_2(tmp_path: object) -> None:
     import click
-    import pytest
     from click.testing import CliRunner
 
     from replicator.cli.main import main
@@ -116,3 +256,31 @@ def test_cat_json_marks_bytes_that_are_not_text() -> None:
     r = Record(7, 1000, None, b"\x00\xff", (("a", None), ("a", b"x")), 2)
     assert record_json(r) == {"offset": 7, "timestamp": 1000, "timestamp_type": 2, "key": None,
                               "value": {"base64": "AP8="}, "headers": [["a", None], ["a", "x"]]}
+
+
+def test_resuming_checks_the_checkpoint_against_the_archive_as_it_is_now() -> None:
+    """An open --from-offset is the archive's first position at each run: when that moved
+    past what the restore reached, the positions in between are refused (or, with
+    --allow-gaps, skipped loudly), never passed over."""
+    from replicator.core.settings import KafkaSettings
+    from replicator.ops.pace import Progress
+    from replicator.ops.restore import RestoreError, Restorer
+
+    def restorer(allow_gaps: bool) -> Restorer:
+        req = RestoreRequest("us-east-1", "orders", "orders.restored", "cp", RestoreRange(),
+                             allow_gaps=allow_gaps)
+        return Restorer(KafkaSettings(brokers="127.0.0.1:1"), MemoryObjectStore("b"), "data",
+                        req, progress=Progress(0, 0, 0.0))
+
+    def mark(origin: int, offset: int) -> RestoreMark:
+        return RestoreMark(RestoreRange(), origin, offset, "", (1, 2),
+                           datetime(2026, 11, 25, tzinfo=UTC))
+
+    assert restorer(False)._resume(0, 50, mark(0, 99), "here") == 99
+    with pytest.raises(RestoreError, match="positions 100-199 are no longer in the archive"):
+        restorer(False)._resume(0, 200, mark(0, 99), "here")
+    r = restorer(True)
+    assert r._resume(0, 200, mark(0, 99), "here") == 99
+    assert r.progress is not None and r.progress.gaps == [(0, 100, 199)]
+    with pytest.raises(RestoreError, match="this restore started at offset 10"):
+        restorer(False)._resume(0, 0, mark(10, 99), "here")

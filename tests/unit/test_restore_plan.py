@@ -4,7 +4,7 @@ twice, time bounds from footers, gaps and archive storage classes named."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicator.core.keys import SegmentKey
@@ -145,13 +145,61 @@ def test_segments_without_times_are_kept_and_reported_until_their_times_are_know
     assert plan(segs, RestoreRange()).without_times == []
 
 
-def test_with_time_bounds_only_gaps_next_to_kept_segments_matter() -> None:
+def test_with_time_bounds_every_hole_of_the_range_is_a_gap() -> None:
     segs = [seg(0, 99, times=(1000, 1999)), seg(200, 299, times=(2000, 2999)),
             seg(400, 499, times=(3000, 3999)), seg(600, 699, times=(4000, 4999))]
     p = plan(segs, RestoreRange(from_time=3000, to_time=3500))
-    # 100-199 lies between two segments older than the bounds; 300-399 and 500-599 touch
-    # the kept one (their records' times are unknown).
-    assert p.gaps == [(0, 300, 399), (0, 500, 599)]
+    # 100-199 lies between two segments older than the bounds, but record times are not
+    # ordered by offset: its records may be inside them (a late producer, a backfill).
+    assert p.gaps == [(0, 100, 199), (0, 300, 399), (0, 500, 599)]
+    refusal = p.refusals()[0]
+    assert "positions 100-199 (100) are missing" in refusal
+    assert "--from-offset/--to-offset can leave them out" in refusal
+    # Offset bounds that leave the holes out restore the window without refusal.
+    assert plan(segs, RestoreRange(400, 499, 3000, 3500)).refusals() == []
+
+
+@st.composite
+def archives(draw: st.DrawFn) -> tuple[list[int], list[tuple[int, int]], list[bool]]:
+    """A partition's record times, its segments, which of them are archived."""
+    n = draw(st.integers(1, 40))
+    # Mostly in offset order, as most producers write, with a few records out of order.
+    times = sorted(draw(st.lists(st.integers(0, 60), min_size=n, max_size=n)))
+    for i in draw(st.lists(st.integers(0, n - 1), max_size=3)):
+        times[i] = draw(st.integers(0, 60))
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, n - 1)), max_size=8)))) \
+        if n > 1 else []
+    bounds = list(zip([0, *cuts], [*[c - 1 for c in cuts], n - 1], strict=True))
+    present = draw(st.lists(st.booleans(), min_size=len(bounds), max_size=len(bounds)))
+    return times, bounds, present
+
+
+@settings(max_examples=400)
+@given(archives(), st.integers(-1, 61), st.integers(-1, 61),
+       st.one_of(st.none(), st.integers(0, 45)), st.one_of(st.none(), st.integers(0, 45)))
+def test_a_time_bounded_plan_restores_every_archived_record_or_names_the_hole(
+        archive: tuple[list[int], list[tuple[int, int]], list[bool]], t1: int, t2: int,
+        o1: int | None, o2: int | None) -> None:
+    """Property, against a brute-force model: every record of the request that the archive
+    holds is inside a step; a record of the request the archive lacks means a named gap
+    (refused unless --allow-gaps), whatever the order of record times."""
+    times, bounds, present = archive
+    if o1 is not None and o2 is not None and o1 > o2:
+        o1, o2 = o2, o1
+    segs = [seg(a, b, times=(min(times[a:b + 1]), max(times[a:b + 1])))
+            for (a, b), here in zip(bounds, present, strict=True) if here]
+    rng = RestoreRange(o1, o2, min(t1, t2), max(t1, t2))
+    p = plan(segs, rng)
+    if not segs:
+        return
+    lo = o1 if o1 is not None else segs[0].key.start
+    hi = o2 if o2 is not None else segs[-1].key.end
+    wanted = {o for o in range(lo, hi + 1) if o >= len(times) or rng.keeps_time(times[o])}
+    archived = {o for s in segs for o in range(s.key.start, s.key.end + 1)}
+    stepped = {o for s in p.steps for o in range(s.first, s.last + 1)}
+    assert wanted & archived <= stepped
+    if wanted - archived:
+        assert p.refusals() and not p.refusals(allow_gaps=True)
 
 
 def test_bad_ranges_are_refused() -> None:

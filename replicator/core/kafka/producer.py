@@ -344,8 +344,21 @@ class Producer:
         return len(self._p)
 
     def flush(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for every record; returns how many are left."""
-        return self._p.flush(timeout)
+        """Wait up to ``timeout`` seconds for every record; returns how many are left.
+
+        Raises:
+            ProducerFenced / KafkaFatalError: the client failed for good while waiting
+                (a transactional producer fenced by a newer one).
+        """
+        try:
+            return self._p.flush(timeout)
+        except SystemError as e:
+            # After a fatal error (fenced) confluent-kafka leaves its KafkaException pending
+            # and still serves delivery callbacks; the first call into a Message there fails
+            # with SystemError, whose context is the real error.
+            if isinstance(e.__context__, ck.KafkaException):
+                raise translate(e.__context__, f"flush of {self.name}") from e.__context__
+            raise
 
     def purge(self, *, in_flight: bool = False) -> None:
         """Refuse every later ``produce`` (``KafkaFatalError``) and drop every record still
