@@ -3,10 +3,14 @@ of a region's topics, and the relay's filter."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ingress.discovery import SourceFilter, TopicDiscovery
 from ingress.metrics import IngressMetrics
+from replicator.cli.common import load_or_exit
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings, load_settings
 from replicator.core.storage import MemoryObjectStore
@@ -135,3 +139,27 @@ def test_discovery_lists_once_per_interval_unless_poked_and_reports_a_refusal_on
     assert disc.run(store, known) == [] and len(lists) == 3
     assert metrics.value("replicator_ingress_sources_refused_total",
                          {"region": "a", "topic": "t2"}) == 1
+
+
+def test_two_named_sources_of_one_region_into_one_destination_exit_2_naming_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    errs = errors_of(ingress({"region": "a", "topic": "orders", "destination_topic": "all"},
+                             {"region": "b", "topic": "orders", "destination_topic": "all"},
+                             {"region": "a", "topic": "all"}))
+    msg = errs["ingress.sources"]
+    assert "ingress.sources.0 (a/orders)" in msg and "ingress.sources.2 (a/all)" in msg
+    assert "destination topic 'all'" in msg and "b/orders" not in msg
+    # Several regions into one topic (fan-in) stays allowed.
+    load_settings(data=ingress({"region": "a", "topic": "orders", "destination_topic": "all"},
+                               {"region": "b", "topic": "orders", "destination_topic": "all"}),
+                  environ={})
+    path = tmp_path / "r.toml"
+    path.write_text('region = "w"\n[s3]\nbucket = "b"\n[kafka]\nbrokers = "x:1"\n'
+                    '[ingress]\nsqs_queue = "q"\n'
+                    '[[ingress.sources]]\nregion = "a"\ntopic = "x"\ndestination_topic = "d"\n'
+                    '[[ingress.sources]]\nregion = "a"\ntopic = "y"\ndestination_topic = "d"\n')
+    with pytest.raises(SystemExit) as exc:
+        load_or_exit(path, "ingress")
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "ingress.sources" in err and "a/x" in err and "a/y" in err
