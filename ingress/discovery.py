@@ -21,18 +21,27 @@ from collections.abc import Callable, Iterable
 from ingress.metrics import IngressMetrics
 from replicator.core.settings import IngressSettings, IngressSourceSettings
 from replicator.core.storage import ObjectStore
-from replicator.core.topic_sets import discover, region_topics
+from replicator.core.topic_sets import (
+    discover,
+    pattern_selects,
+    region_topics,
+    replicator_topics,
+)
 
 log = logging.getLogger(__name__)
 
 
 class SourceFilter:
-    """``(region, topic) in filter``: a named source, or a topic a pattern matches."""
+    """``(region, topic) in filter``: a named source, or a topic a pattern selects
+    (``replicator.core.topic_sets.pattern_selects``: never an internal topic).
+    """
 
-    def __init__(self, sources: Iterable[IngressSourceSettings]) -> None:
+    def __init__(self, sources: Iterable[IngressSourceSettings],
+                 own: Iterable[str] = ()) -> None:
         sources = list(sources)
         self.named = frozenset((s.region, s.name) for s in sources if s.topic is not None)
         self.patterns = [s for s in sources if s.topic_pattern is not None]
+        self.own = frozenset(own)
 
     def __contains__(self, pair: object) -> bool:
         if pair in self.named:
@@ -40,7 +49,7 @@ class SourceFilter:
         if not isinstance(pair, tuple) or len(pair) != 2:
             return False
         region, topic = pair
-        return any(p.region == region and p.matches(topic) for p in self.patterns)
+        return any(pattern_selects(p, region, topic, self.own) for p in self.patterns)
 
 
 class TopicDiscovery:
@@ -61,7 +70,8 @@ class TopicDiscovery:
         self.metrics = metrics
         self.interval = cfg.topic_check_interval.total_seconds()
         self.clock = clock
-        self.filter = SourceFilter(cfg.sources)
+        self.own = replicator_topics(cfg)
+        self.filter = SourceFilter(cfg.sources, self.own)
         self._next = 0.0
         self._refused: set[tuple[str, str]] = set()
 
@@ -71,8 +81,8 @@ class TopicDiscovery:
         return bool(self.patterns)
 
     def wants(self, region: str, topic: str) -> bool:
-        """True when a pattern entry of ``region`` matches ``topic``."""
-        return any(p.region == region and p.matches(topic) for p in self.patterns)
+        """True when a pattern entry of ``region`` selects ``topic``."""
+        return any(pattern_selects(p, region, topic, self.own) for p in self.patterns)
 
     def poke(self) -> None:
         """List at the next ``run`` (a segment event of an unknown topic arrived)."""
@@ -90,7 +100,7 @@ class TopicDiscovery:
             return []
         topics = {r: region_topics(store, self.prefix, r) for r in self.regions}
         self._next = now + self.interval
-        found = discover(self.patterns, topics, known)
+        found = discover(self.patterns, topics, known, self.own)
         for r in found.refused:
             if (r.region, r.topic) in self._refused:
                 continue

@@ -7,7 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from egress.selection import TopicSelection
 from ingress.discovery import SourceFilter, TopicDiscovery
 from ingress.metrics import IngressMetrics
 from replicator.cli.common import load_or_exit
@@ -99,7 +102,8 @@ def test_region_topics_are_the_folders_under_the_region() -> None:
     for k in ["data/a/t1/_topic.json", "data/a/t2/0/0/00000000000000000000-00000000000000000009",
               "data/a/_compaction.lock", "data/b/t3/_topic.json", "other/a/t4/_topic.json"]:
         store.put(k, b"")
-    assert region_topics(store, "data", "a") == ["t1", "t2"]
+    store.put("data/a/_orders/_topic.json", b"")   # a topic whose name starts with _
+    assert region_topics(store, "data", "a") == ["_orders", "t1", "t2"]
     assert region_topics(store, "data", "c") == []
 
 
@@ -163,3 +167,37 @@ def test_two_named_sources_of_one_region_into_one_destination_exit_2_naming_both
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "ingress.sources" in err and "a/x" in err and "a/y" in err
+
+
+NAMES = st.text(alphabet="abz._-", min_size=1, max_size=6).filter(lambda t: t not in (".", ".."))
+"""Kafka topic names, short and often starting with _ or __."""
+
+
+@given(st.lists(st.one_of(NAMES, st.sampled_from(
+    ["_orders", "__consumer_offsets", "_schemas", "replicator.checkpoint",
+     "replicator.segmentevents", "replicator.offsetmap", "_confluent-metrics"])),
+    unique=True, max_size=12))
+def test_ingress_patterns_find_exactly_what_egress_patterns_select(names: list[str]) -> None:
+    """One rule for both sides: a topic egress's `.*` archives is one ingress's `.*` finds
+    (a topic named with _ was archived and then never found)."""
+    egress = TopicSelection.of([".*"], [], [])
+    ingress_ = src(region="a", topic_pattern=".*", destination_topic="{topic}.copy")
+    store = MemoryObjectStore()
+    for t in egress.select(names):
+        store.put(f"data/a/{t}/_topic.json", b"")
+    found = discover([ingress_], {"a": region_topics(store, "data", "a")}, [])
+    assert {s.name for s in found.sources} == egress.select(names)
+    # A topic egress selects only when a table names it (in the bucket all the same) is
+    # found only by a named ingress source too.
+    everything = discover([ingress_], {"a": names}, [])
+    assert {s.name for s in everything.sources} == egress.select(names)
+
+
+def test_internal_topics_are_found_only_by_a_named_source() -> None:
+    p = src(region="a", topic_pattern=".*", destination_topic="{topic}.copy")
+    names = ["_orders", "__consumer_offsets", "_schemas", "replicator.checkpoint", "orders"]
+    d = discover([p], {"a": names}, [])
+    assert sorted(s.name for s in d.sources) == ["_orders", "orders"]
+    assert d.refused == []
+    f = SourceFilter([p])
+    assert ("a", "_orders") in f and ("a", "__consumer_offsets") not in f

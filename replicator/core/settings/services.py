@@ -79,8 +79,10 @@ class EgressSelectSettings(Model):
         default_factory=list, description="Regular expressions matched against whole topic "
         "names (\"sensor\\\\..*\" selects sensor.a, not my.sensor.a); a topic matching any is "
         "replicated, with [egress.topic_defaults]. Internal topics (__*, _schemas, the "
-        "replicator's checkpoint and event topics) are never selected by a pattern, only "
-        "by an [egress.topics.\"NAME\"] table. Checked every topic_metadata_interval.")
+        "replicator's checkpoint, event and offset-map topics) are never selected by a "
+        "pattern, only by an [egress.topics.\"NAME\"] table; other names starting with _ "
+        "are ordinary topics. Ingress's topic_pattern follows the same rule. Checked every "
+        "topic_metadata_interval.")
     exclude: list[str] = Field(
         default_factory=list, description="Regular expressions (whole names) of topics that "
         "include must not select. [egress.topics.\"NAME\"] tables win over both lists.")
@@ -250,7 +252,10 @@ class IngressSourceSettings(Model):
         "topic names of the source region; every topic of the region whose _topic.json or "
         "segments appear in the bucket and that matches is replicated as if it were named "
         "by topic (found every topic_check_interval, and at once when a segment event of "
-        "an unknown topic arrives; no restart). A topic named by an entry with topic wins.")
+        "an unknown topic arrives; no restart). A topic named by an entry with topic wins. "
+        "The rule of [egress.select] include: internal topics (__*, _schemas, the "
+        "replicator's checkpoint, event and offset-map topics) are never selected by a "
+        "pattern, only by an entry with topic; other names starting with _ are.")
     destination_topic: str | None = Field(
         None, description="Destination topic (default: the source topic's name). A "
         "template: {topic} is the source topic's name, {region} the source region "
