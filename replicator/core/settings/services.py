@@ -261,8 +261,11 @@ class IngressSourceSettings(Model):
         "template: {topic} is the source topic's name, {region} the source region "
         "(\"{topic}.copy\", \"{region}.{topic}\"). Several regions may feed one "
         "destination topic (aggregation); two topics of one region may not: two entries "
-        "with topic stop the process at start (exit 2, naming both); a topic a pattern "
-        "finds is refused with an ERROR and replicator_ingress_sources_refused_total.")
+        "with topic stop the process at start (exit 2, naming both); topics a pattern "
+        "finds are refused, with an ERROR and replicator_ingress_sources_refused_total, "
+        "when an entry with topic of their region feeds that destination, and all of "
+        "them when several share it (decided from the topics in the bucket alone, the same "
+        "on every instance; README, \"Topologies\").")
     lost_segment_timeout: Duration = Field(
         timedelta(hours=1), description="How long a gap waits before it is declared lost.")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
