@@ -152,7 +152,7 @@ def discover(patterns: Sequence[IngressSourceSettings],
             reason = (f"{region}/{owner} (an entry with topic) is replicated into {dest}; "
                       "two topics of one region cannot share a destination")
         elif len(found) > 1:
-            reason = (f"{', '.join(f'{region}/{t}' for t, _ in found)} all match a "
+            reason = (f"{_some(region, [t for t, _ in found])} all match a "
                       f"topic_pattern into {dest}; two topics of one region cannot share a "
                       "destination, so none is replicated (name the one to keep with "
                       "topic, or give them distinct destination_topic templates)")
@@ -163,3 +163,14 @@ def discover(patterns: Sequence[IngressSourceSettings],
         out.refused.extend(Refused(region, t, dest, reason) for t, _ in found)
     out.refused.sort(key=lambda r: (r.region, r.topic))
     return out
+
+
+SHOWN = 5
+"""Topics a refusal names; the rest are counted (a pattern into one fixed destination can
+match hundreds, and each of them logs the reason)."""
+
+
+def _some(region: str, topics: Sequence[str]) -> str:
+    shown = ", ".join(f"{region}/{t}" for t in topics[:SHOWN])
+    more = len(topics) - SHOWN
+    return shown if more <= 0 else f"{shown} and {more} more"

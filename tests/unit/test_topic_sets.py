@@ -93,6 +93,8 @@ def test_discover_named_first_then_the_first_pattern_and_refuses_shared_destinat
     assert "a/more, a/other all match a topic_pattern into all" in d.refused[0].reason
     assert "a/orders (an entry with topic) is replicated into orders.copy" in \
         d.refused[1].reason
+    many = discover(patterns, {"a": [f"t{i}" for i in range(8)]}, named)
+    assert "a/t0, a/t1, a/t2, a/t3, a/t4 and 3 more all match" in many.refused[7].reason
     # One of them alone is replicated; the decision needs nothing but the names.
     alone = discover(patterns, {"a": ["more"]}, named)
     assert [(s.name, s.destination) for s in alone.sources] == [("more", "all")]
