@@ -3,8 +3,9 @@
 A pure decision (docs/configuration.md, ``[egress.select]``): the controller lists the
 cluster's topics every ``topic_metadata_interval`` and subscribes to what ``select``
 returns. Patterns match whole names (``re.fullmatch``). Internal topics never match a
-pattern; a topic named by an ``[egress.topics."NAME"]`` table is always selected, whatever
-the patterns say.
+pattern (``replicator.core.topic_sets.is_internal``, the rule ingress's ``topic_pattern``
+follows too); a topic named by an ``[egress.topics."NAME"]`` table is always selected,
+whatever the patterns say.
 """
 
 from __future__ import annotations
@@ -13,11 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-INTERNAL_PREFIX = "__"
-"""Kafka's own topics (``__consumer_offsets``, ``__transaction_state``) and by convention
-those of other tools (``__amazon_msk_canary``, Connect's ``__*``)."""
-INTERNAL_NAMES = frozenset({"_schemas"})
-"""Schema Registry's topic."""
+from replicator.core.topic_sets import is_internal
 
 
 @dataclass(frozen=True)
@@ -51,8 +48,7 @@ class TopicSelection:
 
     def is_internal(self, topic: str) -> bool:
         """Kafka's, another tool's or the replicator's own topic."""
-        return (topic.startswith(INTERNAL_PREFIX) or topic in INTERNAL_NAMES
-                or topic in self.internal)
+        return is_internal(topic, self.internal)
 
     def matches(self, topic: str) -> bool:
         """Whether the patterns select ``topic`` (explicit tables aside)."""

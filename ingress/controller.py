@@ -302,7 +302,11 @@ class Ingress:
     def _check_topics(self) -> None:
         """Read each source's ``_topic.json``; create/grow destinations; (re)subscribe."""
         assert self.store is not None and self.admin is not None
-        for src in self.discovery.run(self.store, (st.source for st in self.sources.values())):
+        found = self.discovery.run(self.store)
+        for key in found.withdrawn:   # refused now: the same on every instance (topic_sets)
+            self._stop_workers([w for w in self.workers if w[:2] == key])
+            del self.sources[key]
+        for src in found.added:
             self.sources[(src.region, src.name)] = SourceState(src)
         ready = check_sources(self.sources.values(), self.store, self.admin,
                               self.settings.s3.prefix, self.m,

@@ -108,9 +108,11 @@ class IngressMetrics:
                                    "1 while a source is stopped by an error.", SOURCE),
             sources_refused=m.counter(
                 "ingress_sources_refused_total",
-                "Topics a topic_pattern matched that are not replicated: their destination "
-                "is fed by another topic of the same region, or is no legal topic name "
-                "(counted once per process).", SOURCE),
+                "Topics a topic_pattern matched that are not replicated: a named source of "
+                "the same region feeds their destination, or another topic of the region "
+                "matches into it too (all of them are refused; one replicated until then "
+                "stops), or it is no legal topic name (counted when a topic becomes "
+                "refused).", SOURCE),
             partition_stalled=m.gauge(
                 "ingress_partition_stalled",
                 "1 while a partition's producer keeps being fenced although this process "

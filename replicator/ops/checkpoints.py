@@ -15,7 +15,7 @@ from typing import Any
 from replicator.core.keys import SegmentKey, topic_prefix
 from replicator.core.settings import IngressSettings, IngressSourceSettings
 from replicator.core.storage import ObjectStore
-from replicator.core.topic_sets import discover, region_topics
+from replicator.core.topic_sets import discover, region_topics, replicator_topics
 from replicator.core.wire import Checkpoint, checkpoint_key, parse_checkpoint_key
 
 
@@ -60,7 +60,7 @@ def configured_sources(ingress: IngressSettings, prefix: str,
     if not patterns:
         return named
     topics = {r: region_topics(store, prefix, r) for r in {p.region for p in patterns}}
-    return named + discover(patterns, topics, named).sources
+    return named + discover(patterns, topics, named, replicator_topics(ingress)).sources
 
 
 def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,

@@ -105,8 +105,10 @@ class EgressSelectSettings(Model):
         default_factory=list, description="Regular expressions matched against whole topic "
         "names (\"sensor\\\\..*\" selects sensor.a, not my.sensor.a); a topic matching any is "
         "replicated, with [egress.topic_defaults]. Internal topics (__*, _schemas, the "
-        "replicator's checkpoint and event topics) are never selected by a pattern, only "
-        "by an [egress.topics.\"NAME\"] table. Checked every topic_metadata_interval.")
+        "replicator's checkpoint, event and offset-map topics) are never selected by a "
+        "pattern, only by an [egress.topics.\"NAME\"] table; other names starting with _ "
+        "are ordinary topics. Ingress's topic_pattern follows the same rule. Checked every "
+        "topic_metadata_interval.")
     exclude: list[str] = Field(
         default_factory=list, description="Regular expressions (whole names) of topics that "
         "include must not select. [egress.topics.\"NAME\"] tables win over both lists.")
@@ -288,13 +290,20 @@ class IngressSourceSettings(Model):
         "topic names of the source region; every topic of the region whose _topic.json or "
         "segments appear in the bucket and that matches is replicated as if it were named "
         "by topic (found every topic_check_interval, and at once when a segment event of "
-        "an unknown topic arrives; no restart). A topic named by an entry with topic wins.")
+        "an unknown topic arrives; no restart). A topic named by an entry with topic wins. "
+        "The rule of [egress.select] include: internal topics (__*, _schemas, the "
+        "replicator's checkpoint, event and offset-map topics) are never selected by a "
+        "pattern, only by an entry with topic; other names starting with _ are.")
     destination_topic: str | None = Field(
         None, description="Destination topic (default: the source topic's name). A "
         "template: {topic} is the source topic's name, {region} the source region "
         "(\"{topic}.copy\", \"{region}.{topic}\"). Several regions may feed one "
-        "destination topic (aggregation); two topics of one region may not: the second is "
-        "refused with an ERROR and replicator_ingress_sources_refused_total.")
+        "destination topic (aggregation); two topics of one region may not: two entries "
+        "with topic stop the process at start (exit 2, naming both); topics a pattern "
+        "finds are refused, with an ERROR and replicator_ingress_sources_refused_total, "
+        "when an entry with topic of their region feeds that destination, and all of "
+        "them when several share it (decided from the topics in the bucket alone, the same "
+        "on every instance; README, \"Topologies\").")
     lost_segment_timeout: Duration = Field(
         timedelta(hours=1), description="How long a gap waits before it is declared lost.")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
@@ -498,6 +507,27 @@ class IngressSettings(Model):
         # SQS long polls 1-20 whole seconds; 0 would make the relay spin on short polls.
         if not timedelta(seconds=1) <= v <= timedelta(seconds=20) or v.microseconds:
             raise ValueError(f"must be whole seconds between 1s and 20s, got {v}")
+        return v
+
+    @field_validator("sources")
+    @classmethod
+    def _one_topic_per_destination(cls, v: list[IngressSourceSettings]
+                                   ) -> list[IngressSourceSettings]:
+        # Two topics of one region in one destination topic would interleave with no
+        # common order (README, "Topologies"); several regions into one topic is fan-in.
+        # Pattern entries are decided when their topics are found (core/topic_sets.py).
+        feeds: dict[tuple[str, str], tuple[int, IngressSourceSettings]] = {}
+        for i, s in enumerate(v):
+            if s.topic is None:
+                continue
+            first = feeds.setdefault((s.region, s.destination), (i, s))
+            if first[1] is not s and first[1].topic != s.topic:
+                raise ValueError(
+                    f"ingress.sources.{first[0]} ({s.region}/{first[1].topic}) and "
+                    f"ingress.sources.{i} ({s.region}/{s.topic}) both replicate into "
+                    f"destination topic {s.destination!r}: two topics of one region cannot "
+                    "share a destination (several regions can); give one of them another "
+                    "destination_topic")
         return v
 
     @model_validator(mode="after")
