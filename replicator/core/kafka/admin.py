@@ -10,7 +10,7 @@ from typing import Any
 
 import confluent_kafka as ck
 import confluent_kafka.admin as cka
-from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicCollection
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin._config import (
     AlterConfigOpType,
@@ -74,6 +74,22 @@ class Admin:
     def list_topics(self) -> list[str]:
         """All topic names."""
         return sorted(self._metadata().topics)
+
+    def topic_id(self, topic: str) -> str | None:
+        """Kafka's id of ``topic`` (a new one each time the topic is created), or ``None``
+        if it does not exist.
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: the describe failed, naming the topic.
+        """
+        fut = self._admin.describe_topics(TopicCollection([topic]),
+                                          request_timeout=self.timeout)[topic]
+        try:
+            return str(fut.result(timeout=self.timeout).topic_id)
+        except ck.KafkaException as e:
+            if is_code(e, "UNKNOWN_TOPIC_OR_PART") or is_code(e, "UNKNOWN_TOPIC_ID"):
+                return None
+            raise translate(e, f"describe topic {topic}") from e
 
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool:
