@@ -496,12 +496,18 @@ class Egress:
         return self._admin.log_start(topic, partition, timeout=READ_TIMEOUT)
 
 
+_OWN_TOPIC_FIELDS = ("checkpoint_topic", "segment_events_topic", "offset_map_topic")
+"""Ingress's topics in the cluster it writes, which is also the cluster egress reads in an
+active-active region: replicating them would copy one region's bookkeeping into another."""
+
+
 def _own_topics(settings: Settings) -> set[str]:
-    """The replicator's checkpoint and segment-events topics (configured or default):
-    internal, never selected by a pattern.
+    """The replicator's checkpoint, segment-events and offset-map topics, by their default
+    names and the names this configuration's ``[ingress]`` gives them: internal, never
+    selected by a pattern.
     """
     fields = IngressSettings.model_fields
-    own = {str(fields["checkpoint_topic"].default), str(fields["segment_events_topic"].default)}
+    own = {str(fields[name].default) for name in _OWN_TOPIC_FIELDS}
     if settings.ingress is not None:
-        own |= {settings.ingress.checkpoint_topic, settings.ingress.segment_events_topic}
+        own |= {str(getattr(settings.ingress, name)) for name in _OWN_TOPIC_FIELDS}
     return own
