@@ -131,6 +131,10 @@ class Egress:
         self._fatal: ReplicatorError | None = None
         self._closed = False
 
+    def _tails(self) -> Mapping[tuple[str, int], tuple[int, int]]:
+        """The poll loop's last ``tails`` (read by the group export's pool thread)."""
+        return {} if self._loop is None else self._loop.tails
+
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
@@ -175,7 +179,7 @@ class Egress:
             self._groups = GroupExporter(
                 self._admin, self.store, prefix=self.settings.s3.prefix, region=self.region,
                 settings=self.config.group_export, own_group=self.config.group_id,
-                metrics=self.m, wall=self.wall)
+                metrics=self.m, wall=self.wall, tails=self._tails)
         # A position the source deleted (retention under a lagging consumer) stops the
         # partition with an event instead of a silent jump to the log start: egress reports
         # the exact lost range, then seeks (egress.poll_loop).

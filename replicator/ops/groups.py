@@ -14,7 +14,10 @@ Inputs, all in the destination region (docs/failover.md):
   ``skipped: active``);
 * never backwards (a destination commit at or past the translation is kept);
 * never past the replicated data: a group ahead of replication moves as far as the data
-  (``waiting for data``) and follows as replication catches up;
+  (``waiting for data``) and follows as replication catches up; a group whose offset is past
+  the source's last record (a transactional source's final commit marker: last record + 2)
+  is at the replicated end once that record is replicated (the export's
+  ``no_records_from``), so it is ``synced`` there, not waiting for ever;
 * never for a destination topic fed by several sources (aggregation: one destination
   offset cannot stand for several sources' positions) or a partition the map does not
   cover (``unmapped``, with the reason);
@@ -173,6 +176,13 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
         done = replicated.get(p)
         current = destination_committed.get((destination, p))
         t = translate(entries.get(part, ()), committed, done)
+        empty_from = export.no_records_from.get(p)
+        if t.state == "waiting" and done is not None and empty_from is not None \
+                and empty_from <= done:
+            # At rest past the last record (a transactional source's final commit marker):
+            # every record below the group's offset is replicated, so the replicated end
+            # is exactly where it resumes.
+            t = translate(entries.get(part, ()), done, done)
         commit = None
         reason = ""
         if aggregated:

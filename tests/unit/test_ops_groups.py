@@ -211,3 +211,28 @@ def test_a_gap_in_the_map_is_unmapped_with_its_reason() -> None:
     [row] = plan_group(export({0: 150}), "orders", members=0, destination_committed={},
                        entries=gap, replicated={0: 300}, aggregated=False)
     assert (row.state, row.commit) == (UNMAPPED, None) and "100..199" in row.reason
+
+
+def test_a_group_at_rest_past_the_final_commit_marker_is_synced_at_the_replicated_end(
+        ) -> None:
+    # The source's last record is SRC[-1], a commit marker follows: a consumer that read
+    # everything commits last + 2. Replication is at last + 1 (the checkpoint at last).
+    last = SRC[-1]
+    at_rest = GroupExport("app", "orders", "eu", {0: last + 2}, NOW,
+                          no_records_from={0: last + 1})
+
+    def row(e: GroupExport, current: int | None = None) -> GroupRow:
+        [r] = plan_group(e, "orders", members=0,
+                         destination_committed={} if current is None
+                         else {("orders", 0): current},
+                         entries=ENTRIES, replicated={0: last + 1}, aggregated=False)
+        return r
+
+    end = ENTRIES[("eu", "orders", 0, "orders")][-1].dest_next
+    r = row(at_rest)
+    assert (r.translated, r.state, r.commit) == (end, TO_SYNC, end)
+    assert row(at_rest, end).state == SYNCED
+    # Without the export's evidence (or before the last record is replicated) it waits.
+    assert row(export({0: last + 2}), end).state == WAITING
+    early = GroupExport("app", "orders", "eu", {0: last + 2}, NOW, no_records_from={0: 200})
+    assert row(early, end).state == WAITING
