@@ -166,11 +166,11 @@ class OffsetMapWriter:
             try:
                 known = (self._topic_ids(topic), now)
             except ReplicatorError as e:
+                # Asked again after ID_TTL (one WARNING per minute, not one per batch).
                 log.warning("offset map: the id of destination topic %s cannot be read (%s); "
-                            "entries written now carry none and their range shows unmapped",
-                            topic, e)
-                self._ids.pop(topic, None)
-                return None
+                            "entries written for the next %.0fs carry none", topic, e,
+                            self.ID_TTL)
+                known = (None, now)
             self._ids[topic] = known
         return known[0]
 

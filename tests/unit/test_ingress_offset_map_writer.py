@@ -66,9 +66,15 @@ def test_entries_carry_the_destination_topic_id_looked_up_again_when_offsets_go_
 
 
 def test_an_unreadable_id_leaves_the_entry_without_one() -> None:
+    calls: list[str] = []
+
     def topic_id(topic: str) -> str:
+        calls.append(topic)
         raise KafkaRetriableError("describe topic dest: timed out")
 
-    w = OffsetMapWriter("om", IngressMetrics.create(Metrics()), topic_ids=topic_id)
+    w = OffsetMapWriter("om", IngressMetrics.create(Metrics()), topic_ids=topic_id,
+                        clock=lambda: 0.0)
     [e] = write(w, batch(0, 10), 0)
     assert e.incarnation is None and e.count == 10
+    write(w, batch(10, 10), 11)
+    assert calls == ["dest"]            # asked again after ID_TTL, not for every batch
