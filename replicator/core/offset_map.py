@@ -203,8 +203,9 @@ def live_entries(entries: Iterable[OffsetMapEntry], incarnation: str | None
       an incarnation (written before the map recorded it) are used only when no entry of
       the partition has one. ``incarnation`` ``None`` (the topic is missing): only those.
     * Only the newest replay: in write order (destination offsets grow as entries are
-      written), a source range starting at or below the previous entry's end means
-      replication started again (a checkpoint reset), and every entry before it is dropped;
+      written), an entry marked ``from_origin`` after others, or a source range starting at
+      or below the previous entry's end, means replication started again (a checkpoint
+      reset), and every entry before it is dropped;
       the records below the new start then exist twice in the destination, so the first
       kept entry loses ``from_origin`` (an offset below it is ``unmapped``).
     """
@@ -216,7 +217,10 @@ def live_entries(entries: Iterable[OffsetMapEntry], incarnation: str | None
     pool.sort(key=lambda e: e.dest_first)
     start = 0
     for k in range(1, len(pool)):
-        if pool[k].src_first <= pool[k - 1].src_last:
+        # A replay that starts again writes ``from_origin`` on its first entry (ingress
+        # marks only the batch that starts a partition without a checkpoint), and one that
+        # goes back overlaps what was written before.
+        if pool[k].from_origin or pool[k].src_first <= pool[k - 1].src_last:
             start = k
     live = pool[start:]
     if start and live:

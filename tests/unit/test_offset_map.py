@@ -169,3 +169,16 @@ def test_a_recreated_destination_and_a_new_replay_never_use_stale_entries() -> N
     legacy = entries_of(list(range(10)), 0, from_origin=True)
     assert live_entries(legacy, "A") == legacy
     assert OffsetMapEntry.decode(old[0].encode(), where="k").incarnation == "A"
+
+
+def test_a_replay_started_again_from_its_origin_drops_the_earlier_entries() -> None:
+    # 0-8 replayed with the map, 9-11 without (the map off), then the checkpoint deleted:
+    # the replay starts again at 11 (its first entry from_origin). Record 11 is in the
+    # destination twice, and nothing in the map overlaps: the from_origin entry written
+    # after others is what says replication started again.
+    old = entries_of(list(range(9)), 0, from_origin=True, incarnation="A")
+    again = entries_of(list(range(11, 21)), 14, first=11, from_origin=True, incarnation="A")
+    live = live_entries([*old, *again], "A")
+    assert [e.src_first for e in live] == [11] and not live[0].from_origin
+    assert translate(live, 0, 21).state == "unmapped"     # 0 would read record 11 twice
+    assert translate(live, 15, 21).offset == 18
