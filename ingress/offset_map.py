@@ -24,7 +24,8 @@ Every entry records the destination topic's incarnation (Kafka's topic id, looke
 a minute and again whenever a destination partition's offsets go back, which is what a
 recreated topic looks like), so ``replicator groups`` never translates through the entries
 of a topic that was deleted and created again (``replicator.core.offset_map.live_entries``).
-An id that cannot be read leaves it out of the entry: that range then shows "unmapped".
+An id that cannot be read, or the old id still answered right after the offsets went back,
+leaves it out of the entry: that range then shows "unmapped".
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ class OffsetMapWriter:
         self._clock = clock
         self._ids: dict[str, tuple[str | None, float]] = {}
         self._dest_next: dict[tuple[str, int], int] = {}
+        self._doubt: dict[str, float] = {}
+        """Topics whose offsets went back, since when: their id is looked up per batch."""
         self._ends: weakref.WeakKeyDictionary[MapBatch, dict[int, int]] = \
             weakref.WeakKeyDictionary()
         """Reported destination offsets of each batch's first and last record (a batch
@@ -155,14 +158,24 @@ class OffsetMapWriter:
 
 
     def _incarnation(self, topic: str, partition: int, first: int, after: int) -> str | None:
-        """The destination topic's id for a batch at ``first..after - 1`` of ``partition``."""
+        """The destination topic's id for a batch at ``first..after - 1`` of ``partition``.
+
+        After the partition's offsets went back, the same id as before is not trusted until
+        ``ID_TTL`` passed (a broker may still answer from metadata of the deleted topic for
+        a moment, and an unclean leader election also moves offsets back): those batches'
+        entries carry no id, so their range shows unmapped rather than mixing with the old
+        topic's entries.
+        """
         if self._topic_ids is None:
             return None
         now = self._clock()
-        went_back = first < self._dest_next.get((topic, partition), 0)
+        if first < self._dest_next.get((topic, partition), 0):
+            self._doubt.setdefault(topic, now)
         self._dest_next[(topic, partition)] = after
         known = self._ids.get(topic)
-        if known is None or went_back or now - known[1] >= self.ID_TTL:
+        doubt = self._doubt.get(topic)
+        if known is None or doubt is not None or now - known[1] >= self.ID_TTL:
+            before = None if known is None else known[0]
             try:
                 known = (self._topic_ids(topic), now)
             except ReplicatorError as e:
@@ -172,6 +185,10 @@ class OffsetMapWriter:
                             self.ID_TTL)
                 known = (None, now)
             self._ids[topic] = known
+            if doubt is not None:
+                if known[0] is not None and known[0] == before and now - doubt < self.ID_TTL:
+                    return None
+                del self._doubt[topic]
         return known[0]
 
 

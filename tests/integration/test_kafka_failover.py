@@ -17,8 +17,10 @@ from click.testing import CliRunner
 from egress.controller import Egress
 from ingress.checkpoints import KafkaCheckpointStore
 from replicator.cli.main import main
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.core.metrics import Metrics
+from replicator.core.offset_map import entries_of, live_entries, translate
 from replicator.core.settings import IngressSettings, Settings
 from replicator.ops.groups import (
     ACTIVE,
@@ -307,3 +309,32 @@ def test_a_group_at_rest_after_a_transaction_is_synced_at_the_replicated_end(
     assert [m.value() for m in copied] == [f"v{i}".encode() for i in range(5)]
     assert committed == (copied[-1].offset() or 0) + 1
     assert _resume(pipe, group, partitions=1) == {0: []}
+
+
+def test_the_entries_of_a_recreated_destination_topic_are_never_used(pipe: Pipeline) -> None:
+    # Kafka gives a topic created again a new id: entries written for the old one (the
+    # ids ingress records) are left out, so nothing translates into a log that is gone.
+    admin = Admin(pipe.dest_kafka)
+    assert admin.topic_id(pipe.dest_topic) is None
+    assert admin.create_topic(pipe.dest_topic, 1)
+    first = admin.topic_id(pipe.dest_topic)
+    assert first
+    admin.delete_topics([pipe.dest_topic])
+
+    def created_again() -> bool:
+        try:
+            return admin.create_topic(pipe.dest_topic, 1)
+        except ReplicatorError:
+            return False           # still being deleted
+    wait_for(created_again, 60, "the topic created again")
+    # The broker answers from its metadata, which may still hold the deleted topic for a
+    # moment (what the writer's doubt after offsets go back is for).
+    wait_for(lambda: admin.topic_id(pipe.dest_topic) not in (None, first), 30, "the new id")
+    second = admin.topic_id(pipe.dest_topic)
+    assert second
+    old = entries_of(list(range(10)), 0, from_origin=True, incarnation=first)
+    new = entries_of(list(range(10, 20)), 0, first=10, incarnation=second)
+    live = live_entries([*old, *new], admin.topic_id(pipe.dest_topic))
+    assert live == new
+    assert translate(live, 5, 20).state == "unmapped"
+    assert translate(live, 15, 20).offset == 5

@@ -58,11 +58,21 @@ def test_entries_carry_the_destination_topic_id_looked_up_again_when_offsets_go_
     assert write(w, batch(0, 10), 0)[0].incarnation == "A"
     assert write(w, batch(10, 10), 11)[0].incarnation == "A"
     assert calls == ["dest"]                      # cached
-    ids[0] = "B"                                  # the topic deleted and created again:
-    assert write(w, batch(20, 10), 0)[0].incarnation == "B"   # its offsets start over
+    # The topic deleted and created again: its offsets start over. A broker may still
+    # answer with the old id for a moment: no id then (unmapped, never mixed with A's).
+    assert write(w, batch(20, 10), 0)[0].incarnation is None
+    ids[0] = "B"
+    assert write(w, batch(30, 10), 11)[0].incarnation == "B"
+    assert write(w, batch(40, 10), 22)[0].incarnation == "B"
+    assert calls == ["dest"] * 3                  # asked per batch only while in doubt
     now[0] = OffsetMapWriter.ID_TTL
     ids[0] = "C"
-    assert write(w, batch(30, 10), 11)[0].incarnation == "C"  # and once a minute
+    assert write(w, batch(50, 10), 33)[0].incarnation == "C"  # and once a minute
+    # Offsets back with the same id for a whole ID_TTL (an unclean leader election): the
+    # id is trusted again.
+    assert write(w, batch(60, 10), 0)[0].incarnation is None
+    now[0] += OffsetMapWriter.ID_TTL
+    assert write(w, batch(70, 10), 11)[0].incarnation == "C"
 
 
 def test_an_unreadable_id_leaves_the_entry_without_one() -> None:
