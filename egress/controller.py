@@ -132,6 +132,10 @@ class Egress:
         self._fatal: ReplicatorError | None = None
         self._closed = False
 
+    def _tails(self) -> Mapping[tuple[str, int], tuple[int, int]]:
+        """The poll loop's last ``tails`` (read by the group export's pool thread)."""
+        return {} if self._loop is None else self._loop.tails
+
     # --- lifecycle --------------------------------------------------------------------
 
     def start(self) -> None:
@@ -176,7 +180,7 @@ class Egress:
             self._groups = GroupExporter(
                 self._admin, self.store, prefix=self.settings.s3.prefix, region=self.region,
                 settings=self.config.group_export, own_group=self.config.group_id,
-                metrics=self.m, wall=self.wall)
+                metrics=self.m, wall=self.wall, tails=self._tails)
         # A position the source deleted (retention under a lagging consumer) stops the
         # partition with an event instead of a silent jump to the log start: egress reports
         # the exact lost range, then seeks (egress.poll_loop).
@@ -540,12 +544,18 @@ class Egress:
         return self._admin.log_start(topic, partition, timeout=READ_TIMEOUT)
 
 
+_OWN_TOPIC_FIELDS = ("checkpoint_topic", "segment_events_topic", "offset_map_topic")
+"""Ingress's topics in the cluster it writes, which is also the cluster egress reads in an
+active-active region: replicating them would copy one region's bookkeeping into another."""
+
+
 def _own_topics(settings: Settings) -> set[str]:
-    """The replicator's checkpoint and segment-events topics (configured or default):
-    internal, never selected by a pattern.
+    """The replicator's checkpoint, segment-events and offset-map topics, by their default
+    names and the names this configuration's ``[ingress]`` gives them: internal, never
+    selected by a pattern.
     """
     fields = IngressSettings.model_fields
-    own = {str(fields["checkpoint_topic"].default), str(fields["segment_events_topic"].default)}
+    own = {str(fields[name].default) for name in _OWN_TOPIC_FIELDS}
     if settings.ingress is not None:
-        own |= {settings.ingress.checkpoint_topic, settings.ingress.segment_events_topic}
+        own |= {str(getattr(settings.ingress, name)) for name in _OWN_TOPIC_FIELDS}
     return own

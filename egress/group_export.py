@@ -15,6 +15,12 @@ the same bucket replication or ``replicator sync``.
   write the same offsets once.
 * A group whose offsets are gone from the source (expired, deleted) keeps its last object:
   what it had consumed is still what a failover needs.
+* A group at rest past the source's last record (a transactional source: its consumers
+  commit past the final commit marker, last record + 2) gets ``no_records_from``: the
+  position after the last record, when this member read every position up to the group's
+  offset and found no record there (``PollLoop.tails``). The destination then knows the
+  group is at the end of the records (``replicator groups``: ``synced``, not ``waiting for
+  data`` for ever). Only the partitions this member consumes are known.
 
 ``plan_exports`` is the pure decision; ``GroupExporter`` does the I/O on an egress pool
 thread, never on the poll thread.
@@ -99,11 +105,15 @@ class GroupExporter:
         own_group: egress's consumer group, never exported.
         metrics: egress's metrics.
         wall: the wall clock of ``exported_at``.
+        tails: per partition this member consumes, ``(next offset, consumer position)``:
+            no position between them holds a record it copies (``PollLoop.tails``).
     """
 
     def __init__(self, admin: GroupAdmin, store: ObjectStore, *, prefix: str, region: str,
                  settings: GroupExportSettings, own_group: str, metrics: EgressMetrics,
-                 wall: Callable[[], datetime]) -> None:
+                 wall: Callable[[], datetime],
+                 tails: Callable[[], Mapping[tuple[str, int], tuple[int, int]]] = dict
+                 ) -> None:
         self.admin = admin
         self.store = store
         self.prefix = prefix
@@ -112,8 +122,10 @@ class GroupExporter:
         self.filter = GroupFilter.of(settings.include, settings.exclude, (own_group,))
         self.m = metrics
         self.wall = wall
-        self._written: dict[tuple[str, str], dict[int, int]] = {}
-        """What the bucket holds per (topic, group), as far as this process knows."""
+        self.tails = tails
+        self._written: dict[tuple[str, str], tuple[dict[int, int], dict[int, int]]] = {}
+        """What the bucket holds per (topic, group), as far as this process knows: offsets
+        and ``no_records_from``."""
 
     def export(self, topics: Collection[str]) -> int:
         """One round for ``topics`` (those this member writes); returns objects written.
@@ -139,11 +151,14 @@ class GroupExporter:
                 self.m.group_export_failures.labels(self.region).inc()
         plan = plan_exports(offsets, topics)
         self.m.groups_exported.labels(self.region).set(len({g for _, g in plan}))
+        tails = self.tails()
         written = 0
         for (topic, group), committed in sorted(plan.items()):
-            if self._unchanged(topic, group, committed):
+            known = self._known(topic, group)
+            empty = at_rest(topic, committed, tails, known)
+            if known == (committed, empty):
                 continue
-            body = GroupExport(group, topic, self.region, committed, self.wall())
+            body = GroupExport(group, topic, self.region, committed, self.wall(), empty)
             key = group_export_key(self.prefix, self.region, topic, group)
             try:
                 self.store.put(key, body.encode())
@@ -152,23 +167,44 @@ class GroupExporter:
                             self.settings.interval, e)
                 self.m.group_export_failures.labels(self.region).inc()
                 continue
-            self._written[(topic, group)] = committed
+            self._written[(topic, group)] = (committed, empty)
             self.m.group_exports.labels(self.region, topic).inc()
             written += 1
             log.debug("exported %s's offsets of %s: %s", group, topic, committed)
         return written
 
-    def _unchanged(self, topic: str, group: str, committed: dict[int, int]) -> bool:
-        """True if the bucket already holds these offsets (first look: read the object)."""
+    def _known(self, topic: str, group: str
+               ) -> tuple[dict[int, int], dict[int, int]] | None:
+        """What the bucket holds (first look: read the object); ``None``: nothing readable."""
         known = self._written.get((topic, group))
         if known is None:
             key = group_export_key(self.prefix, self.region, topic, group)
             try:
-                known = GroupExport.parse(self.store.get(key), where=key).offsets
+                export = GroupExport.parse(self.store.get(key), where=key)
             except ObjectNotFound:
-                return False
+                return None
             except (ReplicatorError, ValueError) as e:
                 log.warning("group export: %s is unreadable, writing it again: %s", key, e)
-                return False
+                return None
+            known = (export.offsets, export.no_records_from)
             self._written[(topic, group)] = known
-        return known == committed
+        return known
+
+
+def at_rest(topic: str, committed: Mapping[int, int],
+            tails: Mapping[tuple[str, int], tuple[int, int]],
+            known: tuple[dict[int, int], dict[int, int]] | None) -> dict[int, int]:
+    """``no_records_from`` of a group's export: per partition whose committed offset lies
+    past the last record, in a run of positions egress read and found without records, the
+    first position of that run. What an earlier export said for the same offset stays (a
+    fact about the log, true for good, even after this member lost the partition).
+    """
+    out: dict[int, int] = {}
+    if known is not None:
+        out = {p: n for p, n in known[1].items()
+               if p in committed and known[0].get(p) == committed[p]}
+    for p, offset in committed.items():
+        tail = tails.get((topic, p))
+        if tail is not None and tail[0] < offset <= tail[1]:
+            out[p] = tail[0]
+    return out

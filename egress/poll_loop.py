@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from egress.commits import CommitService
 from egress.flow import (
@@ -120,6 +120,10 @@ class PollLoop:
         """Mean raw bytes of a record read lately (sizes throttled fetches)."""
         self.skip: OriginFilter | None = None
         """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
+        self.tails: Mapping[tuple[str, int], tuple[int, int]] = {}
+        """Per assigned partition, ``(next offset, consumer position)`` at the last gauge
+        update: no source position between them holds a record (transaction markers, skipped
+        records). Replaced whole, so other threads (the group export) read it as is."""
 
     def turn(self) -> None:
         """One fetch and what follows it (or, while throttled, a short wait instead)."""
@@ -415,9 +419,16 @@ class PollLoop:
         except ReplicatorError as e:
             log.debug("no consumer positions: %s", e)
             positions = {}
+        tails: dict[tuple[str, int], tuple[int, int]] = {}
         for w in writers:
             if w.next_offset is None:
                 continue
+            key = (w.ref.topic, w.ref.partition)
+            if w.failed is None and key not in self.out_of_range \
+                    and positions.get(key, -1) >= w.next_offset:
+                # Every record returned by the poll up to the position was appended (same
+                # thread), unless a failed segment drops them until its rewind.
+                tails[key] = (w.next_offset, positions[key])
             try:
                 # The cached watermark comes from the last fetch response: no request, and
                 # for a read_committed consumer it is the last stable offset. (It is also
@@ -431,3 +442,4 @@ class PollLoop:
                 position = max(w.next_offset,
                                positions.get((w.ref.topic, w.ref.partition), -1))
                 w.metrics.lag.set(max(0, high - position))
+        self.tails = tails

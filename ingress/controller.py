@@ -203,7 +203,8 @@ class Ingress:
             if self.cfg.offset_map:
                 assert self.admin is not None
                 ensure_offset_map_topic(self.admin, self.cfg.offset_map_topic)
-                offset_map = OffsetMapWriter(self.cfg.offset_map_topic, self.m)
+                offset_map = OffsetMapWriter(self.cfg.offset_map_topic, self.m,
+                                             topic_ids=self.admin.topic_id)
             # A small fixed pool: destination partition p is written by producer
             # p % producers, so its transactions stay in order, and several transactions
             # can be in flight at once (each waits a few broker round trips). One producer

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,15 +68,19 @@ def _plan(config: Path) -> Planned:
         fail("ingress: section [ingress] is required by this command", 2)
     admin = Admin(settings.kafka)
     exports = read_exports(store, settings.s3.prefix, ingress)
+    # The checkpoints before the map: ingress writes both in one transaction, so the map
+    # read afterwards covers at least what these checkpoints say is replicated (read the
+    # other way round, a running replication could move the checkpoints past the map's end).
+    cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
+                               timeout=30).load_all()
     try:
         entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
     except TopicError:
         entries = {}        # nothing replayed with a map yet: every row is "unmapped"
-    cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
-                               timeout=30).load_all()
     sources = configured_sources(ingress, settings.s3.prefix, store)
-    return Planned(plan(exports, sources, admin, entries, cps), admin, settings.kafka,
-                   ingress.offset_map_topic, exports, entries)
+    return Planned(plan(exports, sources, admin, entries, cps,
+                        local_writes=ingress.mark_origin),
+                   admin, settings.kafka, ingress.offset_map_topic, exports, entries)
 
 
 def _prune(planned: Planned) -> int:
@@ -107,6 +112,23 @@ def _print(rows: list[GroupRow]) -> None:
                 [[r.group, f"{r.region}/{r.topic}", r.partition, r.destination_topic,
                   r.source_committed, show(r.translated), show(r.replicated_to),
                   show(r.destination_committed), r.state] for r in rows])
+    for r in rows:
+        if r.reason:
+            click.echo(f"{r.group} {r.region}/{r.topic}[{r.partition}]: {r.state}: {r.reason}")
+
+
+def _report(done: Mapping[str, int | ReplicatorError], pruned: int | None) -> list[str]:
+    """Print what a sync round committed and each group whose commit was refused; returns
+    the refused groups.
+    """
+    refused = {g: r for g, r in done.items() if isinstance(r, ReplicatorError)}
+    committed = {g: n for g, n in done.items() if isinstance(n, int)}
+    click.echo(f"committed {sum(committed.values())} partition offset(s) of "
+               f"{len(committed)} group(s)"
+               + ("" if pruned is None else f"; pruned {pruned} offset-map entries"))
+    for group, err in sorted(refused.items()):
+        click.echo(f"group {group!r}: commit refused: {err}", err=True)
+    return sorted(refused)
 
 
 @groups.command("show")
@@ -147,8 +169,10 @@ def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) ->
     """Commit the translated offsets in the destination cluster, once (or --every).
 
     Only for groups with no members there, only forward, only as far as the data is
-    replicated (docs/failover.md). Prints what it committed and the groups afterwards; exit
-    1 if a commit failed (with --every: logged, tried again at the next round).
+    replicated (docs/failover.md). A group whose commit the broker refuses does not stop
+    the others: each refused group is reported. Prints what it committed and the groups
+    afterwards; exit 1 if a commit failed (with --every: reported, tried again at the next
+    round).
     """
     interval = None
     if every is not None:
@@ -166,7 +190,7 @@ def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) ->
         try:
             planned = _plan(config)
             done = sync(planned.rows, planned.admin)
-            after = after_sync(planned.rows)
+            after = after_sync(planned.rows, done)
             pruned = _prune(planned) if prune else 0
         except (ReplicatorError, ValueError) as e:
             if interval is None:
@@ -175,11 +199,13 @@ def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) ->
             metrics.rounds.labels("failed").inc()
             time.sleep(interval)
             continue
-        metrics.rounds.labels("ok").inc()
+        refused = _report(done, pruned if prune else None)
+        metrics.rounds.labels("failed" if refused else "ok").inc()
         metrics.observe(after)
-        click.echo(f"committed {sum(done.values())} partition offset(s) of {len(done)} "
-                   "group(s)" + (f"; pruned {pruned} offset-map entries" if prune else ""))
         if interval is None:
             _print(after)
+            if refused:
+                fail(f"{len(refused)} group(s) refused their commit: {', '.join(refused)}",
+                     EXIT_FAILURE)
             return
         time.sleep(interval)

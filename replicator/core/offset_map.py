@@ -15,8 +15,10 @@ is ``>= C``.
 * key: ``{source_region}:{source_topic}:{partition}:{destination_topic}:{src_first:020d}``
   (one per entry, so the compacted topic keeps every entry until it is pruned with a
   tombstone);
-* value: JSON ``{"src_first", "src_last", "dest_first", "count", "holes": [[a, b], ...]}``
-  and ``"from_origin": true`` on a partition's first entry.
+* value: JSON ``{"src_first", "src_last", "dest_first", "count", "holes": [[a, b], ...]}``,
+  ``"from_origin": true`` on a partition's first entry, and ``"incarnation"``: the
+  destination topic's id when the entry was written (``live_entries`` keeps only the
+  current topic's entries, so a recreated destination topic's old entries are never used).
 
 ``entries_of`` builds entries from a batch's source offsets column-wise (no per-record
 Python work); an entry carries at most ``MAX_HOLES`` hole runs, more split the batch.
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -54,6 +56,9 @@ class OffsetMapEntry:
     from_origin: bool = False
     """The partition's first entry: its replication began at ``src_first`` (records below
     were never replicated: deleted or compacted away before egress read them)."""
+    incarnation: str | None = field(default=None, compare=False)
+    """The destination topic's id (Kafka's topic id) when the entry was written; ``None``
+    in entries written before the map recorded it."""
 
     def __post_init__(self) -> None:
         hole_positions = sum(b - a + 1 for a, b in self.holes)
@@ -82,6 +87,8 @@ class OffsetMapEntry:
                                   "holes": [list(h) for h in self.holes]}
         if self.from_origin:
             doc["from_origin"] = True
+        if self.incarnation is not None:
+            doc["incarnation"] = self.incarnation
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -105,9 +112,13 @@ class OffsetMapEntry:
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in h)
                 for h in raw):
             raise ValueError(f"{where}: 'holes' must be a list of [first, last] pairs")
+        incarnation = doc.get("incarnation")
+        if incarnation is not None and not isinstance(incarnation, str):
+            raise ValueError(f"{where}: 'incarnation' must be a string, got {incarnation!r}")
         try:
             return cls(nums["src_first"], nums["src_last"], nums["dest_first"], nums["count"],
-                       tuple((a, b) for a, b in raw), doc.get("from_origin") is True)
+                       tuple((a, b) for a, b in raw), doc.get("from_origin") is True,
+                       incarnation)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
 
@@ -136,7 +147,8 @@ def parse_map_key(key: str) -> tuple[MapPartition, int] | None:
 
 def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
                first: int | None = None, last: int | None = None,
-               from_origin: bool = False) -> list[OffsetMapEntry]:
+               from_origin: bool = False, incarnation: str | None = None
+               ) -> list[OffsetMapEntry]:
     """Entries for a batch whose records (source offsets ascending) were produced to
     consecutive destination offsets from ``dest_first``.
 
@@ -144,7 +156,8 @@ def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
     resumed at to the one before the next batch's), so positions without a record at either
     end are holes of the map too and the entries of a partition tile its position space.
     Default: the first and last record's offsets. ``from_origin``: the batch is the
-    partition's first (its first entry is marked).
+    partition's first (its first entry is marked). ``incarnation``: the destination topic's
+    id, recorded in every entry.
     """
     offs = np.asarray(src_offsets, dtype=np.int64)
     n = len(offs)
@@ -175,9 +188,45 @@ def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
             holes.append((src_last + 1, hi))
             src_last = hi
         out.append(OffsetMapEntry(src_first, src_last, dest_first + start, end - start + 1,
-                                  tuple(holes), from_origin and start == 0))
+                                  tuple(holes), from_origin and start == 0, incarnation))
         start, h = end + 1, h + len(inner)
     return out
+
+
+def live_entries(entries: Iterable[OffsetMapEntry], incarnation: str | None
+                 ) -> list[OffsetMapEntry]:
+    """The entries of one partition that describe the destination as it is now, sorted by
+    ``src_first``.
+
+    * Only entries of the destination topic's current ``incarnation`` (its topic id): a
+      recreated topic's old entries point into a log that no longer exists. Entries without
+      an incarnation (written before the map recorded it) are used only when no entry of
+      the partition has one. ``incarnation`` ``None`` (the topic is missing): only those.
+    * Only the newest replay: in write order (destination offsets grow as entries are
+      written), an entry marked ``from_origin`` after others, or a source range starting at
+      or below the previous entry's end, means replication started again (a checkpoint
+      reset), and every entry before it is dropped;
+      the records below the new start then exist twice in the destination, so the first
+      kept entry loses ``from_origin`` (an offset below it is ``unmapped``).
+    """
+    every = list(entries)
+    if any(e.incarnation is not None for e in every):
+        pool = [e for e in every if e.incarnation is not None and e.incarnation == incarnation]
+    else:
+        pool = every
+    pool.sort(key=lambda e: e.dest_first)
+    start = 0
+    for k in range(1, len(pool)):
+        # A replay that starts again writes ``from_origin`` on its first entry (ingress
+        # marks only the batch that starts a partition without a checkpoint), and one that
+        # goes back overlaps what was written before.
+        if pool[k].from_origin or pool[k].src_first <= pool[k - 1].src_last:
+            start = k
+    live = pool[start:]
+    if start and live:
+        live[0] = replace(live[0], from_origin=False)
+    live.sort()
+    return live
 
 
 State = Literal["translated", "waiting", "unmapped"]
@@ -190,42 +239,66 @@ class Translation:
     ``offset``: the destination offset to commit (``None`` when nothing can be said).
     ``state``: ``translated`` (exact), ``waiting`` (the group is ahead of what is
     replicated; ``offset`` is where the replicated part ends, so committing it moves the
-    group as far as the data), ``unmapped`` (no entry covers the offset: replicated before
-    the map existed, or pruned).
+    group as far as the data), ``unmapped`` (the map cannot prove where the group resumes;
+    ``reason`` says why).
     """
 
     offset: int | None
     state: State
+    reason: str = ""
 
 
 def translate(entries: Sequence[OffsetMapEntry], committed: int, replicated: int | None
               ) -> Translation:
     """Translate source offset ``committed`` of one partition.
 
+    Exact only where the map proves it: the offset lies in an entry's positions, or right
+    after one (the records from there on sit after the entry's last one), or below a
+    partition's first entry that is where replication began. An offset inside a gap
+    between two entries (positions the map does not cover: replicated while the map was
+    off, a batch that was not consecutive in the destination) is ``unmapped``: the gap may
+    hold records, and where they are is unknown.
+
     Args:
-        entries: the partition's entries, sorted by ``src_first``.
+        entries: the partition's live entries (``live_entries``), sorted by ``src_first``.
         committed: the group's committed source offset (next record to read).
         replicated: the partition's replication position (the next source position
             ingress replays, from its checkpoint), ``None`` if unknown.
     """
     if not entries:
-        return Translation(None, "unmapped")
-    if committed < entries[0].src_first:
+        return Translation(None, "unmapped", "no offset-map entry for this partition")
+    if replicated is None:
+        return Translation(None, "unmapped", "no checkpoint: how far the partition is "
+                           "replicated is unknown")
+    target = min(committed, replicated)
+    first = entries[0]
+    if target < first.src_first:
         # Below the map: exact only if replication began there (nothing below it exists
         # in the destination); otherwise the map does not reach back this far.
-        if entries[0].from_origin:
-            return Translation(entries[0].dest_first, "translated")
-        return Translation(None, "unmapped")
-    target = committed if replicated is None else min(committed, replicated)
-    i = bisect.bisect_left([e.src_last for e in entries], target)
-    if i == len(entries):
-        # Past the last mapped record: its successor is the next record replayed.
-        offset = entries[-1].dest_next
-    else:
-        e = entries[i]
+        if first.from_origin:
+            return Translation(first.dest_first,
+                               "waiting" if committed > replicated else "translated")
+        return Translation(None, "unmapped", f"offset {target} is below the map, which "
+                           f"begins at {first.src_first} (replicated before the map existed, "
+                           "pruned, the destination topic recreated or replication started "
+                           "again)")
+    i = bisect.bisect_right([e.src_first for e in entries], target) - 1
+    e = entries[i]
+    if target <= e.src_last + 1:
+        # Inside the entry, or right after it: every record at or after ``target`` was
+        # written after the entry's records before ``target``.
         offset = e.dest_first + e.records_before(target)
-    if replicated is not None and committed > replicated:
-        return Translation(offset, "waiting")
-    if replicated is None and i == len(entries):
+    elif i + 1 < len(entries):
+        nxt = entries[i + 1]
+        return Translation(None, "unmapped", f"source positions {e.src_last + 1}.."
+                           f"{nxt.src_first - 1} have no map entry (replicated while the map "
+                           "was off, or not consecutive in the destination): where offset "
+                           f"{target} resumes cannot be proven")
+    else:
+        return Translation(None, "unmapped", f"source positions {e.src_last + 1}.."
+                           f"{replicated - 1} were replicated without map entries (the map "
+                           "was off, at-least-once, or a batch not consecutive in the "
+                           "destination)")
+    if committed > replicated:
         return Translation(offset, "waiting")
     return Translation(offset, "translated")

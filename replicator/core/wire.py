@@ -310,6 +310,11 @@ class GroupExport:
 
     ``offsets`` maps a partition to the group's committed offset there: the source offset of
     the next record the group would read. Partitions the group never committed are absent.
+    ``no_records_from`` (JSON ``no_records_from``, only when not empty): for a partition
+    where the group committed past the source's last record, the position after that
+    record: egress read every position from there up to the committed offset and found no
+    record (transaction markers, records it skips), so a group there is at rest, as far as
+    the records go, once the record before this position is replicated.
     """
 
     group: str
@@ -317,16 +322,23 @@ class GroupExport:
     region: str
     offsets: dict[int, int]
     exported_at: datetime
+    no_records_from: dict[int, int] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        """The JSON body (keys: group, topic, region, exported_at, offsets)."""
-        return json.dumps({
+        """The JSON body (keys: group, topic, region, exported_at, offsets and, when known,
+        no_records_from).
+        """
+        doc: dict[str, Any] = {
             "group": self.group,
             "topic": self.topic,
             "region": self.region,
             "exported_at": rfc3339(self.exported_at),
             "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
-        }, indent=2, sort_keys=True).encode("utf-8")
+        }
+        if self.no_records_from:
+            doc["no_records_from"] = {str(p): o for p, o in
+                                      sorted(self.no_records_from.items())}
+        return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
     def parse(cls, data: bytes, *, where: str) -> GroupExport:
@@ -348,14 +360,19 @@ class GroupExport:
             exported = parse_rfc3339(texts["exported_at"])
         except ValueError as e:
             raise ValueError(f"{where}: 'exported_at' is not an RFC 3339 time: {e}") from e
-        raw = doc.get("offsets")
-        if not isinstance(raw, dict):
-            raise ValueError(f"{where}: 'offsets' must be an object")
-        offsets: dict[int, int] = {}
-        for k, v in raw.items():
-            if not (isinstance(k, str) and k.isascii() and k.isdigit()) or isinstance(v, bool) \
-                    or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{where}: 'offsets'[{k!r}] must map a partition number "
-                                 f"to an offset >= 0, got {v!r}")
-            offsets[int(k)] = v
-        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported)
+        offsets = _partition_offsets(doc.get("offsets"), where, "offsets")
+        empty = _partition_offsets(doc.get("no_records_from", {}), where, "no_records_from")
+        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported, empty)
+
+
+def _partition_offsets(raw: object, where: str, name: str) -> dict[int, int]:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: {name!r} must be an object")
+    out: dict[int, int] = {}
+    for k, v in raw.items():
+        if not (isinstance(k, str) and k.isascii() and k.isdigit()) or isinstance(v, bool) \
+                or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{where}: {name!r}[{k!r}] must map a partition number "
+                             f"to an offset >= 0, got {v!r}")
+        out[int(k)] = v
+    return out

@@ -14,27 +14,46 @@ Inputs, all in the destination region (docs/failover.md):
   ``skipped: active``);
 * never backwards (a destination commit at or past the translation is kept);
 * never past the replicated data: a group ahead of replication moves as far as the data
-  (``waiting for data``) and follows as replication catches up;
+  (``waiting for data``) and follows as replication catches up; a group whose offset is past
+  the source's last record (a transactional source's final commit marker: last record + 2)
+  is at the replicated end once that record is replicated (the export's
+  ``no_records_from``), so it is ``synced`` there, not waiting for ever;
 * never for a destination topic fed by several sources (aggregation: one destination
   offset cannot stand for several sources' positions) or a partition the map does not
-  cover (``unmapped``).
+  cover (``unmapped``, with the reason);
+* never for a destination topic with producers of its own (active-active: ``[ingress]
+  mark_origin``): the map places the replicated records, not the local ones between them,
+  so the translation is not exact (``not exact: local writes``), whatever the destination
+  group's offset;
+* only through the offset-map entries of the destination topic's current incarnation and
+  newest replay (``live_entries``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import read_to_end
 from replicator.core.keys import group_exports_prefix, parse_group_export_key
 from replicator.core.metrics import Metrics
-from replicator.core.offset_map import MapPartition, OffsetMapEntry, parse_map_key, translate
+from replicator.core.offset_map import (
+    MapPartition,
+    OffsetMapEntry,
+    live_entries,
+    parse_map_key,
+    translate,
+)
 from replicator.core.settings import IngressSettings, IngressSourceSettings, KafkaSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
 from replicator.ops.checkpoints import configured_sources
+
+log = logging.getLogger(__name__)
 
 SYNCED = "synced"
 TO_SYNC = "to sync"
@@ -43,6 +62,9 @@ ACTIVE = "skipped: active"
 AHEAD = "kept: destination ahead"
 UNMAPPED = "unmapped"
 AGGREGATED = "skipped: several sources"
+LOCAL_WRITES = "not exact: local writes"
+REFUSED = "refused"
+"""``after_sync``: the broker refused the group's commit (the row keeps the error)."""
 
 
 class GroupsAdmin(Protocol):
@@ -54,6 +76,8 @@ class GroupsAdmin(Protocol):
 
     def alter_group_offsets(self, group: str,
                             offsets: Mapping[tuple[str, int], int]) -> None: ...
+
+    def topic_id(self, topic: str) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -72,13 +96,16 @@ class GroupRow:
     state: str
     commit: int | None = None
     """What ``sync`` commits (``None``: nothing)."""
+    reason: str = ""
+    """Why the row is not exact (``unmapped``, ``not exact: local writes``, ``refused``)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"group": self.group, "region": self.region, "topic": self.topic,
                 "partition": self.partition, "destination_topic": self.destination_topic,
                 "source_committed": self.source_committed, "translated": self.translated,
                 "replicated_to": self.replicated_to,
-                "destination_committed": self.destination_committed, "state": self.state}
+                "destination_committed": self.destination_committed, "state": self.state,
+                "reason": self.reason}
 
 
 def read_exports(store: ObjectStore, prefix: str, ingress: IngressSettings
@@ -129,7 +156,8 @@ def map_by_partition(entries: Iterable[tuple[MapPartition, OffsetMapEntry]]
 def plan_group(export: GroupExport, destination: str, *, members: int,
                destination_committed: Mapping[tuple[str, int], int],
                entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
-               replicated: Mapping[int, int], aggregated: bool) -> list[GroupRow]:
+               replicated: Mapping[int, int], aggregated: bool,
+               local_writes: bool = False) -> list[GroupRow]:
     """The rows of one exported group for one source (see the module docstring).
 
     Args:
@@ -137,9 +165,10 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
         destination: the source's destination topic.
         members: the group's members in the destination cluster now.
         destination_committed: the group's committed offsets in the destination.
-        entries: the offset map, per partition.
+        entries: the offset map's live entries (``live_entries``), per partition.
         replicated: per partition, the next source position ingress replays.
         aggregated: the destination topic has several sources.
+        local_writes: the destination topic has producers of its own (active-active).
     """
     rows = []
     for p, committed in sorted(export.offsets.items()):
@@ -147,11 +176,24 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
         done = replicated.get(p)
         current = destination_committed.get((destination, p))
         t = translate(entries.get(part, ()), committed, done)
+        empty_from = export.no_records_from.get(p)
+        if t.state == "waiting" and done is not None and empty_from is not None \
+                and empty_from <= done:
+            # At rest past the last record (a transactional source's final commit marker):
+            # every record below the group's offset is replicated, so the replicated end
+            # is exactly where it resumes.
+            t = translate(entries.get(part, ()), done, done)
         commit = None
+        reason = ""
         if aggregated:
             state = AGGREGATED
         elif t.offset is None:
-            state = UNMAPPED
+            state, reason = UNMAPPED, t.reason
+        elif local_writes:
+            state = LOCAL_WRITES
+            reason = (f"{destination} has producers of its own ([ingress] mark_origin: "
+                      "active-active): the map places the replicated records, not the local "
+                      "ones between them, which the group may or may not have read")
         elif members:
             state = ACTIVE
         elif current is not None and current >= t.offset:
@@ -161,21 +203,32 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
             state = WAITING if t.state == "waiting" else TO_SYNC
             commit = t.offset
         rows.append(GroupRow(export.group, export.region, export.topic, p, destination,
-                             committed, t.offset, done, current, state, commit))
+                             committed, t.offset, done, current, state, commit, reason))
     return rows
 
 
 def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings],
          admin: GroupsAdmin, entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
-         checkpoints: Mapping[str, Checkpoint]) -> list[GroupRow]:
+         checkpoints: Mapping[str, Checkpoint], *, local_writes: bool = False
+         ) -> list[GroupRow]:
     """Rows for every exported group of ``sources`` (named, and those ``topic_pattern``
     entries select now: ``configured_sources``).
+
+    ``checkpoints`` must be read before ``entries``: the map then covers at least what the
+    checkpoints say is replicated (a map read first could end below them). ``local_writes``:
+    the destination topics have producers of their own (``[ingress] mark_origin``).
     """
     by_source = {(s.region, s.name): s.destination for s in sources}
     fan_in: dict[str, int] = defaultdict(int)
     for destination in by_source.values():
         fan_in[destination] += 1
     rows: list[GroupRow] = []
+    incarnations: dict[str, str | None] = {}
+    live: dict[MapPartition, list[OffsetMapEntry]] = {}
+    for part, items in entries.items():
+        if part[3] not in incarnations:
+            incarnations[part[3]] = admin.topic_id(part[3])
+        live[part] = live_entries(items, incarnations[part[3]])
     members: dict[str, int] = {}
     committed: dict[str, dict[tuple[str, int], int]] = {}
     for export in sorted(exports, key=lambda e: (e.group, e.region, e.topic)):
@@ -191,8 +244,9 @@ def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings
             if cp is not None:
                 replicated[p] = cp.offset + 1
         rows += plan_group(export, dest, members=members[export.group],
-                           destination_committed=committed[export.group], entries=entries,
-                           replicated=replicated, aggregated=fan_in[dest] > 1)
+                           destination_committed=committed[export.group], entries=live,
+                           replicated=replicated, aggregated=fan_in[dest] > 1,
+                           local_writes=local_writes)
     return rows
 
 
@@ -218,28 +272,45 @@ def prunable(entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
     return sorted(out)
 
 
-def sync(rows: Sequence[GroupRow], admin: GroupsAdmin) -> dict[str, int]:
-    """Commit what ``rows`` say, one request per group; returns partitions committed per
-    group. The broker refuses a group that gained members meanwhile (the error names it).
+def sync(rows: Sequence[GroupRow], admin: GroupsAdmin) -> dict[str, int | ReplicatorError]:
+    """Commit what ``rows`` say, one request per group; returns, per group with something
+    to commit, how many partitions were committed or the error that refused it (a group
+    that gained members meanwhile, say). A refused group never stops the others.
     """
     per_group: dict[str, dict[tuple[str, int], int]] = defaultdict(dict)
     for r in rows:
         if r.commit is not None:
             per_group[r.group][(r.destination_topic, r.partition)] = r.commit
+    out: dict[str, int | ReplicatorError] = {}
     for group, offsets in sorted(per_group.items()):
-        admin.alter_group_offsets(group, offsets)
-    return {g: len(o) for g, o in per_group.items()}
+        try:
+            admin.alter_group_offsets(group, offsets)
+        except ReplicatorError as e:
+            log.warning("groups sync: the commit of group %r was refused: %s", group, e)
+            out[group] = e
+            continue
+        out[group] = len(offsets)
+    return out
 
 
-def after_sync(rows: Sequence[GroupRow]) -> list[GroupRow]:
+def after_sync(rows: Sequence[GroupRow], done: Mapping[str, int | ReplicatorError] | None = None
+               ) -> list[GroupRow]:
     """``rows`` once ``sync`` committed them: each committed partition now stands at its
     commit (``to sync`` becomes ``synced``; ``waiting for data`` stays, as far as the data),
-    so no second read of the stores is needed to report the result.
+    so no second read of the stores is needed to report the result. A group whose commit
+    was refused (``done``) shows ``refused`` with the error.
     """
-    return [r if r.commit is None else
-            replace(r, destination_committed=r.commit, commit=None,
-                    state=SYNCED if r.state == TO_SYNC else r.state)
-            for r in rows]
+    out = []
+    for r in rows:
+        err = (done or {}).get(r.group)
+        if r.commit is None:
+            out.append(r)
+        elif isinstance(err, ReplicatorError):
+            out.append(replace(r, commit=None, state=REFUSED, reason=str(err)))
+        else:
+            out.append(replace(r, destination_committed=r.commit, commit=None,
+                               state=SYNCED if r.state == TO_SYNC else r.state))
+    return out
 
 
 class GroupMetrics:

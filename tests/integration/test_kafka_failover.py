@@ -17,8 +17,10 @@ from click.testing import CliRunner
 from egress.controller import Egress
 from ingress.checkpoints import KafkaCheckpointStore
 from replicator.cli.main import main
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition
 from replicator.core.metrics import Metrics
+from replicator.core.offset_map import entries_of, live_entries, translate
 from replicator.core.settings import IngressSettings, Settings
 from replicator.ops.groups import (
     ACTIVE,
@@ -258,3 +260,81 @@ def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline, tmp_path:
     for c, g in sorted(results.items()):
         got = _resume(pipe, g, partitions=1)[0]
         assert got == [rec for o, rec in replicated if o >= c], c
+
+
+def test_a_group_at_rest_after_a_transaction_is_synced_at_the_replicated_end(
+        pipe: Pipeline) -> None:
+    # A transactional source at rest: records 0-4, the commit marker at 5. A consumer that
+    # read everything commits its position, past the marker: 6 (last record + 2).
+    pipe.create_source(1)
+    tx = Producer(pipe.source_kafka, transactional_id=unique_name("tx"))
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    for i in range(5):
+        tx.produce(pipe.topic, value=f"v{i}".encode(), key=f"k{i}".encode(), partition=0,
+                   timestamp=RECENT_MS + i)
+    tx.commit_transaction(30)
+    group = unique_name("app")
+    reader = Consumer(pipe.source_kafka, group, {"enable.partition.eof": True})
+    reader.assign([TopicPartition(pipe.topic, 0, 0)])
+    got: list[int] = []
+    try:
+        def at_end() -> bool:
+            fetched = reader.fetch(100, 0.2)
+            got.extend(m.offset() or 0 for run in fetched.runs.values() for m in run)
+            return bool(fetched.ends) and len(got) == 5
+        wait_for(at_end, 60, "the source read to its end")
+        [position] = reader.position([TopicPartition(pipe.topic, 0)])
+        assert position.offset == 6, position          # past the final commit marker
+        assert reader.commit([TopicPartition(pipe.topic, 0, position.offset)]) == {}
+    finally:
+        reader.close()
+    egress_settings, ingress_settings = _settings(pipe)
+    cfg: IngressSettings = ingress_settings.require("ingress")
+    with running_egress(Egress(egress_settings, store=pipe.store)), \
+            running_ingress(ingress_settings) as ing:
+        wait_for(lambda: pipe.checkpoint_offsets(ing).get(0) == 4, 90, "the replay")
+        wait_for(lambda: any(e.group == group and e.no_records_from == {0: 5}
+                             for e in read_exports(pipe.store, "data", cfg)),
+                 30, "the export of the group at rest")
+        [row] = [r for r in _plan(pipe, ingress_settings) if r.group == group]
+        assert (row.source_committed, row.replicated_to, row.state) == (6, 5, TO_SYNC), row
+        sync([row], Admin(pipe.dest_kafka))
+        [row] = [r for r in _plan(pipe, ingress_settings) if r.group == group]
+        assert row.state == SYNCED, row
+    # The group resumes at the destination's end of the replicated data: nothing to read,
+    # nothing skipped (the five records sit below its offset).
+    committed = Admin(pipe.dest_kafka).group_offsets(group)[(pipe.dest_topic, 0)]
+    copied = list(read_partition(pipe.dest_kafka, pipe.dest_topic, 0))
+    assert [m.value() for m in copied] == [f"v{i}".encode() for i in range(5)]
+    assert committed == (copied[-1].offset() or 0) + 1
+    assert _resume(pipe, group, partitions=1) == {0: []}
+
+
+def test_the_entries_of_a_recreated_destination_topic_are_never_used(pipe: Pipeline) -> None:
+    # Kafka gives a topic created again a new id: entries written for the old one (the
+    # ids ingress records) are left out, so nothing translates into a log that is gone.
+    admin = Admin(pipe.dest_kafka)
+    assert admin.topic_id(pipe.dest_topic) is None
+    assert admin.create_topic(pipe.dest_topic, 1)
+    first = admin.topic_id(pipe.dest_topic)
+    assert first
+    admin.delete_topics([pipe.dest_topic])
+
+    def created_again() -> bool:
+        try:
+            return admin.create_topic(pipe.dest_topic, 1)
+        except ReplicatorError:
+            return False           # still being deleted
+    wait_for(created_again, 60, "the topic created again")
+    # The broker answers from its metadata, which may still hold the deleted topic for a
+    # moment (what the writer's doubt after offsets go back is for).
+    wait_for(lambda: admin.topic_id(pipe.dest_topic) not in (None, first), 30, "the new id")
+    second = admin.topic_id(pipe.dest_topic)
+    assert second
+    old = entries_of(list(range(10)), 0, from_origin=True, incarnation=first)
+    new = entries_of(list(range(10, 20)), 0, first=10, incarnation=second)
+    live = live_entries([*old, *new], admin.topic_id(pipe.dest_topic))
+    assert live == new
+    assert translate(live, 5, 20).state == "unmapped"
+    assert translate(live, 15, 20).offset == 5

@@ -58,6 +58,9 @@ class FakeAdmin:
         # A broker's defaults under the topic's own settings.
         return {**self.defaults, **self.configs.get(topic, {})}
 
+    def topic_id(self, topic: str) -> str | None:
+        return f"id-{topic}" if topic in self.topics else None
+
 
 def test_steps() -> None:
     assert destination_step(None, 3) == "create"

@@ -16,6 +16,7 @@ from replicator.core.offset_map import (
     MAX_HOLES,
     OffsetMapEntry,
     entries_of,
+    live_entries,
     map_key,
     parse_map_key,
     translate,
@@ -130,3 +131,54 @@ def test_below_the_map_only_a_first_entry_translates() -> None:
     assert translate(first, 50, 126).state == "translated"
     later = entries_of([121, 125], 0, first=121)
     assert translate(later, 50, 126).state == "unmapped"
+
+
+def test_an_offset_inside_a_gap_between_entries_is_unmapped() -> None:
+    # Source 100-199 has no entry (replicated while the map was off, say): the gap may
+    # hold records, so 150 cannot resume at 201 (150-199 would be skipped).
+    entries = [*entries_of(list(range(100)), 0, from_origin=True),
+               *entries_of(list(range(200, 300)), 201)]
+    t = translate(entries, 150, 300)
+    assert (t.offset, t.state) == (None, "unmapped") and "100..199" in t.reason
+    # Right after an entry and at the next entry's first record it is exact.
+    assert (translate(entries, 100, 300).offset, translate(entries, 100, 300).state) \
+        == (100, "translated")
+    assert translate(entries, 200, 300).offset == 201
+    # Positions replayed after the last entry without one: unmapped as well.
+    assert translate(entries, 320, 350).state == "unmapped"
+
+
+def test_a_recreated_destination_and_a_new_replay_never_use_stale_entries() -> None:
+    old = entries_of(list(range(100)), 0, from_origin=True, incarnation="A")
+    # The destination topic recreated (id B), replication going on from 100.
+    new = entries_of(list(range(100, 150)), 0, first=100, incarnation="B")
+    live = live_entries([*old, *new], "B")
+    assert live == new
+    assert translate(live, 120, 150).offset == 20
+    assert translate(live, 50, 150).state == "unmapped"      # only in the old topic
+    assert live_entries([*old, *new], None) == []               # the topic is missing
+    # A checkpoint reset: the same topic replays from 40 again (the new copies at 100+):
+    # 40 and above resume in the new copy, below it the records exist twice: unmapped.
+    again = entries_of(list(range(40, 120)), 101, first=40, from_origin=True,
+                       incarnation="A")
+    live = live_entries([*old, *again], "A")
+    assert [e.src_first for e in live] == [40] and not live[0].from_origin
+    assert translate(live, 60, 120).offset == 121
+    assert translate(live, 10, 120).state == "unmapped"
+    # Entries written before the map recorded incarnations are used while none has one.
+    legacy = entries_of(list(range(10)), 0, from_origin=True)
+    assert live_entries(legacy, "A") == legacy
+    assert OffsetMapEntry.decode(old[0].encode(), where="k").incarnation == "A"
+
+
+def test_a_replay_started_again_from_its_origin_drops_the_earlier_entries() -> None:
+    # 0-8 replayed with the map, 9-11 without (the map off), then the checkpoint deleted:
+    # the replay starts again at 11 (its first entry from_origin). Record 11 is in the
+    # destination twice, and nothing in the map overlaps: the from_origin entry written
+    # after others is what says replication started again.
+    old = entries_of(list(range(9)), 0, from_origin=True, incarnation="A")
+    again = entries_of(list(range(11, 21)), 14, first=11, from_origin=True, incarnation="A")
+    live = live_entries([*old, *again], "A")
+    assert [e.src_first for e in live] == [11] and not live[0].from_origin
+    assert translate(live, 0, 21).state == "unmapped"     # 0 would read record 11 twice
+    assert translate(live, 15, 21).offset == 18

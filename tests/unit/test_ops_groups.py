@@ -5,8 +5,10 @@ never past the replicated data, never for a destination fed by several sources.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 
+from replicator.core.errors import KafkaRetriableError
 from replicator.core.metrics import Metrics
 from replicator.core.offset_map import entries_of, translate
 from replicator.core.settings import IngressSettings
@@ -15,6 +17,8 @@ from replicator.ops.groups import (
     ACTIVE,
     AGGREGATED,
     AHEAD,
+    LOCAL_WRITES,
+    REFUSED,
     SYNCED,
     TO_SYNC,
     UNMAPPED,
@@ -42,6 +46,7 @@ class FakeAdmin:
         self.members = members
         self.committed = dict(committed or {})
         self.altered: list[tuple[str, dict[tuple[str, int], int]]] = []
+        self.refuse: set[str] = set()
 
     def group_members(self, group: str) -> int:
         return self.members
@@ -50,8 +55,14 @@ class FakeAdmin:
         return dict(self.committed)
 
     def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        if group in self.refuse:
+            raise KafkaRetriableError(f"alter offsets of group {group!r}: "
+                                      "UNKNOWN_MEMBER_ID (the group has members)")
         self.altered.append((group, dict(offsets)))
         self.committed.update(offsets)
+
+    def topic_id(self, topic: str) -> str | None:
+        return "id-1"
 
 
 def export(offsets: dict[int, int], topic: str = "orders", region: str = "eu"
@@ -148,3 +159,80 @@ def test_after_sync_is_what_a_new_plan_would_say() -> None:
                                destination_committed=admin.committed, entries=ENTRIES,
                                replicated={0: replicated}, aggregated=False)
         assert after_sync(rows) == replanned
+
+
+def test_active_active_is_never_synced_for_a_guess() -> None:
+    # The destination topic has producers of its own: the translation cannot account for
+    # the local records, so the row says so and nothing is committed, even when the
+    # destination group already stands at the translated offset.
+    exact = rows_for(50)[0]
+    for current in (None, exact.translated):
+        [row] = plan_group(export({0: 50}), "orders", members=0,
+                           destination_committed={} if current is None
+                           else {("orders", 0): current},
+                           entries=ENTRIES, replicated={0: 200}, aggregated=False,
+                           local_writes=True)
+        assert (row.state, row.commit) == (LOCAL_WRITES, None)
+        assert "producers of its own" in row.reason
+
+
+def test_sync_goes_on_past_a_refused_group_and_reports_each() -> None:
+    admin = FakeAdmin()
+    admin.refuse = {"a"}
+    rows = [replace(r, group=g) for g in ("a", "b", "c") for r in rows_for(50)]
+    done = sync(rows, admin)
+    assert isinstance(done["a"], KafkaRetriableError) and done["b"] == done["c"] == 1
+    assert [g for g, _ in admin.altered] == ["b", "c"]
+    after = after_sync(rows, done)
+    assert [(r.group, r.state) for r in after] == [("a", REFUSED), ("b", SYNCED),
+                                                   ("c", SYNCED)]
+    assert "UNKNOWN_MEMBER_ID" in after[0].reason
+
+
+def test_plan_uses_only_the_destination_topics_current_entries() -> None:
+    ingress = IngressSettings.model_validate({
+        "group_id": "ing", "sqs_queue": "q",
+        "sources": [{"region": "eu", "topic": "orders", "destination_topic": "orders"}]})
+    cps = {checkpoint_key("eu", "orders", 0, "orders"): Checkpoint(99, "seg", NOW)}
+    part = ("eu", "orders", 0, "orders")
+    stale = entries_of(list(range(100)), 1000, from_origin=True, incarnation="id-0")
+    current = entries_of(list(range(100)), 0, from_origin=True, incarnation="id-1")
+    [row] = plan([export({0: 50})], ingress.sources, FakeAdmin(), {part: [*stale, *current]},
+                 cps)
+    assert (row.translated, row.state) == (50, TO_SYNC)
+    [row] = plan([export({0: 50})], ingress.sources, FakeAdmin(), {part: stale}, cps)
+    assert (row.state, row.commit) == (UNMAPPED, None) and row.reason
+
+
+def test_a_gap_in_the_map_is_unmapped_with_its_reason() -> None:
+    part = ("eu", "orders", 0, "orders")
+    gap = {part: [*entries_of(list(range(100)), 0, from_origin=True),
+                  *entries_of(list(range(200, 300)), 201)]}
+    [row] = plan_group(export({0: 150}), "orders", members=0, destination_committed={},
+                       entries=gap, replicated={0: 300}, aggregated=False)
+    assert (row.state, row.commit) == (UNMAPPED, None) and "100..199" in row.reason
+
+
+def test_a_group_at_rest_past_the_final_commit_marker_is_synced_at_the_replicated_end(
+        ) -> None:
+    # The source's last record is SRC[-1], a commit marker follows: a consumer that read
+    # everything commits last + 2. Replication is at last + 1 (the checkpoint at last).
+    last = SRC[-1]
+    at_rest = GroupExport("app", "orders", "eu", {0: last + 2}, NOW,
+                          no_records_from={0: last + 1})
+
+    def row(e: GroupExport, current: int | None = None) -> GroupRow:
+        [r] = plan_group(e, "orders", members=0,
+                         destination_committed={} if current is None
+                         else {("orders", 0): current},
+                         entries=ENTRIES, replicated={0: last + 1}, aggregated=False)
+        return r
+
+    end = ENTRIES[("eu", "orders", 0, "orders")][-1].dest_next
+    r = row(at_rest)
+    assert (r.translated, r.state, r.commit) == (end, TO_SYNC, end)
+    assert row(at_rest, end).state == SYNCED
+    # Without the export's evidence (or before the last record is replicated) it waits.
+    assert row(export({0: last + 2}), end).state == WAITING
+    early = GroupExport("app", "orders", "eu", {0: last + 2}, NOW, no_records_from={0: 200})
+    assert row(early, end).state == WAITING

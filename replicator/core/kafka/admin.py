@@ -13,7 +13,7 @@ from typing import Any
 
 import confluent_kafka as ck
 import confluent_kafka.admin as cka
-from confluent_kafka import ConsumerGroupTopicPartitions
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicCollection
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin._config import (
     AlterConfigOpType,
@@ -154,6 +154,22 @@ class Admin:
             raise KafkaRetriableError(f"describe configs of broker {broker_id}: no answer "
                                       f"within {self.timeout:.0f}s") from e
         return {k: v.value for k, v in entries.items() if v.value is not None}
+
+    def topic_id(self, topic: str) -> str | None:
+        """Kafka's id of ``topic`` (a new one each time the topic is created), or ``None``
+        if it does not exist.
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: the describe failed, naming the topic.
+        """
+        fut = self._admin.describe_topics(TopicCollection([topic]),
+                                          request_timeout=self.timeout)[topic]
+        try:
+            return str(fut.result(timeout=self.timeout).topic_id)
+        except ck.KafkaException as e:
+            if is_code(e, "UNKNOWN_TOPIC_OR_PART") or is_code(e, "UNKNOWN_TOPIC_ID"):
+                return None
+            raise translate(e, f"describe topic {topic}") from e
 
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool:

@@ -105,9 +105,10 @@ class EgressSelectSettings(Model):
         default_factory=list, description="Regular expressions matched against whole topic "
         "names (\"sensor\\\\..*\" selects sensor.a, not my.sensor.a); a topic matching any is "
         "replicated, with [egress.topic_defaults]. Internal topics (__*, _schemas, the "
-        "replicator's checkpoint, event and offset-map topics) are never selected by a "
-        "pattern, only by an [egress.topics.\"NAME\"] table; other names starting with _ "
-        "are ordinary topics. Ingress's topic_pattern follows the same rule. Checked every "
+        "replicator's checkpoint, event and offset-map topics, under their default names "
+        "and those this file's [ingress] gives them) are never selected by a pattern, only "
+        "by an [egress.topics.\"NAME\"] table; other names starting with _ are ordinary "
+        "topics. Ingress's topic_pattern follows the same rule. Checked every "
         "topic_metadata_interval.")
     exclude: list[str] = Field(
         default_factory=list, description="Regular expressions (whole names) of topics that "

@@ -164,3 +164,18 @@ def test_a_partition_without_a_commit_starts_where_the_topic_says(
         # 2026-11-01T00:00:00Z in milliseconds, asked for the partition without a commit.
         assert [(tp.partition, tp.offset) for tp in consumer.asked] == [(1, 1_793_491_200_000)]
     assert eg._writers[("t", 1)].expected is None     # named from its first record
+
+
+def test_the_replicators_own_topics_are_never_selected_by_a_pattern() -> None:
+    # Active-active: ingress writes its checkpoint, segment-event and offset-map topics into
+    # the cluster egress reads; default and configured names alike stay out of ".*".
+    settings = load_settings(data={
+        "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "localhost:1"},
+        "egress": {"group_id": "g", "select": {"include": [".*"]}},
+        "ingress": {"group_id": "i", "sqs_queue": "q", "checkpoint_topic": "ops.cp",
+                    "offset_map_topic": "ops.map", "segment_events_topic": "ops.events",
+                    "sources": [{"region": "r2", "topic": "orders"}]}}, environ={})
+    eg = Egress(settings, store=Harness().store)
+    eg._admin = ListAdmin(["orders", "replicator.offsetmap", "replicator.checkpoint",  # type: ignore[assignment]
+                           "replicator.segmentevents", "ops.cp", "ops.map", "ops.events"])
+    assert eg._selected_topics() == {"orders"}

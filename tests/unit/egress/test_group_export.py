@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from egress.group_export import GroupExporter, GroupFilter, plan_exports
+from egress.group_export import GroupExporter, GroupFilter, at_rest, plan_exports
 from egress.metrics import EgressMetrics
 from replicator.core.errors import KafkaRetriableError
 from replicator.core.keys import group_export_key
@@ -111,3 +111,28 @@ def test_exclude_and_include_settings() -> None:
     store = MemoryObjectStore()
     exporter(admin, store, exclude=["ingress\\..*"]).export({"orders"})
     assert [o.key for o in store.list("data/")] == ["data/eu/orders/_groups/app.json"]
+
+
+def test_a_group_at_rest_past_the_last_record_says_where_the_records_end() -> None:
+    # Partition 0: last record 9, commit marker 10, egress's position 11. The group read
+    # everything (11); partition 1's group is behind egress; partition 2 is not read here.
+    store = MemoryObjectStore()
+    admin = FakeAdmin({"app": {("orders", 0): 11, ("orders", 1): 3, ("orders", 2): 50}})
+    tails = {("orders", 0): (10, 11), ("orders", 1): (7, 7)}
+    ex = GroupExporter(admin, store, prefix="data", region="eu",
+                       settings=GroupExportSettings(), own_group="replicator.egress",
+                       metrics=EgressMetrics(Metrics()), wall=lambda: NOW,
+                       tails=lambda: tails)
+    assert ex.export(["orders"]) == 1
+    key = group_export_key("data", "eu", "orders", "app")
+    assert GroupExport.parse(store.get(key), where=key).no_records_from == {0: 10}
+    # Stable at rest: nothing written again, even after the partition moved elsewhere.
+    tails = {}
+    assert ex.export(["orders"]) == 0
+    # A new commit drops what was said for the old offset.
+    admin.groups["app"][("orders", 0)] = 12
+    assert ex.export(["orders"]) == 1
+    assert GroupExport.parse(store.get(key), where=key).no_records_from == {}
+    assert at_rest("orders", {0: 11}, {("orders", 0): (10, 11)}, None) == {0: 10}
+    assert at_rest("orders", {0: 10}, {("orders", 0): (10, 11)}, None) == {}
+    assert at_rest("orders", {0: 12}, {("orders", 0): (10, 11)}, None) == {}

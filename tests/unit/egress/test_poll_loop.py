@@ -365,3 +365,24 @@ def test_each_tick_gives_writers_the_flush_size_of_the_partition_count(h: Harnes
         loop.writers[("t", p)] = h.writer   # the count is what matters
     loop._tick(0.0)
     assert h.writer.flush_bytes == flush_bytes(budget, 64) < 4 * 1024**2
+
+
+class PositionConsumer(FakeConsumer):
+    def __init__(self, position: int) -> None:
+        super().__init__()
+        self.at = position
+
+    def position(self, tps: Sequence[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, self.at) for tp in tps]
+
+
+def test_tails_say_where_the_records_end_before_the_consumer_position(h: Harness) -> None:
+    # Records 0-2 appended; the consumer read on past a commit marker at 3: position 4.
+    h.writer.append(messages(records(range(3))), now=0.0)
+    loop = loop_for(h, PositionConsumer(4))
+    loop._update_gauges([h.writer])
+    assert loop.tails == {("t", 0): (3, 4)}
+    # A failed segment drops what the consumer delivers until its rewind: no claim then.
+    fail_first_segment(h)
+    loop._update_gauges([h.writer])
+    assert loop.tails == {}
