@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 BURST_SECONDS = 1.0
 """Bytes a bucket holds when full, in seconds of its rate."""
+MIN_DELAY = 1e-4
+"""The shortest wait ``delay`` asks for, in seconds."""
 
 
 @dataclass
@@ -49,9 +51,13 @@ class TokenBucket:
         self.tokens -= n
 
     def delay(self, now: float) -> float:
-        """Seconds until the bucket is out of debt (0: go on now)."""
+        """Seconds until the bucket is out of debt (0: go on now). A debt of less than
+        ``MIN_DELAY`` seconds is none: waiting for it could not move a clock (a float
+        rounding of the refill), and a caller adding it to its clock would never get on.
+        """
         self._refill(now)
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+        wait = 0.0 if self.tokens >= 0 else -self.tokens / self.rate
+        return wait if wait >= MIN_DELAY else 0.0
 
     def allowance(self, now: float, mean_record: float, most: int) -> int:
         """Records the next read may take: what the tokens cover at ``mean_record`` bytes

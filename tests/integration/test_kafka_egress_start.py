@@ -9,6 +9,7 @@ import time
 import pytest
 
 from egress.controller import Egress
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Producer, TopicPartition
 from tests.integration.pipeline import Pipeline, running_egress, wait_for
 from tests.integration.test_egress import read_partition, segment_keys
@@ -33,14 +34,18 @@ def test_latest_copies_only_records_produced_after_the_start(pipe: Pipeline) -> 
         # fetch response carries the high watermark the client caches).
         def resolved() -> bool:
             c = eg._consumer
-            return c is not None and bool(eg._writers) and c.watermarks(
-                TopicPartition(pipe.topic, 0), cached=True)[1] == 20
+            if c is None or not eg._writers:
+                return False
+            try:
+                return c.watermarks(TopicPartition(pipe.topic, 0), cached=True)[1] == 20
+            except ReplicatorError:
+                return False
 
-        wait_for(resolved, 30, "the partition assigned at the end of its log")
+        wait_for(resolved, 60, "the partition assigned at the end of its log")
         produce(pipe, 20, 30)
         wait_for(lambda: sum(k.end - k.start + 1 for k in segment_keys(pipe.store, pipe.topic,
                                                                         0)) == 10,
-                 30, "the new records in segments")
+                 60, "the new records in segments")
         assert eg.metrics.total("egress_source_lost_messages_total") == 0
     keys = segment_keys(pipe.store, pipe.topic, 0)
     assert keys[0].start == 20                       # named from its first record
@@ -59,6 +64,6 @@ def test_a_time_starts_at_the_first_record_at_or_after_it(pipe: Pipeline) -> Non
     with running_egress(Egress(settings, store=pipe.store)):
         wait_for(lambda: sum(k.end - k.start + 1 for k in segment_keys(pipe.store, pipe.topic,
                                                                         0)) == 10,
-                 30, "the records from that time in segments")
+                 60, "the records from that time in segments")
     assert [r.value for r in read_partition(pipe.store, pipe.topic, 0)] == [
         f"v{i}".encode() for i in range(30, 40)]

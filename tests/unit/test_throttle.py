@@ -29,6 +29,10 @@ def test_a_bucket_starts_full_goes_into_debt_and_refills_at_its_rate() -> None:
     assert b.delay(2.0) == 0
     assert b.allowance(10.0, mean_record=100, most=5) == 5      # full again, capped
     assert b.allowance(10.0, mean_record=400, most=50) == 2
+    b.take(int(b.tokens) + 1, 10.0)          # a debt of one byte: 1 ms at this rate
+    assert b.delay(10.0) == pytest.approx(0.001)
+    b.take(0, 10.0 + 0.001 - 1e-12)          # what is left is a rounding, not a wait
+    assert b.delay(10.0 + 0.001 - 1e-12) == 0
     with pytest.raises(ValueError, match="positive"):
         TokenBucket(0, now=0.0)
 
