@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from replicator.core.metrics import Metrics
+from replicator.core.metrics import Metrics, build_info
 
 PART = ("region", "topic", "partition")
 SOURCE = ("region", "topic")
@@ -23,6 +23,7 @@ class IngressMetrics:
 
     messages_produced: Any
     replication_lag: Any
+    last_progress: Any
     checkpoint_offset: Any
     segments_waiting: Any
     segments_late: Any
@@ -49,6 +50,7 @@ class IngressMetrics:
     transactions: Any
     offset_map_entries: Any
     offset_map_unmapped: Any
+    build_info: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -56,9 +58,17 @@ class IngressMetrics:
         return cls(
             messages_produced=m.counter("ingress_messages_produced_total",
                                         "Records produced to the destination.", PART),
-            replication_lag=m.gauge("ingress_replication_lag_seconds",
-                                    "Now minus the source timestamp of the last record "
-                                    "produced.", PART),
+            replication_lag=m.gauge(
+                "ingress_replication_lag_seconds",
+                "Now (at the scrape) minus the time the destination is known fresh "
+                "through: the source timestamp of the last record produced (after a "
+                "restart, until one is: the resumed checkpoint's time), or the newest "
+                "egress heartbeat this partition has replayed up to; grows while nothing "
+                "arrives (docs/operations.md, \"Alerts: lag and progress\").", PART),
+            last_progress=m.gauge(
+                "ingress_last_progress_timestamp_seconds",
+                "When the partition's replay position last moved (or its worker started), "
+                "seconds since the epoch.", PART),
             checkpoint_offset=m.gauge("ingress_checkpoint_offset",
                                       "Last source offset checkpointed.", PART),
             segments_waiting=m.gauge("ingress_segments_waiting",
@@ -137,4 +147,5 @@ class IngressMetrics:
                 "Batches whose records did not land at consecutive destination offsets: no "
                 "map entry, so consumer groups cannot be translated in that range.",
                 ("topic",)),
+            build_info=build_info(m, "ingress"),
         )

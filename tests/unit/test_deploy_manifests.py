@@ -852,24 +852,23 @@ def test_create_topics_defaults_match_the_settings_defaults() -> None:
 
 # --- Grafana -----------------------------------------------------------------------------
 
-_METRIC_CALL = re.compile(r"\.(counter|gauge|histogram)\(\s*[\"']([A-Za-z0-9_]+)[\"']")
-
-
 def _exported_metric_names() -> set[str]:
-    """Sample names Prometheus will see, from the metric constructor calls in the source."""
+    """Sample names Prometheus will see, from the controllers' metric definitions (those
+    docs/metrics.md is generated from).
+    """
+    from replicator.reference.metrics import definitions
+
     names: set[str] = set()
-    for pkg in ("replicator", "egress", "ingress", "compaction", "formats"):
-        for f in (ROOT / pkg).rglob("*.py"):
-            for kind, name in _METRIC_CALL.findall(f.read_text()):
-                full = name if name.startswith("replicator_") else f"replicator_{name}"
-                if kind == "counter":
-                    base = full.removesuffix("_total")
-                    names |= {f"{base}_total", f"{base}_created"}
-                elif kind == "gauge":
-                    names.add(full)
-                else:
-                    names |= {f"{full}_bucket", f"{full}_sum", f"{full}_count",
-                              f"{full}_created"}
+    for defs in definitions().values():
+        for d in defs:
+            if d.kind == "counter":
+                base = d.name.removesuffix("_total")
+                names |= {f"{base}_total", f"{base}_created"}
+            elif d.kind == "gauge":
+                names.add(d.name)
+            else:
+                names |= {f"{d.name}_bucket", f"{d.name}_sum", f"{d.name}_count",
+                          f"{d.name}_created"}
     return names
 
 
