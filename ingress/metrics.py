@@ -31,6 +31,7 @@ class IngressMetrics:
     segments_lost: Any
     messages_lost: Any
     messages_skipped: Any
+    late_after_lost: Any
     segments_replayed: Any
     segments_missing: Any
     segments_corrupt: Any
@@ -86,6 +87,11 @@ class IngressMetrics:
                                        "Positions of segments that arrived below where the "
                                        "first replay without a checkpoint started (never "
                                        "replayed).", PART),
+            late_after_lost=m.counter(
+                "ingress_late_after_lost_messages_total",
+                "Positions of segments that arrived after their range was declared lost "
+                "(not replayed; the ERROR line gives the replicator restore command that "
+                "brings them back).", PART),
             segments_replayed=m.counter("ingress_segments_replayed_total",
                                         "Segments replayed to their end.", PART),
             segments_missing=m.counter("ingress_segments_missing_total",

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from formats.segment_io import SegmentStreamReader, open_segment
 from ingress.checkpoints import CheckpointStore, LoadTicket
+from ingress.declared_lost import DeclaredLost
 from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
 from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
@@ -170,6 +171,8 @@ class ReplayWorker:
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
         self._m_produced = metrics.messages_produced.labels(**labels)
         self.freshness = PartitionFreshness(metrics, labels, clock)
+        self.declared_lost = DeclaredLost(ref, cfg.destination_topic, self.where, metrics,
+                                          labels)
         self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
         self._m_waiting = metrics.segments_waiting.labels(**labels)
         self._m_late = metrics.segments_late.labels(**labels)
@@ -438,6 +441,8 @@ class ReplayWorker:
         if cp is not None:
             self._m_checkpoint.set(cp.offset)
             self.freshness.resumed(cp.updated_at)
+            if cp.lost is not None:
+                self.declared_lost.declared(*cp.lost)
         log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
                  "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
         self.late = None
@@ -486,6 +491,7 @@ class ReplayWorker:
     def _drain_inbox(self) -> bool:
         with self._lock:
             events, self._inbox = self._inbox, []
+        self.declared_lost.arrived(events)
         self.inventory.apply(events)
         return bool(events)
 
@@ -696,6 +702,7 @@ class ReplayWorker:
                   "arrived", self.where, action.first, action.last, action.size,
                   self.cfg.source.lost_segment_timeout)
         self.metrics.segments_lost.labels(**self._labels).inc()
+        self.declared_lost.declared(action.first, action.last)
         self.metrics.messages_lost.labels(**self._labels).inc(action.size)
         usable = self.inventory.usable()
         following = min((s for s in usable if s.start == action.last + 1),

@@ -306,7 +306,13 @@ class IngressSourceSettings(Model):
         "them when several share it (decided from the topics in the bucket alone, the same "
         "on every instance; README, \"Topologies\").")
     lost_segment_timeout: Duration = Field(
-        timedelta(hours=1), description="How long a gap waits before it is declared lost.")
+        timedelta(hours=24), description="How long a gap waits before it is declared lost. "
+        "The default outlasts a regional incident: S3 replicates what was pending once the "
+        "region is back, and a FAILED replication waits for an operator's re-drive; RTC's "
+        "15 minutes is a target, not a bound. The partition's later records wait behind "
+        "the gap meanwhile (alert ReplicatorIngressNoProgress). A segment that arrives "
+        "after its range was declared lost is logged at ERROR with the replicator restore "
+        "command that brings it back (docs/runbooks.md, \"What decides RPO and RTO\").")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
     first_segment_delay: Duration = Field(
         timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists "
