@@ -20,7 +20,9 @@ Labels = frozenset[tuple[str, str]]
 Vector = dict[Labels, float]
 Value = Vector | float
 
-_TOKEN = re.compile(r'\s*(?:(?P<dur>\d+[smhdwy](?![a-zA-Z0-9_]))|(?P<num>\d+(?:\.\d+)?(?:e\d+)?)|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+_TOKEN = re.compile(r'\s*(?:(?P<dur>\d+[smhdwy](?![a-zA-Z0-9_]))'
+                    r'|(?P<num>\d+(?:\.\d+)?(?:e\d+)?)'
+                    r'|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
                     r'|(?P<str>"[^"]*")|(?P<op>>=|<=|==|!=|[-+*/><(){},=\[\]]))')
 _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "bool", "offset"}
 _FUNCTIONS = {"time", "absent", "max", "min", "sum", "count", "avg", "increase", "rate",
