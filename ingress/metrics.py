@@ -52,6 +52,7 @@ class IngressMetrics:
     offset_map_entries: Any
     offset_map_unmapped: Any
     build_info: Any
+    heartbeat_age: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -154,4 +155,9 @@ class IngressMetrics:
                 "map entry, so consumer groups cannot be translated in that range.",
                 ("topic",)),
             build_info=build_info(m, "ingress"),
+            heartbeat_age=m.gauge(
+                "ingress_heartbeat_age_seconds",
+                "Now (at the scrape) minus the newest egress heartbeat of a source topic "
+                "in the bucket (sources whose egress writes heartbeats: [egress.topics] "
+                "heartbeat_interval); grows when heartbeats stop arriving.", SOURCE),
         )

@@ -65,6 +65,13 @@ class EgressTopicSettings(Model):
         "always resumes from it. Ingress starts each partition where egress's first "
         "segment does (docs/architecture.md, \"Topic metadata\"), so nothing before it is "
         "declared lost.")
+    heartbeat_interval: Duration | None = Field(
+        None, description="Write a heartbeat for this topic at this interval (off when "
+        "absent): a small object under _heartbeats/ (never a segment) saying which "
+        "partitions egress had nothing more of, and up to where, so the destination tells "
+        "a quiet topic from a replication that stopped (ingress: "
+        "replicator_ingress_heartbeat_age_seconds, the lag gauge; docs/architecture.md, "
+        "\"Heartbeats\"). One PUT per interval per egress instance (and its replication).")
 
     @field_validator("max_segment_size")
     @classmethod
@@ -95,6 +102,13 @@ class EgressTopicSettings(Model):
     def _age_ok(cls, v: timedelta) -> timedelta:
         if v <= timedelta(0):
             raise ValueError("must be positive")
+        return v
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _heartbeat_ok(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v < timedelta(seconds=1):
+            raise ValueError("must be at least 1s (or absent: no heartbeats)")
         return v
 
 
