@@ -328,7 +328,7 @@ class Egress:
         positions and cached watermarks are read here; the PUT runs on the pool).
         """
         hb, pool, consumer = self._heartbeats, self._pool, self._consumer
-        if hb is None or pool is None or consumer is None:
+        if hb is None or pool is None or consumer is None or not hb.may_be_due(now):
             return
         for topic in hb.due({t for t, _ in self._writers}, now):
             writers = {p: w for (t, p), w in self._writers.items() if t == topic}

@@ -29,6 +29,9 @@ from replicator.core.wire import Heartbeat
 
 log = logging.getLogger(__name__)
 
+LOOK_EVERY = 1.0
+"""Seconds between two looks for due heartbeats (intervals are at least 1 s)."""
+
 
 class WriterState(Protocol):
     """What a heartbeat reads of a partition writer (``egress.partition_writer``)."""
@@ -90,9 +93,17 @@ class HeartbeatPublisher:
         self.metrics = metrics
         self.wall = wall
         self._last: dict[str, float] = {}
+        self._next_look = float("-inf")
+
+    def may_be_due(self, now: float) -> bool:
+        """False until a second after the last ``due``: the poll loop asks at every turn,
+        and ``due`` walks the assigned topics.
+        """
+        return now >= self._next_look
 
     def due(self, topics: Iterable[str], now: float) -> list[str]:
         """The topics whose heartbeat is due at monotonic ``now`` (marked as written)."""
+        self._next_look = now + LOOK_EVERY
         out = []
         for t in sorted(set(topics)):
             interval = self.interval_of(t)

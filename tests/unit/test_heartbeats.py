@@ -80,7 +80,9 @@ def test_publisher_writes_each_topic_at_its_interval() -> None:
     intervals = {"quiet": timedelta(seconds=60)}
     pub = HeartbeatPublisher(store, prefix="data", region="us-east-1", instance="pod/0",
                              interval_of=intervals.get, metrics=m, wall=lambda: T0)
+    assert pub.may_be_due(1000.0)
     assert pub.due(["quiet", "busy"], 1000.0) == ["quiet"]
+    assert not pub.may_be_due(1000.5)         # the poll loop looks at most once a second
     assert pub.due(["quiet", "busy"], 1030.0) == []
     assert pub.due(["quiet"], 1060.0) == ["quiet"]
     pub.write("quiet", {0: 41})
