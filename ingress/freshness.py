@@ -57,6 +57,7 @@ class PartitionFreshness:
         self._progress = metrics.last_progress.labels(**labels)
         self._progress.set(clock().timestamp())
         self._closed = False
+        metrics.series_owners[self._values] = self
 
     def lag_seconds(self) -> float:
         """Now minus the time the destination is fresh through (0 if in the future)."""
@@ -101,6 +102,9 @@ class PartitionFreshness:
                 return
             self._closed = True
             lag, self._lag = self._lag, None
+            if self._metrics.series_owners.get(self._values) is not self:
+                return    # a successor of this partition owns the series now
+            del self._metrics.series_owners[self._values]
         for gauge, present in ((self._metrics.replication_lag, lag is not None),
                                (self._metrics.last_progress, True)):
             if present:

@@ -8,7 +8,7 @@ and invalid, segment events read, source errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replicator.core.metrics import Metrics, build_info
@@ -53,6 +53,9 @@ class IngressMetrics:
     offset_map_unmapped: Any
     build_info: Any
     heartbeat_age: Any
+    series_owners: dict[tuple[str, ...], object] = field(default_factory=dict)
+    """Which ``PartitionFreshness`` owns a partition's lag and progress series: a worker
+    that ends after its successor started (a missed revoke deadline) leaves them alone."""
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:

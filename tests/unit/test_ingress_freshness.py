@@ -139,3 +139,18 @@ def test_freshness_sources_and_series_removal() -> None:
     f.close()
     assert m.value(lag, LABELS) is None
     assert m.value("replicator_ingress_last_progress_timestamp_seconds", LABELS) is None
+
+
+def test_a_worker_ending_after_its_successor_started_leaves_the_series_alone() -> None:
+    m = Metrics()
+    im = IngressMetrics.create(m)
+    clock = FakeClock(datetime(2026, 11, 25, 12, 0, tzinfo=UTC))
+    old = PartitionFreshness(im, LABELS, clock)
+    old.resumed(clock.now)
+    new = PartitionFreshness(im, LABELS, clock)     # the old one missed its deadline
+    new.resumed(clock.now - timedelta(seconds=5))
+    old.close()
+    assert m.value("replicator_ingress_replication_lag_seconds", LABELS) == 5
+    assert m.value("replicator_ingress_last_progress_timestamp_seconds", LABELS) is not None
+    new.close()
+    assert m.value("replicator_ingress_replication_lag_seconds", LABELS) is None
