@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,7 @@ from egress.allocators import arrow_allocated_bytes, prepare_allocators
 from egress.commits import CommitService, next_segment_start
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
+from egress.heartbeat import HeartbeatPublisher, caught_up
 from egress.metrics import EgressMetrics
 from egress.origin import origin_filter
 from egress.out_of_range import READ_TIMEOUT
@@ -127,6 +129,7 @@ class Egress:
         self._groups: GroupExporter | None = None
         self._last_groups = 0.0
         self._groups_running = threading.Event()
+        self._heartbeats: HeartbeatPublisher | None = None
         self._assigned_once = False
         self._failed = False
         self._fatal: ReplicatorError | None = None
@@ -181,6 +184,12 @@ class Egress:
                 self._admin, self.store, prefix=self.settings.s3.prefix, region=self.region,
                 settings=self.config.group_export, own_group=self.config.group_id,
                 metrics=self.m, wall=self.wall, tails=self._tails)
+        self._heartbeats = HeartbeatPublisher(
+            self.store, prefix=self.settings.s3.prefix, region=self.region,
+            instance=str(self.settings.kafka.config.get("group.instance.id")
+                         or socket.gethostname()),
+            interval_of=lambda t: self.config.topic_settings(t).heartbeat_interval,
+            metrics=self.m, wall=self.wall)
         # A position the source deleted (retention under a lagging consumer) stops the
         # partition with an event instead of a silent jump to the log start: egress reports
         # the exact lost range, then seeks (egress.poll_loop).
@@ -290,6 +299,7 @@ class Egress:
         if wanted != self._subscribed:
             self._subscribe(wanted)
         self._maybe_export_groups(now)
+        self._maybe_heartbeat(now)
         if now - self._last_meta < self.config.topic_metadata_interval.total_seconds():
             return
         self._last_meta = now
@@ -312,6 +322,24 @@ class Egress:
         self._last_groups = now
         self._groups_running.set()
         self._pool.submit(self._export_groups, self._groups, topics)
+
+    def _maybe_heartbeat(self, now: float) -> None:
+        """Queue the heartbeats that are due (poll thread: the writers and the consumer's
+        positions and cached watermarks are read here; the PUT runs on the pool).
+        """
+        hb, pool, consumer = self._heartbeats, self._pool, self._consumer
+        if hb is None or pool is None or consumer is None or not hb.may_be_due(now):
+            return
+        for topic in hb.due({t for t, _ in self._writers}, now):
+            writers = {p: w for (t, p), w in self._writers.items() if t == topic}
+            tps = [TopicPartition(topic, p) for p in writers]
+            try:
+                positions = {tp.partition: tp.offset for tp in consumer.position(tps)}
+                highs = {tp.partition: consumer.watermarks(tp, cached=True)[1] for tp in tps}
+            except ReplicatorError as e:
+                log.debug("heartbeat of %s: no positions or watermarks: %s", topic, e)
+                positions, highs = {}, {}
+            pool.submit(hb.write, topic, caught_up(writers, positions, highs))
 
     def _export_groups(self, exporter: GroupExporter, topics: set[str]) -> None:
         try:

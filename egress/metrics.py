@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from replicator.core.metrics import Metrics
+from replicator.core.metrics import Metrics, build_info
 
 _PART = ("region", "topic", "partition")
 
@@ -90,6 +90,13 @@ class EgressMetrics:
             "egress_buffered_bytes", "Bytes held by open and closing segments.", ("region",))
         self.open_segments = metrics.gauge(
             "egress_open_segments", "Segments open or closing.", ("region",))
+        self.build_info = build_info(metrics, "egress")
+        self.heartbeats = metrics.counter(
+            "egress_heartbeats_total", "Heartbeat objects written ([egress.topics] "
+            "heartbeat_interval; docs/architecture.md, \"Heartbeats\").", ("region", "topic"))
+        self.heartbeat_failures = metrics.counter(
+            "egress_heartbeat_failures_total", "Heartbeats that could not be written (the "
+            "next interval writes again).", ("region",))
         self.assigned = metrics.gauge(
             "egress_assigned_partitions", "Partitions assigned to this process.", ("region",))
         self.paused = metrics.gauge(

@@ -28,6 +28,7 @@ from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
+from ingress.heartbeats import HeartbeatReader
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
@@ -135,6 +136,7 @@ class Ingress:
         self._closed = False
         self._failed = False
         self._next_topic_check = 0.0
+        self.heartbeats: HeartbeatReader | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -243,6 +245,7 @@ class Ingress:
                         log.error("checking destination topics failed, retrying in %s: %s",
                                   self.cfg.topic_check_interval, e)
                     self._next_topic_check = time.monotonic() + self._topic_check_delay()
+                    self._read_heartbeats()
                 if self.subscribed:
                     assert self.consumer is not None
                     for err in self.consumer.poll(0.05).errors:
@@ -321,6 +324,22 @@ class Ingress:
                                         on_revoke=self._on_revoke, on_lost=self._on_lost)
             else:
                 self.consumer.unsubscribe()
+
+    def _read_heartbeats(self) -> None:
+        """Read the sources' egress heartbeats; a worker replayed up to a partition's
+        caught-up position is fresh as of its heartbeat (ingress.heartbeats).
+        """
+        if self.store is None:
+            return
+        if self.heartbeats is None:
+            self.heartbeats = HeartbeatReader(self.store, self.settings.s3.prefix, self.m,
+                                              self.clock)
+        self.heartbeats.refresh(list(self.sources))
+        for (region, topic, partition), w in list(self.workers.items()):
+            beat = self.heartbeats.caught_up((region, topic), partition)
+            position = w.position
+            if beat is not None and position is not None and position >= beat.position:
+                w.freshness.heartbeat(beat.written_at)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # With cooperative-sticky only the added partitions arrive here (added with

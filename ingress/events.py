@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import unquote_plus
 
-from replicator.core.keys import TOPIC_META_NAME, PartitionRef, SegmentKey
+from replicator.core.keys import TOPIC_META_NAME, PartitionRef, SegmentKey, parse_heartbeat_key
 from replicator.core.wire import checkpoint_key, json_object
 
 EventKind = Literal["created", "removed"]
@@ -32,6 +32,7 @@ IGNORED_OTHER_BUCKET = "other_bucket"
 IGNORED_OTHER_PREFIX = "other_prefix"
 IGNORED_EVENT_TYPE = "event_type"
 IGNORED_TOPIC_META = "topic_meta"
+IGNORED_HEARTBEAT = "heartbeat"
 IGNORED_NOT_SEGMENT = "not_segment"
 IGNORED_UNCONFIGURED = "unconfigured_source"
 
@@ -132,8 +133,9 @@ def _parse_record(rec: Any, bucket: str, prefix: str, sources: Container[tuple[s
     if not key.startswith(prefix + "/"):
         out.ignored.append((IGNORED_OTHER_PREFIX, key))
         return
-    if key.endswith("/" + TOPIC_META_NAME):
-        out.ignored.append((IGNORED_TOPIC_META, key))
+    reason = _metadata_reason(key)
+    if reason is not None:
+        out.ignored.append((reason, key))
         return
     seg = SegmentKey.try_parse(key)
     if seg is None or seg.prefix != prefix:
@@ -145,6 +147,17 @@ def _parse_record(rec: Any, bucket: str, prefix: str, sources: Container[tuple[s
     size = s3["object"].get("size")
     out.events.append(SegmentEvent(kind, seg, size if isinstance(size, int) else None,
                                    _parse_time(rec.get("eventTime"))))
+
+
+def _metadata_reason(key: str) -> str | None:
+    """Why an object egress writes beside the segments is not an event: ``_topic.json``
+    (read by the topic check), a heartbeat (read by listing, ``ingress.heartbeats``).
+    """
+    if key.endswith("/" + TOPIC_META_NAME):
+        return IGNORED_TOPIC_META
+    if parse_heartbeat_key(key) is not None:
+        return IGNORED_HEARTBEAT
+    return None
 
 
 def _parse_time(v: Any) -> datetime | None:

@@ -8,10 +8,10 @@ and invalid, segment events read, source errors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from replicator.core.metrics import Metrics
+from replicator.core.metrics import Metrics, build_info
 
 PART = ("region", "topic", "partition")
 SOURCE = ("region", "topic")
@@ -23,6 +23,7 @@ class IngressMetrics:
 
     messages_produced: Any
     replication_lag: Any
+    last_progress: Any
     checkpoint_offset: Any
     segments_waiting: Any
     segments_late: Any
@@ -30,6 +31,7 @@ class IngressMetrics:
     segments_lost: Any
     messages_lost: Any
     messages_skipped: Any
+    late_after_lost: Any
     segments_replayed: Any
     segments_missing: Any
     segments_corrupt: Any
@@ -49,6 +51,11 @@ class IngressMetrics:
     transactions: Any
     offset_map_entries: Any
     offset_map_unmapped: Any
+    build_info: Any
+    heartbeat_age: Any
+    series_owners: dict[tuple[str, ...], object] = field(default_factory=dict)
+    """Which ``PartitionFreshness`` owns a partition's lag and progress series: a worker
+    that ends after its successor started (a missed revoke deadline) leaves them alone."""
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -56,9 +63,17 @@ class IngressMetrics:
         return cls(
             messages_produced=m.counter("ingress_messages_produced_total",
                                         "Records produced to the destination.", PART),
-            replication_lag=m.gauge("ingress_replication_lag_seconds",
-                                    "Now minus the source timestamp of the last record "
-                                    "produced.", PART),
+            replication_lag=m.gauge(
+                "ingress_replication_lag_seconds",
+                "Now (at the scrape) minus the time the destination is known fresh "
+                "through: the source timestamp of the last record produced (after a "
+                "restart, until one is: the resumed checkpoint's time), or the newest "
+                "egress heartbeat this partition has replayed up to; grows while nothing "
+                "arrives (docs/operations.md, \"Alerts: lag and progress\").", PART),
+            last_progress=m.gauge(
+                "ingress_last_progress_timestamp_seconds",
+                "When the partition's replay position last moved (or its worker started), "
+                "seconds since the epoch.", PART),
             checkpoint_offset=m.gauge("ingress_checkpoint_offset",
                                       "Last source offset checkpointed.", PART),
             segments_waiting=m.gauge("ingress_segments_waiting",
@@ -76,6 +91,11 @@ class IngressMetrics:
                                        "Positions of segments that arrived below where the "
                                        "first replay without a checkpoint started (never "
                                        "replayed).", PART),
+            late_after_lost=m.counter(
+                "ingress_late_after_lost_messages_total",
+                "Positions of segments that arrived after their range was declared lost "
+                "(not replayed; the ERROR line gives the replicator restore command that "
+                "brings them back).", PART),
             segments_replayed=m.counter("ingress_segments_replayed_total",
                                         "Segments replayed to their end.", PART),
             segments_missing=m.counter("ingress_segments_missing_total",
@@ -137,4 +157,10 @@ class IngressMetrics:
                 "Batches whose records did not land at consecutive destination offsets: no "
                 "map entry, so consumer groups cannot be translated in that range.",
                 ("topic",)),
+            build_info=build_info(m, "ingress"),
+            heartbeat_age=m.gauge(
+                "ingress_heartbeat_age_seconds",
+                "Now (at the scrape) minus the newest egress heartbeat of a source topic "
+                "in the bucket (sources whose egress writes heartbeats: [egress.topics] "
+                "heartbeat_interval); grows when heartbeats stop arriving.", SOURCE),
         )

@@ -30,9 +30,11 @@ import pyarrow as pa
 
 from formats.segment_io import SegmentStreamReader, open_segment
 from ingress.checkpoints import CheckpointStore, LoadTicket
+from ingress.declared_lost import DeclaredLost
 from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
 from ingress.first_position import NOT_RECORDED, PENDING, FirstPosition
+from ingress.freshness import PartitionFreshness
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.permits import BudgetRequest, ByteBudget, FifoPermits, PermitRequest
@@ -168,7 +170,9 @@ class ReplayWorker:
                      f"{cfg.destination_topic}[{ref.partition}]"
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
         self._m_produced = metrics.messages_produced.labels(**labels)
-        self._m_lag = metrics.replication_lag.labels(**labels)
+        self.freshness = PartitionFreshness(metrics, labels, clock)
+        self.declared_lost = DeclaredLost(ref, cfg.destination_topic, self.where, metrics,
+                                          labels)
         self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
         self._m_waiting = metrics.segments_waiting.labels(**labels)
         self._m_late = metrics.segments_late.labels(**labels)
@@ -337,6 +341,7 @@ class ReplayWorker:
 
     def _finish(self) -> None:
         self._end_session()
+        self.freshness.close()
         self._done.set()
 
     def _step(self) -> float | None:
@@ -435,6 +440,9 @@ class ReplayWorker:
             self._last_cp = cp
         if cp is not None:
             self._m_checkpoint.set(cp.offset)
+            self.freshness.resumed(cp.updated_at)
+            if cp.lost is not None:
+                self.declared_lost.declared(*cp.lost)
         log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
                  "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
         self.late = None
@@ -483,6 +491,7 @@ class ReplayWorker:
     def _drain_inbox(self) -> bool:
         with self._lock:
             events, self._inbox = self._inbox, []
+        self.declared_lost.arrived(events)
         self.inventory.apply(events)
         return bool(events)
 
@@ -693,6 +702,7 @@ class ReplayWorker:
                   "arrived", self.where, action.first, action.last, action.size,
                   self.cfg.source.lost_segment_timeout)
         self.metrics.segments_lost.labels(**self._labels).inc()
+        self.declared_lost.declared(action.first, action.last)
         self.metrics.messages_lost.labels(**self._labels).inc(action.size)
         usable = self.inventory.usable()
         following = min((s for s in usable if s.start == action.last + 1),
@@ -992,11 +1002,9 @@ class ReplayWorker:
         """Step 5 of ``_deliver``: the batch is durable."""
         self.position = cp.offset
         self._last_cp = cp
+        self.freshness.delivered(None if rows is None else rows.timestamps[-1])
         if rows is not None:
             self._m_produced.inc(len(rows))
-            last_ts = rows.timestamps[-1]
-            if last_ts > 0:
-                self._m_lag.set(max(0.0, self.clock().timestamp() - last_ts / 1000.0))
 
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ from ingress.checkpoints import KafkaCheckpointStore
 from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
+from replicator.core.clock import utc_now
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin
 from replicator.core.metrics import Metrics
@@ -37,8 +39,9 @@ def topics(config: Path, output: str) -> None:
     Egress: the selected topics (tables and what [egress.select] matches now), partition
     counts, the egress group's committed positions and the lag behind the partitions'
     ends. Ingress: the sources (named, or found by topic_pattern in the bucket), their
-    destination topics, partition counts (_topic.json), partitions with a checkpoint and
-    the lag behind the newest segments.
+    destination topics, partition counts (_topic.json), partitions with a checkpoint, the
+    lag behind the newest segments and the age of the newest egress heartbeat ([egress.topics]
+    heartbeat_interval; "-": none written).
     """
     settings, store = settings_store(config)
     if settings.egress is None and settings.ingress is None:
@@ -69,8 +72,16 @@ def topics(config: Path, output: str) -> None:
                       "-" if r.lag is None else r.lag, r.state] for r in erows])
     if settings.ingress is not None:
         click.echo(f"ingress, region {settings.region}:")
+        now = utc_now()
         print_table(["source", "found by", "destination", "partitions", "checkpointed",
-                     "lag", "state"],
+                     "lag", "state", "heartbeat"],
                     [[f"{r.region}/{r.topic}", r.found_by, r.destination,
                       "-" if r.partitions is None else r.partitions, r.checkpointed, r.lag,
-                      r.state] for r in irows])
+                      r.state, heartbeat_age(r.heartbeat, now)] for r in irows])
+
+
+def heartbeat_age(at: datetime | None, now: datetime) -> str:
+    """``"42s ago"`` for the newest egress heartbeat, ``"-"`` when egress writes none."""
+    if at is None:
+        return "-"
+    return f"{max(0, round((now - at).total_seconds()))}s ago"

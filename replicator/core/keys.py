@@ -5,6 +5,8 @@
 * topic metadata: ``{prefix}/{region}/{topic}/_topic.json`` (its body: ``replicator.core.wire``)
 * exported consumer-group offsets: ``{prefix}/{region}/{topic}/_groups/{group}.json``, the
   group id percent-encoded (``replicator.core.wire.GroupExport``)
+* egress heartbeats: ``{prefix}/{region}/{topic}/_heartbeats/{instance}.json``, the egress
+  instance percent-encoded (``replicator.core.wire.Heartbeat``)
 
 Nothing else formats or splits key strings.
 """
@@ -23,6 +25,7 @@ OFFSET_DIGITS = 20
 TOPIC_META_NAME = "_topic.json"
 GROUPS_DIR = "_groups"
 GROUP_EXPORT_SUFFIX = ".json"
+HEARTBEATS_DIR = "_heartbeats"
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _REGION = re.compile(r"[a-zA-Z0-9._-]+")
@@ -209,8 +212,29 @@ def group_export_key(prefix: str, region: str, topic: str, group: str) -> str:
 
 def parse_group_export_key(key: str) -> tuple[str, str, str, str] | None:
     """``(prefix, region, topic, group)`` of a group-export key; ``None`` for any other key."""
+    return _parse_named_json(key, GROUPS_DIR)
+
+
+def heartbeats_prefix(prefix: str, region: str, topic: str) -> str:
+    """Key prefix (ending in ``/``) of a topic's egress heartbeats."""
+    return f"{topic_prefix(prefix, region, topic)}{HEARTBEATS_DIR}/"
+
+
+def heartbeat_key(prefix: str, region: str, topic: str, instance: str) -> str:
+    """Key of one egress instance's heartbeat for one topic (the instance percent-encoded
+    like a group id, so any name is one key segment).
+    """
+    return f"{heartbeats_prefix(prefix, region, topic)}{quote(instance, safe='')}.json"
+
+
+def parse_heartbeat_key(key: str) -> tuple[str, str, str, str] | None:
+    """``(prefix, region, topic, instance)`` of a heartbeat key; ``None`` for any other key."""
+    return _parse_named_json(key, HEARTBEATS_DIR)
+
+
+def _parse_named_json(key: str, directory: str) -> tuple[str, str, str, str] | None:
     parts = key.split("/")
-    if len(parts) < 5 or parts[-2] != GROUPS_DIR or not parts[-1].endswith(GROUP_EXPORT_SUFFIX):
+    if len(parts) < 5 or parts[-2] != directory or not parts[-1].endswith(GROUP_EXPORT_SUFFIX):
         return None
     *prefix_parts, region, topic, _, name = parts
     prefix = "/".join(prefix_parts)
@@ -218,7 +242,7 @@ def parse_group_export_key(key: str) -> tuple[str, str, str, str] | None:
         check_prefix(prefix)
         check_region(region)
         check_topic(topic)
-        group = unquote(name[:-len(GROUP_EXPORT_SUFFIX)], errors="strict")
+        decoded = unquote(name[:-len(GROUP_EXPORT_SUFFIX)], errors="strict")
     except (KeyFormatError, UnicodeDecodeError):
         return None
-    return prefix, region, topic, group
+    return prefix, region, topic, decoded

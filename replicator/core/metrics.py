@@ -7,6 +7,7 @@ daemon thread.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -84,6 +85,21 @@ class Metrics:
                 if s.name == full and all(s.labels.get(k) == v for k, v in match.items()):
                     total += s.value
         return total
+
+
+def build_info(metrics: Metrics, controller: str) -> Any:
+    """``replicator_{controller}_build_info{version}``, set to 1 at once: a series every
+    running process exports from its start, for ``absent()`` alerts.
+    """
+    try:
+        version = importlib.metadata.version("kafka-s3-replicator")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    gauge = metrics.gauge(f"{controller}_build_info",
+                          f"1 while the {controller} process runs (label: its version); "
+                          "absent() of it means none is scraped.", ("version",))
+    gauge.labels(version=version).set(1)
+    return gauge
 
 
 class MetricsServer:

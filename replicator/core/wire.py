@@ -365,6 +365,54 @@ class GroupExport:
         return cls(texts["group"], texts["topic"], texts["region"], offsets, exported, empty)
 
 
+@dataclass(frozen=True)
+class Heartbeat:
+    """What one egress instance had of one topic at ``written_at``
+    (``{prefix}/{region}/{topic}/_heartbeats/{instance}.json``; docs/architecture.md).
+
+    ``caught_up`` maps each partition the instance owned and had nothing more of to its
+    last durable position: no open segment, none being written, and its consumer at the
+    high watermark. A destination whose replay of the partition reached that position
+    holds everything the source had then. Partitions still being written are absent.
+    """
+
+    topic: str
+    region: str
+    instance: str
+    written_at: datetime
+    caught_up: dict[int, int]
+
+    def encode(self) -> bytes:
+        """The JSON body (keys: topic, region, instance, written_at, caught_up)."""
+        return json.dumps({
+            "topic": self.topic, "region": self.region, "instance": self.instance,
+            "written_at": rfc3339(self.written_at),
+            "caught_up": {str(p): o for p, o in sorted(self.caught_up.items())},
+        }, indent=2, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def parse(cls, data: bytes, *, where: str) -> Heartbeat:
+        """Parse a heartbeat's JSON.
+
+        Raises:
+            ValueError: naming ``where``: not a JSON object, a field missing or of the
+                wrong type.
+        """
+        doc = json_object(data, where, if_null=f"{where} is empty")
+        texts = {}
+        for name in ("topic", "region", "instance", "written_at"):
+            v = doc.get(name)
+            if not isinstance(v, str):
+                raise ValueError(f"{where}: {name!r} must be a string, got {v!r}")
+            texts[name] = v
+        try:
+            written = parse_rfc3339(texts["written_at"])
+        except ValueError as e:
+            raise ValueError(f"{where}: 'written_at' is not an RFC 3339 time: {e}") from e
+        return cls(texts["topic"], texts["region"], texts["instance"], written,
+                   _partition_offsets(doc.get("caught_up", {}), where, "caught_up"))
+
+
 def _partition_offsets(raw: object, where: str, name: str) -> dict[int, int]:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: {name!r} must be an object")

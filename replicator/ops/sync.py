@@ -20,7 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from replicator.core.errors import ObjectNotFound
-from replicator.core.keys import TOPIC_META_NAME, SegmentKey, parse_group_export_key
+from replicator.core.keys import (
+    TOPIC_META_NAME,
+    SegmentKey,
+    parse_group_export_key,
+    parse_heartbeat_key,
+)
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectInfo, ObjectStore
 
@@ -57,10 +62,11 @@ def is_replicated_key(key: str, prefix: str) -> bool:
 
 
 def _rewritten(key: str) -> bool:
-    """Objects egress rewrites in place (``_topic.json``, exported group offsets): copied
-    when their ETag differs, never deleted by a sync.
+    """Objects egress rewrites in place (``_topic.json``, exported group offsets,
+    heartbeats): copied when their ETag differs, never deleted by a sync.
     """
-    return key.endswith("/" + TOPIC_META_NAME) or parse_group_export_key(key) is not None
+    return key.endswith("/" + TOPIC_META_NAME) or parse_group_export_key(key) is not None \
+        or parse_heartbeat_key(key) is not None
 
 
 @dataclass(frozen=True)

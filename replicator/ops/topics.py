@@ -5,22 +5,25 @@
   the egress group's committed positions, the partitions' ends and the lag between them.
 * For an ingress config (``ingress_report``): the sources (named, or found by a
   ``topic_pattern`` exactly as ingress finds them), their destination topics, partition
-  counts (``_topic.json``), how many partitions have a checkpoint, and the lag between the
-  checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``).
+  counts (``_topic.json``), how many partitions have a checkpoint, the lag between the
+  checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``), and
+  the newest egress heartbeat (``replicator.core.heartbeats``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from replicator.core.errors import ReplicatorError
+from replicator.core.heartbeats import read_heartbeats
 from replicator.core.kafka import OFFSET_INVALID, Admin, Consumer, TopicPartition
 from replicator.core.settings import IngressSettings, KafkaSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
-from replicator.core.wire import Checkpoint
+from replicator.core.wire import Checkpoint, rfc3339
 from replicator.ops.checkpoints import checkpoint_report, configured_sources
 
 
@@ -104,6 +107,8 @@ class IngressSource:
     """Partitions with a checkpoint."""
     lag: int = 0
     """Positions between the checkpoints and the ends of the newest segments."""
+    heartbeat: datetime | None = None
+    """The newest egress heartbeat in the bucket (``None``: egress writes none for it)."""
 
     @property
     def state(self) -> str:
@@ -117,7 +122,8 @@ class IngressSource:
         return {"region": self.region, "topic": self.topic, "destination": self.destination,
                 "found_by": self.found_by, "partitions": self.partitions,
                 "checkpointed_partitions": self.checkpointed, "lag": self.lag,
-                "state": self.state}
+                "state": self.state,
+                "heartbeat_at": None if self.heartbeat is None else rfc3339(self.heartbeat)}
 
 
 def ingress_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
@@ -137,10 +143,12 @@ def ingress_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
             meta = read_topic_meta(store, prefix, src.region, src.name)
         except ReplicatorError:
             meta = None
+        beats = read_heartbeats(store, prefix, src.region, src.name)
         rows[(src.region, src.name)] = IngressSource(
             src.region, src.name, src.destination,
             "topic" if pattern is None else f"topic_pattern {pattern!r}",
-            None if meta is None else meta.partitions)
+            None if meta is None else meta.partitions,
+            heartbeat=max((hb.written_at for hb in beats), default=None))
     for cp in checkpoint_report(ingress, prefix, store, checkpoints):
         row = rows.get((cp.region, cp.topic))
         if row is None:

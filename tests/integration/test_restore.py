@@ -10,6 +10,7 @@ Apache Kafka is needed: Tansu shows aborted transactions to read_committed reade
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from compaction.merge import TaskSpec, merge_segments
 from egress.controller import Egress
 from formats.base import WriterOptions
 from formats.registry import get_format
+from ingress.events import SegmentEvent
 from replicator.core.kafka import Admin, Producer
 from replicator.core.keys import SegmentKey, topic_meta_key
 from replicator.core.settings import KafkaSettings
@@ -429,3 +431,49 @@ def test_restored_month_old_records_survive_the_targets_retention(
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     assert "accepted (message.timestamp.type)" in accepted.stdout
     assert count(pipe.dest_kafka, stamped) == 200
+
+
+def test_the_restore_command_logged_for_a_segment_late_after_its_loss_brings_it_back(
+        pipe: Pipeline, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A range declared lost whose segment arrives later (S3 replication re-driven): the
+    worker, reading the moto bucket, logs a command; that command, run as written (FILE
+    being the config), restores exactly those records into a side topic.
+    """
+    import json
+    import logging
+
+    from tests.unit.test_ingress_worker import Harness, rec, write
+
+    ref_key = functools.partial(SegmentKey, "data", SOURCE_REGION, pipe.topic, 0, 0)
+    pipe.store.put(topic_meta_key("data", SOURCE_REGION, pipe.topic),
+                   json.dumps({"partitions": 1}).encode())
+    h = Harness(timeout="300ms", retries=1)
+    h.store = pipe.store  # type: ignore[assignment]
+    h.cfg = replace(h.cfg, source=h.cfg.source.model_copy(update={"topic": pipe.topic}),
+                    ref=SegmentKey("data", SOURCE_REGION, pipe.topic, 0, 0, 0, 0)
+                    .partition_ref)
+    try:
+        write(h.store, ref_key(0, 9))
+        write(h.store, ref_key(20, 29))
+        h.start()
+        h.wait(lambda: h.offsets()[-1:] == [29], timeout=60)
+        with caplog.at_level(logging.ERROR, logger="ingress.declared_lost"):
+            write(h.store, ref_key(10, 19))
+            assert h.worker is not None
+            h.worker.offer(SegmentEvent("created", ref_key(10, 19)))
+            h.wait(lambda: any(r.name == "ingress.declared_lost" for r in caplog.records))
+    finally:
+        h.stop()
+    line = next(r.message for r in caplog.records if r.name == "ingress.declared_lost")
+    side = line.split("or into a side topic: ", 1)[1].strip()
+    cmd = side.split()
+    assert cmd[:4] == ["replicator", "restore", "--config", "FILE"]
+    cfg = config(pipe, tmp_path)
+    exe = Path(sys.executable).parent / "replicator"
+    done = run([str(exe), "restore", "--config", str(cfg), *cmd[4:],
+                "--checkpoint-topic", pipe.checkpoint_topic])
+    assert done.returncode == 0, done.stdout + done.stderr
+    to_topic = cmd[cmd.index("--to-topic") + 1]
+    got = list(rows(pipe.dest_kafka, to_topic, 0))
+    assert [(r[1], r[2], r[4]) for r in got] == \
+        [(rec(o).key, rec(o).value, rec(o).timestamp_ms) for o in range(10, 20)]

@@ -24,6 +24,7 @@ import pytest
 
 from replicator.core.settings import Settings, load_settings
 from replicator.core.units import parse_size
+from tests.promql import metric_names
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the manifests")
 
@@ -35,8 +36,13 @@ AWS = DEPLOY / "aws"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "replicator-dashboard.json"
 ALERTS = DEPLOY / "prometheus" / "replicator-alerts.yaml"
+PROMETHEUS_RULE = DEPLOY / "prometheus" / "prometheusrule.yaml"
+POD_MONITOR = DEPLOY / "prometheus" / "podmonitor.yaml"
+# Metrics of other exporters that rules read (kube-state-metrics).
+EXTERNAL_METRICS = {"kube_cronjob_status_last_successful_time"}
 
 WORKLOAD_KINDS = ("Deployment", "CronJob")
+GROUPS_SYNC = "replicator-groups-sync"
 IMAGE_PREFIX = "kafka-s3-replicator-"
 CONFIG_PATH = "/etc/replicator/config.toml"
 # What egress needs on top of egress.max_buffered_bytes (see the comment in egress.yaml).
@@ -258,7 +264,7 @@ def rendered(request: pytest.FixtureRequest) -> tuple[Path, list[dict[str, Any]]
 def test_base_renders() -> None:
     docs = _render(K8S / "base")
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds.count("Deployment") == 2
+    assert kinds.count("Deployment") == 3
     assert kinds.count("CronJob") == 1
     assert kinds.count("PodDisruptionBudget") == 2
 
@@ -266,15 +272,24 @@ def test_base_renders() -> None:
 def test_overlay_has_one_workload_per_controller(rendered: tuple[Path, list[Any]]) -> None:
     _, docs = rendered
     deployments = _by_kind(docs, "Deployment")
-    assert set(deployments) == {"replicator-egress", "replicator-ingress"}
+    assert set(deployments) == {"replicator-egress", "replicator-ingress", GROUPS_SYNC}
     assert set(_by_kind(docs, "CronJob")) == {"replicator-compaction"}
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     for w in _workloads(docs):
         (c,) = _pod_spec(w)["containers"]
         controller = w["metadata"]["name"].removeprefix("replicator-")
         binary = c["command"][-1]
-        assert binary == f"replicator-{controller}" and binary in scripts
-        assert c["args"][:2] == ["--config", CONFIG_PATH]
+        if w["metadata"]["name"] == GROUPS_SYNC:
+            # `replicator groups sync --every`, its /metrics on the config's port.
+            assert binary == "replicator" and binary in scripts
+            args = c["args"]
+            assert args[:4] == ["groups", "sync", "--config", CONFIG_PATH]
+            assert "--every" in args
+            port = int(args[args.index("--metrics-port") + 1])
+            assert port == _rendered_config(docs).metrics.port
+        else:
+            assert binary == f"replicator-{controller}" and binary in scripts
+            assert c["args"][:2] == ["--config", CONFIG_PATH]
         # The config file is mounted from the generated (hashed) ConfigMap.
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         vols = {v["name"]: v for v in _pod_spec(w)["volumes"]}
@@ -373,6 +388,11 @@ def test_every_deployment_has_a_pdb(rendered: tuple[Path, list[Any]]) -> None:
     _, docs = rendered
     pdbs = list(_by_kind(docs, "PodDisruptionBudget").values())
     for name, d in _by_kind(docs, "Deployment").items():
+        if name == GROUPS_SYNC:
+            # A singleton: a second replica would repeat its commits; Recreate keeps
+            # rollouts from running two.
+            assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
+            continue
         labels = _pod_meta(d)["labels"]
         matching = [p for p in pdbs if p["spec"]["selector"]["matchLabels"].items()
                     <= labels.items()]
@@ -415,6 +435,10 @@ def test_each_controller_has_its_own_irsa_service_account(
     used = []
     for w in _workloads(docs):
         sa = _pod_spec(w)["serviceAccountName"]
+        if w["metadata"]["name"] == GROUPS_SYNC:
+            # It reads what ingress reads in the bucket: ingress's role.
+            assert sa == "replicator-ingress"
+            continue
         role = sas[sa]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
         assert re.fullmatch(rf"arn:aws:iam::\d{{12}}:role/replicator-{overlay.name}-"
                             rf"{w['metadata']['name'].removeprefix('replicator-')}", role)
@@ -852,24 +876,23 @@ def test_create_topics_defaults_match_the_settings_defaults() -> None:
 
 # --- Grafana -----------------------------------------------------------------------------
 
-_METRIC_CALL = re.compile(r"\.(counter|gauge|histogram)\(\s*[\"']([A-Za-z0-9_]+)[\"']")
-
-
 def _exported_metric_names() -> set[str]:
-    """Sample names Prometheus will see, from the metric constructor calls in the source."""
+    """Sample names Prometheus will see, from the controllers' metric definitions (those
+    docs/metrics.md is generated from).
+    """
+    from replicator.reference.metrics import definitions
+
     names: set[str] = set()
-    for pkg in ("replicator", "egress", "ingress", "compaction", "formats"):
-        for f in (ROOT / pkg).rglob("*.py"):
-            for kind, name in _METRIC_CALL.findall(f.read_text()):
-                full = name if name.startswith("replicator_") else f"replicator_{name}"
-                if kind == "counter":
-                    base = full.removesuffix("_total")
-                    names |= {f"{base}_total", f"{base}_created"}
-                elif kind == "gauge":
-                    names.add(full)
-                else:
-                    names |= {f"{full}_bucket", f"{full}_sum", f"{full}_count",
-                              f"{full}_created"}
+    for defs in definitions().values():
+        for d in defs:
+            if d.kind == "counter":
+                base = d.name.removesuffix("_total")
+                names |= {f"{base}_total", f"{base}_created"}
+            elif d.kind == "gauge":
+                names.add(d.name)
+            else:
+                names |= {f"{d.name}_bucket", f"{d.name}_sum", f"{d.name}_count",
+                          f"{d.name}_created"}
     return names
 
 
@@ -911,9 +934,8 @@ def test_alert_rules_use_metrics_that_exist_and_are_complete() -> None:
     for r in rules:
         assert r["labels"]["severity"] in ("warning", "critical"), r["alert"]
         assert r["annotations"]["summary"], r["alert"]
-        used = set(re.findall(r"\breplicator_[a-z0-9_]+", r["expr"]))
-        if exported:
-            assert used <= exported, f"{r['alert']}: unknown metrics {sorted(used - exported)}"
+        used = metric_names(r["expr"]) - EXTERNAL_METRICS
+        assert used <= exported, f"{r['alert']}: unknown metrics {sorted(used - exported)}"
     # Data loss pages someone.
     lost = [r for r in rules if "messages_lost" in r["expr"]]
     assert lost and all(r["labels"]["severity"] == "critical" for r in lost)
@@ -927,3 +949,43 @@ def test_a_failed_replication_of_a_compaction_output_alerts() -> None:
     assert failed, "no alert on replicator_compaction_replication_failed_total"
     assert all(r["labels"]["severity"] == "critical" for r in failed)
     assert all("re-drive" in r["annotations"].get("description", "") for r in failed)
+
+
+def _rule_names(groups: list[dict[str, Any]]) -> set[str]:
+    return {r["alert"] for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_the_prometheus_rule_holds_the_rules_file() -> None:
+    rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+    kust = yaml.safe_load((DEPLOY / "prometheus" / "kustomization.yaml").read_text())
+    assert set(kust["resources"]) == {PROMETHEUS_RULE.name, POD_MONITOR.name}
+
+
+def test_every_alert_the_docs_name_is_a_rule() -> None:
+    docs = [ROOT / "README.md", ROOT / "RELIABILITY.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted(ROOT.glob("*/README.md")), *sorted(DEPLOY.rglob("*.md")),
+            *sorted(DEPLOY.rglob("*.yaml"))]
+    # Python classes named Replicator... (ReplicatorError) are not alerts.
+    classes = {m for pkg in ("replicator", "egress", "ingress", "compaction", "formats")
+               for f in (ROOT / pkg).rglob("*.py")
+               for m in re.findall(r"^class (Replicator\w+)", f.read_text(), re.M)}
+    named = {m for d in docs for m in re.findall(r"\bReplicator[A-Z][A-Za-z]+", d.read_text())}
+    named -= classes
+    assert {"ReplicatorReplicationLagHigh", "ReplicatorIngressNoProgress"} <= named
+    rules = _rule_names(yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]["groups"])
+    assert not named - rules, f"alerts named in the docs but not defined: {named - rules}"
+
+
+def test_the_pod_monitor_scrapes_every_workload(rendered: tuple[Path, list[Any]]) -> None:
+    _, docs = rendered
+    monitor = yaml.safe_load(POD_MONITOR.read_text())
+    assert monitor["kind"] == "PodMonitor"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics"
+    for w in _workloads(docs):
+        assert _selects(monitor["spec"]["selector"], _pod_meta(w)["labels"]), \
+            w["metadata"]["name"]
+        (c,) = _pod_spec(w)["containers"]
+        assert endpoint["port"] in {p["name"] for p in c["ports"]}, w["metadata"]["name"]

@@ -1042,3 +1042,54 @@ def test_the_segment_inventory_stays_bounded_on_a_busy_partition() -> None:
         assert most <= 3, f"{most} segments kept for a position that only moves forward"
     finally:
         h.stop()
+
+
+def test_a_segment_arriving_after_its_range_was_declared_lost_gives_the_restore_command(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(timeout="300ms", retries=1)
+    try:
+        write(h.store, key(0, 9))
+        write(h.store, key(20, 29))
+        h.start()
+        h.wait(lambda: h.offsets()[-1:] == [29])
+        assert h.metric("replicator_ingress_messages_lost_total") == 10
+        with caplog.at_level(logging.ERROR, logger="ingress.declared_lost"):
+            # S3 replication re-driven: the missing segment arrives.
+            write(h.store, key(10, 19))
+            assert h.worker is not None
+            h.worker.offer(SegmentEvent("created", key(10, 19)))
+            h.wait(lambda: h.metric("replicator_ingress_late_after_lost_messages_total")
+                   == 10)
+            # A duplicate event, a compacted segment over the same positions: nothing new.
+            h.worker.declared_lost.arrived([SegmentEvent("created", key(10, 19)),
+                                            SegmentEvent("created", key(5, 24, level=1))])
+        lines = [r.message for r in caplog.records if r.name == "ingress.declared_lost"]
+        assert len(lines) == 1
+        assert "positions 10-19 (10)" in lines[0] and key(10, 19).to_key() in lines[0]
+        assert ("replicator restore --config FILE --source-region us-east-1 --topic t "
+                "--partitions 3 --from-offset 10 --to-offset 19 --to-topic copy ;") \
+            in lines[0]
+        assert "--to-topic copy.restored" in lines[0]
+        assert h.metric("replicator_ingress_late_after_lost_messages_total") == 10
+        assert h.offsets() == list(range(10)) + list(range(20, 30))   # not replayed
+    finally:
+        h.stop()
+
+
+def test_the_declared_lost_range_of_the_resumed_checkpoint_is_watched_too(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness()
+    h.checkpoints.values["us-east-1:t:3:copy"] = [
+        Checkpoint(19, key(20, 29).to_key(), datetime.now(UTC), lost=(10, 19)).encode()]
+    try:
+        write(h.store, key(20, 29))
+        h.start()
+        h.wait(lambda: h.offsets()[-1:] == [29])
+        with caplog.at_level(logging.ERROR, logger="ingress.declared_lost"):
+            write(h.store, key(12, 15))
+            assert h.worker is not None
+            h.worker.offer(SegmentEvent("created", key(12, 15)))
+            h.wait(lambda: h.metric("replicator_ingress_late_after_lost_messages_total") == 4)
+        assert "--from-offset 12 --to-offset 15" in caplog.records[-1].message
+    finally:
+        h.stop()

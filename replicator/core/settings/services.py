@@ -67,6 +67,13 @@ class EgressTopicSettings(Model):
         "there. Ingress starts each partition where egress's first "
         "segment does (docs/architecture.md, \"Topic metadata\"), so nothing before it is "
         "declared lost.")
+    heartbeat_interval: Duration | None = Field(
+        None, description="Write a heartbeat for this topic at this interval (off when "
+        "absent): a small object under _heartbeats/ (never a segment) saying which "
+        "partitions egress had nothing more of, and up to where, so the destination tells "
+        "a quiet topic from a replication that stopped (ingress: "
+        "replicator_ingress_heartbeat_age_seconds, the lag gauge; docs/architecture.md, "
+        "\"Heartbeats\"). One PUT per interval per egress instance (and its replication).")
 
     @field_validator("max_segment_size")
     @classmethod
@@ -97,6 +104,13 @@ class EgressTopicSettings(Model):
     def _age_ok(cls, v: timedelta) -> timedelta:
         if v <= timedelta(0):
             raise ValueError("must be positive")
+        return v
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _heartbeat_ok(cls, v: timedelta | None) -> timedelta | None:
+        if v is not None and v < timedelta(seconds=1):
+            raise ValueError("must be at least 1s (or absent: no heartbeats)")
         return v
 
 
@@ -308,7 +322,13 @@ class IngressSourceSettings(Model):
         "them when several share it (decided from the topics in the bucket alone, the same "
         "on every instance; README, \"Topologies\").")
     lost_segment_timeout: Duration = Field(
-        timedelta(hours=1), description="How long a gap waits before it is declared lost.")
+        timedelta(hours=24), description="How long a gap waits before it is declared lost. "
+        "The default outlasts a regional incident: S3 replicates what was pending once the "
+        "region is back, and a FAILED replication waits for an operator's re-drive; RTC's "
+        "15 minutes is a target, not a bound. The partition's later records wait behind "
+        "the gap meanwhile (alert ReplicatorIngressNoProgress). A segment that arrives "
+        "after its range was declared lost is logged at ERROR with the replicator restore "
+        "command that brings it back (docs/runbooks.md, \"What decides RPO and RTO\").")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
     first_segment_delay: Duration = Field(
         timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists "

@@ -1,0 +1,86 @@
+"""Segments that arrive after their range was declared lost: reported with the command that
+brings their records back (README, "Restoring from the archive").
+
+Replay only moves forward, so a range declared lost after ``lost_segment_timeout`` is
+never replayed by ingress, even when its segment reaches the bucket later (S3 replication
+re-driven after a regional incident). The records are not gone: they are in the archive.
+The worker tells this tracker which ranges it declared lost (and the one its resumed
+checkpoint records); a segment event that covers part of one is logged at ERROR with the
+exact ``replicator restore`` command for those positions and counted in
+``replicator_ingress_late_after_lost_messages_total``.
+
+What is known: the ranges this worker declared, and the one in the checkpoint it resumed
+from (the newest checkpoint record keeps only the last declared range). A range declared
+by another process before this one took the partition over, and not the newest, is not
+reported here; its declaration was logged at ERROR with the range when it happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+
+from ingress.events import SegmentEvent
+from ingress.metrics import IngressMetrics
+from replicator.core.keys import PartitionRef
+
+log = logging.getLogger(__name__)
+
+REMEMBERED = 64
+"""Declared ranges kept per partition (the newest): a partition that declares more than
+this many losses in one process's life has a problem the lost-message alert shows already."""
+
+
+def restore_command(ref: PartitionRef, first: int, last: int, to_topic: str) -> str:
+    """The ``replicator restore`` command that replays positions ``first..last`` of
+    ``ref`` into ``to_topic`` (``FILE``: the ingress config, which names the destination
+    cluster and bucket).
+    """
+    return (f"replicator restore --config FILE --source-region {ref.region} "
+            f"--topic {ref.topic} --partitions {ref.partition} --from-offset {first} "
+            f"--to-offset {last} --to-topic {to_topic}")
+
+
+class DeclaredLost:
+    """The declared-lost ranges of one worker's partition, and the late arrivals in them."""
+
+    def __init__(self, ref: PartitionRef, destination_topic: str, where: str,
+                 metrics: IngressMetrics, labels: dict[str, str]) -> None:
+        self.ref = ref
+        self.destination_topic = destination_topic
+        self.where = where
+        self._counter = metrics.late_after_lost.labels(**labels)
+        self.ranges: deque[tuple[int, int]] = deque(maxlen=REMEMBERED)
+        self._reported: set[tuple[int, int]] = set()
+        """Ranges reported: a compacted segment over the same positions adds nothing."""
+
+    def declared(self, first: int, last: int) -> None:
+        """Positions ``first..last`` were declared lost (by this worker, or in the
+        checkpoint it resumed from).
+        """
+        if (first, last) not in self.ranges:
+            self.ranges.append((first, last))
+
+    def arrived(self, events: Iterable[SegmentEvent]) -> None:
+        """Report each created segment that covers part of a declared range (each part
+        once).
+        """
+        for ev in events:
+            if ev.kind != "created" or ev.key.partition_ref != self.ref:
+                continue
+            for first, last in self.ranges:
+                lo, hi = max(first, ev.key.start), min(last, ev.key.end)
+                if lo > hi or (lo, hi) in self._reported:
+                    continue
+                self._reported.add((lo, hi))
+                self._counter.inc(hi - lo + 1)
+                log.error(
+                    "%s: segment %s arrived after positions %d-%d were declared LOST; "
+                    "positions %d-%d (%d) of it are in the archive and were NOT replayed "
+                    "(replay only moves forward). To bring them back into the topic (after "
+                    "the records replayed since): %s ; or into a side topic: %s",
+                    self.where, ev.key.to_key(), first, last, lo, hi, hi - lo + 1,
+                    restore_command(self.ref, lo, hi, self.destination_topic),
+                    restore_command(self.ref, lo, hi,
+                                    f"{self.destination_topic}.restored"))
