@@ -43,6 +43,7 @@ from ingress.shared import (
     TransactionLoop,
 )
 from ingress.sink import ReplaySink
+from ingress.throttle import ProduceThrottle
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.clock import Clock, utc_now
@@ -198,6 +199,10 @@ class Ingress:
         return f"{self.cfg.group_id}.{instance}.{n}"
 
     def _start_producer(self) -> None:
+        throttle = None
+        if self.cfg.max_bytes_per_second:
+            throttle = ProduceThrottle(self.cfg.max_bytes_per_second,
+                                       self.m.throttled.labels(self.settings.region))
         if self.cfg.delivery == "exactly-once":
             offset_map = None
             if self.cfg.offset_map:
@@ -216,10 +221,12 @@ class Ingress:
                     checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
                     group=self._group_metadata, metrics=self.m, offset_map=offset_map,
                     name=f"transactions-{n}")
+                loop.throttle = throttle
                 loop.start()
                 self.transactions.append(loop)
         else:
             self.shared_acks = SharedAcks(self.settings.kafka)
+            self.shared_acks.throttle = throttle
             self.shared_acks.start()
 
     def _group_metadata(self) -> GroupMetadata:

@@ -49,6 +49,7 @@ class IngressMetrics:
     transactions: Any
     offset_map_entries: Any
     offset_map_unmapped: Any
+    throttled: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -137,4 +138,8 @@ class IngressMetrics:
                 "Batches whose records did not land at consecutive destination offsets: no "
                 "map entry, so consumer groups cannot be translated in that range.",
                 ("topic",)),
+            throttled=m.counter(
+                "ingress_throttled_seconds_total",
+                "Seconds the producers waited before producing, held to [ingress] "
+                "max_bytes_per_second.", ("region",)),
         )
