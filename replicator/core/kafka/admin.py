@@ -140,6 +140,66 @@ class Admin:
         return ClusterInfo(desc.cluster_id, controller,
                            tuple(sorted(n.id for n in desc.nodes or [])))
 
+    # --- what this client's principal may do (ACLs) ----------------------------------------
+
+    @staticmethod
+    def _operations(ops: Any) -> frozenset[str] | None:
+        if ops is None:
+            return None
+        return frozenset(str(getattr(o, "name", o)) for o in ops)
+
+    def cluster_operations(self) -> frozenset[str] | None:
+        """What the principal may do on the cluster (``IDEMPOTENT_WRITE``, ``CREATE``,
+        ...), or ``None`` when the broker does not say.
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: DescribeCluster failed.
+        """
+        try:
+            desc = self._admin.describe_cluster(
+                request_timeout=self.timeout,
+                include_authorized_operations=True).result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, "describe cluster") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe cluster: no answer within "
+                                      f"{self.timeout:.0f}s") from e
+        return self._operations(desc.authorized_operations)
+
+    def topic_operations(self, topics: Sequence[str]) -> dict[str, frozenset[str] | str | None]:
+        """Per topic, what the principal may do on it (``READ``, ``WRITE``, ``DESCRIBE``,
+        ...; ``None`` when the broker does not say), or the error that answered instead
+        (``TOPIC_AUTHORIZATION_FAILED``: not even ``DESCRIBE``).
+        """
+        if not topics:
+            return {}
+        futures = self._admin.describe_topics(
+            TopicCollection(list(topics)), request_timeout=self.timeout,
+            include_authorized_operations=True)
+        out: dict[str, frozenset[str] | str | None] = {}
+        for name, f in futures.items():
+            try:
+                out[name] = self._operations(f.result(timeout=self.timeout).authorized_operations)
+            except ck.KafkaException as e:
+                out[name] = e.args[0].str() if e.args else str(e)
+            except TimeoutError:
+                out[name] = f"no answer within {self.timeout:.0f}s"
+        return out
+
+    def group_operations(self, group: str) -> frozenset[str] | str | None:
+        """What the principal may do on consumer group ``group`` (``READ``, ``DESCRIBE``,
+        ``DELETE``; ``None`` when the broker does not say), or the error that answered
+        instead (``GROUP_AUTHORIZATION_FAILED``).
+        """
+        f = self._admin.describe_consumer_groups(
+            [group], request_timeout=self.timeout, include_authorized_operations=True)[group]
+        try:
+            return self._operations(f.result(timeout=self.timeout).authorized_operations)
+        except ck.KafkaException as e:
+            return e.args[0].str() if e.args else str(e)
+        except TimeoutError:
+            return f"no answer within {self.timeout:.0f}s"
+
     def broker_config(self, broker_id: int) -> dict[str, str]:
         """The effective configs of one broker (empty when the broker describes none, as
         Tansu does).
