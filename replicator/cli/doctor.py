@@ -74,7 +74,7 @@ def permission_checks(admin: Admin, settings: Settings,
         Producer(settings.kafka, transactional_id=transactional_id,
                  name="doctor").init_transactions(timeout)
 
-    return acl_checks(admin, settings, present,
+    return acl_checks(admin, settings,
                       selected(present) if settings.egress is not None else (),
                       init_transactions=init_transactions)
 

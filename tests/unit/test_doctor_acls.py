@@ -46,6 +46,7 @@ def test_a_missing_operation_fails_with_the_grant_that_fixes_it() -> None:
     assert c.fix == ("grant kafka-acls.sh --add --allow-principal User:alice --operation Read "
                      "--topic orders (docs/security.md)")
     assert acl_check(need, frozenset({"DESCRIBE", "READ", "WRITE"}), "u").status is P
+    assert acl_check(need, "NOT_COORDINATOR: loading", "u").status is W
     refused = acl_check(need, "Topic authorization failed", "u")
     assert refused.status is F and "refused: Topic authorization failed" in refused.seen
     assert "--operation Describe --operation Read" in refused.fix
@@ -71,13 +72,15 @@ def test_transactional_ids() -> None:
 
 def test_what_each_service_needs() -> None:
     s = settings(egress={"group_id": "eg", "topics": {"a": {}, "gone": {}}}, ingress=INGRESS)
-    got = {(n.resource, n.name, n.operations) for n in needs(
-        s, present={"a", "t.copy", "replicator.checkpoint"}, selected={"a", "gone"})}
+    got = {(n.resource, n.name, n.operations) for n in needs(s, selected={"a", "gone"})}
+    rw = ("DESCRIBE", "READ", "WRITE")
     assert got == {
         ("topic", "a", ("DESCRIBE", "READ", "DESCRIBE_CONFIGS")),
+        ("topic", "gone", ("DESCRIBE", "READ", "DESCRIBE_CONFIGS")),
         ("group", "eg", ("READ",)),
         ("topic", "t.copy", ("DESCRIBE", "WRITE")),
-        ("topic", "replicator.checkpoint", ("DESCRIBE", "READ", "WRITE")),
+        ("topic", "replicator.checkpoint", rw), ("topic", "replicator.segmentevents", rw),
+        ("topic", "replicator.offsetmap", rw),
         ("group", "ing", ("READ",))}
     assert principal(s.kafka.config) == "User:alice"
 
@@ -106,13 +109,14 @@ def test_acl_checks_of_an_exactly_once_ingress() -> None:
         raise KafkaFatalError("init transactions: TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
 
     cluster = FakeCluster({"t.copy": frozenset({"DESCRIBE", "WRITE"}),
-                           "replicator.checkpoint": frozenset({"DESCRIBE", "WRITE"})},
+                           "replicator.checkpoint": frozenset({"DESCRIBE", "WRITE"}),
+                           "replicator.offsetmap": "Broker: Unknown topic or partition"},
                           {"ing": frozenset({"READ", "DESCRIBE"})}, frozenset({"DESCRIBE"}))
-    checks = acl_checks(cluster, s, {"t.copy", "replicator.checkpoint"},
-                        init_transactions=init)
+    checks = acl_checks(cluster, s, init_transactions=init)
     assert [(c.name, c.status) for c in checks] == [
         ("kafka acl topic t.copy", P),
         ("kafka acl topic replicator.checkpoint", F),           # READ missing
+        ("kafka acl topic replicator.segmentevents", F),        # hidden: not even DESCRIBE
         ("kafka acl group ing", P),
         ("kafka acl idempotent write", P),
         ("kafka acl transactional-id ing.*", F)]

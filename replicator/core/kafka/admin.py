@@ -37,6 +37,12 @@ _TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
 _KEPT_CLIENT_ERRORS = 32
 
 
+_COORDINATOR_WAIT = frozenset({ck.KafkaError.NOT_COORDINATOR,
+                               ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+                               ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+"""Group errors that pass once the group's coordinator is ready."""
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     """What DescribeCluster tells about a cluster."""
@@ -181,7 +187,9 @@ class Admin:
             try:
                 out[name] = self._operations(f.result(timeout=self.timeout).authorized_operations)
             except ck.KafkaException as e:
-                out[name] = e.args[0].str() if e.args else str(e)
+                err = e.args[0] if e.args else None
+                out[name] = f"{err.name()}: {err.str()}" if isinstance(err, ck.KafkaError) \
+                    else str(e)
             except TimeoutError:
                 out[name] = f"no answer within {self.timeout:.0f}s"
         return out
@@ -191,14 +199,24 @@ class Admin:
         ``DELETE``; ``None`` when the broker does not say), or the error that answered
         instead (``GROUP_AUTHORIZATION_FAILED``).
         """
-        f = self._admin.describe_consumer_groups(
-            [group], request_timeout=self.timeout, include_authorized_operations=True)[group]
-        try:
-            return self._operations(f.result(timeout=self.timeout).authorized_operations)
-        except ck.KafkaException as e:
-            return e.args[0].str() if e.args else str(e)
-        except TimeoutError:
-            return f"no answer within {self.timeout:.0f}s"
+        # The group's coordinator may still be loading (a fresh cluster creates its
+        # offsets topic on the first group request): asked again until ``timeout``.
+        deadline = time.monotonic() + self.timeout
+        while True:
+            f = self._admin.describe_consumer_groups(
+                [group], request_timeout=self.timeout, include_authorized_operations=True)[group]
+            try:
+                return self._operations(f.result(timeout=self.timeout).authorized_operations)
+            except ck.KafkaException as e:
+                err = e.args[0] if e.args else None
+                if not isinstance(err, ck.KafkaError):
+                    return str(e)
+                if err.code() in _COORDINATOR_WAIT and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                return f"{err.name()}: {err.str()}"
+            except TimeoutError:
+                return f"no answer within {self.timeout:.0f}s"
 
     def broker_config(self, broker_id: int) -> dict[str, str]:
         """The effective configs of one broker (empty when the broker describes none, as
