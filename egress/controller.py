@@ -54,6 +54,7 @@ from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
+from replicator.core.reachability import DependencyWatch, kafka_dependency, s3_dependency
 from replicator.core.retry import RetryPolicy
 from replicator.core.settings import EgressSettings, IngressSettings, Settings
 from replicator.core.storage import ObjectStore
@@ -123,6 +124,8 @@ class Egress:
         self._loop: PollLoop | None = None
         self._meta: TopicMetadataPublisher | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._watch: DependencyWatch | None = None
+        """Kafka and S3 asked every few seconds while running (``/readyz``)."""
         self._ctx: WriterContext | None = None
         self._server: MetricsServer | None = None
         self._last_meta = 0.0
@@ -215,6 +218,11 @@ class Egress:
         if self.config.max_bytes_per_second:
             self._loop.throttle = TokenBucket(self.config.max_bytes_per_second, self.clock())
         self._subscribe(self._wanted)
+        self._watch = DependencyWatch(
+            [kafka_dependency(self.settings.kafka),
+             s3_dependency(self.store, self.settings.s3.prefix, self.settings.s3.endpoint_url)],
+            self.metrics, service="egress")
+        self._watch.start()
         if self.settings.metrics.port:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,
                                          self.settings.metrics.port, healthy=self.healthy,
@@ -268,6 +276,8 @@ class Egress:
                 self._consumer.close()
             except ReplicatorError as e:
                 log.warning("closing the consumer failed: %s", e)
+        if self._watch is not None:
+            self._watch.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self._server is not None:
@@ -284,8 +294,11 @@ class Egress:
     def ready(self) -> bool:
         """Ready once the group assigned partitions and the loop is consuming them; not
         while a partition is stalled (its position left the source log and its log start
-        cannot be read: egress.out_of_range).
+        cannot be read: egress.out_of_range), nor while Kafka or S3 does not answer
+        (``replicator.core.reachability``).
         """
+        if self._watch is not None and not self._watch.reachable:
+            return False
         loop = self._loop
         last = loop.last_poll if loop is not None else 0.0
         stalled = loop.out_of_range.stalled if loop is not None else 0

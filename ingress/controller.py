@@ -44,6 +44,7 @@ from ingress.shared import (
     TransactionLoop,
 )
 from ingress.sink import ReplaySink
+from ingress.throttle import ProduceThrottle
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.clock import Clock, utc_now
@@ -51,6 +52,12 @@ from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Admin, Consumer, GroupMetadata, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
+from replicator.core.reachability import (
+    DependencyWatch,
+    kafka_dependency,
+    s3_dependency,
+    sqs_dependency,
+)
 from replicator.core.settings import IngressSettings, IngressSourceSettings, Settings
 from replicator.core.storage import ObjectStore
 
@@ -131,6 +138,8 @@ class Ingress:
         self.relay: SqsRelay | None = None
         self._relay_thread: threading.Thread | None = None
         self._server: MetricsServer | None = None
+        self._watch: DependencyWatch | None = None
+        """Kafka, S3 and SQS asked every few seconds while running (``/readyz``)."""
         self._stopping = threading.Event()
         self._started = False
         self._closed = False
@@ -187,6 +196,11 @@ class Ingress:
         self._relay_thread = threading.Thread(target=relay.run, args=(self._stopping,),
                                               name="sqs-relay", daemon=True)
         self._relay_thread.start()
+        self._watch = DependencyWatch(
+            [kafka_dependency(s.kafka), s3_dependency(self.store, s.s3.prefix, s.s3.endpoint_url),
+             sqs_dependency(queue, self.cfg.sqs_endpoint_url or s.s3.endpoint_url)],
+            self.metrics, service="ingress")
+        self._watch.start()
         self._started = True
         log.info("ingress started: %d source(s), delivery %s, group %s", len(self.sources),
                  self.cfg.delivery, self.cfg.group_id)
@@ -200,6 +214,10 @@ class Ingress:
         return f"{self.cfg.group_id}.{instance}.{n}"
 
     def _start_producer(self) -> None:
+        throttle = None
+        if self.cfg.max_bytes_per_second:
+            throttle = ProduceThrottle(self.cfg.max_bytes_per_second,
+                                       self.m.throttled.labels(self.settings.region))
         if self.cfg.delivery == "exactly-once":
             offset_map = None
             if self.cfg.offset_map:
@@ -218,10 +236,12 @@ class Ingress:
                     checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
                     group=self._group_metadata, metrics=self.m, offset_map=offset_map,
                     name=f"transactions-{n}")
+                loop.throttle = throttle
                 loop.start()
                 self.transactions.append(loop)
         else:
             self.shared_acks = SharedAcks(self.settings.kafka)
+            self.shared_acks.throttle = throttle
             self.shared_acks.start()
 
     def _group_metadata(self) -> GroupMetadata:
@@ -272,6 +292,8 @@ class Ingress:
             return
         self._closed = True
         self._stopping.set()
+        if self._watch is not None:
+            self._watch.close()
         self._stop_workers(list(self.workers))
         self.scheduler.close()
         for loop in self.transactions:
@@ -503,8 +525,11 @@ class Ingress:
 
     def ready(self) -> bool:
         """/readyz: started, healthy, placed in the group (subscribed), and no owned
-        partition stalled (its producer fenced again and again).
+        partition stalled (its producer fenced again and again), and Kafka, S3 and SQS
+        answer (``replicator.core.reachability``).
         """
+        if self._watch is not None and not self._watch.reachable:
+            return False
         return self._started and self.healthy() and bool(self.subscribed) and \
             not self.stalled()
 

@@ -53,6 +53,7 @@ class IngressMetrics:
     offset_map_unmapped: Any
     build_info: Any
     heartbeat_age: Any
+    throttled: Any
     series_owners: dict[tuple[str, ...], object] = field(default_factory=dict)
     """Which ``PartitionFreshness`` owns a partition's lag and progress series: a worker
     that ends after its successor started (a missed revoke deadline) leaves them alone."""
@@ -163,4 +164,8 @@ class IngressMetrics:
                 "Now (at the scrape) minus the newest egress heartbeat of a source topic "
                 "in the bucket (sources whose egress writes heartbeats: [egress.topics] "
                 "heartbeat_interval); grows when heartbeats stop arriving.", SOURCE),
+            throttled=m.counter(
+                "ingress_throttled_seconds_total",
+                "Seconds the producers waited before producing, held to [ingress] "
+                "max_bytes_per_second.", ("region",)),
         )

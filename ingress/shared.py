@@ -31,6 +31,7 @@ from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
 from ingress.rows import Rows
 from ingress.sink import PURGE_WAIT, ReplaySink, transaction_timeout_ms
+from ingress.throttle import ProduceThrottle, drain_all, rows_bytes
 from replicator.core.errors import (
     FatalError,
     GenerationFenced,
@@ -279,6 +280,8 @@ class TransactionLoop:
         self._thread: threading.Thread | None = None
         self._backoff = producer_fenced_backoff()
         self._next_init = 0.0
+        self.throttle: ProduceThrottle | None = None
+        """``[ingress] max_bytes_per_second`` (``None``: unlimited; ``ingress.throttle``)."""
 
     def _new_producer(self) -> Producer:
         overrides = {}
@@ -365,10 +368,12 @@ class TransactionLoop:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            if self.throttle is not None:
+                self.throttle.hold(self._stopping)
             with self._cond:
                 if not self._pending:
                     self._cond.wait(0.2)
-                batches, self._pending = list(self._pending), deque()
+                batches = drain_all(self._pending, self.throttle)
             if not batches:
                 continue
             try:
@@ -644,6 +649,8 @@ class SharedAcks:
         self.lock = threading.RLock()
         self._producer: Producer | None = None
         self._sinks: set[SharedAckSink] = set()
+        self.throttle: ProduceThrottle | None = None
+        """``[ingress] max_bytes_per_second`` (``None``: unlimited; ``ingress.throttle``)."""
 
     def start(self) -> None:
         """Create the producer.
@@ -682,6 +689,8 @@ class SharedAcks:
             KafkaRetriableError: the producer was purged for another sink, or a record of
                 this sink failed; redo from the checkpoint.
         """
+        if self.throttle is not None:
+            self.throttle.admit(rows_bytes(rows), sink.check)
         with self.lock:
             sink.check()
             p = self.producer

@@ -9,7 +9,7 @@ import itertools
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -21,11 +21,12 @@ from replicator.cli.common import EXIT_USAGE, config_option, echo_json, fail, lo
 from replicator.cli.tables import print_table
 from replicator.cli.topics import own_topics
 from replicator.core.errors import ConfigError, ReplicatorError
-from replicator.core.kafka import Admin
+from replicator.core.kafka import Admin, Producer
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings
 from replicator.core.sqs import SqsQueue
 from replicator.ops.doctor import Check, Status, exit_code, overall
+from replicator.ops.doctor.acls import acl_checks
 from replicator.ops.doctor.compaction import compaction_checks
 from replicator.ops.doctor.kafka import REACH, kafka_checks
 from replicator.ops.doctor.s3 import BUCKET, s3_checks
@@ -58,6 +59,26 @@ def _passed(checks: Sequence[Check], name: str) -> bool:
     return any(c.name == name and c.status is Status.PASS for c in checks)
 
 
+def permission_checks(admin: Admin, settings: Settings,
+                      selected: Callable[[Sequence[str]], frozenset[str]],
+                      timeout: float) -> list[Check]:
+    """What the config's principal may do on the topics and groups the services use
+    (``replicator.ops.doctor.acls``).
+    """
+    try:
+        present = sorted(admin.topic_partitions())
+    except ReplicatorError:
+        return []                # the cluster stopped answering: reported above
+
+    def init_transactions(transactional_id: str) -> None:
+        Producer(settings.kafka, transactional_id=transactional_id,
+                 name="doctor").init_transactions(timeout)
+
+    return acl_checks(admin, settings,
+                      selected(present) if settings.egress is not None else (),
+                      init_transactions=init_transactions)
+
+
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
     """Every check of ``settings``: Kafka, S3, ingress's sources (their ``_topic.json``
     against the destination topics) and SQS (with ``[ingress]``), compaction (with
@@ -75,6 +96,8 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
 
     checks = kafka_checks(admin, settings, select=selected,
                           transaction_timeout=used_transaction_timeout(settings))
+    if _passed(checks, REACH):
+        checks += permission_checks(admin, settings, selected, timeout)
     queue_ref: tuple[str, str] | None = None
     sqs: list[Check] = []
     if settings.ingress is not None:
@@ -130,7 +153,9 @@ def doctor(config: Path, output: str, timeout: float) -> None:
     segment-events and offset-map topics and their cleanup.policy, topic auto-creation,
     transaction.max.timeout.ms against what exactly-once ingress uses. S3: the bucket,
     versioning, a temporary object put/head/get/delete under s3.temp_prefix, the bucket's
-    notification to ingress's queue, this host's clock against S3's. SQS: the queue and its
+    notification to ingress's queue, this host's clock against S3's. Permissions: what the
+    config's principal may do on those topics and groups, idempotent write and (exactly-once)
+    the transactional-id prefix, against docs/security.md. SQS: the queue and its
     visibility timeout. Compaction: the Spark master and Java.
 
     One line per check (PASS, WARN or FAIL, what was seen, the fix). Exit code 0 when

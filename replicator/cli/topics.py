@@ -17,7 +17,7 @@ from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSettings, Settings
-from replicator.ops.topics import egress_report, ingress_report
+from replicator.ops.topics import describe_rate, egress_report, ingress_report, throttles
 
 
 def own_topics(settings: Settings) -> set[str]:
@@ -41,12 +41,15 @@ def topics(config: Path, output: str) -> None:
     ends. Ingress: the sources (named, or found by topic_pattern in the bucket), their
     destination topics, partition counts (_topic.json), partitions with a checkpoint, the
     lag behind the newest segments and the age of the newest egress heartbeat ([egress.topics]
-    heartbeat_interval; "-": none written).
+    heartbeat_interval; "-": none written). Both: the byte-rate limit of each process
+    ([egress] / [ingress] max_bytes_per_second).
     """
     settings, store = settings_store(config)
     if settings.egress is None and settings.ingress is None:
         fail("egress: give a config with an [egress] or an [ingress] section", 2)
     out: dict[str, object] = {"region": settings.region}
+    limits = throttles(settings)
+    out["max_bytes_per_second"] = limits
     try:
         if settings.egress is not None:
             eg = settings.egress
@@ -65,13 +68,15 @@ def topics(config: Path, output: str) -> None:
         echo_json(out)
         return
     if settings.egress is not None:
-        click.echo(f"egress, region {settings.region}, group {settings.egress.group_id}:")
+        click.echo(f"egress, region {settings.region}, group {settings.egress.group_id}, "
+                   f"reads from the source: {describe_rate(limits['egress'])}:")
         print_table(["topic", "partitions", "committed (sum)", "end (sum)", "lag", "state"],
                     [[r.topic, "-" if r.partitions is None else r.partitions,
                       sum(c or 0 for c in r.committed.values()), sum(r.ends.values()),
                       "-" if r.lag is None else r.lag, r.state] for r in erows])
     if settings.ingress is not None:
-        click.echo(f"ingress, region {settings.region}:")
+        click.echo(f"ingress, region {settings.region}, produces into the destination: "
+                   f"{describe_rate(limits['ingress'])}:")
         now = utc_now()
         print_table(["source", "found by", "destination", "partitions", "checkpointed",
                      "lag", "state", "heartbeat"],

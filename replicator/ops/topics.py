@@ -8,6 +8,8 @@
   counts (``_topic.json``), how many partitions have a checkpoint, the lag between the
   checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``), and
   the newest egress heartbeat (``replicator.core.heartbeats``).
+* For either, the byte-rate limits of the process (``throttles``): what egress reads from
+  the source cluster, what ingress produces into the destination.
 """
 
 from __future__ import annotations
@@ -20,11 +22,32 @@ from typing import Any
 from replicator.core.errors import ReplicatorError
 from replicator.core.heartbeats import read_heartbeats
 from replicator.core.kafka import OFFSET_INVALID, Admin, Consumer, TopicPartition
-from replicator.core.settings import IngressSettings, KafkaSettings
+from replicator.core.settings import IngressSettings, KafkaSettings, Settings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
+from replicator.core.units import format_size
 from replicator.core.wire import Checkpoint, rfc3339
 from replicator.ops.checkpoints import checkpoint_report, configured_sources
+
+
+def throttles(settings: Settings) -> dict[str, int]:
+    """``max_bytes_per_second`` of each service the config has (0: unlimited), by
+    service: ``egress`` (read from the source), ``ingress`` (produced into the
+    destination).
+    """
+    out = {}
+    if settings.egress is not None:
+        out["egress"] = settings.egress.max_bytes_per_second
+    if settings.ingress is not None:
+        out["ingress"] = settings.ingress.max_bytes_per_second
+    return out
+
+
+def describe_rate(rate: int) -> str:
+    """A ``max_bytes_per_second`` for humans: ``unlimited`` or ``10.0 MiB/s`` (per
+    process).
+    """
+    return "unlimited" if rate == 0 else f"{format_size(rate)}/s per process"
 
 
 @dataclass

@@ -13,6 +13,7 @@ from egress.metrics import EgressMetrics
 from ingress.checkpoints import KafkaCheckpointStore
 from ingress.metrics import IngressMetrics
 from replicator.core.metrics import MetricDefinition, Metrics
+from replicator.core.reachability import dependency_gauge
 from replicator.core.settings import KafkaSettings
 from replicator.ops.groups import GroupMetrics
 
@@ -24,8 +25,10 @@ def definitions() -> dict[str, list[MetricDefinition]]:
         m = Metrics()
         if name == "egress":
             EgressMetrics(m)
+            dependency_gauge(m)
         elif name == "ingress":
             IngressMetrics.create(m)
+            dependency_gauge(m)
             # Constructing the store only registers its metric; it connects on load().
             KafkaCheckpointStore(KafkaSettings(brokers="unused:9092"), "unused", m)
         elif name == "compaction":

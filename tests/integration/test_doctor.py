@@ -117,11 +117,17 @@ def region(moto_endpoint: str, s3_client: Any, dest_brokers: str) -> Region:
 def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None:
     code, report = doctor(region.config(tmp_path / "ingress.toml"))
     got = statuses(report)
+    acl = "kafka acl "
     assert list(got) == [
         "kafka reachable", "kafka cluster", f"checkpoint topic {region.checkpoint_topic}",
         f"segment events topic {region.events_topic}",
         f"offset map topic {region.offset_map_topic}", "topic auto-creation",
-        "transaction.max.timeout.ms", "s3 bucket", "s3 versioning", "s3 list",
+        "transaction.max.timeout.ms",
+        # The session's brokers have no authorizer: every permission line passes unchecked.
+        f"{acl}topic {region.source}", f"{acl}topic {region.checkpoint_topic}",
+        f"{acl}topic {region.events_topic}", f"{acl}topic {region.offset_map_topic}",
+        f"{acl}group replicator.ingress", f"{acl}idempotent write",
+        f"{acl}transactional-id replicator.ingress.*", "s3 bucket", "s3 versioning", "s3 list",
         "clock skew (S3)", "s3 notifications", f"source {SOURCE}/{region.source}",
         "sqs queue", "sqs visibility timeout"]
     # Tansu describes no broker configs: auto-creation and the transaction limit are unknown.
@@ -147,7 +153,7 @@ def test_the_table_names_each_check_and_the_totals(region: Region, tmp_path: Pat
     lines = res.output.splitlines()
     assert lines[0].split() == ["check", "status", "seen", "fix"]
     assert any(line.startswith("kafka reachable") and " PASS " in line for line in lines)
-    assert lines[-1].startswith(("PASS: 15 PASS, 0 WARN, 0 FAIL", "WARN: 13 PASS, 2 WARN"))
+    assert lines[-1].startswith(("PASS: 22 PASS, 0 WARN, 0 FAIL", "WARN: 20 PASS, 2 WARN"))
 
 
 def test_a_broker_that_is_down_is_named_with_the_cause(region: Region,

@@ -66,6 +66,7 @@ def test_topics_shows_both_sides_of_a_replication(pipe: Pipeline, tmp_path: Path
 group_id = "{pipe.egress_group}"
 topic_metadata_interval = "1s"
 shutdown_timeout = "10s"
+max_bytes_per_second = "64MiB"
 select = {{ include = ["{re.escape(base).replace(chr(92), chr(92) * 2)}\\\\.sensor\\\\..*"] }}
 topic_defaults = {{ max_segment_messages = 20, max_segment_age = "500ms" }}
 [egress.topics."{named}"]
@@ -79,6 +80,7 @@ segment_events_topic = "{pipe.events_topic}"
 checkpoint_topic = "{pipe.checkpoint_topic}"
 sqs_wait_time = "1s"
 topic_check_interval = "1s"
+max_bytes_per_second = "2MiB"
 [[ingress.sources]]
 region = "{SOURCE_REGION}"
 topic = "{named}"
@@ -106,6 +108,7 @@ first_segment_delay = "2s"
 
     eg = _json("--config", str(egress_cfg))
     assert eg["region"] == SOURCE_REGION
+    assert eg["max_bytes_per_second"] == {"egress": 64 * 1024**2}
     rows = {r["topic"]: r for r in eg["egress"]}
     assert set(rows) == {named, matched, missing}
     assert rows[missing]["state"] == "missing" and rows[missing]["partitions"] is None
@@ -114,7 +117,9 @@ first_segment_delay = "2s"
         assert rows[t]["state"] == "replicating" and rows[t]["lag"] == 0
         assert sum(rows[t]["committed"].values()) == n
 
-    ing = _json("--config", str(ingress_cfg))["ingress"]
+    ing_out = _json("--config", str(ingress_cfg))
+    assert ing_out["max_bytes_per_second"] == {"ingress": 2 * 1024**2}
+    ing = ing_out["ingress"]
     got = {(r["topic"], r["destination"], r["found_by"].split(" ")[0], r["partitions"],
             r["checkpointed_partitions"], r["lag"], r["state"]) for r in ing}
     assert got == {(named, named, "topic", 2, 2, 0, "replicating"),
@@ -122,5 +127,7 @@ first_segment_delay = "2s"
 
     table = _run("--config", str(ingress_cfg))
     assert f"{matched}.copy" in table and "replicating" in table
+    assert "produces into the destination: 2.0 MiB/s per process" in table
     table = _run("--config", str(egress_cfg))
     assert missing in table and "missing" in table
+    assert "reads from the source: 64.0 MiB/s per process" in table

@@ -37,6 +37,12 @@ _TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
 _KEPT_CLIENT_ERRORS = 32
 
 
+_COORDINATOR_WAIT = frozenset({ck.KafkaError.NOT_COORDINATOR,
+                               ck.KafkaError.COORDINATOR_NOT_AVAILABLE,
+                               ck.KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+"""Group errors that pass once the group's coordinator is ready."""
+
+
 @dataclass(frozen=True)
 class ClusterInfo:
     """What DescribeCluster tells about a cluster."""
@@ -139,6 +145,78 @@ class Admin:
         controller = desc.controller.id if desc.controller is not None else None
         return ClusterInfo(desc.cluster_id, controller,
                            tuple(sorted(n.id for n in desc.nodes or [])))
+
+    # --- what this client's principal may do (ACLs) ----------------------------------------
+
+    @staticmethod
+    def _operations(ops: Any) -> frozenset[str] | None:
+        if ops is None:
+            return None
+        return frozenset(str(getattr(o, "name", o)) for o in ops)
+
+    def cluster_operations(self) -> frozenset[str] | None:
+        """What the principal may do on the cluster (``IDEMPOTENT_WRITE``, ``CREATE``,
+        ...), or ``None`` when the broker does not say.
+
+        Raises:
+            KafkaRetriableError / KafkaFatalError: DescribeCluster failed.
+        """
+        try:
+            desc = self._admin.describe_cluster(
+                request_timeout=self.timeout,
+                include_authorized_operations=True).result(timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, "describe cluster") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe cluster: no answer within "
+                                      f"{self.timeout:.0f}s") from e
+        return self._operations(desc.authorized_operations)
+
+    def topic_operations(self, topics: Sequence[str]) -> dict[str, frozenset[str] | str | None]:
+        """Per topic, what the principal may do on it (``READ``, ``WRITE``, ``DESCRIBE``,
+        ...; ``None`` when the broker does not say), or the error that answered instead
+        (``TOPIC_AUTHORIZATION_FAILED``: not even ``DESCRIBE``).
+        """
+        if not topics:
+            return {}
+        futures = self._admin.describe_topics(
+            TopicCollection(list(topics)), request_timeout=self.timeout,
+            include_authorized_operations=True)
+        out: dict[str, frozenset[str] | str | None] = {}
+        for name, f in futures.items():
+            try:
+                out[name] = self._operations(f.result(timeout=self.timeout).authorized_operations)
+            except ck.KafkaException as e:
+                err = e.args[0] if e.args else None
+                out[name] = f"{err.name()}: {err.str()}" if isinstance(err, ck.KafkaError) \
+                    else str(e)
+            except TimeoutError:
+                out[name] = f"no answer within {self.timeout:.0f}s"
+        return out
+
+    def group_operations(self, group: str) -> frozenset[str] | str | None:
+        """What the principal may do on consumer group ``group`` (``READ``, ``DESCRIBE``,
+        ``DELETE``; ``None`` when the broker does not say), or the error that answered
+        instead (``GROUP_AUTHORIZATION_FAILED``).
+        """
+        # The group's coordinator may still be loading (a fresh cluster creates its
+        # offsets topic on the first group request): asked again until ``timeout``.
+        deadline = time.monotonic() + self.timeout
+        while True:
+            f = self._admin.describe_consumer_groups(
+                [group], request_timeout=self.timeout, include_authorized_operations=True)[group]
+            try:
+                return self._operations(f.result(timeout=self.timeout).authorized_operations)
+            except ck.KafkaException as e:
+                err = e.args[0] if e.args else None
+                if not isinstance(err, ck.KafkaError):
+                    return str(e)
+                if err.code() in _COORDINATOR_WAIT and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                return f"{err.name()}: {err.str()}"
+            except TimeoutError:
+                return f"no answer within {self.timeout:.0f}s"
 
     def broker_config(self, broker_id: int) -> dict[str, str]:
         """The effective configs of one broker (empty when the broker describes none, as

@@ -504,6 +504,12 @@ class IngressSettings(Model):
                                     "producers). More keep several transactions in flight "
                                     "when broker round trips are slow; each costs a few "
                                     "client threads and connections, not per partition.")
+    max_bytes_per_second: Size = Field(
+        0, description="Records produced into the destination cluster by this process, in "
+        "raw bytes (key + value + headers) per second, over all its partitions: a token "
+        "bucket with one second of burst (exactly-once: a transaction takes only the "
+        "batches the tokens cover, at least one, and is never held open while throttled). "
+        "0: unlimited. Time held back: replicator_ingress_throttled_seconds_total.")
     instance_id: str | None = Field(
         None, description="Names this process in the transactional.ids of its producers "
                           "({group_id}.{instance_id}.{n}): unique among the group's live "
@@ -516,6 +522,13 @@ class IngressSettings(Model):
     @classmethod
     def _origin_header_ok(cls, v: str) -> str:
         return _header_name(v)
+
+    @field_validator("max_bytes_per_second")
+    @classmethod
+    def _rate_ok(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError(f"must be 0 (unlimited) or a positive size, got {v}")
+        return v
 
     @field_validator("instance_id")
     @classmethod
