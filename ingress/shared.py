@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from ingress.limits import DestinationLimits, refused_record
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
 from ingress.rows import Rows
@@ -37,6 +38,7 @@ from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
+    RecordRefused,
     ReplicatorError,
     RetriableError,
 )
@@ -55,6 +57,9 @@ log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 """A destination partition: ``(topic, partition)``."""
+
+CHUNK_POLL = 0.005
+"""Seconds of serving callbacks between checks for a partition's previous chunk."""
 
 WAIT_SLICE = 0.1
 """Seconds a worker waits for its transaction before checking that the loop still runs."""
@@ -237,6 +242,20 @@ class _Revoked(Exception):
         self.lost = lost
 
 
+def _shifted(ends: Callable[[int, DeliveryReport], None], lo: int
+             ) -> Callable[[int, DeliveryReport], None]:
+    """``ends`` for a chunk starting at index ``lo`` of its batch."""
+    return lambda i, report: ends(lo + i, report)
+
+
+class _Refused(Exception):
+    """The destination refused records of these partitions for good (internal)."""
+
+    def __init__(self, refused: dict[TP, RecordRefused]) -> None:
+        super().__init__("; ".join(str(e) for e in refused.values()))
+        self.refused = refused
+
+
 class TransactionLoop:
     """Exactly-once: one transactional producer for every partition of the process.
 
@@ -252,6 +271,9 @@ class TransactionLoop:
         make_producer: builds the producer (tests); default: the Kafka seam's.
         offset_map: writes each batch's offset-map entries into its transaction
             (``ingress.offset_map``); ``None``: no map.
+        limits: the destination topics' ``max.message.bytes``: batches of a topic whose
+            limit is below ``batch.size`` are produced in chunks that fit it
+            (``ingress.limits``); ``None``: never cut.
         name: the thread's name.
     """
 
@@ -261,6 +283,7 @@ class TransactionLoop:
                  timeout: float = 60.0,
                  make_producer: Callable[[], Producer] | None = None,
                  offset_map: OffsetMapWriter | None = None,
+                 limits: DestinationLimits | None = None,
                  name: str = "transactions") -> None:
         self.name = name
         self.kafka_settings = kafka_settings
@@ -272,6 +295,7 @@ class TransactionLoop:
         self.timeout = timeout
         self._make = make_producer or self._new_producer
         self.offset_map = offset_map
+        self.limits = limits
         self._producer: Producer | None = None
         self._pending: deque[Batch] = deque()
         self._cond = threading.Condition()
@@ -421,14 +445,10 @@ class TransactionLoop:
         try:
             self._steps(p, keep)
         except _Revoked as r:
-            self._abort(p, r)
-            self.metrics.transactions.labels(outcome="revoked").inc()
-            for b in keep:
-                if b.tp in r.lost:
-                    b.finish(PartitionRevoked(f"{b.topic}[{b.partition}]: revoked before "
-                                              "its transaction committed"))
-            with self._cond:
-                self._pending.extendleft(reversed([b for b in keep if b.tp not in r.lost]))
+            self._revoked(p, keep, r)
+            return
+        except _Refused as f:
+            self._refused(p, keep, f)
             return
         except (RetriableError, FatalError) as e:
             self._failed(p, keep, e)
@@ -443,10 +463,14 @@ class TransactionLoop:
 
         0. (``_transact``) A batch joins only if its partition is owned now.
         1. Begin the transaction.
-        2. Produce the records of every batch to their destination partitions.
+        2. Produce the records of every batch to their destination partitions (a batch
+           whose topic's ``max.message.bytes`` is below ``batch.size`` in chunks that fit
+           it, one chunk per round: steps 2-3 repeat until every chunk is in).
         3. Flush: the records are in the destination logs before any checkpoint is sent
            (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
-           checkpoint without its records).
+           checkpoint without its records). A record a destination refuses for good fails
+           only its partition's batch (``_Refused``): the others go into the next
+           transaction at once.
         4. Produce every batch's checkpoint record, and its offset-map entries (where its
            records landed, learnt from the delivery reports of its first and last record),
            and wait for their delivery reports (acks=all): the checkpoints are in the log,
@@ -465,22 +489,24 @@ class TransactionLoop:
         Raises:
             _Revoked / ProducerFenced / GenerationFenced / RetriableError / FatalError.
         """
-        om = self.offset_map
         p.begin_transaction()                                           # Step 1
-        for b in keep:                                                  # Step 2
-            if b.rows is not None:
-                r = b.rows
-                if om is None:
-                    p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
-                                   r.headers, r.offsets)
-                else:
-                    p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
-                                   r.headers, r.offsets, on_ends=om.on_ends(b))
-        left = p.flush(self.timeout)                                    # Step 3
-        if left:
-            raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
-                                      f"{self.timeout:.0f}s")
-        p.check_deliveries(self.transactional_id)
+        # Steps 2-3, in rounds: each batch's first chunk (the whole batch unless its topic's
+        # max.message.bytes is below batch.size) in the first round, then the next chunks
+        # of the cut ones, each round flushed before the next one is enqueued.
+        om = self.offset_map
+        cut = [(b, self._chunks(b), None if om is None else om.on_ends(b))
+               for b in keep if b.rows is not None]
+        rounds = max((len(parts) for _, parts, _ in cut), default=1)
+        for n in range(rounds):
+            for b, parts, ends in cut:                                  # Step 2
+                if n < len(parts):
+                    lo, rows = parts[n]
+                    self._produce(p, b, rows, None if ends is None else _shifted(ends, lo))
+            left = p.flush(self.timeout)                                # Step 3
+            if left:
+                raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
+                                          f"{self.timeout:.0f}s")
+            self._check_deliveries(p)
         for b in keep:                                                  # Step 4
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
         if om is not None:
@@ -489,12 +515,86 @@ class TransactionLoop:
         if left:
             raise KafkaRetriableError(f"{left} checkpoint record(s) not acknowledged within "
                                       f"{self.timeout:.0f}s")
-        p.check_deliveries(self.transactional_id)
+        self._check_deliveries(p)
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:
                 raise _Revoked(lost)
             p.commit_transaction(self.timeout)                          # Step 7
+
+    def _chunks(self, b: Batch) -> list[tuple[int, Rows]]:
+        """``b``'s records as the chunks one produce request each may carry for its topic
+        (``ingress.limits``), each with the index of its first record in the batch.
+        """
+        assert b.rows is not None
+        if self.limits is None or self.limits.room(b.topic) is None:
+            return [(0, b.rows)]
+        out, lo = [], 0
+        for part in self.limits.cut(b.topic, b.rows):
+            out.append((lo, part))
+            lo += len(part)
+        return out
+
+    @staticmethod
+    def _produce(p: Producer, b: Batch, r: Rows,
+                 ends: Callable[[int, DeliveryReport], None] | None) -> None:
+        """Enqueue one chunk of ``b``; ``ends``: the offset map's listener (indexes of the
+        batch).
+        """
+        if ends is None:
+            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
+                           r.offsets)
+        else:
+            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
+                           r.offsets, on_ends=ends)
+
+    def _check_deliveries(self, p: Producer) -> None:
+        """Raise the failed deliveries: ``_Refused`` naming each partition whose record the
+        destination refused for good (the others' failures are the abort's collateral),
+        else the first failure.
+        """
+        failures = p.take_failures()
+        if not failures:
+            return
+        refused = {(r.topic, r.partition): r.error for r in failures
+                   if isinstance(r.error, RecordRefused)}
+        if refused:
+            raise _Refused(refused)
+        first = failures[0].error
+        assert first is not None
+        raise type(first)(f"{self.transactional_id}: {len(failures)} record(s) failed: "
+                          f"{first}")
+
+    def _revoked(self, p: Producer, keep: list[Batch], r: _Revoked) -> None:
+        """A partition of the transaction was revoked before the commit: abort; its batch
+        fails, the others go into the next transaction.
+        """
+        self._abort(p, r)
+        self.metrics.transactions.labels(outcome="revoked").inc()
+        for b in keep:
+            if b.tp in r.lost:
+                b.finish(PartitionRevoked(f"{b.topic}[{b.partition}]: revoked before "
+                                          "its transaction committed"))
+        with self._cond:
+            self._pending.extendleft(reversed([b for b in keep if b.tp not in r.lost]))
+
+    def _refused(self, p: Producer, keep: list[Batch], r: _Refused) -> None:
+        """A destination refused records of some partitions for good: abort; those batches
+        fail with ``RecordRefused`` naming the record (their workers stop at it), the
+        others go into the next transaction at once.
+        """
+        self._abort(p, r)
+        self.metrics.transactions.labels(outcome="refused").inc()
+        again = []
+        for b in keep:
+            err = r.refused.get(b.tp)
+            if err is None:
+                again.append(b)
+                continue
+            limit = None if self.limits is None else self.limits.limit(b.topic)
+            b.finish(refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]"))
+        with self._cond:
+            self._pending.extendleft(reversed(again))
 
     def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
         if isinstance(e, ProducerFenced):
@@ -636,9 +736,14 @@ class SharedAcks:
     """
 
     def __init__(self, kafka_settings: KafkaSettings, *, timeout: float = 60.0,
-                 make_producer: Callable[[], Producer] | None = None) -> None:
+                 make_producer: Callable[[], Producer] | None = None,
+                 limits: DestinationLimits | None = None) -> None:
         self.kafka_settings = kafka_settings
         self.timeout = timeout
+        self.limits = limits
+        self._gates: dict[TP, threading.Lock] = {}
+        self._tails: dict[TP, tuple[Producer, threading.Event]] = {}
+        """Each cut partition's last chunk: its producer, and set once it ended."""
         self._make = make_producer or (
             lambda: Producer(kafka_settings, name="ingress producer", track_acks=True))
         self.lock = threading.RLock()
@@ -677,11 +782,53 @@ class SharedAcks:
         empty that queue by purging it; the purge makes the waiting enqueue give up
         (``Producer.purge``), so a revoke never waits for queue space.
 
+        A topic whose ``max.message.bytes`` is below ``batch.size`` gets its records in
+        chunks that fit it (``ingress.limits``), each enqueued once the partition's
+        previous chunk (of any sink: fan-in) has ended, so librdkafka never batches two
+        together.
+
         Raises:
             KafkaFatalError: the sink was purged (its revoke deadline passed).
             KafkaRetriableError: the producer was purged for another sink, or a record of
-                this sink failed; redo from the checkpoint.
+                this sink failed; redo from the checkpoint (``RecordRefused``: the
+                destination refused one for good).
         """
+        if self.limits is None or self.limits.room(sink.topic) is None:
+            self._enqueue(sink, rows, None)
+            return
+        with self._gate(sink.tp):
+            for part in self.limits.cut(sink.topic, rows):
+                self._wait_tail(sink)
+                ended = threading.Event()
+                self._tails.pop(sink.tp, None)
+                self._tails[sink.tp] = (self._enqueue(sink, part, ended), ended)
+
+    def _gate(self, tp: TP) -> threading.Lock:
+        """The lock a partition's cut records are enqueued under (one chunk at a time)."""
+        with self.lock:
+            return self._gates.setdefault(tp, threading.Lock())
+
+    def _wait_tail(self, sink: SharedAckSink) -> None:
+        """Wait until the partition's last chunk has ended (serving callbacks), unless the
+        producer that sent it was replaced since.
+
+        Raises:
+            KafkaRetriableError: it did not end within ``timeout``, or ``sink`` failed.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            tail = self._tails.get(sink.tp)
+            if tail is None or tail[1].is_set() or tail[0] is not self._producer:
+                return
+            sink.check()
+            if time.monotonic() > deadline:
+                raise KafkaRetriableError(f"{sink.where}: the partition's previous records "
+                                          f"were not acknowledged within {self.timeout:.0f}s")
+            tail[0].poll(CHUNK_POLL)
+
+    def _enqueue(self, sink: SharedAckSink, rows: Rows, ended: threading.Event | None
+                 ) -> Producer:
+        """Enqueue ``rows`` as one call; returns the producer that took them."""
         with self.lock:
             sink.check()
             p = self.producer
@@ -691,10 +838,12 @@ class SharedAcks:
         try:
             p.produce_many(sink.topic, sink.partition, rows.timestamps, rows.keys,
                            rows.values, rows.headers, rows.offsets,
-                           on_ends=sink.ended_by(len(rows)), on_failure=sink.record_failed)
+                           on_ends=sink.ended_by(len(rows), ended),
+                           on_failure=sink.failed_in(rows))
         except KafkaFatalError:
             sink.check()     # purged under the enqueue: say why (ours, or another sink's)
             raise
+        return p
 
     def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
                            value: bytes) -> None:
@@ -791,6 +940,7 @@ class SharedAckSink(ReplaySink):
         self._cp_error: str | None = None
         self._failed = 0
         self._first_failure: DeliveryReport | None = None
+        self._failed_rows: Rows | None = None
         self._sent = 0
         self._ended = 0
         self._lock = threading.Lock()
@@ -809,16 +959,27 @@ class SharedAckSink(ReplaySink):
                                       f"{self._cp_error}")
         self.raise_failures()
 
-    def ended_by(self, n: int) -> Callable[[int, DeliveryReport], None]:
+    def ended_by(self, n: int, ended: threading.Event | None = None
+                 ) -> Callable[[int, DeliveryReport], None]:
         """The listener of a produce call of ``n`` records: its last record's report (any
         outcome) ends the whole call, as one partition's records are reported in the
-        order they were produced.
+        order they were produced (and sets ``ended``).
         """
         def ends(i: int, report: DeliveryReport) -> None:
             if i == n - 1:
                 with self._lock:
                     self._ended += n
+                if ended is not None:
+                    ended.set()
         return ends
+
+    def failed_in(self, rows: Rows) -> Callable[[DeliveryReport], None]:
+        """The failure listener of a produce call of ``rows`` (``record_failed``; a
+        refusal names its record from them).
+        """
+        def failed(report: DeliveryReport) -> None:
+            self.record_failed(report, rows)
+        return failed
 
     def add_sent(self, n: int) -> None:
         """``n`` more records of this sink are being enqueued."""
@@ -830,7 +991,7 @@ class SharedAckSink(ReplaySink):
         with self._lock:
             return self._sent - self._ended
 
-    def record_failed(self, report: DeliveryReport) -> None:
+    def record_failed(self, report: DeliveryReport, rows: Rows | None = None) -> None:
         """A record of this sink's produce calls failed (the producer's polling thread).
         Kept by the sink, never by the destination partition: in fan-in, several sinks
         write one partition, and only the sink whose record failed may not checkpoint.
@@ -840,6 +1001,7 @@ class SharedAckSink(ReplaySink):
             self._failed += 1
             if self._first_failure is None:
                 self._first_failure = report
+                self._failed_rows = rows
 
     def raise_failures(self) -> None:
         """Raise if a record of this sink failed; the failure stays (the session is over:
@@ -849,10 +1011,15 @@ class SharedAckSink(ReplaySink):
             KafkaRetriableError / KafkaFatalError / ProducerFenced: the first failure.
         """
         with self._lock:
-            failed, first = self._failed, self._first_failure
+            failed, first, rows = self._failed, self._first_failure, self._failed_rows
         if first is not None:
             if isinstance(first.error, (KafkaFatalError, ProducerFenced)):
                 raise first.error
+            if isinstance(first.error, RecordRefused):
+                limits = self.shared.limits
+                raise refused_record(rows, first.error,
+                                     None if limits is None else limits.limit(self.topic),
+                                     self.where)
             raise KafkaRetriableError(f"{self.where}: {failed} record(s) failed: "
                                       f"{first.reason}")
 
@@ -915,7 +1082,7 @@ class SharedAckSink(ReplaySink):
                 # Nothing outstanding (the usual case) costs no wait: many partitions
                 # stopped at once close one after another on the replay pool.
                 wait = 0.0
-                while self.outstanding(wait) and time.monotonic() < deadline:
+                while self._unsettled(wait) and time.monotonic() < deadline:
                     wait = 0.05
         except ReplicatorError as e:
             log.warning("%s: closing the sink: %s", self.where, e)
@@ -927,6 +1094,17 @@ class SharedAckSink(ReplaySink):
                     self.shared.release(self, "when its session closed")
             finally:
                 self.shared.unregister(self)
+
+    def _unsettled(self, wait: float) -> int:
+        """``outstanding``, except after a refused record: the records queued behind it
+        end by themselves (delivered or failed), and are waited for rather than purged
+        with every other partition's.
+        """
+        try:
+            return self.outstanding(wait)
+        except RecordRefused:
+            self.shared.producer.poll(wait)
+            return self.outstanding_now()
 
     def purge(self) -> None:
         self.shared.release(self)

@@ -53,6 +53,7 @@ from replicator.core.errors import (
     FatalError,
     ObjectNotFound,
     ProducerFenced,
+    RecordRefused,
     ReplicatorError,
     RetriableError,
     SegmentCorrupt,
@@ -74,6 +75,15 @@ def session_backoff() -> Backoff:
     """
     return Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
                    maximum=timedelta(seconds=60), jitter=0.2)
+
+
+def refusal_backoff() -> Backoff:
+    """Retry delays of a partition stopped at a record its destination refuses: slow (the
+    refusal passes only once someone changes the destination: a changed topic config
+    retries at once, ``ReplayWorker.retry_refused``).
+    """
+    return Backoff(initial=timedelta(seconds=10), multiplier=2.0,
+                   maximum=timedelta(minutes=5), jitter=0.2)
 
 
 FENCED_STALL = 3
@@ -197,7 +207,10 @@ class ReplayWorker:
         self._pending_logged = False
         self._last_cp: Checkpoint | None = None
         self.failed: BaseException | None = None
+        self.refused: RecordRefused | None = None
+        """The record the destination refuses, while the partition is stopped at it."""
         self._backoff = session_backoff()
+        self._refusal_backoff = refusal_backoff()
         # The step machine: no session (``_sink_ready`` False) → the checkpoint load
         # pending (``_load``) → replaying (``_replaying``).
         self._sink_ready = False
@@ -301,6 +314,8 @@ class ReplayWorker:
                          "producer purged" if self._purged else "revoked", e)
                 self._finish()
                 return None
+            if isinstance(e, RecordRefused):
+                return self._restart_in(self._record_refused(e))
             kind = "retriable" if isinstance(e, RetriableError) else "fatal"
             return self._restart_in(self._session_failed(e, kind, self._backoff.next()))
         except Exception as e:  # a bug must not become a restart hot loop
@@ -390,6 +405,33 @@ class ReplayWorker:
                         self.where, delay, e)
         self.fenced = True
         return delay
+
+    def _record_refused(self, e: RecordRefused) -> float:
+        """The destination refused a record of this partition for good: the partition
+        stops at it (the session restarts from the checkpoint below it, so nothing after
+        it is produced and nothing is skipped), reported (ERROR, ``…_partition_refused``,
+        ``…_records_refused_total``), and tried again on a slow backoff, or at once when
+        the destination topic's configs change (``retry_refused``). Other partitions go on.
+        Returns the delay before the next session.
+        """
+        delay = self._refusal_backoff.next()
+        self.refused = e
+        self.metrics.records_refused.labels(**self._labels).inc()
+        self.metrics.partition_refused.labels(**self._labels).set(1)
+        log.error("%s: STOPPED at a record the destination refuses: %s. Nothing after it "
+                  "is produced; retrying in %.0fs, or when the destination topic's configs "
+                  "change (raise its max.message.bytes, grant the write, ...)", self.where,
+                  e, delay)
+        return delay
+
+    def retry_refused(self) -> None:
+        """The destination topic's configs changed: a partition stopped at a refused record
+        tries again now (any thread).
+        """
+        if self.refused is not None:
+            self._refusal_backoff.reset()
+            self._not_before = 0.0
+            self._wake()
 
     def _session_failed(self, e: BaseException, kind: str, delay: float) -> float:
         log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
@@ -1001,6 +1043,12 @@ class ReplayWorker:
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset
         self._m_checkpoint.set(cp.offset)
+        if self.refused is not None:
+            log.info("%s: replicating again past the refused record (checkpoint %d)",
+                     self.where, cp.offset)
+            self.refused = None
+            self._refusal_backoff.reset()
+            self.metrics.partition_refused.labels(**self._labels).set(0)
         if self.fenced_in_a_row or self.stalled:
             if self.stalled:
                 log.info("%s: replaying again after being fenced", self.where)

@@ -16,7 +16,12 @@ from ingress import delivery
 from ingress.delivery import AtLeastOnce
 from ingress.rows import Rows
 from ingress.shared import SharedAcks, SharedAckSink
-from replicator.core.errors import KafkaFatalError, KafkaRetriableError, ReplicatorError
+from replicator.core.errors import (
+    KafkaFatalError,
+    KafkaRetriableError,
+    RecordRefused,
+    ReplicatorError,
+)
 from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -95,7 +100,7 @@ def test_a_failure_in_fan_in_belongs_to_the_source_whose_record_failed(
     a.produce(rows(0, 3))
     b.produce(Rows([10, 11, 12], [1] * 3, [b"k"] * 3, [b"v", b"huge", b"v"], [None] * 3))
     assert a.outstanding(0.0) == 0                   # A's records are all delivered
-    with pytest.raises(KafkaRetriableError, match="failed"):
+    with pytest.raises(RecordRefused, match="refused the record at source offset 11"):
         b.outstanding(0.0)
     with pytest.raises(KafkaRetriableError):
         b.produce_checkpoint("src-b", cp(12))        # and never a checkpoint after it

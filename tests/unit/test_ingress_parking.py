@@ -69,6 +69,9 @@ class TxnProducer:
     def check_deliveries(self, where: str) -> None:
         pass
 
+    def take_failures(self) -> list[Any]:
+        return []
+
     def produce(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         assert key is not None
         self.open_cps.append((key.decode(), value))

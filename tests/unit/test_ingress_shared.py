@@ -60,6 +60,9 @@ class FakeProducer:
     def check_deliveries(self, where: str) -> None:
         pass
 
+    def take_failures(self) -> list[Any]:
+        return []
+
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         self.log.append(f"checkpoint {key!r}")
         self.queued_checkpoints += 1
