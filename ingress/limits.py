@@ -60,23 +60,32 @@ def slice_rows(rows: Rows, lo: int, hi: int) -> Rows:
 def refused_record(rows: Rows | None, error: RecordRefused, limit: int | None,
                    where: str) -> RecordRefused:
     """``error`` naming the record of ``rows`` the destination refused: for a size refusal
-    the first record too large for ``limit`` on its own (else the largest one, as the
-    broker counts compressed batches), otherwise the first record of the request.
+    the first record too large for ``limit`` on its own (none: the request as a whole, from
+    its first record), otherwise the first record of the request.
     """
     if not rows:
         return error
     sizes = [record_size(k, v, h) for k, v, h in
              zip(rows.keys, rows.values, rows.headers, strict=True)]
-    i = 0
-    if "too large" in error.reason.lower():
-        over = [j for j, s in enumerate(sizes) if limit is not None
-                and s + BATCH_OVERHEAD > limit]
-        i = over[0] if over else max(range(len(sizes)), key=sizes.__getitem__)
     setting = f"{SETTING}={limit}" if limit is not None else f"{SETTING} unknown"
+    reason = error.reason or str(error)
+    if "too large" in error.reason.lower():
+        over = [j for j, s in enumerate(sizes)
+                if limit is None or s + BATCH_OVERHEAD > limit]
+        if not over or (limit is None and len(sizes) > 1):
+            # No record is too large on its own: the request was (its records batched).
+            return RecordRefused(
+                f"{where}: the destination refused a request of {len(sizes)} record(s) "
+                f"from source offset {rows.offsets[0]} ({sum(sizes)} bytes; destination "
+                f"{setting}), none too large on its own: {reason}",
+                offset=rows.offsets[0], size=sum(sizes), setting=setting, reason=reason)
+        i = over[0]
+    else:
+        i = 0
     return RecordRefused(
         f"{where}: the destination refused the record at source offset {rows.offsets[i]} "
-        f"({sizes[i]} bytes; destination {setting}): {error.reason or error}",
-        offset=rows.offsets[i], size=sizes[i], setting=setting, reason=error.reason)
+        f"({sizes[i]} bytes; destination {setting}): {reason}",
+        offset=rows.offsets[i], size=sizes[i], setting=setting, reason=reason)
 
 
 class DestinationLimits:

@@ -63,7 +63,7 @@ from replicator.core.queues import read_ahead
 from replicator.core.retry import Backoff
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
-from replicator.core.wire import Checkpoint, checkpoint_key
+from replicator.core.wire import Checkpoint, Refusal, checkpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -424,6 +424,24 @@ class ReplayWorker:
                   e, delay)
         return delay
 
+    def _persist_refusal(self) -> None:
+        """A session after a refusal: record the refused record in the checkpoint itself
+        (same offset, once per record), so ``replicator topics`` and ``replicator
+        checkpoints`` show the partition stopped at it; the next checkpoint (past it)
+        carries none.
+        """
+        last, e = self._last_cp, self.refused
+        if last is None or e is None or e.offset is None or e.offset <= last.offset:
+            return
+        if last.refused is not None and last.refused.offset == e.offset:
+            return
+        cp = replace(last, updated_at=self.clock(),
+                     refused=Refusal(e.offset, e.size, e.setting or "", e.reason))
+        assert self._delivery is not None
+        self._delivery.deliver(None, cp)
+        self._delivery.settle()
+        self._last_cp = cp
+
     def retry_refused(self) -> None:
         """The destination topic's configs changed: a partition stopped at a refused record
         tries again now (any thread).
@@ -486,6 +504,7 @@ class ReplayWorker:
             self.late = LateGap(cp.late[0], cp.late[0], cp.late[1])
             log.info("%s: positions from %d have been late since %s", self.where,
                      cp.late[0], cp.late[1].isoformat())
+        self._persist_refusal()
         self._drain_inbox()
         # List from the resume position: level 0 from the segment the checkpoint came
         # from (the checkpoint may lie inside it).

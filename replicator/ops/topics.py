@@ -6,7 +6,9 @@
 * For an ingress config (``ingress_report``): the sources (named, or found by a
   ``topic_pattern`` exactly as ingress finds them), their destination topics, partition
   counts (``_topic.json``), how many partitions have a checkpoint, and the lag between the
-  checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``).
+  checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``), and
+  the partitions stopped at a record their destination refuses (the checkpoint's
+  ``refused``).
 """
 
 from __future__ import annotations
@@ -104,11 +106,16 @@ class IngressSource:
     """Partitions with a checkpoint."""
     lag: int = 0
     """Positions between the checkpoints and the ends of the newest segments."""
+    refused: dict[int, str] = field(default_factory=dict)
+    """Partitions stopped at a record the destination refuses -> which record and why."""
 
     @property
     def state(self) -> str:
         if self.partitions is None:
             return "waiting for _topic.json"
+        if self.refused:
+            return "stopped at a refused record: " + "; ".join(
+                f"[{p}] {why}" for p, why in sorted(self.refused.items()))
         if self.checkpointed == 0:
             return "no checkpoint yet"
         return "replicating" if self.lag == 0 else "behind"
@@ -117,7 +124,8 @@ class IngressSource:
         return {"region": self.region, "topic": self.topic, "destination": self.destination,
                 "found_by": self.found_by, "partitions": self.partitions,
                 "checkpointed_partitions": self.checkpointed, "lag": self.lag,
-                "state": self.state}
+                "state": self.state,
+                "refused": {str(p): why for p, why in sorted(self.refused.items())}}
 
 
 def ingress_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
@@ -147,4 +155,9 @@ def ingress_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
             continue
         row.checkpointed += cp.checkpoint is not None
         row.lag += cp.lag or 0
+        r = cp.refused
+        if r is not None and cp.checkpoint is not None and r.offset > cp.checkpoint:
+            row.refused[cp.partition] = (
+                f"offset {r.offset} ({r.size if r.size is not None else '?'} bytes; "
+                f"destination {r.setting}): {r.reason}")
     return sorted(rows.values(), key=lambda r: (r.region, r.topic))

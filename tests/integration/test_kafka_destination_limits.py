@@ -51,9 +51,13 @@ def _fill(pipe: Pipeline, topic: str, partitions: int, per_partition: int,
     p.check_deliveries(topic)
 
 
-def _settings(pipe: Pipeline, mode: str, topics: list[str]) -> tuple[object, object]:
+def _settings(pipe: Pipeline, mode: str, topics: list[str], per_partition: int
+              ) -> tuple[object, object]:
+    # One segment per partition (the records are all there before egress starts), so
+    # ingress replays each partition as one batch: far above the 100 KB limit.
     egress = pipe.egress_settings(egress={"topics": {
-        t: {"max_segment_messages": 4000, "max_segment_age": "500ms"} for t in topics}})
+        t: {"max_segment_messages": per_partition, "max_segment_age": "30s"}
+        for t in topics}})
     ingress = pipe.ingress_settings(
         delivery=mode, batch_size=4000,
         sources=[{"region": SOURCE_REGION, "topic": t, "destination_topic": t + ".copy",
@@ -70,7 +74,7 @@ def test_a_topic_limited_to_100_kb_replicates_beside_an_ordinary_one(
     assert Admin(pipe.source_kafka).create_topic(ordinary, 2)
     for t in (pipe.topic, ordinary):
         _fill(pipe, t, 2, 1500)
-    egress_s, ingress_s = _settings(pipe, mode, [pipe.topic, ordinary])
+    egress_s, ingress_s = _settings(pipe, mode, [pipe.topic, ordinary], 1500)
     egress = Egress(egress_s, store=pipe.store)  # type: ignore[arg-type]
     with running_egress(egress), running_ingress(ingress_s) as ing:  # type: ignore[arg-type]
         wait_for(lambda: all(ing.positions().get((SOURCE_REGION, t, p)) == 1499
@@ -93,7 +97,7 @@ def test_a_refused_record_stops_only_its_partition_until_the_limit_is_raised(
     _fill(pipe, pipe.topic, 2, 1000, big={0: 600})
     admin = Admin(pipe.dest_kafka)
     assert admin.create_topic(pipe.dest_topic, 2, {"max.message.bytes": str(LIMIT)})
-    egress_s, ingress_s = _settings(pipe, mode, [pipe.topic])
+    egress_s, ingress_s = _settings(pipe, mode, [pipe.topic], 1000)
     egress = Egress(egress_s, store=pipe.store)  # type: ignore[arg-type]
     with running_egress(egress), running_ingress(ingress_s) as ing:  # type: ignore[arg-type]
         labels = {"region": SOURCE_REGION, "topic": pipe.topic, "partition": "0"}

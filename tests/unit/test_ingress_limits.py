@@ -4,8 +4,10 @@ the at-least-once producer that enqueues a cut partition one chunk at a time.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
@@ -24,6 +26,8 @@ from replicator.core.batch_limits import (
 from replicator.core.errors import RecordRefused, ReplicatorError
 from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint, Refusal
+from replicator.ops.topics import IngressSource
 from tests.unit.ingress_fakes import FakeClient, fake_producer
 
 KAFKA_DEFAULT_LIMIT = 1_048_588
@@ -144,3 +148,28 @@ def test_at_least_once_enqueues_a_cut_partition_one_chunk_at_a_time(
     assert 0 < most <= room
     assert len(client.log) == 60
     assert a.outstanding(0.0) == 0 and b.outstanding(0.0) == 0
+
+
+def test_a_request_too_large_as_a_whole_is_named_from_its_first_record() -> None:
+    rows = rows_of([b"a" * 300] * 400)
+    err = refused_record(rows, RecordRefused("x", reason="Broker: Message size too large"),
+                         100_000, "dest[0]")
+    assert err.offset == 100 and "request of 400 record(s)" in str(err)
+    assert "none too large on its own" in str(err)
+
+
+def test_a_refusal_in_the_checkpoint_round_trips_and_shows_in_replicator_topics() -> None:
+    now = datetime.now(UTC)
+    cp = Checkpoint(6, "seg", now, refused=Refusal(10, 150_040, "max.message.bytes=100000",
+                                                    "Broker: Message size too large"))
+    assert Checkpoint.decode(cp.encode()) == cp
+    assert Checkpoint.decode(Checkpoint(6, "seg", now).encode()).refused is None
+    # An unparsable one only informs operators: ignored, the checkpoint stays valid.
+    doc = json.loads(cp.encode())
+    doc["refused"] = {"offset": "x"}
+    assert Checkpoint.decode(json.dumps(doc).encode()).refused is None
+    row = IngressSource("us-east-1", "t", "t.copy", "topic", 2, checkpointed=2,
+                        refused={0: "offset 10 (150040 bytes; destination "
+                                    "max.message.bytes=100000): too large"})
+    assert row.state.startswith("stopped at a refused record: [0] offset 10")
+    assert row.as_dict()["refused"] == {"0": row.refused[0]}

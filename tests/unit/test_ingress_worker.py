@@ -1042,3 +1042,35 @@ def test_the_segment_inventory_stays_bounded_on_a_busy_partition() -> None:
         assert most <= 3, f"{most} segments kept for a position that only moves forward"
     finally:
         h.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_a_refused_record_stops_the_partition_at_it_until_retried(exactly_once: bool) -> None:
+    """The destination refuses record 10 for good: the partition stops right before the
+    batch holding it (nothing after it produced, nothing skipped), reported by the gauge,
+    the counter and in the checkpoint (``refused``, for ``replicator topics``) from the
+    next session; once the destination takes it (its configs changed), the partition goes
+    on by itself and the next checkpoint carries no refusal."""
+    h = Harness(exactly_once=exactly_once, batch_size=7)
+    try:
+        write(h.store, key(0, 20))
+        h.sink.refuse = {10}
+        w = h.start()
+        h.wait(lambda: w.refused is not None and w.checkpointed == 6)
+        assert h.metric("replicator_ingress_partition_refused") == 1
+        assert h.offsets() == list(range(7))
+        assert w.refused is not None and w.refused.offset == 10
+        w.retry_refused()               # a session now: the refusal goes into the checkpoint
+        h.wait(lambda: h.metric("replicator_ingress_records_refused_total") >= 2)
+        cp = Checkpoint.decode(h.checkpoints.values[w.key][-1])
+        assert cp.offset == 6 and cp.refused is not None and cp.refused.offset == 10
+        assert h.offsets() == list(range(7))
+        h.sink.refuse = set()
+        w.retry_refused()
+        h.wait(lambda: h.offsets()[-1:] == [20])
+        assert h.offsets() == list(range(21))
+        h.wait(lambda: h.metric("replicator_ingress_partition_refused") == 0)
+        assert w.refused is None
+        assert Checkpoint.decode(h.checkpoints.values[w.key][-1]).refused is None
+    finally:
+        h.stop()
