@@ -429,3 +429,19 @@ def test_restored_month_old_records_survive_the_targets_retention(
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     assert "accepted (message.timestamp.type)" in accepted.stdout
     assert count(pipe.dest_kafka, stamped) == 200
+
+
+def test_a_target_with_a_small_max_message_bytes_gets_batches_that_fit(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """A target topic limited to 10 KB, restore batches of 1,000 records (~40 KB): the
+    producer's batch.size is set below the target's limit (librdkafka fills batches up to
+    batch.size, 1 MB, whatever the topic: the broker refused every one before)."""
+    build_archive(pipe, 600, per_segment=300, merge_upto=300)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    Admin(pipe.dest_kafka).create_topic(to_topic, PARTITIONS, {"max.message.bytes": "10000"})
+    res = run(restore_cmd(cfg, pipe, to_topic, "--batch-size", "1000"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    for part in range(PARTITIONS):
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))
