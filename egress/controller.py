@@ -49,7 +49,7 @@ from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_END, Admin, Consumer, TopicPartition
+from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.retry import RetryPolicy
@@ -389,7 +389,7 @@ class Egress:
         # writer elsewhere that has not noticed it lost the partition) would make the
         # segment named from one offset hold records from another.
         try:
-            start = self._start_positions(consumer, committed)
+            start, fixed = self._start_positions(consumer, committed)
         except ReplicatorError as e:
             self._failed = True
             self._fatal = e
@@ -408,16 +408,21 @@ class Egress:
             log.error("assigning %s failed: %s", ", ".join(map(str, partitions)), e)
             return
         for tp in committed:
+            key = (tp.topic, tp.partition)
             position = tp.offset if tp.offset >= 0 else None
+            if key in fixed:
+                position = start[key]
             # Past records skipped by skip_origins, the commit's metadata keeps where the
             # next segment starts, so segments still touch (egress.commits).
             expected = None if position is None else next_segment_start(position,
                                                                          tp.metadata)
             ref = PartitionRef(self.settings.s3.prefix, self.region, tp.topic, tp.partition)
-            self._writers[(tp.topic, tp.partition)] = PartitionWriter(
+            self._writers[key] = PartitionWriter(
                 ref, self._limits[tp.topic], expected, ctx=self._ctx,
                 metrics=self.m.for_partition(self.region, tp.topic, tp.partition),
                 commit=self._commits.committer(tp.topic, tp.partition), position=position)
+            if key in fixed:
+                self._writers[key].commit_start()
             log.info("%s[%d]: assigned, resuming at %s%s", tp.topic, tp.partition,
                      position if position is not None else "the first available offset "
                                                            "(no commit)",
@@ -428,13 +433,20 @@ class Egress:
         self.m.assigned.labels(self.region).set(len(self._writers))
 
     def _start_positions(self, consumer: Consumer, committed: Sequence[TopicPartition]
-                         ) -> dict[tuple[str, int], int]:
+                         ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:
         """Where each partition is fetched from: its committed offset, else what the
         topic's ``start`` says (oldest record, end of the log, or the first record at or
-        after a time).
+        after a time); and the partitions whose start was chosen here from ``latest`` or a
+        time, which the caller commits at once.
+
+        Those starts are resolved to offsets now, never left to the client as "the end":
+        a partition that moved to another member, or a process that restarted, before
+        the first segment's commit would otherwise start again at the *then* end and
+        silently pass every record produced in between.
         """
         start: dict[tuple[str, int], int] = {}
         by_time: list[TopicPartition] = []
+        at_end: list[tuple[str, int]] = []
         for tp in committed:
             key = (tp.topic, tp.partition)
             if tp.offset >= 0:
@@ -444,23 +456,30 @@ class Egress:
             if how == "earliest":
                 start[key] = OFFSET_BEGINNING
             elif how == "latest":
-                start[key] = OFFSET_END
-                log.warning("%s[%d]: no committed offset; starting at the end of the log "
-                            '(start = "latest"): records produced before are not copied',
-                            tp.topic, tp.partition)
+                at_end.append(key)
             else:
                 ms = int(how.timestamp() * 1000)
                 by_time.append(TopicPartition(tp.topic, tp.partition, ms))
         if by_time:
             for tp in consumer.offsets_for_times(by_time, timeout=30):
                 when = self.config.topic_settings(tp.topic).start
-                start[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else OFFSET_END
-                log.warning("%s[%d]: no committed offset; starting at %s, the first record "
-                            "at or after %s (start): records before are not copied",
-                            tp.topic, tp.partition,
-                            f"offset {tp.offset}" if tp.offset >= 0 else "the end of the log",
-                            when)
-        return start
+                if tp.offset < 0:
+                    at_end.append((tp.topic, tp.partition))
+                    continue
+                start[(tp.topic, tp.partition)] = tp.offset
+                log.warning("%s[%d]: no committed offset; starting at offset %d, the first "
+                            "record at or after %s (start): records before are not copied",
+                            tp.topic, tp.partition, tp.offset, when)
+        if at_end:
+            assert self._admin is not None
+            for (topic, partition), end in self._admin.log_ends(at_end, timeout=30).items():
+                start[(topic, partition)] = end
+                log.warning("%s[%d]: no committed offset; starting at offset %d, the end of "
+                            "the log (start): records before are not copied",
+                            topic, partition, end)
+        fixed = {key for key, offset in start.items() if offset >= 0} - {
+            (tp.topic, tp.partition) for tp in committed if tp.offset >= 0}
+        return start, fixed
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]

@@ -199,9 +199,18 @@ class PartitionWriter:
         if now < self._skip_commit_at:
             return
         self._skip_commit_at = now + interval
-        self.queue.submit(lambda: self._commit_skipped(pos, start))
+        self.queue.submit(lambda: self._commit_skipped(pos, start, "skipped records"))
 
-    def _commit_skipped(self, position: int, start: int) -> None:
+    def commit_start(self) -> None:
+        """Commit the position this partition was started at without a commit (``start =
+        "latest"`` or a time; poll thread, at assignment), so that wherever and whenever it
+        is assigned next it resumes here rather than at a later end of the log.
+        """
+        pos = self.position
+        if pos is not None:
+            self.queue.submit(lambda: self._commit_skipped(pos, pos, "its start"))
+
+    def _commit_skipped(self, position: int, start: int, why: str) -> None:
         if self.cancel.is_set() or self.broken.is_set():
             return
         try:
@@ -211,12 +220,12 @@ class PartitionWriter:
             return
         except ReplicatorError as e:
             # The next one (or the next segment's) covers it.
-            log.warning("%s: committing offset %d past skipped records failed: %s",
-                        self.name, position, e)
+            log.warning("%s: committing offset %d (%s) failed: %s",
+                        self.name, position, why, e)
             self.metrics.commit_failures.inc()
             return
-        log.debug("%s: committed offset %d past skipped records (next segment starts at "
-                  "%d)", self.name, position, start)
+        log.debug("%s: committed offset %d (%s; next segment starts at %d)",
+                  self.name, position, why, start)
         self.committed_offset = max(position, self.committed_offset or 0)
 
     def _open(self, first: Message, now: float) -> Segment:

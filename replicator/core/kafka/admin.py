@@ -294,6 +294,42 @@ class Admin:
             f.add_done_callback(done)
         return out
 
+    def log_ends(self, partitions: Sequence[tuple[str, int]], *, timeout: float
+                 ) -> dict[tuple[str, int], int]:
+        """The end of each partition's log as a ``read_committed`` consumer sees it (the
+        last stable offset: ListOffsets "latest"), in one request per leader.
+
+        Brokers whose ListOffsets "latest" is wrong (Tansu answers the last batch's base
+        offset + 1) give an offset at or below the end, never above it.
+
+        Raises:
+            KafkaRetriableError / ReplicatorError: no answer in ``timeout`` seconds or a
+                refusal, naming the partition.
+        """
+        if not partitions:
+            return {}
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        try:
+            futures = self._admin.list_offsets(
+                {ck.TopicPartition(t, p): latest for t, p in partitions},
+                isolation_level=ck.IsolationLevel.READ_COMMITTED, request_timeout=timeout)
+        except (ck.KafkaException, ValueError, TypeError) as e:
+            raise KafkaRetriableError(f"end offsets of {len(partitions)} partition(s): {e}"
+                                      ) from e
+        ends: dict[tuple[str, int], int] = {}
+        for tp, f in futures.items():
+            what = f"end offset of {tp.topic}[{tp.partition}]"
+            try:
+                offset = int(f.result(timeout=timeout + 5).offset)
+            except ck.KafkaException as e:
+                raise translate(e, what) from e
+            except TimeoutError:
+                raise KafkaRetriableError(f"{what}: no answer in {timeout:.0f} s") from None
+            if offset < 0:
+                raise KafkaRetriableError(f"{what}: no offset ({offset})")
+            ends[(tp.topic, tp.partition)] = offset
+        return ends
+
     # --- consumer groups ---------------------------------------------------------------
 
     def list_groups(self) -> list[str]:

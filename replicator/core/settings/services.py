@@ -62,7 +62,9 @@ class EgressTopicSettings(Model):
         "(earliest: the whole retention window is copied), the end of its log (latest: "
         "only records produced from then on), or the first record at or after a time (a "
         "date-time with its zone, e.g. 2026-11-01T00:00:00Z). A partition with a commit "
-        "always resumes from it. Ingress starts each partition where egress's first "
+        "always resumes from it. A latest or time start is resolved to an offset and "
+        "committed at once, so a restart or rebalance before the first segment resumes "
+        "there. Ingress starts each partition where egress's first "
         "segment does (docs/architecture.md, \"Topic metadata\"), so nothing before it is "
         "declared lost.")
 

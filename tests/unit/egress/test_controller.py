@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -134,7 +135,8 @@ def test_the_subscription_follows_the_selection() -> None:
 
 
 @pytest.mark.parametrize(("start", "expected"), [
-    ("earliest", OFFSET_BEGINNING), ("latest", -1), ("2026-11-01T00:00:00Z", 7)])
+    ("earliest", OFFSET_BEGINNING), ("latest", 25), ("2026-11-01T00:00:00Z", 7),
+    ("2026-11-20T00:00:00Z", 25)])
 def test_a_partition_without_a_commit_starts_where_the_topic_says(
         start: str, expected: int) -> None:
     # A new deployment on a live cluster: without a commit, the topic's `start` decides
@@ -152,18 +154,40 @@ def test_a_partition_without_a_commit_starts_where_the_topic_says(
         def offsets_for_times(self, tps: Sequence[TopicPartition], timeout: float
                               ) -> list[TopicPartition]:
             self.asked.extend(tps)
-            return [TopicPartition(tp.topic, tp.partition, 7) for tp in tps]
+            # No record at or after the 20th: the end of the log.
+            at = 7 if tps[0].offset < 1_795_000_000_000 else -1
+            return [TopicPartition(tp.topic, tp.partition, at) for tp in tps]
+
+    class EndsAdmin:
+        def log_ends(self, partitions: Sequence[tuple[str, int]], *, timeout: float
+                     ) -> dict[tuple[str, int], int]:
+            return dict.fromkeys(partitions, 25)
 
     consumer = TimedConsumer({0: 40})
+    eg._admin = EndsAdmin()  # type: ignore[assignment]
+    recorder = CommitRecorder()
     try:
         eg._on_assign(consumer, [TopicPartition("t", 0), TopicPartition("t", 1)])  # type: ignore[arg-type]
+        writer = eg._writers[("t", 1)]
+        if start == "earliest":
+            assert writer.expected is None     # named from its first record
+        else:
+            # The start is an offset, committed at once: a partition that moves, or a
+            # process that restarts, before the first segment's commit resumes here and
+            # not at a later end of the log.
+            assert writer.expected == expected
+            deadline = time.monotonic() + 10
+            while writer.committed_offset != expected or not recorder.commits:
+                eg._commits.serve(recorder)  # type: ignore[arg-type]
+                assert time.monotonic() < deadline, "the start was never committed"
+                time.sleep(0.01)
+            assert recorder.commits == [("t", 1, expected)]
     finally:
         h.close()
     assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [(0, 40), (1, expected)]
-    if start.startswith("2026"):
+    if start == "2026-11-01T00:00:00Z":
         # 2026-11-01T00:00:00Z in milliseconds, asked for the partition without a commit.
         assert [(tp.partition, tp.offset) for tp in consumer.asked] == [(1, 1_793_491_200_000)]
-    assert eg._writers[("t", 1)].expected is None     # named from its first record
 
 
 def test_the_replicators_own_topics_are_never_selected_by_a_pattern() -> None:
