@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from formats.registry import get_format
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
@@ -32,19 +33,14 @@ from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
+from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.relay import EventQueue, SqsRelay
 from ingress.scheduler import Scheduler
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
-from ingress.shared import (
-    Ownership,
-    SharedAcks,
-    SharedAckSink,
-    SharedTxnSink,
-    TransactionLoop,
-)
 from ingress.sink import ReplaySink
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
+from ingress.transactions import SharedTxnSink, TransactionLoop
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.batch_limits import message_limit
 from replicator.core.clock import Clock, utc_now

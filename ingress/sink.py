@@ -110,7 +110,7 @@ class ReplaySink(ABC):
 
     can_submit: bool = False
     """True if ``submit``/``collect`` hand a batch over without waiting for its commit
-    (the process's shared transaction loop, ``ingress.shared``)."""
+    (the process's shared transaction loop, ``ingress.transactions``)."""
 
     def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
                on_done: Callable[[], None]) -> object:

@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 
 from egress.selection import select
-from ingress.shared import TransactionLoop
 from ingress.sink import transaction_timeout_ms
+from ingress.transactions import TransactionLoop
 from replicator.cli.common import EXIT_USAGE, config_option, echo_json, fail, load_or_exit
 from replicator.cli.tables import print_table
 from replicator.cli.topics import own_topics

@@ -31,17 +31,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ingress import delivery
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.delivery import AtLeastOnce
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.rows import Rows
-from ingress.shared import (
-    Batch,
-    Ownership,
-    PartitionRevoked,
-    SharedAcks,
-    SharedAckSink,
-    TransactionLoop,
-)
+from ingress.transactions import Batch, PartitionRevoked, TransactionLoop
 from replicator.core.errors import (
     GenerationFenced,
     KafkaRetriableError,

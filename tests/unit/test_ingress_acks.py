@@ -1,4 +1,4 @@
-"""At-least-once over the process's shared idempotent producer (``ingress.shared``): each
+"""At-least-once over the process's shared idempotent producer (``ingress.acks``): each
 sink's failures and acknowledgements are its own, and no checkpoint ever covers a record
 that was not delivered (RELIABILITY.md, "At-least-once delivery under failure"). The seam's
 ``Producer`` runs for real over a fake client (``tests/unit/ingress_fakes.py``).
@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 import pytest
 
 from ingress import delivery
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.delivery import AtLeastOnce
 from ingress.rows import Rows
-from ingress.shared import SharedAcks, SharedAckSink
 from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.limits import DestinationLimits, chunk_bounds, refused_record
 from ingress.rows import Rows
-from ingress.shared import SharedAcks, SharedAckSink
 from replicator.core.batch_limits import (
     BATCH_OVERHEAD,
     DEFAULT_BATCH_SIZE,

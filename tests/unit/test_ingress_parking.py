@@ -19,9 +19,10 @@ from formats.records import records_to_batch
 from ingress.checkpoints import MemoryCheckpointStore
 from ingress.delivery import delivery_for
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.scheduler import Scheduler
-from ingress.shared import Ownership, SharedTxnSink, TransactionLoop
+from ingress.transactions import SharedTxnSink, TransactionLoop
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import GroupMetadata, Producer, TopicPartition

@@ -15,8 +15,9 @@ import pytest
 
 from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.rows import Rows
-from ingress.shared import Batch, Ownership, PartitionRevoked, TransactionLoop
+from ingress.transactions import Batch, PartitionRevoked, TransactionLoop
 from replicator.core.errors import (
     GenerationFenced,
     ProducerFenced,
@@ -342,7 +343,7 @@ def test_a_fenced_producer_is_recreated_and_initialised_again(h: Harness) -> Non
 def test_closing_an_at_least_once_sink_with_nothing_outstanding_does_not_wait() -> None:
     """Many partitions stopped at once close one after another on the replay pool: a sink
     with nothing unacknowledged must not wait a poll timeout (was 50 ms each)."""
-    from ingress.shared import SharedAcks, SharedAckSink
+    from ingress.acks import SharedAcks, SharedAckSink
 
     polls: list[float] = []
 

@@ -924,7 +924,7 @@ def unacknowledged_worker(monkeypatch: pytest.MonkeyPatch
     broker does not acknowledge (``QueueingProducer``), with a 0.3 s acknowledgement wait,
     on a started two-thread pool; the caller closes the pool."""
     from ingress import delivery
-    from ingress.shared import SharedAcks, SharedAckSink
+    from ingress.acks import SharedAcks, SharedAckSink
     from replicator.core.settings import KafkaSettings
 
     monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
