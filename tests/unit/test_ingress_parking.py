@@ -291,7 +291,7 @@ def test_a_session_failing_with_its_batch_in_a_transaction_restarts_after_its_en
     # Reading ahead fails (a storage error) while the first batch is in a held
     # transaction: the next session must not load the checkpoint before that transaction
     # ended, or it would replay the batch again beside it.
-    import ingress.worker as worker_module
+    import ingress.segment_replay as replay_module
     from ingress.rows import batch_rows as real
 
     calls = {"n": 0}
@@ -302,7 +302,7 @@ def test_a_session_failing_with_its_batch_in_a_transaction_restarts_after_its_en
             raise StorageError("read failed (test)")
         return real(*a, **k)
 
-    monkeypatch.setattr(worker_module, "batch_rows", flaky)
+    monkeypatch.setattr(replay_module, "batch_rows", flaky)
     proc = Process(1, slots=1, threads=2, per_segment=10, batch_size=5)
     procs.append(proc)
     proc.producer.gate.clear()
