@@ -123,7 +123,7 @@ def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None
         f"offset map topic {region.offset_map_topic}", "topic auto-creation",
         "transaction.max.timeout.ms", "s3 bucket", "s3 versioning", "s3 list",
         "clock skew (S3)", "s3 notifications", f"source {SOURCE}/{region.source}",
-        "sqs queue", "sqs visibility timeout"]
+        "ingress refused records", "sqs queue", "sqs visibility timeout"]
     # Tansu describes no broker configs: auto-creation and the transaction limit are unknown.
     unknown = {"topic auto-creation", "transaction.max.timeout.ms"}
     expected_warn = unknown if BROKER_KIND == "tansu" else set()
@@ -147,7 +147,7 @@ def test_the_table_names_each_check_and_the_totals(region: Region, tmp_path: Pat
     lines = res.output.splitlines()
     assert lines[0].split() == ["check", "status", "seen", "fix"]
     assert any(line.startswith("kafka reachable") and " PASS " in line for line in lines)
-    assert lines[-1].startswith(("PASS: 15 PASS, 0 WARN, 0 FAIL", "WARN: 13 PASS, 2 WARN"))
+    assert lines[-1].startswith(("PASS: 16 PASS, 0 WARN, 0 FAIL", "WARN: 14 PASS, 2 WARN"))
 
 
 def test_a_broker_that_is_down_is_named_with_the_cause(region: Region,
