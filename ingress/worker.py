@@ -774,7 +774,9 @@ class ReplayWorker(SegmentReplay):
     def _checkpointed(self, cp: Checkpoint) -> None:
         self.checkpointed = cp.offset
         self._m_checkpoint.set(cp.offset)
-        if self.refused is not None:
+        refused = self.refused
+        if refused is not None and cp.refused is None and \
+                (refused.offset is None or cp.offset >= refused.offset):
             log.info("%s: replicating again past the refused record (checkpoint %d)",
                      self.where, cp.offset)
             self.refused = None

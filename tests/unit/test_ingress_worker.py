@@ -1045,7 +1045,8 @@ def test_the_segment_inventory_stays_bounded_on_a_busy_partition() -> None:
 
 
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
-def test_a_refused_record_stops_the_partition_at_it_until_retried(exactly_once: bool) -> None:
+def test_a_refused_record_stops_the_partition_at_it_until_retried(
+        exactly_once: bool, caplog: pytest.LogCaptureFixture) -> None:
     """The destination refuses record 10 for good: the partition stops right before the
     batch holding it (nothing after it produced, nothing skipped), reported by the gauge,
     the counter and in the checkpoint (``refused``, for ``replicator topics``) from the
@@ -1055,6 +1056,7 @@ def test_a_refused_record_stops_the_partition_at_it_until_retried(exactly_once: 
     try:
         write(h.store, key(0, 20))
         h.sink.refuse = {10}
+        caplog.set_level(logging.INFO, logger="ingress.worker")
         w = h.start()
         h.wait(lambda: w.refused is not None and w.checkpointed == 6)
         assert h.metric("replicator_ingress_partition_refused") == 1
@@ -1064,6 +1066,9 @@ def test_a_refused_record_stops_the_partition_at_it_until_retried(exactly_once: 
         h.wait(lambda: h.metric("replicator_ingress_records_refused_total") >= 2)
         cp = Checkpoint.decode(h.checkpoints.values[w.key][-1])
         assert cp.offset == 6 and cp.refused is not None and cp.refused.offset == 10
+        # The checkpoint that records the refusal is no progress: still stopped.
+        assert h.metric("replicator_ingress_partition_refused") == 1 and w.refused is not None
+        assert not any("replicating again" in r.getMessage() for r in caplog.records)
         assert h.offsets() == list(range(7))
         h.sink.refuse = set()
         w.retry_refused()
@@ -1072,5 +1077,6 @@ def test_a_refused_record_stops_the_partition_at_it_until_retried(exactly_once: 
         h.wait(lambda: h.metric("replicator_ingress_partition_refused") == 0)
         assert w.refused is None
         assert Checkpoint.decode(h.checkpoints.values[w.key][-1]).refused is None
+        assert any("replicating again" in r.getMessage() for r in caplog.records)
     finally:
         h.stop()
