@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -161,6 +161,8 @@ class TransactionLoop:
         self.limits = limits
         self._producer: Producer | None = None
         self._pending: deque[Batch] = deque()
+        self._apart: set[TP] = set()
+        """Partitions whose batches go one per transaction (``_refused``)."""
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -255,7 +257,7 @@ class TransactionLoop:
             with self._cond:
                 if not self._pending:
                     self._cond.wait(0.2)
-                batches, self._pending = list(self._pending), deque()
+                batches = self._take()
             if not batches:
                 continue
             try:
@@ -266,6 +268,25 @@ class TransactionLoop:
                 self._drop_producer(e)
                 self._fail([b for b in batches if not b.done.is_set()],
                            KafkaFatalError(f"transaction failed unexpectedly: {e!r}"))
+
+    def _take(self) -> list[Batch]:
+        """The batches of the next transaction (under ``_cond``): every one waiting, but
+        one per partition set apart by a refusal (``_apart``); the others wait, in order.
+        """
+        if not self._apart:
+            batches, self._pending = list(self._pending), deque()
+            return batches
+        take: list[Batch] = []
+        wait: deque[Batch] = deque()
+        seen: set[TP] = set()
+        for b in self._pending:
+            if b.tp in self._apart and b.tp in seen:
+                wait.append(b)
+            else:
+                seen.add(b.tp)
+                take.append(b)
+        self._pending = wait
+        return take
 
     def _ready_producer(self) -> Producer:
         if self._producer is None:
@@ -318,6 +339,8 @@ class TransactionLoop:
             return
         self._backoff.reset()
         self.metrics.transactions.labels(outcome="committed").inc()
+        with self._cond:
+            self._apart -= {b.tp for b in keep}
         for b in keep:
             b.finish()
 
@@ -444,19 +467,23 @@ class TransactionLoop:
     def _refused(self, p: Producer, keep: list[Batch], r: _Refused) -> None:
         """A destination refused records of some partitions for good: abort; those batches
         fail with ``RecordRefused`` naming the record (their workers stop at it), the
-        others go into the next transaction at once.
+        others go into the next transaction at once. A refusing partition with batches of
+        several sources (fan-in) cannot tell whose record it was: its batches are set
+        apart, one per transaction, until one commits, so only the refused one fails.
         """
         self._abort(p, r)
         self.metrics.transactions.labels(outcome="refused").inc()
+        shared = {tp for tp, n in Counter(b.tp for b in keep).items() if n > 1}
         again = []
         for b in keep:
             err = r.refused.get(b.tp)
-            if err is None:
+            if err is None or b.tp in shared:
                 again.append(b)
                 continue
             limit = None if self.limits is None else self.limits.limit(b.topic)
             b.finish(refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]"))
         with self._cond:
+            self._apart |= shared & set(r.refused)
             self._pending.extendleft(reversed(again))
 
     def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:

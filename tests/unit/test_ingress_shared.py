@@ -48,6 +48,8 @@ class FakeProducer:
         self.undelivered_at_offsets: list[int] = []
         self.refuse: set[int] = set()
         """Partitions whose records the destination refuses (``MSG_SIZE_TOO_LARGE``)."""
+        self.refuse_values: set[bytes] = set()
+        """Values the destination refuses (the request holding one: its partition)."""
         self.failures: list[Any] = []
         self.calls: list[tuple[str, int]] = []
         """``produce_many`` calls: (topic, records)."""
@@ -64,7 +66,7 @@ class FakeProducer:
                      headers: Sequence[Any], ids: Sequence[int], **kw: Any) -> None:
         self.calls.append((topic, len(ids)))
         self.log.append(f"produce {topic}[{partition}]:{len(ids)}")
-        if partition in self.refuse:
+        if partition in self.refuse or self.refuse_values.intersection(values):
             self.failures.append(DeliveryReport(topic, partition, -1, RecordRefused(
                 f"{topic}[{partition}]: refused", reason="Broker: Message size too large")))
             return
@@ -180,6 +182,25 @@ def test_a_refused_record_fails_only_its_partition_and_the_others_commit_at_once
     assert h.producer.committed == [(T, 1, 0), (T, 1, 1)]
     assert h.log.count("abort") == 1 and h.log.count("commit") == 1
     assert h.metrics.total("replicator_ingress_transactions_total", outcome="refused") == 1
+
+
+def test_in_fan_in_only_the_source_whose_record_was_refused_stops(h: Harness) -> None:
+    """Two sources write partition 0 (fan-in) and one of them holds a record the
+    destination refuses: the refusal names the partition, not the source, so the loop sets
+    the partition's batches apart (one per transaction) until it knows which; the other
+    source's batch and partition 1's commit."""
+    h.loop.start()
+    h.producer.refuse_values = {b"huge"}
+    bad = h.batch(0, 0, 3, value=b"huge")
+    ok = h.batch(0, 0, 2)
+    ok.key = "src:other"
+    other = h.batch(1, 0, 2)
+    for b in (bad, ok, other):
+        h.loop.submit(b)
+    assert isinstance(h.outcome(bad), RecordRefused)
+    assert h.outcome(ok) is None and h.outcome(other) is None
+    assert sorted(h.producer.committed) == [(T, 0, 0), (T, 0, 1), (T, 1, 0), (T, 1, 1)]
+    assert h.loop._apart == set()
 
 
 def test_a_batch_above_its_topics_limit_is_produced_in_rounds_that_fit() -> None:
