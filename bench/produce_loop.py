@@ -12,7 +12,7 @@ included), CPU µs of the broker, and records/s. Two delivery modes:
 
 * ``alo``: one idempotent producer, everything produced, one ``flush`` at the end;
 * ``eos``: one transaction per batch of 10,000 records with a ``flush`` before the commit
-  (what ``ingress.shared.TransactionLoop`` does per transaction).
+  (what ``ingress.transactions.TransactionLoop`` does per transaction).
 
 ``settings``: the seam's ``Producer.produce_many`` under librdkafka settings
 (``linger.ms``, ``batch.size``, ``batch.num.messages``, ``compression.type``): which

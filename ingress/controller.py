@@ -21,32 +21,30 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from formats.registry import get_format
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.checkpoints import CheckpointStore, FollowingCheckpointStore
 from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
 from ingress.heartbeats import HeartbeatReader
+from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
 from ingress.origin import origin_marker
+from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.relay import EventQueue, SqsRelay
 from ingress.scheduler import Scheduler
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
-from ingress.shared import (
-    Ownership,
-    SharedAcks,
-    SharedAckSink,
-    SharedTxnSink,
-    TransactionLoop,
-)
 from ingress.sink import ReplaySink
 from ingress.throttle import ProduceThrottle
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
+from ingress.transactions import SharedTxnSink, TransactionLoop
 from ingress.worker import ReplayWorker, WorkerConfig
+from replicator.core.batch_limits import message_limit
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Admin, Consumer, GroupMetadata, TopicPartition
@@ -132,6 +130,9 @@ class Ingress:
         self.consumer: Consumer | None = None
         # The process's one producer (docs: ingress/README.md, "Producer and fencing").
         self.ownership = Ownership()
+        # Each destination topic's max.message.bytes: batches cut to fit it.
+        self.limits = DestinationLimits.for_config(settings.kafka.config)
+        self.limits.on_change(self._limit_changed)
         self.transactions: list[TransactionLoop] = []
         self._checkpoint_reader: FollowingCheckpointStore | None = None
         self.shared_acks: SharedAcks | None = None
@@ -235,12 +236,12 @@ class Ingress:
                     self.settings.kafka, transactional_id=self.transactional_id(n),
                     checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
                     group=self._group_metadata, metrics=self.m, offset_map=offset_map,
-                    name=f"transactions-{n}")
+                    limits=self.limits, name=f"transactions-{n}")
                 loop.throttle = throttle
                 loop.start()
                 self.transactions.append(loop)
         else:
-            self.shared_acks = SharedAcks(self.settings.kafka)
+            self.shared_acks = SharedAcks(self.settings.kafka, limits=self.limits)
             self.shared_acks.throttle = throttle
             self.shared_acks.start()
 
@@ -346,6 +347,28 @@ class Ingress:
                                         on_revoke=self._on_revoke, on_lost=self._on_lost)
             else:
                 self.consumer.unsubscribe()
+        self._read_limits(ready)
+
+    def _read_limits(self, topics: Iterable[str]) -> None:
+        """Read each destination topic's max.message.bytes (``ingress.limits``)."""
+        assert self.admin is not None
+        for dest in sorted(topics):
+            try:
+                configs = self.admin.effective_topic_config(dest)
+            except ReplicatorError as e:
+                log.warning("reading the configs of destination topic %s: %s", dest, e)
+                continue
+            self.limits.update(dest, message_limit(configs))
+
+    def _limit_changed(self, topic: str) -> None:
+        """``topic``'s max.message.bytes changed: its partitions stopped at a refused
+        record try again now.
+        """
+        log.info("destination topic %s: max.message.bytes is now %s", topic,
+                 self.limits.limit(topic))
+        for w in list(self.workers.values()):
+            if w.cfg.destination_topic == topic:
+                w.retry_refused()
 
     def _read_heartbeats(self) -> None:
         """Read the sources' egress heartbeats; a worker replayed up to a partition's
@@ -532,6 +555,11 @@ class Ingress:
             return False
         return self._started and self.healthy() and bool(self.subscribed) and \
             not self.stalled()
+
+    def refused(self) -> dict[WorkerId, str]:
+        """Partitions stopped at a record their destination refuses, with why."""
+        return {wid: str(w.refused) for wid, w in sorted(list(self.workers.items()))
+                if w.refused is not None}
 
     def stalled(self) -> list[WorkerId]:
         """Partitions whose replay is stalled (see ``ReplayWorker._fenced``)."""

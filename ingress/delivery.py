@@ -105,7 +105,7 @@ class ExactlyOnce(Delivery):
     older owners before it reads its checkpoint (``ReplaySink.start``), so an older owner's
     open transaction is already aborted then.
 
-    Over the process's shared transaction loop (``ingress.shared``) a worker uses
+    Over the process's shared transaction loop (``ingress.transactions``) a worker uses
     ``submit``/``collect`` instead: the loop runs these steps for the batches of many
     partitions in one transaction, and the worker holds no thread while it waits.
     """

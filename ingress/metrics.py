@@ -48,6 +48,8 @@ class IngressMetrics:
     sources_refused: Any
     destination_config_mismatch: Any
     partition_stalled: Any
+    partition_refused: Any
+    records_refused: Any
     transactions: Any
     offset_map_entries: Any
     offset_map_unmapped: Any
@@ -138,6 +140,16 @@ class IngressMetrics:
                 "ingress_partition_stalled",
                 "1 while a partition's producer keeps being fenced although this process "
                 "owns it (retrying; /readyz is false meanwhile).", PART),
+            partition_refused=m.gauge(
+                "ingress_partition_refused",
+                "1 while a partition is stopped at a record its destination refuses for good "
+                "(larger than max.message.bytes, invalid, not authorised): nothing after it "
+                "is produced; retried on a slow backoff and when the destination topic's "
+                "configs change.", PART),
+            records_refused=m.counter(
+                "ingress_records_refused_total",
+                "Attempts the destination refused a record of the partition for good (each "
+                "retry of the stopped partition counts).", PART),
             destination_config_mismatch=m.gauge(
                 "ingress_destination_config_mismatch",
                 "1 while a destination topic config can lose what its source keeps "

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 class MapBatch(Protocol):
-    """What the writer reads of a transaction's batch (``ingress.shared.Batch``)."""
+    """What the writer reads of a transaction's batch (``ingress.transactions.Batch``)."""
 
     @property
     def topic(self) -> str: ...

@@ -19,6 +19,7 @@ from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
+    RecordRefused,
     ReplicatorError,
     TransactionAbortable,
 )
@@ -109,7 +110,7 @@ class ReplaySink(ABC):
 
     can_submit: bool = False
     """True if ``submit``/``collect`` hand a batch over without waiting for its commit
-    (the process's shared transaction loop, ``ingress.shared``)."""
+    (the process's shared transaction loop, ``ingress.transactions``)."""
 
     def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
                on_done: Callable[[], None]) -> object:
@@ -248,12 +249,13 @@ class MemorySink(ReplaySink):
     """Records what would be produced; commits feed a ``MemoryCheckpointStore``.
 
     ``fail_on_commit`` makes the next N commits (or acknowledgements) raise a retriable
-    error, to exercise the redo path; ``fence_on_commit`` makes the next N commits raise
-    ``ProducerFenced`` (what a transaction that outlived its timeout gets). Without
-    transactions, records wait in ``in_flight`` until acknowledged: ``ack_per_poll``
-    records per ``outstanding`` call (all by default), everything on ``flush``. A
-    checkpoint produced while a record at or below its offset is still in flight is
-    recorded in ``early_checkpoints`` (the durability method must never do that).
+    error, to exercise the redo path; ``refuse`` names records the destination refuses;
+    ``fence_on_commit`` makes the next N commits raise ``ProducerFenced`` (what a
+    transaction that outlived its timeout gets). Without transactions, records wait in
+    ``in_flight`` until acknowledged: ``ack_per_poll`` records per ``outstanding`` call (all
+    by default), everything on ``flush``. A checkpoint produced while a record at or below
+    its offset is still in flight is recorded in ``early_checkpoints`` (the durability
+    method must never do that).
     """
 
     checkpoints: MemoryCheckpointStore
@@ -266,6 +268,8 @@ class MemorySink(ReplaySink):
     in_flight: list[tuple[int, int, bytes | None, bytes | None, list[Header] | None]] = \
         field(default_factory=list)
     early_checkpoints: list[Checkpoint] = field(default_factory=list)
+    refuse: set[int] = field(default_factory=set)
+    """Source offsets the destination refuses for good (``RecordRefused`` when produced)."""
     started: int = 0
     aborted: int = 0
     purged: bool = False
@@ -282,6 +286,10 @@ class MemorySink(ReplaySink):
 
     def produce(self, rows: Rows) -> None:
         self._check_purged()
+        refused = sorted(self.refuse.intersection(rows.offsets))
+        if refused:
+            raise RecordRefused(f"memory sink: record {refused[0]} refused", offset=refused[0],
+                                size=1, setting="max.message.bytes=1", reason="too large")
         if self.transactional:
             self._pending.extend(rows.records())
         else:

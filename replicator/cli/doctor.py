@@ -15,22 +15,25 @@ from pathlib import Path
 import click
 
 from egress.selection import select
-from ingress.shared import TransactionLoop
+from ingress.checkpoints import KafkaCheckpointStore
 from ingress.sink import transaction_timeout_ms
+from ingress.transactions import TransactionLoop
 from replicator.cli.common import EXIT_USAGE, config_option, echo_json, fail, load_or_exit
 from replicator.cli.tables import print_table
 from replicator.cli.topics import own_topics
 from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Admin, Producer
+from replicator.core.metrics import Metrics
 from replicator.core.s3 import S3ObjectStore
 from replicator.core.settings import Settings
 from replicator.core.sqs import SqsQueue
+from replicator.core.wire import Checkpoint
 from replicator.ops.doctor import Check, Status, exit_code, overall
 from replicator.ops.doctor.acls import acl_checks
 from replicator.ops.doctor.compaction import compaction_checks
 from replicator.ops.doctor.kafka import REACH, kafka_checks
 from replicator.ops.doctor.s3 import BUCKET, s3_checks
-from replicator.ops.doctor.sources import source_checks
+from replicator.ops.doctor.sources import refused_checks, source_checks
 from replicator.ops.doctor.sqs import sqs_checks
 
 
@@ -114,6 +117,13 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
             partitions = None       # the cluster stopped answering: reported above
         if partitions is not None:
             checks += source_checks(settings.ingress, settings.s3.prefix, store, partitions)
+            ingress = settings.ingress
+
+            def checkpoints() -> dict[str, Checkpoint]:
+                return KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic,
+                                            Metrics(), timeout=max(timeout, 10.0)).load_all()
+
+            checks += refused_checks(ingress, settings.s3.prefix, store, checkpoints)
     checks += sqs
     if settings.compaction is not None:
         checks += compaction_checks(settings.compaction, java_home=os.environ.get("JAVA_HOME"),
@@ -155,8 +165,10 @@ def doctor(config: Path, output: str, timeout: float) -> None:
     versioning, a temporary object put/head/get/delete under s3.temp_prefix, the bucket's
     notification to ingress's queue, this host's clock against S3's. Permissions: what the
     config's principal may do on those topics and groups, idempotent write and (exactly-once)
-    the transactional-id prefix, against docs/security.md. SQS: the queue and its
-    visibility timeout. Compaction: the Spark master and Java.
+    the transactional-id prefix, against docs/security.md. Ingress: each source's
+    _topic.json against its destination topic, and partitions stopped at a record their
+    destination refuses. SQS: the queue and its visibility timeout. Compaction: the Spark
+    master and Java.
 
     One line per check (PASS, WARN or FAIL, what was seen, the fix). Exit code 0 when
     nothing failed, 1 when a check failed, 2 for a configuration that does not load.

@@ -123,5 +123,22 @@ class GenerationFenced(TransactionAbortable):
     """
 
 
+class RecordRefused(KafkaRetriableError):
+    """The destination refused a record for good: larger than the topic's
+    ``max.message.bytes``, invalid for it (``INVALID_RECORD``, a timestamp out of bounds), or
+    the topic not writable by this principal. Only the record's partition is stopped at it;
+    it is tried again on a slow backoff and when the destination's configs change (it
+    passes once they do). ``offset`` / ``size`` / ``setting`` name the record when known.
+    """
+
+    def __init__(self, message: str, *, offset: int | None = None, size: int | None = None,
+                 setting: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.size = size
+        self.setting = setting
+        self.reason = reason
+
+
 class TopicError(FatalError):
     """A topic is missing, too small, or cannot be created as required."""

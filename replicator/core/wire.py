@@ -230,6 +230,9 @@ class Checkpoint:
     late: tuple[int, datetime] | None = None
     """A gap being waited for right after ``offset``: its first position and when it was
     first seen, so ``lost_segment_timeout`` spans restarts (JSON ``{"first", "since"}``)."""
+    refused: Refusal | None = None
+    """The destination refuses the record after ``offset`` for good: the partition is
+    stopped at it (for operators: ``replicator topics``, ``replicator checkpoints``)."""
 
     def encode(self) -> bytes:
         """The JSON value written to the checkpoint topic."""
@@ -244,6 +247,8 @@ class Checkpoint:
             doc["origin"] = self.origin
         if self.late is not None:
             doc["late"] = {"first": self.late[0], "since": rfc3339(self.late[1])}
+        if self.refused is not None:
+            doc["refused"] = self.refused.as_json()
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -279,7 +284,36 @@ class Checkpoint:
         origin = doc.get("origin")
         origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
             and origin >= 0 else None
-        return cls(offset, segment, updated, lost_t, origin_i, _late(doc.get("late")))
+        return cls(offset, segment, updated, lost_t, origin_i, _late(doc.get("late")),
+                   Refusal.from_json(doc.get("refused")))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A record the destination refuses for good (a checkpoint's ``refused``): its source
+    offset, its size in bytes, the destination setting (``max.message.bytes=100000``) and
+    the broker's reason. JSON ``{"offset", "bytes", "setting", "reason"}``; a value that
+    does not parse is ignored (it only informs operators).
+    """
+
+    offset: int
+    size: int | None
+    setting: str
+    reason: str
+
+    def as_json(self) -> dict[str, Any]:
+        """The checkpoint's ``refused`` object."""
+        return {"offset": self.offset, "bytes": self.size, "setting": self.setting,
+                "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, value: object) -> Refusal | None:
+        """Parse ``refused`` (``None`` when absent or malformed)."""
+        if not isinstance(value, dict) or not _position(value.get("offset")):
+            return None
+        size = value.get("bytes")
+        return cls(value["offset"], size if _position(size) else None,
+                   str(value.get("setting", "")), str(value.get("reason", "")))
 
 
 def _late(value: object) -> tuple[int, datetime] | None:

@@ -2,8 +2,8 @@
 
 For every configured source and partition: every field of the checkpoint (the last source
 offset produced, its segment, when, the last range declared lost, where the first replay
-started), the end of the newest segment in the destination bucket, and the lag between
-them in offset positions.
+started, a record the destination refuses), the end of the newest segment in the
+destination bucket, and the lag between them in offset positions.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from replicator.core.keys import SegmentKey, topic_prefix
 from replicator.core.settings import IngressSettings, IngressSourceSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_sets import discover, region_topics, replicator_topics
-from replicator.core.wire import Checkpoint, checkpoint_key, parse_checkpoint_key
+from replicator.core.wire import Checkpoint, Refusal, checkpoint_key, parse_checkpoint_key
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class CheckpointRow:
     lost: tuple[int, int] | None
     segment: str | None = None
     origin: int | None = None
+    refused: Refusal | None = None
+    """The record the destination refuses: the partition is stopped at it."""
 
     @property
     def lag(self) -> int | None:
@@ -47,7 +49,8 @@ class CheckpointRow:
                 "destination_topic": self.destination_topic, "checkpoint": self.checkpoint,
                 "updated_at": self.updated_at, "latest_segment_end": self.latest_segment_end,
                 "lag": self.lag, "last_lost_range": None if self.lost is None
-                else list(self.lost), "segment": self.segment, "origin": self.origin}
+                else list(self.lost), "segment": self.segment, "origin": self.origin,
+                "refused": None if self.refused is None else self.refused.as_json()}
 
 
 def configured_sources(ingress: IngressSettings, prefix: str,
@@ -86,5 +89,6 @@ def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
                 None if cp is None else cp.offset,
                 None if cp is None else cp.updated_at.isoformat(),
                 ends.get(p), None if cp is None else cp.lost,
-                None if cp is None else cp.segment, None if cp is None else cp.origin))
+                None if cp is None else cp.segment, None if cp is None else cp.origin,
+                None if cp is None else cp.refused))
     return rows

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from formats.base import TIMESTAMP_NOT_AVAILABLE
 from formats.segment_io import open_segment, raw_size_of_batch, timestamp_range
+from replicator.core.batch_limits import batch_size_for, message_limit
 from replicator.core.compacted_topic import ensure_compacted_topic
 from replicator.core.errors import (
     FatalError,
@@ -429,6 +430,8 @@ class Restorer:
         self._bucket = None if request.rate is None else \
             TokenBucket(request.rate, now=clock())
         self._producer: Producer | None = None
+        self._target_limit: int | None = None
+        """The target topic's max.message.bytes (read by ``check_target``)."""
         self._times: dict[int, tuple[int, int] | None] = {}
         """Per partition: the time span of the records restored so far (its checkpoint's)."""
 
@@ -491,6 +494,7 @@ class Restorer:
             RestoreRefused: naming each setting.
         """
         req = self.request
+        self._target_limit = message_limit(config)
         facts = record_facts(
             self.store, plan_, oldest=finite_retention(config) is not None,
             scan=needs_null_keys(config) or needs_largest(config, source_limit))
@@ -509,8 +513,12 @@ class Restorer:
         writer of that partition).
         """
         self.close()
+        # Its batches fit the target topic's max.message.bytes (the broker refuses a larger
+        # record batch, and librdkafka fills batches up to batch.size whatever the topic).
+        size = batch_size_for(self.kafka.config, self._target_limit)
         p = Producer(self.kafka, transactional_id=self.request.transactional_id(partition),
-                     name=f"restore into {self.request.to_topic}[{partition}]")
+                     name=f"restore into {self.request.to_topic}[{partition}]",
+                     overrides=None if size is None else {"batch.size": size})
         p.init_transactions(TXN_TIMEOUT)
         self._producer = p
         return p

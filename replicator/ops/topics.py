@@ -6,8 +6,9 @@
 * For an ingress config (``ingress_report``): the sources (named, or found by a
   ``topic_pattern`` exactly as ingress finds them), their destination topics, partition
   counts (``_topic.json``), how many partitions have a checkpoint, the lag between the
-  checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``), and
-  the newest egress heartbeat (``replicator.core.heartbeats``).
+  checkpoints and the newest segments in the bucket (``replicator.ops.checkpoints``), the
+  newest egress heartbeat (``replicator.core.heartbeats``) and the partitions stopped at a
+  record their destination refuses (the checkpoint's ``refused``).
 * For either, the byte-rate limits of the process (``throttles``): what egress reads from
   the source cluster, what ingress produces into the destination.
 """
@@ -132,11 +133,16 @@ class IngressSource:
     """Positions between the checkpoints and the ends of the newest segments."""
     heartbeat: datetime | None = None
     """The newest egress heartbeat in the bucket (``None``: egress writes none for it)."""
+    refused: dict[int, str] = field(default_factory=dict)
+    """Partitions stopped at a record the destination refuses -> which record and why."""
 
     @property
     def state(self) -> str:
         if self.partitions is None:
             return "waiting for _topic.json"
+        if self.refused:
+            return "stopped at a refused record: " + "; ".join(
+                f"[{p}] {why}" for p, why in sorted(self.refused.items()))
         if self.checkpointed == 0:
             return "no checkpoint yet"
         return "replicating" if self.lag == 0 else "behind"
@@ -146,7 +152,8 @@ class IngressSource:
                 "found_by": self.found_by, "partitions": self.partitions,
                 "checkpointed_partitions": self.checkpointed, "lag": self.lag,
                 "state": self.state,
-                "heartbeat_at": None if self.heartbeat is None else rfc3339(self.heartbeat)}
+                "heartbeat_at": None if self.heartbeat is None else rfc3339(self.heartbeat),
+                "refused": {str(p): why for p, why in sorted(self.refused.items())}}
 
 
 def ingress_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
@@ -178,4 +185,9 @@ def ingress_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
             continue
         row.checkpointed += cp.checkpoint is not None
         row.lag += cp.lag or 0
+        r = cp.refused
+        if r is not None and cp.checkpoint is not None and r.offset > cp.checkpoint:
+            row.refused[cp.partition] = (
+                f"offset {r.offset} ({r.size if r.size is not None else '?'} bytes; "
+                f"destination {r.setting}): {r.reason}")
     return sorted(rows.values(), key=lambda r: (r.region, r.topic))

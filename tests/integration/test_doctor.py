@@ -129,7 +129,7 @@ def test_a_healthy_ingress_region_passes(region: Region, tmp_path: Path) -> None
         f"{acl}group replicator.ingress", f"{acl}idempotent write",
         f"{acl}transactional-id replicator.ingress.*", "s3 bucket", "s3 versioning", "s3 list",
         "clock skew (S3)", "s3 notifications", f"source {SOURCE}/{region.source}",
-        "sqs queue", "sqs visibility timeout"]
+        "ingress refused records", "sqs queue", "sqs visibility timeout"]
     # Tansu describes no broker configs: auto-creation and the transaction limit are unknown.
     unknown = {"topic auto-creation", "transaction.max.timeout.ms"}
     expected_warn = unknown if BROKER_KIND == "tansu" else set()
@@ -153,7 +153,7 @@ def test_the_table_names_each_check_and_the_totals(region: Region, tmp_path: Pat
     lines = res.output.splitlines()
     assert lines[0].split() == ["check", "status", "seen", "fix"]
     assert any(line.startswith("kafka reachable") and " PASS " in line for line in lines)
-    assert lines[-1].startswith(("PASS: 22 PASS, 0 WARN, 0 FAIL", "WARN: 20 PASS, 2 WARN"))
+    assert lines[-1].startswith(("PASS: 23 PASS, 0 WARN, 0 FAIL", "WARN: 21 PASS, 2 WARN"))
 
 
 def test_a_broker_that_is_down_is_named_with_the_cause(region: Region,

@@ -29,8 +29,9 @@ import pytest
 
 from ingress.checkpoints import KafkaCheckpointStore
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.rows import Rows
-from ingress.shared import Batch, Ownership, TransactionLoop
+from ingress.transactions import Batch, TransactionLoop
 from replicator.core.errors import GenerationFenced
 from replicator.core.kafka import (
     Admin,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.rows import Rows
-from ingress.shared import SharedAcks, SharedAckSink
 from ingress.sink import KafkaSink
 from replicator.core.errors import KafkaFatalError, KafkaRetriableError
 from replicator.core.kafka import Admin

@@ -85,7 +85,7 @@ def test_a_timed_out_shared_transaction_recreates_the_producer_and_goes_on(
     before the commit for longer than transaction.timeout.ms; the coordinator aborts it,
     the producer is fenced and recreated (with backoff), and the partition goes on from its
     committed checkpoint: the copy equals the source."""
-    from ingress.shared import Ownership
+    from ingress.ownership import Ownership
 
     stalled = threading.Event()
     guard = Ownership.commit_guard

@@ -477,3 +477,19 @@ def test_the_restore_command_logged_for_a_segment_late_after_its_loss_brings_it_
     got = list(rows(pipe.dest_kafka, to_topic, 0))
     assert [(r[1], r[2], r[4]) for r in got] == \
         [(rec(o).key, rec(o).value, rec(o).timestamp_ms) for o in range(10, 20)]
+
+
+def test_a_target_with_a_small_max_message_bytes_gets_batches_that_fit(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """A target topic limited to 10 KB, restore batches of 1,000 records (~40 KB): the
+    producer's batch.size is set below the target's limit (librdkafka fills batches up to
+    batch.size, 1 MB, whatever the topic: the broker refused every one before)."""
+    build_archive(pipe, 600, per_segment=300, merge_upto=300)
+    cfg = config(pipe, tmp_path)
+    to_topic = unique_name("restored")
+    Admin(pipe.dest_kafka).create_topic(to_topic, PARTITIONS, {"max.message.bytes": "10000"})
+    res = run(restore_cmd(cfg, pipe, to_topic, "--batch-size", "1000"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    for part in range(PARTITIONS):
+        assert content(rows(pipe.dest_kafka, to_topic, part)) == \
+            content(rows(pipe.source_kafka, pipe.topic, part))

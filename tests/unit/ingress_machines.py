@@ -31,17 +31,20 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ingress import delivery
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.delivery import AtLeastOnce
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.rows import Rows
-from ingress.shared import Batch, Ownership, SharedAcks, SharedAckSink, TransactionLoop
+from ingress.transactions import Batch, PartitionRevoked, TransactionLoop
 from replicator.core.errors import (
     GenerationFenced,
     KafkaRetriableError,
     ProducerFenced,
+    RecordRefused,
     ReplicatorError,
 )
-from replicator.core.kafka import GroupMetadata, Producer, TopicPartition
+from replicator.core.kafka import DeliveryReport, GroupMetadata, Producer, TopicPartition
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -226,10 +229,12 @@ class _TxnProducer:
 
     def begin_transaction(self) -> None:
         self.records, self.cps, self.undelivered = [], [], 0
+        self.parts: set[int] = set()
 
     def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
                      values: Any, headers: Any, ids: Any, **kw: Any) -> None:
         self.records += [(int(k), o) for k, o in zip(keys, ids, strict=True)]
+        self.parts.add(partition)
 
     def flush(self, timeout: float) -> int:
         self.undelivered = 0
@@ -237,6 +242,15 @@ class _TxnProducer:
 
     def check_deliveries(self, where: str) -> None:
         pass
+
+    def take_failures(self) -> list[Any]:
+        """The destination refuses the records of one partition for good (``refused``)."""
+        if self.m.fault != "refused" or not self.parts:
+            return []
+        self.m.fault = None
+        self.m.refused = min(self.parts)
+        return [DeliveryReport(DEST, self.m.refused, -1, RecordRefused(
+            "injected: refused", reason="Broker: Message size too large"))]
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None,
                 **kw: Any) -> None:
@@ -283,6 +297,8 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
         super().__init__()
         self.ownership = Ownership()
         self.fault: str | None = None
+        self.refused: int | None = None
+        """The destination partition whose records the last transaction had refused."""
         self.committed: list[tuple[int, int]] = []
         self.committed_cps: list[tuple[int, int]] = []
         self.undelivered_at_check: list[int] = []
@@ -377,17 +393,26 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.pending))
     @rule(k=st.integers(1, 4),
-          fault=st.sampled_from([None, None, "retriable", "fenced", "generation"]))
+          fault=st.sampled_from([None, None, "retriable", "fenced", "generation",
+                                 "refused"]))
     def transact(self, k: int, fault: str | None) -> None:
         """One transaction of the loop with the first ``k`` waiting batches; ``fault``
-        is what its generation check or commit meets."""
+        is what its generation check or commit meets, or a destination refusing one
+        partition's records for good (``refused``): only that partition's batches fail,
+        the others wait for the next transaction."""
         STATS["steps"] += 1
         if fault is not None:
             STATS["faults"] += 1
         self.fault = fault
+        self.refused = None
         take, self.pending = self.pending[:k], self.pending[k:]
         self.loop._transact([b for _, b in take])
         self.fault = None
+        if self.refused is not None:
+            for _, b in take:
+                if b.partition != self.refused:
+                    assert b.error is None or isinstance(b.error, PartitionRevoked), \
+                        f"partition {b.partition} failed by another's refusal: {b.error!r}"
         requeued = list(self.loop._pending)
         self.loop._pending.clear()
         self.pending = [(s, b) for s, b in take if b in requeued] + self.pending

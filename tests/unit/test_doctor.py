@@ -28,7 +28,8 @@ from replicator.core.settings import (
     load_settings,
 )
 from replicator.core.storage import MemoryObjectStore
-from replicator.core.wire import TopicMetadata
+from replicator.core.wire import Refusal, TopicMetadata
+from replicator.ops.checkpoints import CheckpointRow
 from replicator.ops.doctor import Check, Status, exit_code, overall
 from replicator.ops.doctor.compaction import (
     compaction_checks,
@@ -58,7 +59,7 @@ from replicator.ops.doctor.s3 import (
     temp_object_check,
     versioning_check,
 )
-from replicator.ops.doctor.sources import source_check, source_checks
+from replicator.ops.doctor.sources import refused_check, source_check, source_checks
 from replicator.ops.doctor.sqs import queue_check, sqs_checks, visibility_check
 
 P, W, F = Status.PASS, Status.WARN, Status.FAIL
@@ -548,3 +549,17 @@ def test_every_command_is_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [name for name in main.commands if f"replicator {name}" not in readme]
     assert not missing, f"README.md does not show {missing}"
+
+
+def test_a_partition_stopped_at_a_refused_record_fails_naming_it() -> None:
+    refusal = Refusal(10, 150_040, "max.message.bytes=100000", "Broker: Message size too large")
+    stopped = CheckpointRow("us-east-1", "t", 0, "t.copy", 6, None, 20, None, refused=refusal)
+    fine = CheckpointRow("us-east-1", "t", 1, "t.copy", 20, None, 20, None)
+    passed_it = CheckpointRow("us-east-1", "t", 2, "t.copy", 12, None, 20, None,
+                              refused=refusal)      # a record the partition got past
+    assert refused_check([fine, passed_it]).status is Status.PASS
+    c = refused_check([stopped, fine])
+    assert c.status is Status.FAIL
+    assert c.seen == ("us-east-1/t[0] -> t.copy: offset 10 (150040 bytes; destination "
+                      "max.message.bytes=100000): Broker: Message size too large")
+    assert "max.message.bytes" in c.fix

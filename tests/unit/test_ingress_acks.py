@@ -1,4 +1,4 @@
-"""At-least-once over the process's shared idempotent producer (``ingress.shared``): each
+"""At-least-once over the process's shared idempotent producer (``ingress.acks``): each
 sink's failures and acknowledgements are its own, and no checkpoint ever covers a record
 that was not delivered (RELIABILITY.md, "At-least-once delivery under failure"). The seam's
 ``Producer`` runs for real over a fake client (``tests/unit/ingress_fakes.py``).
@@ -13,10 +13,15 @@ from datetime import UTC, datetime
 import pytest
 
 from ingress import delivery
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.delivery import AtLeastOnce
 from ingress.rows import Rows
-from ingress.shared import SharedAcks, SharedAckSink
-from replicator.core.errors import KafkaFatalError, KafkaRetriableError, ReplicatorError
+from replicator.core.errors import (
+    KafkaFatalError,
+    KafkaRetriableError,
+    RecordRefused,
+    ReplicatorError,
+)
 from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -95,7 +100,7 @@ def test_a_failure_in_fan_in_belongs_to_the_source_whose_record_failed(
     a.produce(rows(0, 3))
     b.produce(Rows([10, 11, 12], [1] * 3, [b"k"] * 3, [b"v", b"huge", b"v"], [None] * 3))
     assert a.outstanding(0.0) == 0                   # A's records are all delivered
-    with pytest.raises(KafkaRetriableError, match="failed"):
+    with pytest.raises(RecordRefused, match="the destination refused"):
         b.outstanding(0.0)
     with pytest.raises(KafkaRetriableError):
         b.produce_checkpoint("src-b", cp(12))        # and never a checkpoint after it

@@ -19,9 +19,10 @@ from formats.records import records_to_batch
 from ingress.checkpoints import MemoryCheckpointStore
 from ingress.delivery import delivery_for
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.scheduler import Scheduler
-from ingress.shared import Ownership, SharedTxnSink, TransactionLoop
+from ingress.transactions import SharedTxnSink, TransactionLoop
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import GroupMetadata, Producer, TopicPartition
@@ -68,6 +69,9 @@ class TxnProducer:
 
     def check_deliveries(self, where: str) -> None:
         pass
+
+    def take_failures(self) -> list[Any]:
+        return []
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         assert key is not None
@@ -287,7 +291,7 @@ def test_a_session_failing_with_its_batch_in_a_transaction_restarts_after_its_en
     # Reading ahead fails (a storage error) while the first batch is in a held
     # transaction: the next session must not load the checkpoint before that transaction
     # ended, or it would replay the batch again beside it.
-    import ingress.worker as worker_module
+    import ingress.segment_replay as replay_module
     from ingress.rows import batch_rows as real
 
     calls = {"n": 0}
@@ -298,7 +302,7 @@ def test_a_session_failing_with_its_batch_in_a_transaction_restarts_after_its_en
             raise StorageError("read failed (test)")
         return real(*a, **k)
 
-    monkeypatch.setattr(worker_module, "batch_rows", flaky)
+    monkeypatch.setattr(replay_module, "batch_rows", flaky)
     proc = Process(1, slots=1, threads=2, per_segment=10, batch_size=5)
     procs.append(proc)
     proc.producer.gate.clear()

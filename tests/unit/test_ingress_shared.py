@@ -13,11 +13,18 @@ from typing import Any, cast
 
 import pytest
 
+from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
+from ingress.ownership import Ownership
 from ingress.rows import Rows
-from ingress.shared import Batch, Ownership, PartitionRevoked, TransactionLoop
-from replicator.core.errors import GenerationFenced, ProducerFenced, ReplicatorError
-from replicator.core.kafka import GroupMetadata, Producer, TopicPartition
+from ingress.transactions import Batch, PartitionRevoked, TransactionLoop
+from replicator.core.errors import (
+    GenerationFenced,
+    ProducerFenced,
+    RecordRefused,
+    ReplicatorError,
+)
+from replicator.core.kafka import DeliveryReport, GroupMetadata, Producer, TopicPartition
 from replicator.core.metrics import Metrics
 from replicator.core.settings import KafkaSettings
 from replicator.core.wire import Checkpoint
@@ -39,6 +46,13 @@ class FakeProducer:
         self.queued_checkpoints = 0
         """Checkpoint records produced and not delivered yet (a flush delivers them)."""
         self.undelivered_at_offsets: list[int] = []
+        self.refuse: set[int] = set()
+        """Partitions whose records the destination refuses (``MSG_SIZE_TOO_LARGE``)."""
+        self.refuse_values: set[bytes] = set()
+        """Values the destination refuses (the request holding one: its partition)."""
+        self.failures: list[Any] = []
+        self.calls: list[tuple[str, int]] = []
+        """``produce_many`` calls: (topic, records)."""
 
     def init_transactions(self, timeout: float) -> None:
         self.log.append("init")
@@ -49,7 +63,13 @@ class FakeProducer:
 
     def produce_many(self, topic: str, partition: int, timestamps: Sequence[int],
                      keys: Sequence[bytes | None], values: Sequence[bytes | None],
-                     headers: Sequence[Any], ids: Sequence[int]) -> None:
+                     headers: Sequence[Any], ids: Sequence[int], **kw: Any) -> None:
+        self.calls.append((topic, len(ids)))
+        self.log.append(f"produce {topic}[{partition}]:{len(ids)}")
+        if partition in self.refuse or self.refuse_values.intersection(values):
+            self.failures.append(DeliveryReport(topic, partition, -1, RecordRefused(
+                f"{topic}[{partition}]: refused", reason="Broker: Message size too large")))
+            return
         self.open += [(topic, partition, o) for o in ids]
 
     def flush(self, timeout: float) -> int:
@@ -59,6 +79,10 @@ class FakeProducer:
 
     def check_deliveries(self, where: str) -> None:
         pass
+
+    def take_failures(self) -> list[Any]:
+        out, self.failures = self.failures, []
+        return out
 
     def produce(self, topic: str, value: bytes | None, key: bytes | None = None) -> None:
         self.log.append(f"checkpoint {key!r}")
@@ -82,7 +106,8 @@ class FakeProducer:
 
 
 class Harness:
-    def __init__(self, group: GroupMetadata = IN_GENERATION) -> None:
+    def __init__(self, group: GroupMetadata = IN_GENERATION,
+                 limits: DestinationLimits | None = None) -> None:
         self.log: list[str] = []
         self.producers: list[FakeProducer] = []
         self.ownership = Ownership()
@@ -92,7 +117,7 @@ class Harness:
                                     checkpoint_topic="cps", ownership=self.ownership,
                                     group=lambda: self.group,
                                     metrics=IngressMetrics.create(self.metrics), timeout=5,
-                                    make_producer=self._make)
+                                    make_producer=self._make, limits=limits)
 
     def _make(self) -> Producer:
         p = FakeProducer(self.log)
@@ -103,10 +128,11 @@ class Harness:
     def producer(self) -> FakeProducer:
         return self.producers[-1]
 
-    def batch(self, partition: int, lo: int, hi: int, epoch: int | None = None) -> Batch:
+    def batch(self, partition: int, lo: int, hi: int, epoch: int | None = None,
+              value: bytes = b"v") -> Batch:
         e = self.ownership.epoch((T, partition)) if epoch is None else epoch
         n = hi - lo
-        rows = Rows(list(range(lo, hi)), [1] * n, [b"k"] * n, [b"v"] * n, [None] * n)
+        rows = Rows(list(range(lo, hi)), [1] * n, [b"k"] * n, [value] * n, [None] * n)
         return Batch(T, partition, e or 0, rows, f"src:{partition}",
                      Checkpoint(hi - 1, "seg", datetime.now(UTC)))
 
@@ -134,8 +160,76 @@ def test_batches_of_several_partitions_share_one_transaction_in_the_durability_o
     h.loop.start()
     assert h.outcome(b0) is None and h.outcome(b1) is None
     assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2), (T, 1, 0), (T, 1, 1)]
-    assert h.log == ["init", "begin", "flush", "checkpoint b'src:0'", "checkpoint b'src:1'",
-                     "flush", "offsets", "commit"]
+    assert h.log == ["init", "begin", "produce dest[0]:3", "produce dest[1]:2", "flush",
+                     "checkpoint b'src:0'", "checkpoint b'src:1'", "flush", "offsets", "commit"]
+
+
+def test_a_refused_record_fails_only_its_partition_and_the_others_commit_at_once(
+        h: Harness) -> None:
+    """The destination refuses partition 0's batch for good (larger than its
+    max.message.bytes). Was: the whole shared transaction failed and every partition in it
+    restarted its session; now only partition 0's batch fails, naming the record, and
+    partition 1's goes into the next transaction without waiting."""
+    h.loop.start()
+    h.producer.refuse = {0}
+    b0, b1 = h.batch(0, 0, 3, value=b"x" * 500), h.batch(1, 0, 2)
+    h.loop.submit(b0)
+    h.loop.submit(b1)
+    err = h.outcome(b0)
+    assert isinstance(err, RecordRefused)
+    assert "source offset 0" in str(err) and err.offset == 0
+    assert h.outcome(b1) is None
+    assert h.producer.committed == [(T, 1, 0), (T, 1, 1)]
+    assert h.log.count("abort") == 1 and h.log.count("commit") == 1
+    assert h.metrics.total("replicator_ingress_transactions_total", outcome="refused") == 1
+
+
+def test_in_fan_in_only_the_source_whose_record_was_refused_stops(h: Harness) -> None:
+    """Two sources write partition 0 (fan-in) and one of them holds a record the
+    destination refuses: the refusal names the partition, not the source, so the loop sets
+    the partition's batches apart (one per transaction) until it knows which; the other
+    source's batch and partition 1's commit."""
+    h.loop.start()
+    h.producer.refuse_values = {b"huge"}
+    bad = h.batch(0, 0, 3, value=b"huge")
+    ok = h.batch(0, 0, 2)
+    ok.key = "src:other"
+    other = h.batch(1, 0, 2)
+    for b in (bad, ok, other):
+        h.loop.submit(b)
+    assert isinstance(h.outcome(bad), RecordRefused)
+    assert h.outcome(ok) is None and h.outcome(other) is None
+    assert sorted(h.producer.committed) == [(T, 0, 0), (T, 0, 1), (T, 1, 0), (T, 1, 1)]
+    assert h.loop._apart == set()
+
+
+def test_a_batch_above_its_topics_limit_is_produced_in_rounds_that_fit() -> None:
+    """A topic limited to 10 KB: its batch of 40 records of 1 KB goes out in chunks of at
+    most 9 records, each flushed before the next is enqueued (librdkafka would otherwise
+    batch them together); the ordinary topic's batch goes out whole in the first round."""
+    limits = DestinationLimits()
+    limits.update(T, 10_000)
+    h = Harness(limits=limits)
+    h.ownership.grant([(T, 0), ("plain", 0)])
+    try:
+        h.loop.start()
+        small = h.batch(0, 0, 40, value=b"x" * 1000)
+        n = 5
+        plain = Batch("plain", 0, h.ownership.epoch(("plain", 0)) or 0,
+                      Rows(list(range(n)), [1] * n, [b"k"] * n, [b"v"] * n, [None] * n),
+                      "src:p", Checkpoint(n - 1, "seg", datetime.now(UTC)))
+        h.loop.submit(small)
+        h.loop.submit(plain)
+        assert h.outcome(small) is None and h.outcome(plain) is None
+        sizes = [k for t, k in h.producer.calls if t == T]
+        assert sum(sizes) == 40 and max(sizes) <= 9 and len(sizes) == 5
+        steps = [e for e in h.log if e.startswith(("produce", "flush"))]
+        assert steps[:3] == ["produce dest[0]:9", "produce plain[0]:5", "flush"]
+        assert steps[3:11:2] == ["produce dest[0]:9"] * 3 + ["produce dest[0]:4"]
+        assert steps[4:12:2] == ["flush"] * 4                 # one chunk per round
+        assert [o for t, _, o in h.producer.committed if t == T] == list(range(40))
+    finally:
+        h.loop.close()
 
 
 def test_checkpoints_are_in_the_log_before_the_generation_check(h: Harness) -> None:
@@ -270,7 +364,7 @@ def test_a_fenced_producer_is_recreated_and_initialised_again(h: Harness) -> Non
 def test_closing_an_at_least_once_sink_with_nothing_outstanding_does_not_wait() -> None:
     """Many partitions stopped at once close one after another on the replay pool: a sink
     with nothing unacknowledged must not wait a poll timeout (was 50 ms each)."""
-    from ingress.shared import SharedAcks, SharedAckSink
+    from ingress.acks import SharedAcks, SharedAckSink
 
     polls: list[float] = []
 

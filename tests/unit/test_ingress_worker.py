@@ -924,7 +924,7 @@ def unacknowledged_worker(monkeypatch: pytest.MonkeyPatch
     broker does not acknowledge (``QueueingProducer``), with a 0.3 s acknowledgement wait,
     on a started two-thread pool; the caller closes the pool."""
     from ingress import delivery
-    from ingress.shared import SharedAcks, SharedAckSink
+    from ingress.acks import SharedAcks, SharedAckSink
     from replicator.core.settings import KafkaSettings
 
     monkeypatch.setattr(delivery, "ACK_TIMEOUT", 0.3)
@@ -1091,5 +1091,43 @@ def test_the_declared_lost_range_of_the_resumed_checkpoint_is_watched_too(
             h.worker.offer(SegmentEvent("created", key(12, 15)))
             h.wait(lambda: h.metric("replicator_ingress_late_after_lost_messages_total") == 4)
         assert "--from-offset 12 --to-offset 15" in caplog.records[-1].message
+    finally:
+        h.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_a_refused_record_stops_the_partition_at_it_until_retried(
+        exactly_once: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """The destination refuses record 10 for good: the partition stops right before the
+    batch holding it (nothing after it produced, nothing skipped), reported by the gauge,
+    the counter and in the checkpoint (``refused``, for ``replicator topics``) from the
+    next session; once the destination takes it (its configs changed), the partition goes
+    on by itself and the next checkpoint carries no refusal."""
+    h = Harness(exactly_once=exactly_once, batch_size=7)
+    try:
+        write(h.store, key(0, 20))
+        h.sink.refuse = {10}
+        caplog.set_level(logging.INFO, logger="ingress.worker")
+        w = h.start()
+        h.wait(lambda: w.refused is not None and w.checkpointed == 6)
+        assert h.metric("replicator_ingress_partition_refused") == 1
+        assert h.offsets() == list(range(7))
+        assert w.refused is not None and w.refused.offset == 10
+        w.retry_refused()               # a session now: the refusal goes into the checkpoint
+        h.wait(lambda: h.metric("replicator_ingress_records_refused_total") >= 2)
+        cp = Checkpoint.decode(h.checkpoints.values[w.key][-1])
+        assert cp.offset == 6 and cp.refused is not None and cp.refused.offset == 10
+        # The checkpoint that records the refusal is no progress: still stopped.
+        assert h.metric("replicator_ingress_partition_refused") == 1 and w.refused is not None
+        assert not any("replicating again" in r.getMessage() for r in caplog.records)
+        assert h.offsets() == list(range(7))
+        h.sink.refuse = set()
+        w.retry_refused()
+        h.wait(lambda: h.offsets()[-1:] == [20])
+        assert h.offsets() == list(range(21))
+        h.wait(lambda: h.metric("replicator_ingress_partition_refused") == 0)
+        assert w.refused is None
+        assert Checkpoint.decode(h.checkpoints.values[w.key][-1]).refused is None
+        assert any("replicating again" in r.getMessage() for r in caplog.records)
     finally:
         h.stop()

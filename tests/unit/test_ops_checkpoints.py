@@ -35,5 +35,5 @@ def test_rows_per_partition_with_lag() -> None:
     assert rows[0].as_dict() == {
         "region": "us-east-1", "topic": "t", "partition": 0, "destination_topic": "t.copy",
         "checkpoint": 149, "updated_at": NOW.isoformat(), "latest_segment_end": 199,
-        "lag": 50, "last_lost_range": None, "segment": "seg", "origin": 7}
+        "lag": 50, "last_lost_range": None, "segment": "seg", "origin": 7, "refused": None}
     assert (rows[1].segment, rows[1].origin) == (None, None)

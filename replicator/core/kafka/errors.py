@@ -11,6 +11,10 @@ The rules (docs/architecture.md, "Errors"):
   ``GenerationFenced`` (a ``TransactionAbortable``; ``translate_offsets_error``, for
   ``send_offsets_to_transaction`` only): the member is no longer in the group's current
   generation, the transaction must never commit;
+* a delivery report refusing a record for good (``MSG_SIZE_TOO_LARGE``,
+  ``RECORD_LIST_TOO_LARGE``, ``INVALID_RECORD``, ``INVALID_TIMESTAMP``,
+  ``TOPIC_AUTHORIZATION_FAILED``) → ``RecordRefused`` (a ``KafkaRetriableError``): the
+  record's partition stops at it, the others go on;
 * ``txn_requires_abort()`` → ``TransactionAbortable``: abort the transaction, redo the batch;
 * ``retriable()`` → ``KafkaRetriableError``: the same call may pass later;
 * anything else → ``KafkaFatalError``: the client (or the process) has to restart.
@@ -34,6 +38,7 @@ from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
+    RecordRefused,
     ReplicatorError,
     TransactionAbortable,
 )
@@ -49,6 +54,16 @@ _FENCED_CODES = frozenset({
 # which the client retries itself).
 _FENCED_DELIVERY_CODES = frozenset({ck.KafkaError._FENCED,
                                     getattr(ck.KafkaError, "PRODUCER_FENCED", -999)})
+
+# A broker's permanent answers about a record (or its batch) rather than the request: the
+# record's partition stops at it, the others go on (``RecordRefused``).
+_REFUSED_CODES = frozenset({
+    ck.KafkaError.MSG_SIZE_TOO_LARGE,          # the batch is above max.message.bytes
+    ck.KafkaError.RECORD_LIST_TOO_LARGE,
+    ck.KafkaError.INVALID_RECORD,
+    ck.KafkaError.INVALID_TIMESTAMP,           # message.timestamp.*.max.ms
+    ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+})
 
 # The group coordinator's answers to a TxnOffsetCommit from a member of an older generation
 # (KIP-447): the transaction must abort.
@@ -110,9 +125,13 @@ def translate_offsets_error(e: BaseException, what: str) -> ReplicatorError:
 
 
 def delivery_error(err: ck.KafkaError, what: str) -> ReplicatorError:
-    """The error of a failed delivery report: fenced, fatal, or retriable (redo the batch)."""
+    """The error of a failed delivery report: fenced, refused (``RecordRefused``: the
+    record's partition stops at it), fatal, or retriable (redo the batch).
+    """
     if err.code() in _FENCED_DELIVERY_CODES:
         return ProducerFenced(f"{what}: {err.str()}")
+    if err.code() in _REFUSED_CODES and not err.fatal():
+        return RecordRefused(f"{what}: refused: {err.str()}", reason=err.str())
     if err.fatal():
         return KafkaFatalError(f"{what}: {err.str()}")
     return KafkaRetriableError(f"{what}: {err.str()}")

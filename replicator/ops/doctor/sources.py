@@ -5,18 +5,21 @@ topic in this region's cluster.
 
 ``source_check`` is pure; ``source_checks`` finds the sources as ingress does
 (``replicator.ops.checkpoints.configured_sources``) and reads their ``_topic.json``.
+``refused_check`` (pure) / ``refused_checks``: partitions stopped at a record their
+destination refuses, from the checkpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from replicator.core.errors import ReplicatorError
 from replicator.core.keys import topic_meta_key
 from replicator.core.settings import IngressSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
-from replicator.ops.checkpoints import configured_sources
+from replicator.core.wire import Checkpoint
+from replicator.ops.checkpoints import CheckpointRow, checkpoint_report, configured_sources
 from replicator.ops.doctor.report import Check, fail, passed, warn
 
 
@@ -72,3 +75,39 @@ def source_checks(ingress: IngressSettings, prefix: str, store: ObjectStore,
                                 None if meta is None else meta.partitions,
                                 partitions.get(src.destination)))
     return out
+
+
+REFUSED = "ingress refused records"
+
+
+def refused_check(rows: Sequence[CheckpointRow]) -> Check:
+    """FAIL when a partition is stopped at a record its destination refuses (its
+    checkpoint's ``refused``: ingress/README.md, "Destination limits"), naming each one;
+    PASS otherwise.
+    """
+    stopped = [r for r in rows if r.refused is not None and r.checkpoint is not None
+               and r.refused.offset > r.checkpoint]
+    if not stopped:
+        return passed(REFUSED, "no partition is stopped at a record its destination refuses")
+    seen = "; ".join(
+        f"{r.region}/{r.topic}[{r.partition}] -> {r.destination_topic}: offset "
+        f"{r.refused.offset} ({r.refused.size if r.refused.size is not None else '?'} bytes; "
+        f"destination {r.refused.setting}): {r.refused.reason}"
+        for r in stopped if r.refused is not None)
+    return fail(REFUSED, seen,
+                "raise the destination topic's max.message.bytes above the record (or let "
+                "ingress write the topic, for an authorization refusal); the partition "
+                "resumes by itself")
+
+
+def refused_checks(ingress: IngressSettings, prefix: str, store: ObjectStore,
+                   checkpoints: Callable[[], Mapping[str, Checkpoint]]) -> list[Check]:
+    """``refused_check`` over the checkpoints of every configured source; WARN when the
+    checkpoint topic cannot be read.
+    """
+    try:
+        rows = checkpoint_report(ingress, prefix, store, checkpoints())
+    except ReplicatorError as e:
+        return [warn(REFUSED, f"cannot read the checkpoints: {e}",
+                     "check the checkpoint topic (ingress creates it at start)")]
+    return [refused_check(rows)]

@@ -1,0 +1,151 @@
+"""Destination topics' record-batch limits, and batches cut to fit them.
+
+A broker refuses a produce request whose record batch (after compression) is larger than
+the topic's ``max.message.bytes``. librdkafka fills each partition's batches up to the
+producer's ``batch.size`` whatever the topic (one setting per producer; it never splits
+a refused batch), and ingress shares one producer between every topic of the process. So a
+batch for a topic whose limit is below ``batch.size`` is cut into chunks whose records fit
+the limit (``chunks``), and a chunk is only enqueued once the partition's previous one is
+delivered: records still queued cannot join the next chunk's batch. Topics at Kafka's
+default limit (1 MiB, above the default ``batch.size``) are never cut: no cost there.
+
+``DestinationLimits`` holds each destination topic's limit, read at start and at every
+topic check (``ingress.topic_check_interval``) by the controller.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from ingress.rows import Rows
+from replicator.core.batch_limits import (
+    BATCH_OVERHEAD,
+    DEFAULT_BATCH_SIZE,
+    SETTING,
+    budget,
+    producer_batch_size,
+    record_size,
+)
+from replicator.core.errors import RecordRefused
+
+
+def chunk_bounds(rows: Rows, room: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` index ranges of ``rows``, in order, each of at most ``room`` record bytes
+    (a record larger than ``room`` alone: the broker decides about it).
+    """
+    out: list[tuple[int, int]] = []
+    lo, used = 0, 0
+    for i, (k, v, h) in enumerate(zip(rows.keys, rows.values, rows.headers, strict=True)):
+        size = record_size(k, v, h)
+        if i > lo and used + size > room:
+            out.append((lo, i))
+            lo, used = i, 0
+        used += size
+    if lo < len(rows):
+        out.append((lo, len(rows)))
+    return out
+
+
+def slice_rows(rows: Rows, lo: int, hi: int) -> Rows:
+    """Records ``[lo, hi)`` of ``rows``."""
+    if lo == 0 and hi == len(rows):
+        return rows
+    return replace(rows, offsets=rows.offsets[lo:hi], timestamps=rows.timestamps[lo:hi],
+                   keys=rows.keys[lo:hi], values=rows.values[lo:hi],
+                   headers=rows.headers[lo:hi])
+
+
+def refused_record(rows: Rows | None, error: RecordRefused, limit: int | None,
+                   where: str) -> RecordRefused:
+    """``error`` naming the record of ``rows`` the destination refused: for a size refusal
+    the first record too large for ``limit`` on its own (none: the request as a whole, from
+    its first record), otherwise the first record of the request.
+    """
+    if not rows:
+        return error
+    sizes = [record_size(k, v, h) for k, v, h in
+             zip(rows.keys, rows.values, rows.headers, strict=True)]
+    setting = f"{SETTING}={limit}" if limit is not None else f"{SETTING} unknown"
+    reason = error.reason or str(error)
+    if "too large" in error.reason.lower():
+        over = [j for j, s in enumerate(sizes)
+                if limit is None or s + BATCH_OVERHEAD > limit]
+        if not over or (limit is None and len(sizes) > 1):
+            # No record is too large on its own: the request was (its records batched).
+            return RecordRefused(
+                f"{where}: the destination refused a request of {len(sizes)} record(s) "
+                f"from source offset {rows.offsets[0]} ({sum(sizes)} bytes; destination "
+                f"{setting}), none too large on its own: {reason}",
+                offset=rows.offsets[0], size=sum(sizes), setting=setting, reason=reason)
+        i = over[0]
+    else:
+        i = 0
+    return RecordRefused(
+        f"{where}: the destination refused the record at source offset {rows.offsets[i]} "
+        f"({sizes[i]} bytes; destination {setting}): {reason}",
+        offset=rows.offsets[i], size=sizes[i], setting=setting, reason=reason)
+
+
+class DestinationLimits:
+    """``max.message.bytes`` of each destination topic, and whether batches for it must be
+    cut (``room``), shared by the controller (which reads them) and the producers.
+
+    Args:
+        batch_size: the producers' ``batch.size``: a topic whose ``budget`` reaches it
+            needs no cutting (librdkafka's batches are no larger).
+    """
+
+    def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
+        self.batch_size = batch_size
+        self._limits: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[str], None]] = []
+
+    @classmethod
+    def for_config(cls, config: Mapping[str, object]) -> DestinationLimits:
+        """For producers built from ``kafka.config`` (its ``batch.size``, if set)."""
+        return cls(producer_batch_size(config))
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(topic)`` when a topic's limit changes (not when first read)."""
+        self._listeners.append(listener)
+
+    def update(self, topic: str, limit: int | None) -> bool:
+        """Record ``topic``'s limit (``None``: unknown); True if it changed from a known
+        value (listeners were called).
+        """
+        with self._lock:
+            old = self._limits.get(topic)
+            if limit is None:
+                self._limits.pop(topic, None)
+            else:
+                self._limits[topic] = limit
+        changed = old is not None and limit != old
+        if changed:
+            for listener in self._listeners:
+                listener(topic)
+        return changed
+
+    def limit(self, topic: str) -> int | None:
+        """``max.message.bytes`` of ``topic`` (``None``: not read)."""
+        with self._lock:
+            return self._limits.get(topic)
+
+    def room(self, topic: str) -> int | None:
+        """Record bytes one request for ``topic`` may carry, or ``None`` when its batches
+        need no cutting (limit unknown, or no smaller than ``batch.size`` allows).
+        """
+        limit = self.limit(topic)
+        if limit is None:
+            return None
+        room = budget(limit)
+        return None if room >= self.batch_size else room
+
+    def cut(self, topic: str, rows: Rows) -> list[Rows]:
+        """``rows`` as the chunks one request each may carry for ``topic``."""
+        room = self.room(topic)
+        if room is None:
+            return [rows]
+        return [slice_rows(rows, lo, hi) for lo, hi in chunk_bounds(rows, room)]

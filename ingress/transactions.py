@@ -1,0 +1,616 @@
+"""Exactly-once: the process's shared transactional producer (ingress/README.md,
+"Producer and fencing").
+
+* ``TransactionLoop``: one transactional producer and one thread. Workers hand it a batch
+  (records + checkpoint) and park, holding no thread or replay slot, until the batch's
+  callback wakes them; it puts every batch waiting into one transaction, fenced by the
+  placement group's generation and by ``Ownership`` (``ingress.ownership``) (``_transact``).
+* ``SharedTxnSink``: a worker's ``ReplaySink`` over it.
+
+Threads and producers no longer grow with the partition count: one producer (its
+librdkafka threads and connections) and one transaction thread per ``ingress.producers``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from ingress.limits import DestinationLimits, refused_record
+from ingress.metrics import IngressMetrics
+from ingress.offset_map import OffsetMapWriter
+from ingress.ownership import TP, Ownership
+from ingress.rows import Rows
+from ingress.sink import ReplaySink, transaction_timeout_ms
+from ingress.throttle import ProduceThrottle, drain_all
+from replicator.core.errors import (
+    FatalError,
+    GenerationFenced,
+    KafkaFatalError,
+    KafkaRetriableError,
+    ProducerFenced,
+    RecordRefused,
+    ReplicatorError,
+    RetriableError,
+)
+from replicator.core.kafka import (
+    DeliveryReport,
+    GroupMetadata,
+    Producer,
+    TopicPartition,
+    group_generation,
+)
+from replicator.core.retry import Backoff
+from replicator.core.settings import KafkaSettings
+from replicator.core.wire import Checkpoint
+
+log = logging.getLogger(__name__)
+
+WAIT_SLICE = 0.1
+"""Seconds a worker waits for its transaction before checking that the loop still runs."""
+
+
+class PartitionRevoked(RetriableError):
+    """The batch's destination partition was revoked before its transaction committed:
+    nothing of it was committed (the next owner replays it).
+    """
+
+
+def producer_fenced_backoff() -> Backoff:
+    """Delays before a fenced (or failed) shared producer is recreated: a transaction that
+    outlived its timeout recovers at once; another live process with the same
+    ``transactional.id`` is not fenced back in a hot loop.
+    """
+    return Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
+                   maximum=timedelta(seconds=30), jitter=0.2)
+
+
+@dataclass(eq=False)
+class Batch:
+    """One worker's batch: records of one destination partition and their checkpoint."""
+
+    topic: str
+    partition: int
+    epoch: int
+    rows: Rows | None
+    key: str
+    checkpoint: Checkpoint
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    on_done: Callable[[], None] | None = None
+    """Called once the outcome is known (wakes the worker parked on it)."""
+
+    @property
+    def tp(self) -> TP:
+        """The destination partition."""
+        return (self.topic, self.partition)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Hand the outcome to the waiting worker."""
+        self.error = error
+        self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+
+class _Revoked(Exception):
+    """A partition of the transaction was revoked before the commit (internal)."""
+
+    def __init__(self, lost: frozenset[TP]) -> None:
+        super().__init__(", ".join(f"{t}[{p}]" for t, p in sorted(lost)))
+        self.lost = lost
+
+
+def _shifted(ends: Callable[[int, DeliveryReport], None], lo: int
+             ) -> Callable[[int, DeliveryReport], None]:
+    """``ends`` for a chunk starting at index ``lo`` of its batch."""
+    return lambda i, report: ends(lo + i, report)
+
+
+class _Refused(Exception):
+    """The destination refused records of these partitions for good (internal)."""
+
+    def __init__(self, refused: dict[TP, RecordRefused]) -> None:
+        super().__init__("; ".join(str(e) for e in refused.values()))
+        self.refused = refused
+
+
+class TransactionLoop:
+    """Exactly-once: one transactional producer for every partition of the process.
+
+    Args:
+        kafka_settings: the destination cluster.
+        transactional_id: unique per live process, the same across restarts of one
+            instance (so a restarted process fences its own zombie at start).
+        checkpoint_topic: where checkpoints go.
+        ownership: the partitions this process owns.
+        group: the placement consumer's group metadata, now (the fencing generation).
+        metrics: ``transactions`` by outcome.
+        timeout: seconds each flush / commit / abort / offsets call may take.
+        make_producer: builds the producer (tests); default: the Kafka seam's.
+        offset_map: writes each batch's offset-map entries into its transaction
+            (``ingress.offset_map``); ``None``: no map.
+        limits: the destination topics' ``max.message.bytes``: batches of a topic whose
+            limit is below ``batch.size`` are produced in chunks that fit it
+            (``ingress.limits``); ``None``: never cut.
+        name: the thread's name.
+    """
+
+    def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
+                 checkpoint_topic: str, ownership: Ownership,
+                 group: Callable[[], GroupMetadata], metrics: IngressMetrics,
+                 timeout: float = 60.0,
+                 make_producer: Callable[[], Producer] | None = None,
+                 offset_map: OffsetMapWriter | None = None,
+                 limits: DestinationLimits | None = None,
+                 name: str = "transactions") -> None:
+        self.name = name
+        self.kafka_settings = kafka_settings
+        self.transactional_id = transactional_id
+        self.checkpoint_topic = checkpoint_topic
+        self.ownership = ownership
+        self.group = group
+        self.metrics = metrics
+        self.timeout = timeout
+        self._make = make_producer or self._new_producer
+        self.offset_map = offset_map
+        self.limits = limits
+        self._producer: Producer | None = None
+        self._pending: deque[Batch] = deque()
+        self._apart: set[TP] = set()
+        """Partitions whose batches go one per transaction (``_refused``)."""
+        self._cond = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backoff = producer_fenced_backoff()
+        self._next_init = 0.0
+        self.throttle: ProduceThrottle | None = None
+        """``[ingress] max_bytes_per_second`` (``None``: unlimited; ``ingress.throttle``)."""
+
+    def _new_producer(self) -> Producer:
+        overrides = {}
+        if "transaction.timeout.ms" not in self.kafka_settings.config:
+            # Above the worst flush + commit (each may take ``timeout``), as for a
+            # per-partition sink: a transaction that is merely slow is not aborted.
+            overrides["transaction.timeout.ms"] = transaction_timeout_ms(self.timeout)
+        return Producer(self.kafka_settings, transactional_id=self.transactional_id,
+                        overrides=overrides,
+                        # The offset map needs where each batch's ends landed.
+                        report_successes=self.offset_map is not None)
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the producer and ``init_transactions`` (fails fast), start the thread.
+
+        ``init_transactions`` fences a former run of this process (same id) and aborts its
+        open transaction.
+
+        Raises:
+            ReplicatorError: the producer cannot be created or initialised.
+        """
+        self._ready_producer()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread; batches still waiting fail (``KafkaFatalError``); idempotent."""
+        self._stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(3 * self.timeout)
+        with self._cond:
+            left, self._pending = list(self._pending), deque()
+        for b in left:
+            b.finish(KafkaFatalError(f"{b.topic}[{b.partition}]: ingress is closing"))
+        self._producer = None
+
+    @property
+    def alive(self) -> bool:
+        """True while the transaction thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- worker side ------------------------------------------------------------------
+
+    def submit(self, batch: Batch) -> None:
+        """Queue a batch for the next transaction (FIFO)."""
+        with self._cond:
+            self._pending.append(batch)
+            self._cond.notify()
+
+    def wait(self, batch: Batch) -> None:
+        """Wait for the batch's transaction. A batch whose partition was revoked (or
+        granted again since: another epoch) and is not being committed is given up at once:
+        the loop can no longer commit it, and the revoke callback waits for this worker.
+
+        Raises:
+            PartitionRevoked / GenerationFenced / ProducerFenced / RetriableError /
+            FatalError: the batch was not committed.
+        """
+        while not self.check(batch):
+            batch.done.wait(WAIT_SLICE)
+
+    def check(self, batch: Batch) -> bool:
+        """``wait`` without waiting: True once the batch is committed, False while it may
+        still be; raises as ``wait`` does.
+        """
+        if not batch.done.is_set():
+            if self.ownership.abandoned(batch.tp, batch.epoch) and not batch.done.is_set():
+                raise PartitionRevoked(f"{batch.topic}[{batch.partition}]: revoked while "
+                                       "its batch waited for a transaction")
+            if not self.alive and not batch.done.is_set():
+                raise KafkaFatalError(f"{batch.topic}[{batch.partition}]: the transaction "
+                                      "thread is not running")
+            if not batch.done.is_set():
+                return False
+        if batch.error is not None:
+            raise batch.error
+        return True
+
+    # --- the transaction thread -------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            if self.throttle is not None:
+                self.throttle.hold(self._stopping)
+            with self._cond:
+                if not self._pending:
+                    self._cond.wait(0.2)
+                batches = self._take()
+            if not batches:
+                continue
+            try:
+                self._transact(batches)
+            except Exception as e:  # a bug or a client surprise must not end the loop
+                log.exception("transaction of %d batch(es) failed unexpectedly; the "
+                              "producer is recreated", len(batches))
+                self._drop_producer(e)
+                self._fail([b for b in batches if not b.done.is_set()],
+                           KafkaFatalError(f"transaction failed unexpectedly: {e!r}"))
+
+    def _take(self) -> list[Batch]:
+        """The batches of the next transaction (under ``_cond``): every one waiting, but
+        one per partition set apart by a refusal (``_apart``); the others wait, in order.
+        """
+        if not self._apart:
+            return drain_all(self._pending, self.throttle)
+        take: list[Batch] = []
+        wait: deque[Batch] = deque()
+        seen: set[TP] = set()
+        for b in self._pending:
+            if b.tp in self._apart and b.tp in seen:
+                wait.append(b)
+            else:
+                seen.add(b.tp)
+                take.append(b)
+        self._pending = wait
+        return take
+
+    def _ready_producer(self) -> Producer:
+        if self._producer is None:
+            wait = self._next_init - time.monotonic()
+            if wait > 0:
+                self._stopping.wait(wait)
+            p = self._make()
+            p.init_transactions(self.timeout)
+            self._producer = p
+            log.info("shared transactional producer %s ready", self.transactional_id)
+        return self._producer
+
+    def _drop_producer(self, why: BaseException) -> None:
+        self._producer = None
+        delay = self._backoff.next()
+        self._next_init = time.monotonic() + delay
+        log.warning("shared producer %s is recreated in %.1fs: %s", self.transactional_id,
+                    delay, why)
+
+    def _transact(self, batches: list[Batch]) -> None:
+        """Commit ``batches`` (several partitions) in one transaction (``_steps``); on
+        failure, hand each batch its error (a revoked partition's batch fails, the others
+        go into the next transaction).
+        """
+        keep: list[Batch] = []
+        for b in batches:                                               # Step 0
+            if self.ownership.owns(b.tp, b.epoch):
+                keep.append(b)
+            else:
+                b.finish(PartitionRevoked(f"{b.topic}[{b.partition}]: revoked before its "
+                                          "transaction"))
+        if not keep:
+            return
+        try:
+            p = self._ready_producer()
+        except ReplicatorError as e:
+            self._drop_producer(e)
+            self._fail(keep, e)
+            return
+        try:
+            self._steps(p, keep)
+        except _Revoked as r:
+            self._revoked(p, keep, r)
+            return
+        except _Refused as f:
+            self._refused(p, keep, f)
+            return
+        except (RetriableError, FatalError) as e:
+            self._failed(p, keep, e)
+            return
+        self._backoff.reset()
+        self.metrics.transactions.labels(outcome="committed").inc()
+        with self._cond:
+            self._apart -= {b.tp for b in keep}
+        for b in keep:
+            b.finish()
+
+    def _steps(self, p: Producer, keep: list[Batch]) -> None:
+        """One transaction for batches of several partitions.
+
+        0. (``_transact``) A batch joins only if its partition is owned now.
+        1. Begin the transaction.
+        2. Produce the records of every batch to their destination partitions (a batch
+           whose topic's ``max.message.bytes`` is below ``batch.size`` in chunks that fit
+           it, one chunk per round: steps 2-3 repeat until every chunk is in).
+        3. Flush: the records are in the destination logs before any checkpoint is sent
+           (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
+           checkpoint without its records). A record a destination refuses for good fails
+           only its partition's batch (``_Refused``): the others go into the next
+           transaction at once.
+        4. Produce every batch's checkpoint record, and its offset-map entries (where its
+           records landed, learnt from the delivery reports of its first and last record),
+           and wait for their delivery reports (acks=all): the checkpoints are in the log,
+           below its high watermark, before the generation check. A member that passes
+           step 5 and then stalls past ``revoke_timeout`` cannot let the next owner load an
+           older checkpoint: the load sees this transaction's checkpoint record and waits
+           for the transaction's end (ingress/README.md, "Producer and fencing", point 3).
+        5. ``send_offsets_to_transaction`` with the placement consumer's group metadata:
+           the group coordinator refuses a member of an older generation
+           (``GenerationFenced``). A member in no generation at all is refused here
+           (the broker would accept its metadata unchecked).
+        6. Check ownership again, under the lock the revoke callback takes; a revoked
+           partition aborts the transaction (``_Revoked``).
+        7. Commit, still marked "committing" under that lock: ``revoke`` waits for it.
+
+        Raises:
+            _Revoked / ProducerFenced / GenerationFenced / RetriableError / FatalError.
+        """
+        p.begin_transaction()                                           # Step 1
+        # Steps 2-3, in rounds: each batch's first chunk (the whole batch unless its topic's
+        # max.message.bytes is below batch.size) in the first round, then the next chunks
+        # of the cut ones, each round flushed before the next one is enqueued.
+        om = self.offset_map
+        cut = [(b, self._chunks(b), None if om is None else om.on_ends(b))
+               for b in keep if b.rows is not None]
+        rounds = max((len(parts) for _, parts, _ in cut), default=1)
+        for n in range(rounds):
+            for b, parts, ends in cut:                                  # Step 2
+                if n < len(parts):
+                    lo, rows = parts[n]
+                    self._produce(p, b, rows, None if ends is None else _shifted(ends, lo))
+            left = p.flush(self.timeout)                                # Step 3
+            if left:
+                raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
+                                          f"{self.timeout:.0f}s")
+            self._check_deliveries(p)
+        for b in keep:                                                  # Step 4
+            p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
+        if om is not None:
+            om.produce(keep, p.produce)
+        left = p.flush(self.timeout)
+        if left:
+            raise KafkaRetriableError(f"{left} checkpoint record(s) not acknowledged within "
+                                      f"{self.timeout:.0f}s")
+        self._check_deliveries(p)
+        self._send_offsets(p, keep)                                     # Step 5
+        with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
+            if lost:
+                raise _Revoked(lost)
+            p.commit_transaction(self.timeout)                          # Step 7
+
+    def _chunks(self, b: Batch) -> list[tuple[int, Rows]]:
+        """``b``'s records as the chunks one produce request each may carry for its topic
+        (``ingress.limits``), each with the index of its first record in the batch.
+        """
+        assert b.rows is not None
+        if self.limits is None or self.limits.room(b.topic) is None:
+            return [(0, b.rows)]
+        out, lo = [], 0
+        for part in self.limits.cut(b.topic, b.rows):
+            out.append((lo, part))
+            lo += len(part)
+        return out
+
+    @staticmethod
+    def _produce(p: Producer, b: Batch, r: Rows,
+                 ends: Callable[[int, DeliveryReport], None] | None) -> None:
+        """Enqueue one chunk of ``b``; ``ends``: the offset map's listener (indexes of the
+        batch).
+        """
+        if ends is None:
+            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
+                           r.offsets)
+        else:
+            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
+                           r.offsets, on_ends=ends)
+
+    def _check_deliveries(self, p: Producer) -> None:
+        """Raise the failed deliveries: ``_Refused`` naming each partition whose record the
+        destination refused for good (the others' failures are the abort's collateral),
+        else the first failure.
+        """
+        failures = p.take_failures()
+        if not failures:
+            return
+        refused = {(r.topic, r.partition): r.error for r in failures
+                   if isinstance(r.error, RecordRefused)}
+        if refused:
+            raise _Refused(refused)
+        first = failures[0].error
+        assert first is not None
+        raise type(first)(f"{self.transactional_id}: {len(failures)} record(s) failed: "
+                          f"{first}")
+
+    def _revoked(self, p: Producer, keep: list[Batch], r: _Revoked) -> None:
+        """A partition of the transaction was revoked before the commit: abort; its batch
+        fails, the others go into the next transaction.
+        """
+        self._abort(p, r)
+        self.metrics.transactions.labels(outcome="revoked").inc()
+        for b in keep:
+            if b.tp in r.lost:
+                b.finish(PartitionRevoked(f"{b.topic}[{b.partition}]: revoked before "
+                                          "its transaction committed"))
+        with self._cond:
+            self._pending.extendleft(reversed([b for b in keep if b.tp not in r.lost]))
+
+    def _refused(self, p: Producer, keep: list[Batch], r: _Refused) -> None:
+        """A destination refused records of some partitions for good: abort; those batches
+        fail with ``RecordRefused`` naming the record (their workers stop at it), the
+        others go into the next transaction at once. A refusing partition with batches of
+        several sources (fan-in) cannot tell whose record it was: its batches are set
+        apart, one per transaction, until one commits, so only the refused one fails.
+        """
+        self._abort(p, r)
+        self.metrics.transactions.labels(outcome="refused").inc()
+        shared = {tp for tp, n in Counter(b.tp for b in keep).items() if n > 1}
+        again = []
+        for b in keep:
+            err = r.refused.get(b.tp)
+            if err is None or b.tp in shared:
+                again.append(b)
+                continue
+            limit = None if self.limits is None else self.limits.limit(b.topic)
+            b.finish(refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]"))
+        with self._cond:
+            self._apart |= shared & set(r.refused)
+            self._pending.extendleft(reversed(again))
+
+    def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
+        if isinstance(e, ProducerFenced):
+            # A transaction that outlived transaction.timeout.ms, or another live process
+            # with this transactional.id: the producer cannot abort; recreate it.
+            self.metrics.transactions.labels(outcome="fenced").inc()
+            self._drop_producer(e)
+        elif isinstance(e, GenerationFenced):
+            log.warning("transaction of %s refused by the placement group: aborted, never "
+                        "committed: %s", ", ".join(f"{b.topic}[{b.partition}]" for b in keep),
+                        e)
+            self.metrics.transactions.labels(outcome="generation").inc()
+            self._abort(p, e)
+        else:
+            self.metrics.transactions.labels(outcome="aborted").inc()
+            self._abort(p, e)
+            if isinstance(e, FatalError):
+                self._drop_producer(e)
+        self._fail(keep, e)
+
+    def _send_offsets(self, p: Producer, keep: list[Batch]) -> None:
+        """Step 5. The offsets are harmless: the placement group never reads its
+        partitions (they stay paused), so offset 0 of the first batch's destination
+        partition is committed; what matters is the generation check that comes with it
+        (an empty offset list would skip the request altogether).
+        """
+        meta = self.group()
+        generation, member = group_generation(meta)
+        if generation < 0 or not member:
+            raise GenerationFenced(f"this process is in no generation of the placement "
+                                   f"group (generation {generation}, member {member!r})")
+        first = keep[0]
+        p.send_offsets_to_transaction([TopicPartition(first.topic, first.partition, 0)],
+                                      meta, self.timeout)
+
+    def _abort(self, p: Producer, why: BaseException) -> None:
+        try:
+            p.abort_transaction(self.timeout)
+        except ReplicatorError as e:
+            log.warning("aborting the transaction of %s failed (%s) after: %s",
+                        self.transactional_id, e, why)
+            self._drop_producer(e)
+
+    @staticmethod
+    def _fail(batches: list[Batch], e: BaseException) -> None:
+        for b in batches:
+            b.finish(e)
+
+
+class SharedTxnSink(ReplaySink):
+    """A worker's exactly-once sink: ``submit`` hands records + checkpoint to the
+    process's ``TransactionLoop`` (``collect`` tells the outcome once its callback ran);
+    ``commit`` does both and waits (checkpoints without records).
+    """
+
+    transactional = True
+
+    def __init__(self, loop: TransactionLoop, *, topic: str, partition: int,
+                 epoch: int) -> None:
+        self.loop = loop
+        self.topic = topic
+        self.partition = partition
+        self.epoch = epoch
+        self._rows: Rows | None = None
+        self._cp: tuple[str, Checkpoint] | None = None
+        self._purged = False
+
+    def _check(self) -> None:
+        if self._purged:
+            raise KafkaFatalError(f"{self.topic}[{self.partition}]: sink purged after the "
+                                  "revoke deadline")
+
+    def start(self) -> None:
+        self._check()  # the shared producer was initialised when the process started
+
+    def begin(self) -> None:
+        self._rows, self._cp = None, None
+
+    def produce(self, rows: Rows) -> None:
+        self._check()
+        self._rows = rows
+
+    def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
+        self._check()
+        self._cp = (key, checkpoint)
+
+    def commit(self) -> None:
+        self._check()
+        assert self._cp is not None, "produce_checkpoint first"
+        key, cp = self._cp
+        batch = Batch(self.topic, self.partition, self.epoch, self._rows, key, cp)
+        self._rows, self._cp = None, None
+        self.loop.submit(batch)
+        self.loop.wait(batch)
+
+    can_submit = True
+
+    def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
+               on_done: Callable[[], None]) -> Batch:
+        self._check()
+        batch = Batch(self.topic, self.partition, self.epoch, rows, key, checkpoint,
+                      on_done=on_done)
+        self.loop.submit(batch)
+        return batch
+
+    def collect(self, handle: object) -> bool:
+        assert isinstance(handle, Batch)
+        return self.loop.check(handle)
+
+    def flush(self) -> None:
+        """Nothing to do: the transaction flushes records before checkpoints."""
+
+    def outstanding(self, timeout: float = 0.0) -> int:
+        return 0
+
+    def abort(self) -> None:
+        self._rows, self._cp = None, None
+
+    def close(self) -> None:
+        self._rows, self._cp = None, None
+
+    def purge(self) -> None:
+        # The revoke callback took the partition from ``Ownership`` already: no
+        # transaction with its batch commits any more. Later calls are refused.
+        self._purged = True
