@@ -49,6 +49,7 @@ class IngressMetrics:
     transactions: Any
     offset_map_entries: Any
     offset_map_unmapped: Any
+    topic_incarnations: Any
 
     @classmethod
     def create(cls, m: Metrics) -> IngressMetrics:
@@ -137,4 +138,9 @@ class IngressMetrics:
                 "Batches whose records did not land at consecutive destination offsets: no "
                 "map entry, so consumer groups cannot be translated in that range.",
                 ("topic",)),
+            topic_incarnations=m.counter(
+                "ingress_topic_incarnations_total",
+                "Source partitions whose replay moved on to the next incarnation of their "
+                "topic (deleted and created again) after the earlier one's records "
+                "(docs/architecture.md, \"Topic incarnations\").", PART),
         )
