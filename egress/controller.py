@@ -180,7 +180,8 @@ class Egress:
             self._groups = GroupExporter(
                 self._admin, self.store, prefix=self.settings.s3.prefix, region=self.region,
                 settings=self.config.group_export, own_group=self.config.group_id,
-                metrics=self.m, wall=self.wall, tails=self._tails)
+                metrics=self.m, wall=self.wall, tails=self._tails,
+                topic_ids=self._meta.topic_id)
         # A position the source deleted (retention under a lagging consumer) stops the
         # partition with an event instead of a silent jump to the log start: egress reports
         # the exact lost range, then seeks (egress.poll_loop).

@@ -417,6 +417,10 @@ class GroupExport:
     offsets: dict[int, int]
     exported_at: datetime
     no_records_from: dict[int, int] = field(default_factory=dict)
+    topic_id: str | None = None
+    """The source topic's id the offsets belong to (JSON ``topic_id``; absent in exports
+    written before it, or when the broker gives none): a topic deleted and created again
+    has a new one, and offsets are translated only through its own incarnation's map."""
 
     def encode(self) -> bytes:
         """The JSON body (keys: group, topic, region, exported_at, offsets and, when known,
@@ -432,6 +436,8 @@ class GroupExport:
         if self.no_records_from:
             doc["no_records_from"] = {str(p): o for p, o in
                                       sorted(self.no_records_from.items())}
+        if self.topic_id is not None:
+            doc["topic_id"] = self.topic_id
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -456,7 +462,11 @@ class GroupExport:
             raise ValueError(f"{where}: 'exported_at' is not an RFC 3339 time: {e}") from e
         offsets = _partition_offsets(doc.get("offsets"), where, "offsets")
         empty = _partition_offsets(doc.get("no_records_from", {}), where, "no_records_from")
-        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported, empty)
+        topic_id = doc.get("topic_id")
+        if topic_id is not None and not isinstance(topic_id, str):
+            raise ValueError(f"{where}: 'topic_id' must be a string, got {topic_id!r}")
+        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported, empty,
+                   topic_id)
 
 
 def _partition_offsets(raw: object, where: str, name: str) -> dict[int, int]:
