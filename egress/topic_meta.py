@@ -341,8 +341,10 @@ class TopicMetadataPublisher:
     def seal(self, ref: PartitionRef, start: int) -> None:
         """Before the partition's first segment of a later incarnation is visible, record
         where the previous incarnation's segments of the partition end (the highest end in
-        the bucket, all levels; ``None`` when it has none) and where this one begins.
-        Entries already there win.
+        the bucket, all levels; ``None`` when it has none) and where this one begins. An
+        incarnation between them that never had a segment of the partition (the topic was
+        recreated twice) gets its entry too, so the chain has no hole. Entries already
+        there win.
 
         Raises:
             ReplicatorError: ``_topic.json`` could not be read, listed or written.
@@ -360,30 +362,35 @@ class TopicMetadataPublisher:
         if ref.incarnation not in labels or labels.index(ref.incarnation) == 0:
             raise StorageError(f"{ref}: incarnation {ref.incarnation} is not a later one in "
                                "_topic.json")
-        mine = cur.incarnations[labels.index(ref.incarnation)]
-        if ref.partition not in mine.previous_ends:
-            previous = cur.incarnations[labels.index(ref.incarnation) - 1]
-            end = self._highest_end(ref.of_incarnation(previous.label))
-
+        rank = labels.index(ref.incarnation)
+        p = ref.partition
+        # Every incarnation up to this one that does not say where its predecessor ends
+        # here: its predecessor is over (a later topic exists), so its highest end is final.
+        ends = {n: self._highest_end(ref.of_incarnation(labels[n - 1]))
+                for n in range(1, rank + 1) if p not in cur.incarnations[n].previous_ends}
+        if ends:
             def add(c: TopicMetadata | None) -> TopicMetadata | None:
-                if c is None:
-                    raise StorageError(f"{ref.topic}: _topic.json is gone")
+                if c is None or [i.label for i in c.incarnations][:rank + 1] != \
+                        labels[:rank + 1]:
+                    raise StorageError(f"{ref.topic}: _topic.json changed its incarnations")
                 incs = list(c.incarnations)
-                for n, inc in enumerate(incs):
-                    if inc.label == ref.incarnation:
-                        if ref.partition in inc.previous_ends:
-                            return None
-                        incs[n] = dataclasses.replace(
-                            inc, previous_ends={**inc.previous_ends, ref.partition: end},
-                            first_positions={ref.partition: start, **inc.first_positions})
-                        return dataclasses.replace(c, incarnations=tuple(incs),
-                                                   updated_at=self.wall())
-                raise StorageError(f"{ref}: incarnation {ref.incarnation} left _topic.json")
+                changed = False
+                for n, end in ends.items():
+                    if p in incs[n].previous_ends:
+                        continue
+                    first = start if n == rank else 0
+                    incs[n] = dataclasses.replace(
+                        incs[n], previous_ends={**incs[n].previous_ends, p: end},
+                        first_positions={p: first, **incs[n].first_positions})
+                    changed = True
+                if not changed:
+                    return None
+                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
 
             with self._topic_locks.setdefault(ref.topic, threading.Lock()):
                 self._update(ref.topic, add)
             log.info("%s: the previous incarnation's segments end at %s; this one begins at "
-                     "%d", ref, end, start)
+                     "%d", ref, ends.get(rank, "(recorded already)"), start)
         with self._mutex:
             self._sealed.add(token)
 

@@ -80,11 +80,13 @@ class Move:
     position: int
 
 
-def advance(label: str, position: int | None, chain: Chain) -> list[Move]:
+def advance(label: str, position: int | None, chain: Chain, *,
+            has_segments: bool = True) -> list[Move]:
     """The moves from ``label`` at ``position`` (the last position replayed, ``None``:
     nothing yet) that ``chain`` allows (pure): while the next incarnation records the end
-    of the current one for the partition and the position reached it (or the current one
-    has no segments there and nothing was replayed of it).
+    of the current one for the partition and the position reached it, or the current one
+    has no segments there (``end`` null), or nothing of it was replayed and none of its
+    segments is known (``has_segments`` False: no position to wait from).
     """
     moves: list[Move] = []
     r = chain.rank(label)
@@ -92,7 +94,8 @@ def advance(label: str, position: int | None, chain: Chain) -> list[Move]:
         recorded, end = chain.previous_ends[r + 1]
         if not recorded:
             break
-        if end is not None and (position is None or position < end):
+        if end is not None and ((position is None and has_segments)
+                                or (position is not None and position < end)):
             break
         first = chain.firsts[r + 1]
         nxt = chain.labels[r + 1]
@@ -187,7 +190,8 @@ class IncarnationTracker:
         if labels <= {self.label} and not self.lineage.chain.labels:
             return usable, position, None
         chain = self.lineage.refresh(self.label, labels)
-        for move in advance(self.label, position, chain):
+        for move in advance(self.label, position, chain,
+                            has_segments=self.label in labels):
             log.warning("%s: the source topic was deleted and created again: incarnation %s "
                         "(topic id %s) replayed through %s; replaying incarnation %s (topic "
                         "id %s) after it, from position %d", self.where,

@@ -41,12 +41,15 @@ class SegmentInventory:
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, where: str,
                  horizon: Callable[[], tuple[int | None, int | None]] = lambda: (None, None),
-                 locations: Callable[[], tuple[str, list[str]]] = lambda: ("", [])
+                 locations: Callable[[], tuple[str, list[str]]] = lambda: ("", []),
+                 current: Callable[[], str] = lambda: ""
                  ) -> None:
         self.store = store
         self.ref = ref
-        # (the current incarnation, the later ones known): what a listing covers.
+        # (the current incarnation, the later ones): what a listing covers (may read
+        # _topic.json); ``current``: the incarnation replayed now (reads nothing).
         self.locations = locations
+        self.current = current
         self.where = where
         # (replayed through, origin) of the worker: what a listing may leave out.
         self.horizon = horizon
@@ -70,7 +73,7 @@ class SegmentInventory:
     def floor(self) -> int | None:
         """The lowest start of a known segment that is excluded (bad or gone), if any."""
         excluded = (self.bad | self.gone) & self.known
-        current = self.locations()[0]
+        current = self.current()
         return min((s.start for s in excluded if s.incarnation == current), default=None)
 
     def apply(self, events: Iterable[SegmentEvent]) -> None:
@@ -99,7 +102,7 @@ class SegmentInventory:
         position, origin = self.horizon()
         if position is None:
             return
-        current = self.locations()[0]
+        current = self.current()
 
         def needed(s: SegmentKey) -> bool:
             return s.incarnation != current or s.end > position or \
@@ -154,13 +157,13 @@ class SegmentInventory:
         checkpoint came from, or a known one), else from ``position + 1``; every higher
         level in full (they follow level 0 in key order).
         """
-        current = self.locations()[0]
+        current = self.current()
         covering = [s.start for s in self.known if s.incarnation == current
                     and s.level == 0 and s.start <= position + 1 <= s.end]
         if self.anchor is not None and self.anchor <= position + 1:
             covering.append(self.anchor)
         start = min(covering, default=position + 1)
-        return self.ref.of_incarnation(self.locations()[0]).starting_from(0, start)
+        return self.ref.of_incarnation(self.current()).starting_from(0, start)
 
     def mark_gone(self, seg: SegmentKey) -> None:
         """``seg`` was missing when read: reload, and do not try it again before a new

@@ -187,7 +187,8 @@ class ReplayWorker:
             store, ref, self.where, metrics.topic_incarnations.labels(**labels))
         self.inventory = SegmentInventory(store, ref, self.where,
                                           horizon=lambda: (self.position, self.origin),
-                                          locations=self.incarnations.locations)
+                                          locations=self.incarnations.locations,
+                                          current=lambda: self.incarnations.label)
         self.late: LateGap | None = None
         self.first_seen: datetime | None = None
         self.sink: ReplaySink | None = None

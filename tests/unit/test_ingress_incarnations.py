@@ -227,3 +227,12 @@ def test_topic_json_chain_of_one_partition() -> None:
     assert Chain.of(meta, 1).previous_ends == ((False, None), (False, None))
     assert Chain.of(None, 0) == Chain()
     assert json.loads(meta.encode())["topic_id"] == "b"
+
+
+def test_an_incarnation_without_segments_here_is_passed_through() -> None:
+    chain = Chain(("", "B", "C"), ("a", "b", "c"),
+                  ((False, None), (True, 4), (True, None)), (None, 0, 0))
+    assert [m.entered for m in advance("", 4, chain)] == ["B", "C"]
+    # No checkpoint and no segment of the first one: nothing to wait from.
+    assert [m.entered for m in advance("", None, chain, has_segments=False)] == ["B", "C"]
+    assert advance("", None, chain) == []

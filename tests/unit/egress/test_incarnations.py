@@ -141,3 +141,25 @@ def test_topic_metadata_with_incarnations_round_trips() -> None:
                                                             {0: 0}, NOW)))
     assert TopicMetadata.parse(meta.encode(), where="x") == meta
     assert TopicMetadata.parse(TopicMetadata(2).encode(), where="x").incarnations == ()
+
+
+def test_a_topic_recreated_twice_leaves_no_hole_in_the_chain() -> None:
+    # The second topic never had a record in this partition: its entry is filled when the
+    # third one's first segment is sealed, so ingress can move through it.
+    admin = Admin()
+    h, pub, _ = harness(admin)
+    try:
+        segment(h, range(5))
+        h.settle()
+        admin.id = "IdB"
+        pub.incarnation("t", "IdB")            # another partition's segment named it
+        admin.id = "IdC"
+        segment(h, range(3))
+        h.settle()
+        meta = TopicMetadata.parse(h.store.get("data/r1/t/_topic.json"), where="t")
+        assert [i.label for i in meta.incarnations] == ["", "IdB", "IdC"]
+        assert meta.incarnations[1].previous_ends == {0: 4}
+        assert meta.incarnations[2].previous_ends == {0: None}
+        assert meta.incarnations[2].first_positions == {0: 0}
+    finally:
+        h.close()
