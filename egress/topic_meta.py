@@ -298,7 +298,8 @@ class TopicMetadataPublisher:
             ReplicatorError: the describe failed.
         """
         tid = self.admin.topic_id(topic)
-        return None if not tid or tid == NULL_TOPIC_ID else tid
+        # A client that got no id from the broker may print it as "None".
+        return None if not tid or tid in (NULL_TOPIC_ID, "None") else tid
 
     def incarnation(self, topic: str, topic_id: str) -> str:
         """The label of the incarnation with ``topic_id``, recorded in ``_topic.json`` first

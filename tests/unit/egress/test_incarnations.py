@@ -163,3 +163,20 @@ def test_a_topic_recreated_twice_leaves_no_hole_in_the_chain() -> None:
         assert meta.incarnations[2].first_positions == {0: 0}
     finally:
         h.close()
+
+
+def test_a_broker_without_topic_ids_keeps_the_documented_shape() -> None:
+    for no_id in (None, "", "None", "AAAAAAAAAAAAAAAAAAAAAA"):
+        admin = Admin()
+        admin.id = no_id
+        h, pub, _ = harness(admin)
+        try:
+            assert pub.topic_id("t") is None
+            segment(h, range(3))
+            h.settle()
+            assert sorted(snapshot(h)) == [
+                "data/r1/t/0/0/00000000000000000000-00000000000000000002"]
+            meta = TopicMetadata.parse(h.store.get("data/r1/t/_topic.json"), where="t")
+            assert meta.incarnations == ()
+        finally:
+            h.close()
