@@ -198,10 +198,11 @@ one being read and one being written."""
 
 def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentKey],
                    batch_size: int, stopped: Callable[[], bool], where: str,
+                   topic_ids: set[str | None] | None = None,
                    ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """Every record batch of ``inputs`` in order, with the input's index, each input
     verified (step 3, per input): it yields its footer's record count, all inside its own
-    key range.
+    key range. ``topic_ids`` collects the inputs' footer ``topic_id``.
     """
     for index, k in enumerate(inputs):
         if stopped():
@@ -209,6 +210,8 @@ def _input_batches(store: ObjectStore, fmt: SegmentFormat, inputs: list[SegmentK
         read, first_in, last_in = 0, None, None
         with open_segment(store, k) as reader:
             expected_count = reader.metadata.message_count
+            if topic_ids is not None:
+                topic_ids.add(reader.metadata.topic_id)
             for batch in reader.iter_batches(batch_size):
                 if batch.num_rows == 0:
                     continue
@@ -274,7 +277,8 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
         dropped = 0
         guard = _OverlapGuard(inputs)
         current = -1
-        batches = _input_batches(store, fmt, inputs, spec.batch_size, stopped, where)
+        ids: set[str | None] = set()
+        batches = _input_batches(store, fmt, inputs, spec.batch_size, stopped, where, ids)
         for index, batch in read_ahead(batches, READ_AHEAD_BATCHES, name="merge-read-ahead"):
             if index != current:
                 guard.started(index, last)
@@ -299,8 +303,10 @@ def merge_segments(store: ObjectStore, fmt: SegmentFormat, options: WriterOption
                 f"{output} (must start at or after {output.start} and end at {output.end})")
 
         # Step 4
-        temp = upload.finish(SegmentMetadata.for_key(output, count,
-                                                     created_by=options.created_by))
+        # The inputs' topic id when they all name the same one (one incarnation).
+        temp = upload.finish(SegmentMetadata.for_key(
+            output, count, created_by=options.created_by,
+            topic_id=next(iter(ids)) if len(ids) == 1 else None))
         _check_written(store, fmt, temp.key, output, count)
 
         # Step 5

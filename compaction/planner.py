@@ -247,8 +247,11 @@ class _Run:
     def task(self) -> CompactionTask:
         keys = [s.key for s in self.inputs]
         first = keys[0]
+        # The inputs share one partition of one incarnation (``plan`` groups by
+        # ``partition_ref``): the output stays in that incarnation's location.
         output = SegmentKey(first.prefix, first.region, first.topic, first.partition,
-                            max(k.level for k in keys) + 1, first.start, self.end)
+                            max(k.level for k in keys) + 1, first.start, self.end,
+                            first.incarnation)
         return CompactionTask(tuple(keys), output, self.bytes, tuple(self.covered),
                               tuple(s.size for s in self.inputs))
 

@@ -179,14 +179,15 @@ class Egress:
             storage_class=self.settings.s3.storage_class_for(0),
             pool=self._pool, report=self._outcomes.put, clock=self.clock, wall=self.wall,
             retry_policy=self.retry_policy,
-            first_positions=self._meta.record_first_position)
+            first_positions=self._meta.record_first_position, incarnations=self._meta)
         self._meta.check()
         self._last_meta = self.clock()
         if self.config.group_export.enabled:
             self._groups = GroupExporter(
                 self._admin, self.store, prefix=self.settings.s3.prefix, region=self.region,
                 settings=self.config.group_export, own_group=self.config.group_id,
-                metrics=self.m, wall=self.wall, tails=self._tails)
+                metrics=self.m, wall=self.wall, tails=self._tails,
+                topic_ids=self._meta.topic_id)
         self._heartbeats = HeartbeatPublisher(
             self.store, prefix=self.settings.s3.prefix, region=self.region,
             instance=str(self.settings.kafka.config.get("group.instance.id")
@@ -448,6 +449,7 @@ class Egress:
             self._stop.set()
             log.error("assigning %s failed: %s", ", ".join(map(str, partitions)), e)
             return
+        topic_ids = self._topic_ids({tp.topic for tp in committed})
         for tp in committed:
             key = (tp.topic, tp.partition)
             position = tp.offset if tp.offset >= 0 else None
@@ -461,7 +463,8 @@ class Egress:
             self._writers[key] = PartitionWriter(
                 ref, self._limits[tp.topic], expected, ctx=self._ctx,
                 metrics=self.m.for_partition(self.region, tp.topic, tp.partition),
-                commit=self._commits.committer(tp.topic, tp.partition), position=position)
+                commit=self._commits.committer(tp.topic, tp.partition), position=position,
+                topic_id=topic_ids.get(tp.topic))
             if key in fixed:
                 self._writers[key].commit_start()
             log.info("%s[%d]: assigned, resuming at %s%s", tp.topic, tp.partition,
@@ -472,6 +475,25 @@ class Egress:
         self._assigned_once = True
         self.m.rebalances.labels(self.region, "assign").inc(len(committed))
         self.m.assigned.labels(self.region).set(len(self._writers))
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """The ids of newly assigned topics, read now so a segment of records read before
+        a topic was deleted and created again is named by the id they came from (one the
+        read misses is read before the partition's first segment is named instead).
+        """
+        if self._meta is None:
+            return {}
+        out: dict[str, str] = {}
+        for topic in sorted(topics):
+            try:
+                tid = self._meta.topic_id(topic)
+            except ReplicatorError as e:
+                log.warning("%s: topic id not read at assignment (read again before its "
+                            "first segment): %s", topic, e)
+                continue
+            if tid is not None:
+                out[topic] = tid
+        return out
 
     def _start_positions(self, consumer: Consumer, committed: Sequence[TopicPartition]
                          ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:

@@ -107,13 +107,16 @@ class GroupExporter:
         wall: the wall clock of ``exported_at``.
         tails: per partition this member consumes, ``(next offset, consumer position)``:
             no position between them holds a record it copies (``PollLoop.tails``).
+        topic_ids: a source topic's id now (``TopicMetadataPublisher.topic_id``), written
+            with the offsets; read before and after them, and a topic whose id changed
+            between (deleted and created again) waits for the next round.
     """
 
     def __init__(self, admin: GroupAdmin, store: ObjectStore, *, prefix: str, region: str,
                  settings: GroupExportSettings, own_group: str, metrics: EgressMetrics,
                  wall: Callable[[], datetime],
-                 tails: Callable[[], Mapping[tuple[str, int], tuple[int, int]]] = dict
-                 ) -> None:
+                 tails: Callable[[], Mapping[tuple[str, int], tuple[int, int]]] = dict,
+                 topic_ids: Callable[[str], str | None] | None = None) -> None:
         self.admin = admin
         self.store = store
         self.prefix = prefix
@@ -123,9 +126,25 @@ class GroupExporter:
         self.m = metrics
         self.wall = wall
         self.tails = tails
+        self.topic_ids = topic_ids
         self._written: dict[tuple[str, str], tuple[dict[int, int], dict[int, int]]] = {}
         """What the bucket holds per (topic, group), as far as this process knows: offsets
         and ``no_records_from``."""
+
+    def _ids(self, topics: Collection[str]) -> dict[str, str | None]:
+        """Each topic's id now (``None`` without ids); a topic whose id cannot be read is
+        left out (its groups wait for the next round).
+        """
+        if self.topic_ids is None:
+            return dict.fromkeys(topics)
+        out: dict[str, str | None] = {}
+        for t in topics:
+            try:
+                out[t] = self.topic_ids(t)
+            except ReplicatorError as e:
+                log.warning("group export: the id of %s could not be read, trying again in "
+                            "%s: %s", t, self.settings.interval, e)
+        return out
 
     def export(self, topics: Collection[str]) -> int:
         """One round for ``topics`` (those this member writes); returns objects written.
@@ -141,6 +160,7 @@ class GroupExporter:
                         "again in %s: %s", self.settings.interval, e)
             self.m.group_export_failures.labels(self.region).inc()
             return 0
+        ids_before = self._ids(topics)
         offsets: dict[str, GroupOffsets] = {}
         for group in groups:
             try:
@@ -149,7 +169,9 @@ class GroupExporter:
                 log.warning("group export: offsets of group %r could not be read, trying "
                             "again in %s: %s", group, self.settings.interval, e)
                 self.m.group_export_failures.labels(self.region).inc()
-        plan = plan_exports(offsets, topics)
+        ids = self._ids(topics)
+        plan = {k: v for k, v in plan_exports(offsets, topics).items()
+                if ids.get(k[0], "?") == ids_before.get(k[0], "!")}
         self.m.groups_exported.labels(self.region).set(len({g for _, g in plan}))
         tails = self.tails()
         written = 0
@@ -158,7 +180,8 @@ class GroupExporter:
             empty = at_rest(topic, committed, tails, known)
             if known == (committed, empty):
                 continue
-            body = GroupExport(group, topic, self.region, committed, self.wall(), empty)
+            body = GroupExport(group, topic, self.region, committed, self.wall(), empty,
+                               ids[topic])
             key = group_export_key(self.prefix, self.region, topic, group)
             try:
                 self.store.put(key, body.encode())

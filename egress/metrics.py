@@ -113,6 +113,11 @@ class EgressMetrics:
         self.topic_meta_writes = metrics.counter(
             "egress_topic_metadata_writes_total", "_topic.json objects written.",
             ("region", "topic"))
+        self.incarnations = metrics.counter(
+            "egress_topic_incarnations_total",
+            "Source topics found deleted and created again (a new topic id): the new "
+            "incarnation's segments go to a location of their own "
+            "(docs/architecture.md, \"Topic incarnations\").", ("region", "topic"))
 
     def for_partition(self, region: str, topic: str, partition: int) -> PartitionMetrics:
         """Label-bound children for one partition (binding once keeps the hot path cheap)."""

@@ -77,6 +77,17 @@ class WriterContext:
     retry_policy: RetryPolicy
     first_positions: FirstPositions | None = None
     """Records a partition's first position in ``_topic.json`` (``None``: not recorded)."""
+    incarnations: Incarnations | None = None
+    """Names the topic incarnation of each segment (``None``: every segment is stored at
+    the documented key shape, as before topic ids were known)."""
+
+
+class Incarnations(Protocol):
+    """``egress.topic_meta.TopicMetadataPublisher``: topic ids and their key locations."""
+
+    def topic_id(self, topic: str) -> str | None: ...
+    def incarnation(self, topic: str, topic_id: str) -> str: ...
+    def seal(self, ref: PartitionRef, start: int) -> None: ...
 
 
 class FirstPositions(Protocol):
@@ -100,11 +111,18 @@ class PartitionWriter:
             next segment's start, synchronously; raises ``ReplicatorError``.
         position: the offset the consumer fetches from (the committed offset); default
             ``expected``.
+        topic_id: the source topic's id when the partition was assigned (``None``: read
+            before the first segment is named).
+
+    Incarnations: each segment belongs to an *epoch* of the writer, which a reset (the
+    source partition's offsets went back: the topic was deleted and created again) moves
+    on; the topic id of an epoch is read once, before the epoch's first segment is named,
+    so segments of the earlier topic still closing keep its id.
     """
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
                  ctx: WriterContext, metrics: PartitionMetrics, commit: Commit,
-                 position: int | None = None) -> None:
+                 position: int | None = None, topic_id: str | None = None) -> None:
         self.ref = ref
         self.limits = limits
         self.expected = expected
@@ -130,6 +148,9 @@ class PartitionWriter:
         self._first_recorded = ctx.first_positions is None
         self.flush_bytes = FLUSH_BYTES
         """Held bytes of buffered rows at which they become one batch (poll thread)."""
+        self.epoch = 0
+        self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
+        """The topic id of each epoch, once read (workers)."""
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -240,7 +261,9 @@ class PartitionWriter:
             log.error("%s: first record at offset %d is before the resume position %d: the "
                       "source partition was truncated or recreated; segments restart at %d",
                       self.name, first_offset, self.expected, decision.start)
+            self.epoch += 1
         seg = Segment(decision.start, now)
+        seg.epoch = self.epoch
         self.segment = seg
         return seg
 
@@ -267,6 +290,7 @@ class PartitionWriter:
                   "partition was truncated or recreated; reading on from its start",
                   self.name, position, log_start)
         self.close(CloseReason.RESET)
+        self.epoch += 1
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):
@@ -420,24 +444,26 @@ class PartitionWriter:
         if self.broken.is_set() or seg.state is SegmentState.ABORTED:
             self._abort(seg)
             return
-        key = SegmentKey(self.ref.prefix, self.ref.region, self.ref.topic, self.ref.partition,
-                         0, seg.start, seg.end)
-        step = "finish"
+        step = "incarnation"
         try:
             self._check_cancel()
+            topic_id, label = self._incarnation(seg)
+            key = SegmentKey(self.ref.prefix, self.ref.region, self.ref.topic,
+                             self.ref.partition, 0, seg.start, seg.end, label)
+            step = "finish"
             # Step 1: footer, last parts, complete the multipart upload (temp key).
             if seg.upload is None:
                 self._open_upload(seg)
             upload = seg.upload
             assert upload is not None
             meta = SegmentMetadata.for_key(key, seg.count, created_by=self.ctx.options.created_by,
-                                           created_at=self.ctx.wall())
+                                           created_at=self.ctx.wall(), topic_id=topic_id)
             info = self._retry(lambda: upload.finish(meta),
                                f"{self.name}: finish {upload.temp_key}")
             seg.stored_bytes = info.size
             self._check_cancel()
             step = "first_position"
-            self._record_first_position(seg)
+            self._record_start(seg, key)
             # Steps 2-3: copy to the final key with the level-0 storage class, then delete
             # the temp object (its failure is returned, not raised).
             step = "copy"
@@ -490,6 +516,41 @@ class PartitionWriter:
                  seg.stored_bytes, seg.reason, seg.commit_to)
         self._release(seg)
         self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
+
+    def _incarnation(self, seg: Segment) -> tuple[str | None, str]:
+        """The topic id of the segment's epoch (read once per epoch) and its key location
+        (worker thread). Without ids (none known to the broker, or not asked): ``(None,
+        "")``, the documented key shape.
+        """
+        inc = self.ctx.incarnations
+        if inc is None:
+            return None, ""
+        if seg.epoch not in self._topic_ids:
+            self._topic_ids[seg.epoch] = self._retry(
+                lambda: inc.topic_id(self.ref.topic), f"{self.name}: read the topic id")
+        topic_id = self._topic_ids[seg.epoch]
+        if topic_id is None and any(t is not None for t in self._topic_ids.values()):
+            # The topic is gone (deleted, not created again yet): its location is unknown,
+            # and the documented shape may hold another incarnation's segments.
+            del self._topic_ids[seg.epoch]
+            raise RetriableError(f"{self.name}: the source topic has no id now (deleted?); "
+                                 "the segment waits for it")
+        if topic_id is None:
+            return None, ""
+        label = self._retry(lambda: inc.incarnation(self.ref.topic, topic_id),
+                            f"{self.name}: record incarnation {topic_id}")
+        return topic_id, label
+
+    def _record_start(self, seg: Segment, key: SegmentKey) -> None:
+        if not key.incarnation:
+            self._record_first_position(seg)
+            return
+        # The previous incarnation's end, before this one's segment is visible: ingress
+        # replays this one after exactly that.
+        seal = self.ctx.incarnations
+        assert seal is not None
+        self._retry(lambda: seal.seal(key.partition_ref, seg.start),
+                    f"{self.name}: record where incarnation {key.incarnation} begins")
 
     def _record_first_position(self, seg: Segment) -> None:
         # Before the partition's first segment is visible, _topic.json says where its

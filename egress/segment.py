@@ -48,6 +48,8 @@ class Segment:
         self.reason: CloseReason | None = None
         self.stored_bytes = 0
         self.commit_to = start
+        self.epoch = 0
+        """The writer's incarnation epoch when the segment opened (``PartitionWriter``)."""
         """The offset committed once durable: ``end + 1``, or past the skipped records
         after it (set at close)."""
 

@@ -6,6 +6,10 @@ a partition's first position is recorded (``record_first_position``: before the 
 first segment is copied to its final key). The body is ``replicator.core.wire.TopicMetadata``
 (docs/architecture.md, "Topic metadata").
 
+It also lists the topic's incarnations (``incarnation``, ``seal``): a topic deleted and
+created again has a new Kafka topic id, and its segments go to a location of their own
+(``replicator.core.keys``), so no incarnation ever overwrites another's segments.
+
 Several egress members write the same object, so every write is a read-modify-write with a
 conditional put (``If-Match`` on the ETag read, ``If-None-Match`` when there is none), read
 again when another member wrote in between. First positions are never changed once
@@ -30,10 +34,16 @@ from replicator.core.errors import (
     StorageError,
     TopicError,
 )
-from replicator.core.keys import PartitionRef, SegmentKey, topic_meta_key
+from replicator.core.keys import (
+    BASE_INCARNATION,
+    PartitionRef,
+    SegmentKey,
+    incarnation_label,
+    topic_meta_key,
+)
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectStore
-from replicator.core.wire import TopicMetadata
+from replicator.core.wire import Incarnation, TopicMetadata
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,24 @@ class TopicSource(Protocol):
 
     def partition_count(self, topic: str) -> int | None: ...
     def topic_config(self, topic: str) -> dict[str, str]: ...
+    def topic_id(self, topic: str) -> str | None: ...
+
+
+NULL_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+"""Kafka's zero id (a broker without topic ids answers with it): no id."""
+
+
+def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: datetime
+                     ) -> tuple[Incarnation, ...] | None:
+    """The incarnation list once ``topic_id`` is known (pure): unchanged (``None``) when it
+    is listed already; the first id ever recorded is the one stored at the documented key
+    shape (label ``""``: the segments already there are taken as its own); a new id is
+    appended as the live incarnation, its label derived from the id.
+    """
+    if any(i.topic_id == topic_id for i in incarnations):
+        return None
+    label = BASE_INCARNATION if not incarnations else incarnation_label(topic_id)
+    return (*incarnations, Incarnation(topic_id, label, created_at=now))
 
 
 class TopicMetadataPublisher:
@@ -84,6 +112,9 @@ class TopicMetadataPublisher:
         """First positions known to be in each ``_topic.json`` (never change once there)."""
         self._pending: dict[str, dict[int, int]] = {}
         self._unknown: set[tuple[str, int]] = set()
+        self._labels: dict[tuple[str, str], str] = {}
+        """(topic, topic id) -> label of incarnations known to be in ``_topic.json``."""
+        self._sealed: set[tuple[str, str, int]] = set()
 
     def set_topics(self, topics: Iterable[str]) -> None:
         """Follow the selection: new topics get their ``_topic.json`` at the next check;
@@ -125,8 +156,10 @@ class TopicMetadataPublisher:
                                configs: dict[str, str] = configs,
                                now: datetime = now) -> TopicMetadata:
                         first = cur.first_positions if cur is not None else None
-                        return TopicMetadata.of(topic, self.region, n, configs, now,
-                                                first if first is not None else {})
+                        return dataclasses.replace(
+                            TopicMetadata.of(topic, self.region, n, configs, now,
+                                             first if first is not None else {}),
+                            incarnations=cur.incarnations if cur is not None else ())
 
                     self._update(topic, change)
                 except ReplicatorError as e:
@@ -254,3 +287,118 @@ class TopicMetadataPublisher:
                      what=f"list {prefix}")
         starts = [k.start for k in map(SegmentKey.try_parse, keys) if k is not None]
         return min(starts) if starts else None
+
+    # --- incarnations ----------------------------------------------------------------------
+
+    def topic_id(self, topic: str) -> str | None:
+        """The source topic's id now (``None``: it does not exist, or the broker has no
+        topic ids).
+
+        Raises:
+            ReplicatorError: the describe failed.
+        """
+        tid = self.admin.topic_id(topic)
+        # A client that got no id from the broker may print it as "None".
+        return None if not tid or tid in (NULL_TOPIC_ID, "None") else tid
+
+    def incarnation(self, topic: str, topic_id: str) -> str:
+        """The label of the incarnation with ``topic_id``, recorded in ``_topic.json`` first
+        when it is new (a worker thread, before a segment of it is named).
+
+        Raises:
+            ReplicatorError: ``_topic.json`` could not be read or written (the segment
+                must not be published: its partition rewinds and tries again).
+        """
+        with self._mutex:
+            known = self._labels.get((topic, topic_id))
+        if known is not None:
+            return known
+        lock = self._topic_locks.setdefault(topic, threading.Lock())
+        with lock:
+            def add(cur: TopicMetadata | None) -> TopicMetadata | None:
+                if cur is None:
+                    raise StorageError(f"{topic}: _topic.json is not written yet; the "
+                                       "incarnation waits for it")
+                incs = with_incarnation(cur.incarnations, topic_id, self.wall())
+                if incs is None:
+                    return None
+                if cur.incarnations:
+                    log.warning("%s: the source topic was deleted and created again (topic "
+                                "id %s, was %s): its segments go to their own location "
+                                "(%s/_incarnations/%s/); the earlier ones stay as they are",
+                                topic, topic_id, cur.incarnations[-1].topic_id, topic,
+                                incs[-1].label)
+                    self.m.incarnations.labels(self.region, topic).inc()
+                return dataclasses.replace(cur, incarnations=incs, updated_at=self.wall())
+
+            meta = self._update(topic, add)
+        inc = meta.incarnation(topic_id) if meta is not None else None
+        if inc is None:
+            raise StorageError(f"{topic}: incarnation {topic_id} not in _topic.json")
+        with self._mutex:
+            self._labels[(topic, topic_id)] = inc.label
+        return inc.label
+
+    def seal(self, ref: PartitionRef, start: int) -> None:
+        """Before the partition's first segment of a later incarnation is visible, record
+        where the previous incarnation's segments of the partition end (the highest end in
+        the bucket, all levels; ``None`` when it has none) and where this one begins. An
+        incarnation between them that never had a segment of the partition (the topic was
+        recreated twice) gets its entry too, so the chain has no hole. Entries already
+        there win.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` could not be read, listed or written.
+        """
+        if ref.incarnation == BASE_INCARNATION:
+            return
+        token = (ref.topic, ref.incarnation, ref.partition)
+        with self._mutex:
+            if token in self._sealed:
+                return
+        data = retry(lambda: self.store.get(topic_meta_key(ref.prefix, ref.region, ref.topic)),
+                     self.retry_policy, what=f"get _topic.json of {ref.topic}")
+        cur = TopicMetadata.parse(data, where=f"_topic.json of {ref.topic}")
+        labels = [i.label for i in cur.incarnations]
+        if ref.incarnation not in labels or labels.index(ref.incarnation) == 0:
+            raise StorageError(f"{ref}: incarnation {ref.incarnation} is not a later one in "
+                               "_topic.json")
+        rank = labels.index(ref.incarnation)
+        p = ref.partition
+        # Every incarnation up to this one that does not say where its predecessor ends
+        # here: its predecessor is over (a later topic exists), so its highest end is final.
+        ends = {n: self._highest_end(ref.of_incarnation(labels[n - 1]))
+                for n in range(1, rank + 1) if p not in cur.incarnations[n].previous_ends}
+        if ends:
+            def add(c: TopicMetadata | None) -> TopicMetadata | None:
+                if c is None or [i.label for i in c.incarnations][:rank + 1] != \
+                        labels[:rank + 1]:
+                    raise StorageError(f"{ref.topic}: _topic.json changed its incarnations")
+                incs = list(c.incarnations)
+                changed = False
+                for n, end in ends.items():
+                    if p in incs[n].previous_ends:
+                        continue
+                    first = start if n == rank else 0
+                    incs[n] = dataclasses.replace(
+                        incs[n], previous_ends={**incs[n].previous_ends, p: end},
+                        first_positions={p: first, **incs[n].first_positions})
+                    changed = True
+                if not changed:
+                    return None
+                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
+
+            with self._topic_locks.setdefault(ref.topic, threading.Lock()):
+                self._update(ref.topic, add)
+            log.info("%s: the previous incarnation's segments end at %s; this one begins at "
+                     "%d", ref, ends.get(rank, "(recorded already)"), start)
+        with self._mutex:
+            self._sealed.add(token)
+
+    def _highest_end(self, ref: PartitionRef) -> int | None:
+        prefix = ref.segments_prefix()
+        keys = retry(lambda: [o.key for o in self.store.list(prefix)], self.retry_policy,
+                     what=f"list {prefix}")
+        ends = [k.end for k in map(SegmentKey.try_parse, keys)
+                if k is not None and k.partition_ref == ref]
+        return max(ends) if ends else None

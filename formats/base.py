@@ -17,7 +17,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from replicator.core.errors import SegmentCorrupt
-from replicator.core.keys import SegmentKey
+from replicator.core.keys import SegmentKey, incarnation_label
 from replicator.core.settings import FormatSettings
 from replicator.core.wire import parse_rfc3339, rfc3339
 
@@ -76,13 +76,18 @@ class SegmentMetadata:
     max_timestamp: int | None = None
     """Largest record timestamp (ms), like ``min_timestamp``. Record times are not ordered
     by offset, so both bound the segment's records, not its first and last."""
+    topic_id: str | None = None
+    """The Kafka id of the source topic incarnation the records came from (optional key
+    ``topic_id``: absent in segments written before it, or when the broker gives none)."""
 
     @classmethod
     def for_key(cls, key: SegmentKey, message_count: int, *, created_by: str = "",
-                created_at: datetime | None = None) -> SegmentMetadata:
+                created_at: datetime | None = None, topic_id: str | None = None
+                ) -> SegmentMetadata:
         """The footer a segment stored under ``key`` must carry."""
         return cls(key.region, key.topic, key.partition, key.level, key.start, key.end,
-                   message_count, created_at or datetime.now(UTC), FORMAT_VERSION, created_by)
+                   message_count, created_at or datetime.now(UTC), FORMAT_VERSION, created_by,
+                   topic_id=topic_id)
 
     def to_footer(self) -> dict[str, str]:
         """Footer key/value pairs (all strings; the time range only when known)."""
@@ -100,7 +105,7 @@ class SegmentMetadata:
         } | ({} if self.min_timestamp is None or self.max_timestamp is None else {
             "min_timestamp": str(self.min_timestamp),
             "max_timestamp": str(self.max_timestamp),
-        })
+        }) | ({} if self.topic_id is None else {"topic_id": self.topic_id})
 
     @classmethod
     def from_footer(cls, footer: Mapping[str, str], *, where: str) -> SegmentMetadata:
@@ -120,7 +125,8 @@ class SegmentMetadata:
             return cls(footer["region"], footer["topic"], int(footer["partition"]),
                        int(footer["level"]), int(footer["start_offset"]),
                        int(footer["end_offset"]), int(footer["message_count"]), created,
-                       int(footer["format_version"]), footer.get("created_by", ""), *times)
+                       int(footer["format_version"]), footer.get("created_by", ""), times[0],
+                       times[1], footer.get("topic_id") or None)
         except ValueError as e:
             raise SegmentCorrupt(f"{where}: bad footer value: {e}") from e
 
@@ -135,6 +141,10 @@ class SegmentMetadata:
                  for f in ("region", "topic", "partition", "level", "start_offset",
                            "end_offset")
                  if getattr(self, f) != getattr(expected, f)]
+        if self.topic_id is not None and key.incarnation and \
+                incarnation_label(self.topic_id) != key.incarnation:
+            diffs.append(f"topic_id={self.topic_id!r} (key's incarnation is "
+                         f"{key.incarnation!r})")
         if self.format_version > FORMAT_VERSION:
             diffs.append(f"format_version={self.format_version} (newest known "
                          f"{FORMAT_VERSION})")

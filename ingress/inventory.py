@@ -8,6 +8,11 @@ what replay still needs; a gap right after the position makes the next listing c
 was gone when read (compacted or deleted) or that could not be read (corrupt) is excluded
 until an event announces it again (or, for a gone one, until a paced reload still lists
 it).
+
+Segments of every incarnation of the topic the worker may still replay are kept (the
+current one's location is listed from the resume position, later ones in full): the
+position is the current incarnation's and says nothing about another's
+(``ingress.incarnations``).
 """
 
 from __future__ import annotations
@@ -35,10 +40,16 @@ class SegmentInventory:
     """
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, where: str,
-                 horizon: Callable[[], tuple[int | None, int | None]] = lambda: (None, None)
+                 horizon: Callable[[], tuple[int | None, int | None]] = lambda: (None, None),
+                 locations: Callable[[], tuple[str, list[str]]] = lambda: ("", []),
+                 current: Callable[[], str] = lambda: ""
                  ) -> None:
         self.store = store
         self.ref = ref
+        # (the current incarnation, the later ones): what a listing covers (may read
+        # _topic.json); ``current``: the incarnation replayed now (reads nothing).
+        self.locations = locations
+        self.current = current
         self.where = where
         # (replayed through, origin) of the worker: what a listing may leave out.
         self.horizon = horizon
@@ -62,7 +73,8 @@ class SegmentInventory:
     def floor(self) -> int | None:
         """The lowest start of a known segment that is excluded (bad or gone), if any."""
         excluded = (self.bad | self.gone) & self.known
-        return min((s.start for s in excluded), default=None)
+        current = self.current()
+        return min((s.start for s in excluded if s.incarnation == current), default=None)
 
     def apply(self, events: Iterable[SegmentEvent]) -> None:
         """Learn from segment events: ``created`` makes a segment usable again. What replay
@@ -90,9 +102,11 @@ class SegmentInventory:
         position, origin = self.horizon()
         if position is None:
             return
+        current = self.current()
 
         def needed(s: SegmentKey) -> bool:
-            return s.end > position or (origin is not None and s.start < origin)
+            return s.incarnation != current or s.end > position or \
+                (origin is not None and s.start < origin)
 
         if all(needed(s) for s in self.known) and len(self.arrived) <= len(self.known):
             return
@@ -112,19 +126,23 @@ class SegmentInventory:
         if retry_gone:
             self.gone.clear()
         position, origin = self.horizon()
+        current, later = self.locations()
         after = None if full or position is None else self._start_after(position)
         found: set[SegmentKey] = set()
         arrived: dict[SegmentKey, datetime] = {}
-        for info in self.store.list(self.ref.segments_prefix(), start_after=after):
-            seg = SegmentKey.try_parse(info.key)
-            if seg is None or seg.partition_ref != self.ref:
-                log.debug("%s: ignoring non-segment object %s", self.where, info.key)
-                continue
-            if position is not None and seg.end <= position and \
-                    (origin is None or seg.start >= origin):
-                continue     # replayed already: not needed
-            found.add(seg)
-            arrived[seg] = info.last_modified
+        listings = [(current, after)] + [(x, None) for x in later]
+        for label, start_after in listings:
+            ref = self.ref.of_incarnation(label)
+            for info in self.store.list(ref.segments_prefix(), start_after=start_after):
+                seg = SegmentKey.try_parse(info.key)
+                if seg is None or seg.partition_ref != ref:
+                    log.debug("%s: ignoring non-segment object %s", self.where, info.key)
+                    continue
+                if label == current and position is not None and seg.end <= position and \
+                        (origin is None or seg.start >= origin):
+                    continue     # replayed already: not needed
+                found.add(seg)
+                arrived[seg] = info.last_modified
         self.known = found
         self.arrived = {s: t for s, t in self.arrived.items() if s in found} | arrived
         self.bad &= found
@@ -139,12 +157,13 @@ class SegmentInventory:
         checkpoint came from, or a known one), else from ``position + 1``; every higher
         level in full (they follow level 0 in key order).
         """
-        covering = [s.start for s in self.known
-                    if s.level == 0 and s.start <= position + 1 <= s.end]
+        current = self.current()
+        covering = [s.start for s in self.known if s.incarnation == current
+                    and s.level == 0 and s.start <= position + 1 <= s.end]
         if self.anchor is not None and self.anchor <= position + 1:
             covering.append(self.anchor)
         start = min(covering, default=position + 1)
-        return self.ref.starting_from(0, start)
+        return self.ref.of_incarnation(self.current()).starting_from(0, start)
 
     def mark_gone(self, seg: SegmentKey) -> None:
         """``seg`` was missing when read: reload, and do not try it again before a new

@@ -56,6 +56,7 @@ class IngressMetrics:
     build_info: Any
     heartbeat_age: Any
     throttled: Any
+    topic_incarnations: Any
     series_owners: dict[tuple[str, ...], object] = field(default_factory=dict)
     """Which ``PartitionFreshness`` owns a partition's lag and progress series: a worker
     that ends after its successor started (a missed revoke deadline) leaves them alone."""
@@ -180,4 +181,9 @@ class IngressMetrics:
                 "ingress_throttled_seconds_total",
                 "Seconds the producers waited before producing, held to [ingress] "
                 "max_bytes_per_second.", ("region",)),
+            topic_incarnations=m.counter(
+                "ingress_topic_incarnations_total",
+                "Source partitions whose replay moved on to the next incarnation of their "
+                "topic (deleted and created again) after the earlier one's records "
+                "(docs/architecture.md, \"Topic incarnations\").", PART),
         )

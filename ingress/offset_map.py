@@ -149,7 +149,8 @@ class OffsetMapWriter:
             for e in entries_of(offsets, first, first=start, last=end,
                                 from_origin=start == b.checkpoint.origin,
                                 incarnation=self._incarnation(b.topic, b.partition, first,
-                                                              last + 1)):
+                                                              last + 1),
+                                source_incarnation=b.checkpoint.incarnation):
                 produce(self.topic, e.encode(),
                         map_key(region, topic, partition, destination, e.src_first).encode())
                 n += 1

@@ -14,7 +14,11 @@ an offset hole.
 * ``WaitLate(until, late)``: positions ``late.first..late.last`` are missing; reload the
   segment list at ``until`` (exponential backoff over ``lost_segment_timeout``).
 * ``DeclareLost(first, last)``: the wait is over; log, count and skip the range.
-* ``Idle``: nothing known beyond the checkpoint.
+* ``Idle``: nothing known beyond the checkpoint (and no known end ahead of it).
+
+``until`` is where the partition's segments end when that is known (an earlier incarnation
+of a topic deleted and created again: ``ingress.incarnations``): positions up to it that no
+segment covers are a gap, waited for and reported like any other, never skipped silently.
 """
 
 from __future__ import annotations
@@ -95,7 +99,8 @@ def order_segments(segments: Iterable[SegmentKey]) -> list[SegmentKey]:
 
 def next_action(checkpoint: int | None, segments: Iterable[SegmentKey], now: datetime,
                 source: IngressSourceSettings, *, late: LateGap | None = None,
-                first_seen: datetime | None = None, floor: int | None = None) -> Action:
+                first_seen: datetime | None = None, floor: int | None = None,
+                until: int | None = None) -> Action:
     """Decide the next step of one partition's replay.
 
     Args:
@@ -112,25 +117,29 @@ def next_action(checkpoint: int | None, segments: Iterable[SegmentKey], now: dat
         floor: without a checkpoint, the lowest start of segments known to exist but left
             out (unreadable or gone): replay may not begin after it silently, so its range
             is treated as late like any gap.
+        until: the last position the segments reach, when known: a range up to it that no
+            segment covers is a gap (waited for, then lost), not the end.
     """
     next_pos = None if checkpoint is None else checkpoint + 1
     candidates = order_segments(s for s in segments if next_pos is None or s.end >= next_pos)
-    if not candidates:
+    if not candidates and (until is None or next_pos is None or next_pos > until):
         return Idle()
     if next_pos is None:
         since = first_seen or now
-        until = since + source.first_segment_delay
-        if now < until:
-            return WaitFirst(until, since)
+        first_until = since + source.first_segment_delay
+        if now < first_until:
+            return WaitFirst(first_until, since)
         if floor is None or floor >= candidates[0].start:
             return Produce(candidates[0])
         checkpoint, next_pos = floor - 1, floor
+    assert next_pos is not None
     covering = [s for s in candidates if s.start <= next_pos]
     if covering:
         # The one reaching furthest: a compacted segment beats the level-0 ones it covers.
         best = max(covering, key=lambda s: (s.end, s.level))
         return Produce(best, checkpoint if best.start < next_pos else None)
-    gap_last = candidates[0].start - 1
+    gap_last = candidates[0].start - 1 if candidates else until
+    assert gap_last is not None
     if late is None or late.first != next_pos:
         late = LateGap(next_pos, gap_last, now, 0)
     elif late.last != gap_last:
@@ -140,5 +149,5 @@ def next_action(checkpoint: int | None, segments: Iterable[SegmentKey], now: dat
         return DeclareLost(late.first, late.last)
     waits = backoff_schedule(timeout, source.late_segment_retries)
     done = min(late.reloads, len(waits) - 1)
-    until = late.since + sum(waits[: done + 1], timedelta())
-    return WaitLate(until, late)
+    reload_at = late.since + sum(waits[: done + 1], timedelta())
+    return WaitLate(reload_at, late)

@@ -34,6 +34,7 @@ from ingress.delivery import Delivery
 from ingress.events import SegmentEvent
 from ingress.first_position import PENDING, FirstPosition
 from ingress.freshness import PartitionFreshness
+from ingress.incarnations import IncarnationTracker
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.permits import ByteBudget, FifoPermits, PermitRequest
@@ -164,8 +165,12 @@ class ReplayWorker(SegmentReplay):
         """See ``Checkpoint.origin``; carried in every checkpoint once set."""
         self._reported_below: int | None = None
         """Positions from here up to ``origin`` were reported as skipped (this worker)."""
+        self.incarnations = IncarnationTracker(
+            store, ref, self.where, metrics.topic_incarnations.labels(**labels))
         self.inventory = SegmentInventory(store, ref, self.where,
-                                          horizon=lambda: (self.position, self.origin))
+                                          horizon=lambda: (self.position, self.origin),
+                                          locations=self.incarnations.locations,
+                                          current=lambda: self.incarnations.label)
         self.late: LateGap | None = None
         self.first_seen: datetime | None = None
         self.sink: ReplaySink | None = None
@@ -459,6 +464,7 @@ class ReplayWorker(SegmentReplay):
         self.position = self.checkpointed = None
         self._last_cp = None
         self.origin = None if cp is None else cp.origin
+        self.incarnations.label = "" if cp is None else cp.incarnation
         if cp is not None and upgraded:
             # Written under the key with the destination at once: the legacy key is
             # read only until then (checkpoints.resolve).
@@ -542,7 +548,7 @@ class ReplayWorker(SegmentReplay):
         if self._run is not None:
             return self._continue()
         self._drain_inbox()
-        usable = inventory.usable()
+        usable, until = self._incarnation(inventory.usable())
         self._report_below_origin(usable)
         now = self.clock()
         plan_from = self._plan_from(usable)
@@ -551,7 +557,8 @@ class ReplayWorker(SegmentReplay):
             return self._wait_first_position(usable)
         assert not isinstance(plan_from, str)
         action = next_action(plan_from, usable, now, src, late=self.late,
-                             first_seen=self.first_seen, floor=inventory.floor())
+                             first_seen=self.first_seen, floor=inventory.floor(),
+                             until=until)
         pos = -1 if self.position is None else self.position
         self._m_waiting.set(sum(1 for s in usable if s.end > pos))
         if isinstance(action, Produce):
@@ -575,6 +582,21 @@ class ReplayWorker(SegmentReplay):
         # resume position may cover it); later ones start there.
         return self._wait_until(now + self.cfg.rescan_interval,
                                 lambda: inventory.reload(full=not inventory.listed_fully))
+
+    def _incarnation(self, usable: set[SegmentKey]) -> tuple[set[SegmentKey], int | None]:
+        """The segments of the incarnation replayed now, and where it ends when known;
+        a move to the next incarnation restarts the position before its first one
+        (``ingress.incarnations``).
+        """
+        label = self.incarnations.label
+        mine, position, until = self.incarnations.current(usable, self.position)
+        if self.incarnations.label != label:
+            assert position is not None
+            self.position, self.origin, self._reported_below = position, position + 1, None
+            self.late, self.first_seen = None, None
+            self._m_late.set(0)
+            self.inventory.prune()
+        return mine, until
 
     def _produce(self, action: Produce, now: datetime) -> float:
         """Replay the planner's segment once the worker holds a slot."""
@@ -766,6 +788,8 @@ class ReplayWorker(SegmentReplay):
                              f"from {self.position}")
         if cp.origin is None and self.origin is not None:
             cp = replace(cp, origin=self.origin)
+        if cp.incarnation != self.incarnations.label:
+            cp = replace(cp, incarnation=self.incarnations.label)
         if rows is not None:
             rows = replace(rows, start=self.origin if self.position is None
                            else self.position + 1)

@@ -20,8 +20,9 @@ from replicator.core.kafka import Admin, Producer
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.offset_map import MapPartition, OffsetMapEntry, map_key
 from replicator.core.settings import IngressSettings, KafkaSettings
+from replicator.core.topic_copy import read_topic_meta
 from replicator.core.units import parse_duration
-from replicator.core.wire import GroupExport
+from replicator.core.wire import GroupExport, TopicMetadata
 from replicator.ops.checkpoints import configured_sources
 from replicator.ops.groups import (
     GroupMetrics,
@@ -78,8 +79,13 @@ def _plan(config: Path) -> Planned:
     except TopicError:
         entries = {}        # nothing replayed with a map yet: every row is "unmapped"
     sources = configured_sources(ingress, settings.s3.prefix, store)
+    prefix = settings.s3.prefix
+
+    def source_meta(region: str, topic: str) -> TopicMetadata | None:
+        return read_topic_meta(store, prefix, region, topic)
+
     return Planned(plan(exports, sources, admin, entries, cps,
-                        local_writes=ingress.mark_origin),
+                        local_writes=ingress.mark_origin, source_meta=source_meta),
                    admin, settings.kafka, ingress.offset_map_topic, exports, entries)
 
 

@@ -19,6 +19,7 @@ from replicator.cli.tables import print_table
 from replicator.core.errors import KeyFormatError, ReplicatorError
 from replicator.core.keys import check_region, check_topic
 from replicator.core.units import format_size, parse_size
+from replicator.ops.incarnations import choose
 from replicator.ops.pace import Progress, summary_lines
 from replicator.ops.restore import Restorer, RestoreRefused, RestoreRequest, make_plan
 from replicator.ops.restore_plan import Plan, RestoreRange
@@ -162,12 +163,17 @@ class _Bar:
 @click.option("--log-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write the restore's log (INFO and up, the Kafka client's too) here.")
 @click.option("--bucket", default=None, help="Bucket (default: s3.bucket).")
+@click.option("--incarnation", default=None,
+              help="Topic id of the incarnation to read when the source topic was deleted "
+                   "and created again (default: the live one; docs/architecture.md, "
+                   "\"Topic incarnations\").")
 def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa: C901
             partitions: str | None, from_offset: int | None, to_offset: int | None,
             from_time: str | None, to_time: str | None, dry_run: bool, rate: str | None,
             allow_gaps: bool, force: bool, accept_target_config: bool,
             checkpoint_topic: str | None, batch_size: int,
-            progress: bool | None, log_file: Path | None, bucket: str | None) -> None:
+            progress: bool | None, log_file: Path | None, bucket: str | None,
+            incarnation: str | None) -> None:
     """Replay a range of archived segments into a topic, exactly once.
 
     Same partition, same order, same keys, values (null stays null), headers and
@@ -204,9 +210,18 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
         logging.getLogger("replicator").setLevel(logging.INFO)
     cp_topic = checkpoint_topic or (settings.ingress.checkpoint_topic if settings.ingress
                                     else DEFAULT_CHECKPOINT_TOPIC)
+    try:
+        chosen = choose(store, settings.s3.prefix, source_region, topic, incarnation)
+    except ValueError as e:
+        fail(str(e), EXIT_USAGE)
+    except ReplicatorError as e:
+        fail(str(e), EXIT_FAILURE)
+    if chosen.describe():
+        click.echo(f"reading {source_region}/{topic} {chosen.describe()}", err=True)
     request = RestoreRequest(source_region, topic, to_topic, cp_topic, rng, parts, allow_gaps,
                              rate_bytes, batch_size, force=force,
-                             accept_target_config=accept_target_config)
+                             accept_target_config=accept_target_config,
+                             incarnation=chosen.label)
     try:
         plan = make_plan(store, settings.s3.prefix, request,
                          note=lambda m: click.echo(f"note: {m}", err=True))

@@ -16,6 +16,7 @@ from replicator.cli.tables import print_table
 from replicator.core.errors import KeyFormatError, ReplicatorError
 from replicator.core.keys import SegmentKey, check_prefix
 from replicator.core.units import format_size
+from replicator.ops.incarnations import choose
 from replicator.ops.restore import list_archive
 from replicator.ops.restore_plan import RestoreRange, plan
 from replicator.ops.segments import cat_segment, inspect_segment, record_json, summarize
@@ -55,7 +56,7 @@ def ls(  # noqa: C901 - filters and two output forms of one listing
     rows: list[list[object]] = []
     for p in parts:
         for lv in sorted(p.levels.values(), key=lambda v: v.level):
-            rows.append([p.region, p.topic, p.partition, lv.level, lv.count, lv.first, lv.last,
+            rows.append([p.region, p.name, p.partition, lv.level, lv.count, lv.first, lv.last,
                          format_size(lv.bytes)])
     if not rows:
         click.echo(f"no segments under s3://{store.bucket}/{prefix}")
@@ -64,7 +65,7 @@ def ls(  # noqa: C901 - filters and two output forms of one listing
                  "bytes"], rows)
     for p in parts:
         for start, end in p.gaps:
-            click.echo(f"GAP      {p.region}/{p.topic}[{p.partition}] positions {start}-{end} "
+            click.echo(f"GAP      {p.region}/{p.name}[{p.partition}] positions {start}-{end} "
                        f"({end - start + 1}) have no segment")
         for first_key, second_key in p.overlaps:
             click.echo(f"OVERLAP  {first_key} and {second_key}")
@@ -129,10 +130,13 @@ def _record(r: Record | None) -> dict[str, object] | None:
               help="Last offset printed (inclusive).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many.")
 @click.option("--output", type=click.Choice(["jsonl"]), default="jsonl", show_default=True)
+@click.option("--incarnation", default=None,
+              help="With --topic: the topic id of the incarnation to read when the topic "
+                   "was deleted and created again (default: the live one).")
 def cat(config: Path, key: str | None, bucket: str | None,
         region: str | None, topic: str | None, partition: int | None,
         from_offset: int | None, to_offset: int | None, limit: int | None,
-        output: str) -> None:
+        output: str, incarnation: str | None) -> None:
     """Print records as JSON lines: offset, timestamp (ms), timestamp_type, key, value,
     headers ([name, value] pairs, in order).
 
@@ -152,7 +156,11 @@ def cat(config: Path, key: str | None, bucket: str | None,
             if region is None or topic is None or partition is None:
                 fail("give a segment KEY, or --region, --topic and --partition", 2)
             rng = RestoreRange(from_offset, to_offset)
-            p = plan(list_archive(store, settings.s3.prefix, region, topic), rng, [partition])
+            chosen = choose(store, settings.s3.prefix, region, topic, incarnation)
+            if chosen.describe():
+                click.echo(f"reading {region}/{topic} {chosen.describe()}", err=True)
+            p = plan(list_archive(store, settings.s3.prefix, region, topic, chosen.label),
+                     rng, [partition])
             for r in p.refusals():
                 click.echo(f"warning: {r}", err=True)
             steps = [(s.segment.key, s.first, s.last) for s in p.steps if s.segment.readable]

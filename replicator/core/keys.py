@@ -1,6 +1,11 @@
 """The one module that owns the S3 key layout (docs/architecture.md, "S3 layout").
 
 * final segment: ``{prefix}/{region}/{topic}/{partition}/{level}/{start:020d}-{end:020d}``
+  (the topic's first incarnation archived in the bucket); a later incarnation of the topic
+  (deleted and created again: a new topic id) has the same shape below
+  ``{prefix}/{region}/{topic}/_incarnations/{topic_id}/``
+  (``.../_incarnations/{topic_id}/{partition}/{level}/{start:020d}-{end:020d}``), so no
+  incarnation ever overwrites or interleaves another's segments
 * temporary object: ``{temp_prefix}/{uuid}``
 * topic metadata: ``{prefix}/{region}/{topic}/_topic.json`` (its body: ``replicator.core.wire``)
 * exported consumer-group offsets: ``{prefix}/{region}/{topic}/_groups/{group}.json``, the
@@ -26,11 +31,15 @@ TOPIC_META_NAME = "_topic.json"
 GROUPS_DIR = "_groups"
 GROUP_EXPORT_SUFFIX = ".json"
 HEARTBEATS_DIR = "_heartbeats"
+INCARNATIONS_DIR = "_incarnations"
+BASE_INCARNATION = ""
+"""The label of the incarnation stored at the documented shape (no ``_incarnations/``)."""
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _REGION = re.compile(r"[a-zA-Z0-9._-]+")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")
 _RANGE = re.compile(r"([0-9]{20})-([0-9]{20})")
+_INCARNATION = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def check_topic(topic: str) -> str:
@@ -42,9 +51,31 @@ def check_topic(topic: str) -> str:
 
 def check_region(region: str) -> str:
     """Return ``region`` if it can be a key component, else raise ``KeyFormatError``."""
-    if not _REGION.fullmatch(region):
-        raise KeyFormatError(f"invalid region {region!r} (allowed: [a-zA-Z0-9._-]+)")
+    if not _REGION.fullmatch(region) or region == INCARNATIONS_DIR:
+        raise KeyFormatError(f"invalid region {region!r} (allowed: [a-zA-Z0-9._-]+, "
+                             f"not {INCARNATIONS_DIR!r})")
     return region
+
+
+def check_incarnation(label: str) -> str:
+    """Return ``label`` if it can name an incarnation's directory (``""``: the first one,
+    at the documented shape), else raise ``KeyFormatError``.
+    """
+    if label != BASE_INCARNATION and not _INCARNATION.fullmatch(label):
+        raise KeyFormatError(f"invalid incarnation {label!r} (allowed: [A-Za-z0-9_-], 1-64)")
+    return label
+
+
+def incarnation_label(topic_id: str) -> str:
+    """The directory name of a topic id (Kafka prints ids in base64: ``+`` and ``/`` of the
+    standard alphabet become ``-`` and ``_``, padding is dropped).
+    """
+    return check_incarnation(topic_id.replace("+", "-").replace("/", "_").rstrip("="))
+
+
+def _location(topic: str, incarnation: str) -> str:
+    return topic if incarnation == BASE_INCARNATION else \
+        f"{topic}/{INCARNATIONS_DIR}/{incarnation}"
 
 
 def check_prefix(prefix: str) -> str:
@@ -63,11 +94,24 @@ class PartitionRef:
     region: str
     topic: str
     partition: int
+    incarnation: str = BASE_INCARNATION
+    """Which incarnation of the topic (``BASE_INCARNATION``: the documented shape)."""
 
     def segments_prefix(self, level: int | None = None) -> str:
         """Key prefix (ending in ``/``) of this partition's segments, optionally one level."""
-        base = f"{self.prefix}/{self.region}/{self.topic}/{self.partition}/"
+        base = (f"{self.prefix}/{self.region}/{_location(self.topic, self.incarnation)}/"
+                f"{self.partition}/")
         return base if level is None else f"{base}{level}/"
+
+    @property
+    def base(self) -> PartitionRef:
+        """The same partition, whatever the incarnation (the first one's location)."""
+        return PartitionRef(self.prefix, self.region, self.topic, self.partition)
+
+    def of_incarnation(self, incarnation: str) -> PartitionRef:
+        """The same partition in another incarnation's location."""
+        return PartitionRef(self.prefix, self.region, self.topic, self.partition,
+                            check_incarnation(incarnation))
 
     def starting_from(self, level: int, start: int) -> str:
         """A ``start_after`` for listing this partition's segments of ``level`` whose start
@@ -81,7 +125,8 @@ class PartitionRef:
         return f"{self.segments_prefix(level)}~"
 
     def __str__(self) -> str:
-        return f"{self.region}/{self.topic}[{self.partition}]"
+        inc = "" if self.incarnation == BASE_INCARNATION else f"@{self.incarnation}"
+        return f"{self.region}/{self.topic}{inc}[{self.partition}]"
 
 
 @dataclass(frozen=True, order=True)
@@ -95,11 +140,15 @@ class SegmentKey:
     level: int
     start: int
     end: int
+    incarnation: str = BASE_INCARNATION
+    """The topic incarnation the segment belongs to (``BASE_INCARNATION``: the first one
+    archived, at the documented shape; otherwise its topic id, under ``_incarnations/``)."""
 
     def __post_init__(self) -> None:
         check_prefix(self.prefix)
         check_region(self.region)
         check_topic(self.topic)
+        check_incarnation(self.incarnation)
         for name in ("partition", "level"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -114,7 +163,8 @@ class SegmentKey:
     @property
     def partition_ref(self) -> PartitionRef:
         """The partition this segment belongs to."""
-        return PartitionRef(self.prefix, self.region, self.topic, self.partition)
+        return PartitionRef(self.prefix, self.region, self.topic, self.partition,
+                            self.incarnation)
 
     @property
     def span(self) -> int:
@@ -127,8 +177,8 @@ class SegmentKey:
 
     def to_key(self) -> str:
         """The S3 key of this segment."""
-        return (f"{self.prefix}/{self.region}/{self.topic}/{self.partition}/{self.level}/"
-                f"{self.start:020d}-{self.end:020d}")
+        return (f"{self.prefix}/{self.region}/{_location(self.topic, self.incarnation)}/"
+                f"{self.partition}/{self.level}/{self.start:020d}-{self.end:020d}")
 
     def __str__(self) -> str:
         return self.to_key()
@@ -145,6 +195,10 @@ class SegmentKey:
         if len(parts) < 6:
             raise KeyFormatError(f"not a segment key (expected prefix/region/topic/partition/"
                                  f"level/start-end): {key!r}")
+        incarnation = BASE_INCARNATION
+        if len(parts) >= 8 and parts[-5] == INCARNATIONS_DIR:
+            incarnation = parts[-4]
+            parts = parts[:-5] + parts[-3:]
         *prefix_parts, region, topic, partition, level, rng = parts
         m = _RANGE.fullmatch(rng)
         if not m:
@@ -156,7 +210,7 @@ class SegmentKey:
                                      f"decimal): {key!r}")
         try:
             return cls("/".join(prefix_parts), region, topic, int(partition), int(level),
-                       int(m.group(1)), int(m.group(2)))
+                       int(m.group(1)), int(m.group(2)), incarnation)
         except KeyFormatError as e:
             raise KeyFormatError(f"not a segment key ({e}): {key!r}") from e
 
@@ -177,6 +231,11 @@ def topic_prefix(prefix: str, region: str, topic: str) -> str:
 def region_prefix(prefix: str, region: str) -> str:
     """Key prefix (ending in ``/``) of one region's data."""
     return f"{check_prefix(prefix)}/{check_region(region)}/"
+
+
+def incarnations_prefix(prefix: str, region: str, topic: str) -> str:
+    """Key prefix (ending in ``/``) under which a topic's later incarnations live."""
+    return f"{topic_prefix(prefix, region, topic)}{INCARNATIONS_DIR}/"
 
 
 def topic_meta_key(prefix: str, region: str, topic: str) -> str:

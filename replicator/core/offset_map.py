@@ -18,7 +18,10 @@ is ``>= C``.
 * value: JSON ``{"src_first", "src_last", "dest_first", "count", "holes": [[a, b], ...]}``,
   ``"from_origin": true`` on a partition's first entry, and ``"incarnation"``: the
   destination topic's id when the entry was written (``live_entries`` keeps only the
-  current topic's entries, so a recreated destination topic's old entries are never used).
+  current topic's entries, so a recreated destination topic's old entries are never used),
+  and ``"source_incarnation"``: the source topic's incarnation the records came from (its
+  label in ``_topic.json``; absent for the first one), so an offset of one source
+  incarnation is never translated through another's entries (``of_source``).
 
 ``entries_of`` builds entries from a batch's source offsets column-wise (no per-record
 Python work); an entry carries at most ``MAX_HOLES`` hole runs, more split the batch.
@@ -59,6 +62,8 @@ class OffsetMapEntry:
     incarnation: str | None = field(default=None, compare=False)
     """The destination topic's id (Kafka's topic id) when the entry was written; ``None``
     in entries written before the map recorded it."""
+    source_incarnation: str = field(default="", compare=False)
+    """The source topic's incarnation the records came from (``""``: the first one)."""
 
     def __post_init__(self) -> None:
         hole_positions = sum(b - a + 1 for a, b in self.holes)
@@ -89,6 +94,8 @@ class OffsetMapEntry:
             doc["from_origin"] = True
         if self.incarnation is not None:
             doc["incarnation"] = self.incarnation
+        if self.source_incarnation:
+            doc["source_incarnation"] = self.source_incarnation
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -115,10 +122,13 @@ class OffsetMapEntry:
         incarnation = doc.get("incarnation")
         if incarnation is not None and not isinstance(incarnation, str):
             raise ValueError(f"{where}: 'incarnation' must be a string, got {incarnation!r}")
+        source = doc.get("source_incarnation", "")
+        if not isinstance(source, str):
+            raise ValueError(f"{where}: 'source_incarnation' must be a string, got {source!r}")
         try:
             return cls(nums["src_first"], nums["src_last"], nums["dest_first"], nums["count"],
                        tuple((a, b) for a, b in raw), doc.get("from_origin") is True,
-                       incarnation)
+                       incarnation, source)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
 
@@ -147,8 +157,8 @@ def parse_map_key(key: str) -> tuple[MapPartition, int] | None:
 
 def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
                first: int | None = None, last: int | None = None,
-               from_origin: bool = False, incarnation: str | None = None
-               ) -> list[OffsetMapEntry]:
+               from_origin: bool = False, incarnation: str | None = None,
+               source_incarnation: str = "") -> list[OffsetMapEntry]:
     """Entries for a batch whose records (source offsets ascending) were produced to
     consecutive destination offsets from ``dest_first``.
 
@@ -157,7 +167,7 @@ def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
     end are holes of the map too and the entries of a partition tile its position space.
     Default: the first and last record's offsets. ``from_origin``: the batch is the
     partition's first (its first entry is marked). ``incarnation``: the destination topic's
-    id, recorded in every entry.
+    id, recorded in every entry; ``source_incarnation``: the source topic's incarnation.
     """
     offs = np.asarray(src_offsets, dtype=np.int64)
     n = len(offs)
@@ -188,9 +198,19 @@ def entries_of(src_offsets: Sequence[int] | np.ndarray, dest_first: int, *,
             holes.append((src_last + 1, hi))
             src_last = hi
         out.append(OffsetMapEntry(src_first, src_last, dest_first + start, end - start + 1,
-                                  tuple(holes), from_origin and start == 0, incarnation))
+                                  tuple(holes), from_origin and start == 0, incarnation,
+                                  source_incarnation))
         start, h = end + 1, h + len(inner)
     return out
+
+
+def of_source(entries: Iterable[OffsetMapEntry], source_incarnation: str
+              ) -> list[OffsetMapEntry]:
+    """The entries of records from one incarnation of the source topic (its label in
+    ``_topic.json``; ``""``: the first one): a topic deleted and created again starts its
+    offsets at 0 again, so another incarnation's entries say nothing about its offsets.
+    """
+    return [e for e in entries if e.source_incarnation == source_incarnation]
 
 
 def live_entries(entries: Iterable[OffsetMapEntry], incarnation: str | None

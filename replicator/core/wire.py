@@ -78,6 +78,69 @@ def json_object(value: bytes | None, what: str, *, if_null: str) -> dict[str, An
 
 
 @dataclass(frozen=True)
+class Incarnation:
+    """One incarnation of a source topic (created, deleted and created again: each time a
+    new Kafka topic id), as ``_topic.json`` lists them, oldest first.
+
+    ``label`` names where its segments live: ``""`` for the first one archived (the
+    documented key shape), else its topic id (``{topic}/_incarnations/{label}/``).
+    ``previous_ends`` and ``first_positions`` are written for a partition before its first
+    segment of this incarnation is visible: the last position the previous incarnation's
+    segments of that partition reach (``None``: it has none), and this incarnation's first
+    position there. Ingress replays this incarnation after the previous one's records up
+    to that end (docs/architecture.md, "Topic incarnations").
+    """
+
+    topic_id: str
+    label: str
+    previous_ends: dict[int, int | None] = field(default_factory=dict)
+    first_positions: dict[int, int] = field(default_factory=dict)
+    created_at: datetime | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of this entry."""
+        doc: dict[str, Any] = {
+            "topic_id": self.topic_id,
+            "label": self.label,
+            "previous_ends": {str(p): e for p, e in sorted(self.previous_ends.items())},
+            "first_positions": {str(p): e for p, e in sorted(self.first_positions.items())},
+        }
+        if self.created_at is not None:
+            doc["created_at"] = rfc3339(self.created_at)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: object, where: str) -> Incarnation:
+        """Parse one entry of ``incarnations``.
+
+        Raises:
+            TopicError: naming ``where`` and what is wrong.
+        """
+        if not isinstance(doc, dict) or not isinstance(doc.get("topic_id"), str) \
+                or not isinstance(doc.get("label"), str):
+            raise TopicError(f"{where}: an 'incarnations' entry needs string 'topic_id' and "
+                             f"'label', got {doc!r}")
+        ends_raw = doc.get("previous_ends") or {}
+        if not isinstance(ends_raw, dict) or not all(
+                e is None or _position(e) for e in ends_raw.values()):
+            raise TopicError(f"{where}: 'previous_ends' must map partitions to positions or "
+                             f"null, got {ends_raw!r}")
+        firsts = _first_positions(doc.get("first_positions") or {}, where) or {}
+        try:
+            ends = {int(k): v for k, v in ends_raw.items()}
+        except ValueError:
+            raise TopicError(f"{where}: 'previous_ends' keys must be partition "
+                             "numbers") from None
+        created: datetime | None = None
+        if isinstance(doc.get("created_at"), str):
+            try:
+                created = parse_rfc3339(doc["created_at"])
+            except ValueError:
+                created = None
+        return cls(doc["topic_id"], doc["label"], ends, firsts, created)
+
+
+@dataclass(frozen=True)
 class TopicMetadata:
     """What ``{prefix}/{region}/{topic}/_topic.json`` says about a source topic.
 
@@ -95,6 +158,21 @@ class TopicMetadata:
     first segment egress published for it), written before that segment is visible and
     never changed. ``None``: written by an egress that does not record them (ingress then
     falls back to its delay); a partition absent from the object: not recorded yet."""
+    incarnations: tuple[Incarnation, ...] = ()
+    """The topic's incarnations archived in the bucket, oldest first, the live one last
+    (empty: written by an egress that did not know the topic id)."""
+
+    @property
+    def live(self) -> Incarnation | None:
+        """The live incarnation (the newest one egress saw), if any is recorded."""
+        return self.incarnations[-1] if self.incarnations else None
+
+    def incarnation(self, label_or_id: str) -> Incarnation | None:
+        """The entry with this label or topic id."""
+        for inc in self.incarnations:
+            if label_or_id in (inc.label, inc.topic_id):
+                return inc
+        return None
 
     @classmethod
     def of(cls, topic: str, region: str, partitions: int, configs: Mapping[str, str],
@@ -122,6 +200,9 @@ class TopicMetadata:
         if self.first_positions is not None:
             body["first_positions"] = {str(p): pos for p, pos
                                        in sorted(self.first_positions.items())}
+        if self.incarnations:
+            body["incarnations"] = [i.to_json() for i in self.incarnations]
+            body["topic_id"] = self.incarnations[-1].topic_id
         return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -151,9 +232,13 @@ class TopicMetadata:
                 updated = parse_rfc3339(doc["updated_at"])
             except ValueError:
                 updated = None  # informational only: never a reason to refuse the file
+        incs = doc.get("incarnations") or []
+        if not isinstance(incs, list):
+            raise TopicError(f"{where}: 'incarnations' must be a list")
         return cls(parts, {str(k): str(v) for k, v in configs.items()},
                    str(doc.get("topic") or ""), str(doc.get("region") or ""), updated,
-                   _first_positions(doc.get("first_positions"), where))
+                   _first_positions(doc.get("first_positions"), where),
+                   tuple(Incarnation.from_json(i, where) for i in incs))
 
 
 def _first_positions(value: object, where: str) -> dict[int, int] | None:
@@ -233,6 +318,9 @@ class Checkpoint:
     refused: Refusal | None = None
     """The destination refuses the record after ``offset`` for good: the partition is
     stopped at it (for operators: ``replicator topics``, ``replicator checkpoints``)."""
+    incarnation: str = ""
+    """The source topic's incarnation ``offset`` belongs to (its label in ``_topic.json``;
+    ``""``: the first one archived, and every checkpoint written before incarnations)."""
 
     def encode(self) -> bytes:
         """The JSON value written to the checkpoint topic."""
@@ -249,6 +337,8 @@ class Checkpoint:
             doc["late"] = {"first": self.late[0], "since": rfc3339(self.late[1])}
         if self.refused is not None:
             doc["refused"] = self.refused.as_json()
+        if self.incarnation:
+            doc["incarnation"] = self.incarnation
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -284,8 +374,11 @@ class Checkpoint:
         origin = doc.get("origin")
         origin_i = origin if isinstance(origin, int) and not isinstance(origin, bool) \
             and origin >= 0 else None
+        incarnation = doc.get("incarnation", "")
+        if not isinstance(incarnation, str):
+            raise ValueError(f"checkpoint incarnation must be a string, got {incarnation!r}")
         return cls(offset, segment, updated, lost_t, origin_i, _late(doc.get("late")),
-                   Refusal.from_json(doc.get("refused")))
+                   refused=Refusal.from_json(doc.get("refused")), incarnation=incarnation)
 
 
 @dataclass(frozen=True)
@@ -357,6 +450,10 @@ class GroupExport:
     offsets: dict[int, int]
     exported_at: datetime
     no_records_from: dict[int, int] = field(default_factory=dict)
+    topic_id: str | None = None
+    """The source topic's id the offsets belong to (JSON ``topic_id``; absent in exports
+    written before it, or when the broker gives none): a topic deleted and created again
+    has a new one, and offsets are translated only through its own incarnation's map."""
 
     def encode(self) -> bytes:
         """The JSON body (keys: group, topic, region, exported_at, offsets and, when known,
@@ -372,6 +469,8 @@ class GroupExport:
         if self.no_records_from:
             doc["no_records_from"] = {str(p): o for p, o in
                                       sorted(self.no_records_from.items())}
+        if self.topic_id is not None:
+            doc["topic_id"] = self.topic_id
         return json.dumps(doc, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -396,7 +495,11 @@ class GroupExport:
             raise ValueError(f"{where}: 'exported_at' is not an RFC 3339 time: {e}") from e
         offsets = _partition_offsets(doc.get("offsets"), where, "offsets")
         empty = _partition_offsets(doc.get("no_records_from", {}), where, "no_records_from")
-        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported, empty)
+        topic_id = doc.get("topic_id")
+        if topic_id is not None and not isinstance(topic_id, str):
+            raise ValueError(f"{where}: 'topic_id' must be a string, got {topic_id!r}")
+        return cls(texts["group"], texts["topic"], texts["region"], offsets, exported, empty,
+                   topic_id)
 
 
 @dataclass(frozen=True)

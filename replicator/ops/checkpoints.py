@@ -71,24 +71,28 @@ def checkpoint_report(ingress: IngressSettings, prefix: str, store: ObjectStore,
     """Rows for every partition that has a segment or a checkpoint, per configured source."""
     rows = []
     for src in configured_sources(ingress, prefix, store):
-        ends: dict[int, int] = {}
+        # Per incarnation of the topic (deleted and created again): the end shown is the
+        # one of the incarnation the checkpoint is in.
+        ends: dict[tuple[int, str], int] = {}
         for info in store.list(topic_prefix(prefix, src.region, src.name)):
             k = SegmentKey.try_parse(info.key)
             if k is not None:
-                ends[k.partition] = max(ends.get(k.partition, -1), k.end)
+                at = (k.partition, k.incarnation)
+                ends[at] = max(ends.get(at, -1), k.end)
         # This deployment's key names the destination; a key of an earlier version (no
         # destination) is shown until ingress has taken it over.
         with_checkpoint = {parsed[2] for parsed in map(parse_checkpoint_key, checkpoints)
                            if parsed is not None and parsed[:2] == (src.region, src.name)
                            and parsed[3] in (None, src.destination)}
-        for p in sorted(set(ends) | with_checkpoint):
+        for p in sorted({part for part, _ in ends} | with_checkpoint):
             cp = checkpoints.get(checkpoint_key(src.region, src.name, p, src.destination),
                                  checkpoints.get(checkpoint_key(src.region, src.name, p)))
+            end = ends.get((p, "" if cp is None else cp.incarnation))
             rows.append(CheckpointRow(
                 src.region, src.name, p, src.destination,
                 None if cp is None else cp.offset,
                 None if cp is None else cp.updated_at.isoformat(),
-                ends.get(p), None if cp is None else cp.lost,
+                end, None if cp is None else cp.lost,
                 None if cp is None else cp.segment, None if cp is None else cp.origin,
                 None if cp is None else cp.refused))
     return rows

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -44,13 +44,15 @@ from replicator.core.metrics import Metrics
 from replicator.core.offset_map import (
     MapPartition,
     OffsetMapEntry,
+    Translation,
     live_entries,
+    of_source,
     parse_map_key,
     translate,
 )
 from replicator.core.settings import IngressSettings, IngressSourceSettings, KafkaSettings
 from replicator.core.storage import ObjectStore
-from replicator.core.wire import Checkpoint, GroupExport, checkpoint_key
+from replicator.core.wire import Checkpoint, GroupExport, TopicMetadata, checkpoint_key
 from replicator.ops.checkpoints import configured_sources
 
 log = logging.getLogger(__name__)
@@ -157,7 +159,8 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
                destination_committed: Mapping[tuple[str, int], int],
                entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
                replicated: Mapping[int, int], aggregated: bool,
-               local_writes: bool = False) -> list[GroupRow]:
+               local_writes: bool = False, unmapped: Mapping[int, str] | None = None
+               ) -> list[GroupRow]:
     """The rows of one exported group for one source (see the module docstring).
 
     Args:
@@ -169,13 +172,18 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
         replicated: per partition, the next source position ingress replays.
         aggregated: the destination topic has several sources.
         local_writes: the destination topic has producers of its own (active-active).
+        unmapped: partitions that cannot be translated, with the reason (the group's
+            offsets belong to another incarnation of the source topic than the one
+            replicated now).
     """
     rows = []
     for p, committed in sorted(export.offsets.items()):
         part = (export.region, export.topic, p, destination)
         done = replicated.get(p)
         current = destination_committed.get((destination, p))
-        t = translate(entries.get(part, ()), committed, done)
+        why = (unmapped or {}).get(p)
+        t = translate(entries.get(part, ()), committed, done) if why is None \
+            else Translation(None, "unmapped", why)
         empty_from = export.no_records_from.get(p)
         if t.state == "waiting" and done is not None and empty_from is not None \
                 and empty_from <= done:
@@ -209,7 +217,8 @@ def plan_group(export: GroupExport, destination: str, *, members: int,
 
 def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings],
          admin: GroupsAdmin, entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
-         checkpoints: Mapping[str, Checkpoint], *, local_writes: bool = False
+         checkpoints: Mapping[str, Checkpoint], *, local_writes: bool = False,
+         source_meta: Callable[[str, str], TopicMetadata | None] | None = None
          ) -> list[GroupRow]:
     """Rows for every exported group of ``sources`` (named, and those ``topic_pattern``
     entries select now: ``configured_sources``).
@@ -217,6 +226,9 @@ def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings
     ``checkpoints`` must be read before ``entries``: the map then covers at least what the
     checkpoints say is replicated (a map read first could end below them). ``local_writes``:
     the destination topics have producers of their own (``[ingress] mark_origin``).
+    ``source_meta``: a source's ``_topic.json`` (``(region, topic)``), which names the
+    incarnations of a topic deleted and created again; offsets are translated only through
+    the entries of their own incarnation, and only while replication is in it.
     """
     by_source = {(s.region, s.name): s.destination for s in sources}
     fan_in: dict[str, int] = defaultdict(int)
@@ -224,11 +236,16 @@ def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings
         fan_in[destination] += 1
     rows: list[GroupRow] = []
     incarnations: dict[str, str | None] = {}
-    live: dict[MapPartition, list[OffsetMapEntry]] = {}
-    for part, items in entries.items():
+    live: dict[tuple[MapPartition, str], list[OffsetMapEntry]] = {}
+
+    def live_of(part: MapPartition, source_label: str) -> list[OffsetMapEntry]:
         if part[3] not in incarnations:
             incarnations[part[3]] = admin.topic_id(part[3])
-        live[part] = live_entries(items, incarnations[part[3]])
+        if (part, source_label) not in live:
+            live[(part, source_label)] = live_entries(
+                of_source(entries.get(part, ()), source_label), incarnations[part[3]])
+        return live[(part, source_label)]
+
     members: dict[str, int] = {}
     committed: dict[str, dict[tuple[str, int], int]] = {}
     for export in sorted(exports, key=lambda e: (e.group, e.region, e.topic)):
@@ -238,16 +255,68 @@ def plan(exports: Sequence[GroupExport], sources: Sequence[IngressSourceSettings
         if export.group not in members:
             members[export.group] = admin.group_members(export.group)
             committed[export.group] = admin.group_offsets(export.group)
-        replicated = {}
-        for p in export.offsets:
-            cp = checkpoints.get(checkpoint_key(export.region, export.topic, p, dest))
-            if cp is not None:
-                replicated[p] = cp.offset + 1
+        label = export_incarnation(export, None if source_meta is None
+                                   else source_meta(export.region, export.topic))
+        replicated, unmapped, mine = _inputs(export, dest, label, checkpoints, live_of)
         rows += plan_group(export, dest, members=members[export.group],
-                           destination_committed=committed[export.group], entries=live,
+                           destination_committed=committed[export.group], entries=mine,
                            replicated=replicated, aggregated=fan_in[dest] > 1,
-                           local_writes=local_writes)
+                           local_writes=local_writes, unmapped=unmapped)
     return rows
+
+
+def _inputs(export: GroupExport, dest: str, label: str | None,
+            checkpoints: Mapping[str, Checkpoint],
+            live_of: Callable[[MapPartition, str], list[OffsetMapEntry]]
+            ) -> tuple[dict[int, int], dict[int, str], dict[MapPartition, list[OffsetMapEntry]]]:
+    """Per partition of ``export``: the replicated position, why it cannot be translated
+    (another incarnation), and the live entries of its own incarnation.
+    """
+    replicated: dict[int, int] = {}
+    unmapped: dict[int, str] = {}
+    mine: dict[MapPartition, list[OffsetMapEntry]] = {}
+    for p in export.offsets:
+        cp = checkpoints.get(checkpoint_key(export.region, export.topic, p, dest))
+        if cp is not None:
+            replicated[p] = cp.offset + 1
+        why = other_incarnation(label, "" if cp is None else cp.incarnation)
+        if why is not None:
+            unmapped[p] = why
+        else:
+            assert label is not None
+            part = (export.region, export.topic, p, dest)
+            mine[part] = live_of(part, label)
+    return replicated, unmapped, mine
+
+
+def other_incarnation(label: str | None, replaying: str) -> str | None:
+    """Why a partition's offsets of source incarnation ``label`` cannot be translated while
+    replication is in ``replaying`` (``None``: they can).
+    """
+    if label is None:
+        return ("the source topic was deleted and created again, and the exported offsets "
+                "name no topic id (or one _topic.json does not list): which incarnation "
+                "they belong to is unknown")
+    if label != replaying:
+        return (f"the group's offsets belong to the source topic's incarnation "
+                f"{label or 'first'}, replication is in {replaying or 'first'} (the topic "
+                "was deleted and created again): never translated through another "
+                "incarnation's map")
+    return None
+
+
+def export_incarnation(export: GroupExport, meta: TopicMetadata | None) -> str | None:
+    """The label of the source incarnation an export's offsets belong to: ``""`` (the
+    first) while the source has one incarnation; the one its topic id names otherwise
+    (``None``: unknown).
+    """
+    incs = () if meta is None else meta.incarnations
+    if not incs:
+        return ""           # no topic id ever recorded: one incarnation as far as known
+    if export.topic_id is not None:
+        inc = meta.incarnation(export.topic_id) if meta is not None else None
+        return None if inc is None else inc.label
+    return "" if len(incs) == 1 else None
 
 
 def prunable(entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],

@@ -111,6 +111,8 @@ class RestoreRequest:
     accept_target_config: bool = False
     """Go on when an existing target's configs would replace the restored timestamps
     (LogAppendTime) or delete restored records (retention): ``restore_target``."""
+    incarnation: str = ""
+    """The source topic's incarnation read (its label; ``""``: the first one)."""
 
     def checkpoint_prefix(self, partition: int) -> str:
         """``restore:{source_region}:{topic}:{partition}:{to_topic}:``, the start of the
@@ -124,7 +126,8 @@ class RestoreRequest:
         offset and time bounds), so another range is another restore and the same command
         resumes its own: ``restore:{region}:{topic}:{partition}:{to_topic}:{range_id}``.
         """
-        return self.checkpoint_prefix(partition) + range_id(self.range)
+        return self.checkpoint_prefix(partition) + range_id(self.range) + (
+            f"@{self.incarnation}" if self.incarnation else "")
 
     def transactional_id(self, partition: int) -> str:
         """The producer's id while it writes ``partition`` of the target: one writer per
@@ -229,7 +232,8 @@ def overlap_refusals(request: RestoreRequest, plan_: Plan,
             continue
         own = request.checkpoint_key(pp.partition)
         for key, mark in sorted(marks.get(pp.partition, {}).items()):
-            if key != own and overlaps(mark, request.range, pp.first, pp.last):
+            if key != own and key_incarnation(key) == request.incarnation and \
+                    overlaps(mark, request.range, pp.first, pp.last):
                 assert mark.times is not None
                 out.append(
                     f"{request.source_region}/{request.topic}[{pp.partition}]: another "
@@ -240,6 +244,14 @@ def overlap_refusals(request: RestoreRequest, plan_: Plan,
                     "into another topic, narrow the range, or pass --force to restore them "
                     "again (duplicates)")
     return out
+
+
+def key_incarnation(key: str) -> str:
+    """The source incarnation a restore checkpoint key names (``""``: the first one): the
+    same positions of two incarnations are different records, never an overlap.
+    """
+    last = key.rsplit(":", 1)[-1]
+    return last.split("@", 1)[1] if "@" in last else ""
 
 
 def _partition_of(prefixes: Mapping[bytes, int], key: bytes | None) -> int | None:
@@ -259,13 +271,16 @@ def _time_text(rng: RestoreRange) -> str:
 # --- planning ---------------------------------------------------------------------------
 
 
-def list_archive(store: ObjectStore, prefix: str, region: str, topic: str
-                 ) -> list[ArchivedSegment]:
-    """The topic's segments (every level) as the listing describes them."""
+def list_archive(store: ObjectStore, prefix: str, region: str, topic: str,
+                 incarnation: str = "") -> list[ArchivedSegment]:
+    """The segments (every level) of one incarnation of the topic (its label: ``""`` for
+    the first one, ``replicator.ops.incarnations``) as the listing describes them; another
+    incarnation's are never mixed in.
+    """
     out = []
     for o in store.list(topic_prefix(prefix, region, topic)):
         key = SegmentKey.try_parse(o.key)
-        if key is not None:
+        if key is not None and key.incarnation == incarnation:
             out.append(ArchivedSegment(key, o.size, o.storage_class))
     return out
 
@@ -293,7 +308,8 @@ def make_plan(store: ObjectStore, prefix: str, request: RestoreRequest, *,
     footers for their record times (and, for segments without them, the records: ``note``
     tells the user) and plan again.
     """
-    segments = list_archive(store, prefix, request.source_region, request.topic)
+    segments = list_archive(store, prefix, request.source_region, request.topic,
+                            request.incarnation)
     p = plan(segments, request.range, request.partitions)
     if not request.range.timed:
         return p

@@ -48,10 +48,19 @@ class PartitionSummary:
     levels: dict[int, LevelSummary] = field(default_factory=dict)
     gaps: list[tuple[int, int]] = field(default_factory=list)
     overlaps: list[tuple[str, str]] = field(default_factory=list)
+    incarnation: str = ""
+    """The topic incarnation (``""``: the first one; else its topic id, below
+    ``_incarnations/``): each is summarized on its own, never merged."""
+
+    @property
+    def name(self) -> str:
+        """``topic``, or ``topic@id`` for a later incarnation."""
+        return self.topic + (f"@{self.incarnation}" if self.incarnation else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "region": self.region, "topic": self.topic, "partition": self.partition,
+            "incarnation": self.incarnation,
             "levels": [vars(v) for _, v in sorted(self.levels.items())],
             "gaps": [{"start": a, "end": b} for a, b in self.gaps],
             "overlaps": [list(p) for p in self.overlaps],
@@ -85,14 +94,14 @@ def level_overlaps(keys: Iterable[SegmentKey]) -> list[tuple[str, str]]:
 
 def summarize(objects: Iterable[ObjectInfo]) -> list[PartitionSummary]:
     """Group a listing into per-partition summaries (non-segment keys are ignored)."""
-    parts: dict[tuple[str, str, int], list[tuple[SegmentKey, int]]] = defaultdict(list)
+    parts: dict[tuple[str, str, str, int], list[tuple[SegmentKey, int]]] = defaultdict(list)
     for o in objects:
         k = SegmentKey.try_parse(o.key)
         if k is not None:
-            parts[(k.region, k.topic, k.partition)].append((k, o.size))
+            parts[(k.region, k.topic, k.incarnation, k.partition)].append((k, o.size))
     out = []
-    for (region, topic, partition), items in sorted(parts.items()):
-        s = PartitionSummary(region, topic, partition)
+    for (region, topic, incarnation, partition), items in sorted(parts.items()):
+        s = PartitionSummary(region, topic, partition, incarnation=incarnation)
         for k, size in items:
             s.levels.setdefault(k.level, LevelSummary(k.level)).add(k, size)
         keys = [k for k, _ in items]

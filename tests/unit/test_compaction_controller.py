@@ -527,3 +527,35 @@ def test_a_lock_created_unseen_is_released_even_when_the_run_fails_before_it_kne
     assert report.outcome == "failed" and "timed out" in (report.reason or "")
     assert lock not in listing(store)
     assert controller(store).run_once().outcome == "success"
+
+
+def test_a_later_incarnation_is_compacted_in_its_own_location_with_its_topic_id() -> None:
+    # The same positions at the documented shape (the first topic) and under
+    # _incarnations/IdB (the topic created again): each merged apart, neither changed.
+    from dataclasses import replace as dc_replace
+
+    from formats.base import SegmentMetadata
+    from formats.records import batch_to_records, records_to_batch
+    from formats.segment_io import SegmentUpload, open_segment, publish_segment
+    store = MemoryObjectStore()
+    old = seed(store, [(0, 99), (100, 199), (200, 299)])
+    expected_old = [x.offset for key in old for x in read_segment(store, key)]
+    later = []
+    for x in old:
+        y = dc_replace(x, incarnation="IdB")
+        up = SegmentUpload(store, get_format("parquet"), "temp", WriterOptions())
+        up.write_batch(records_to_batch([Record(o, 1, None, b"new") for o in
+                                         range(y.start, y.end + 1)]))
+        publish_segment(store, up.finish(SegmentMetadata.for_key(y, y.span,
+                                                                 topic_id="IdB")).key, y)
+        later.append(y)
+    report = controller(store).run_once()
+    assert report.outcome == "success", report
+    assert sorted(t.output for t in report.tasks) == [
+        k(1, 0, 299).to_key(), dc_replace(k(1, 0, 299), incarnation="IdB").to_key()]
+    assert sorted(segment_keys(store)) == sorted(t.output for t in report.tasks)
+    with open_segment(store, dc_replace(k(1, 0, 299), incarnation="IdB")) as r:
+        assert r.metadata.topic_id == "IdB"
+        assert {rec.value for b in r.iter_batches(1000) for rec in batch_to_records(b)} \
+            == {b"new"}
+    assert [x.offset for x in read_segment(store, k(1, 0, 299))] == expected_old

@@ -284,3 +284,20 @@ def test_plan_invariants(widths: list[int], gaps: list[int], overlaps: list[int]
     outputs = sorted((t.output for t in p.tasks), key=lambda k: k.start)
     for a, b in itertools.pairwise(outputs):
         assert a.end < b.end
+
+
+def test_two_incarnations_are_planned_apart_and_outputs_stay_in_their_own() -> None:
+    # A topic deleted and created again: the same positions in two locations. Each is
+    # merged on its own; the later one's output is never named at the documented shape.
+    def inc(k: SegmentKey) -> SegmentKey:
+        return SegmentKey(k.prefix, k.region, k.topic, k.partition, k.level, k.start, k.end,
+                          "IdB")
+    later = [Listed(inc(s.key), s.size, s.last_modified) for s in chain(3)]
+    plans = plan_all([*chain(4), *later], cfg(), NOW)
+    assert len(plans) == 2
+    outputs = sorted((t.output for p in plans for t in p.tasks), key=str)
+    assert outputs == [key(1, 0, 399), inc(key(1, 0, 299))]
+    for p in plans:
+        for t in p.tasks:
+            assert {k.incarnation for k in t.inputs} == {t.output.incarnation}
+        assert p.covered_to_delete == []

@@ -187,3 +187,21 @@ def test_other_keys_are_not_group_exports() -> None:
     assert parse_group_export_key("data/eu/orders/_topic.json") is None
     assert parse_group_export_key("data/eu/orders/0/0/" + "0" * 20 + "-" + "0" * 20) is None
     assert parse_group_export_key("data/eu/orders/_groups/bad%ff.json") is None
+
+
+def test_a_later_incarnations_keys_round_trip_below_its_own_directory() -> None:
+    from replicator.core.keys import PartitionRef
+    k = SegmentKey("a/b", "r1", "t", 3, 1, 0, 9, "Id_-x")
+    assert k.to_key() == "a/b/r1/t/_incarnations/Id_-x/3/1/" \
+        "00000000000000000000-00000000000000000009"
+    assert SegmentKey.parse(k.to_key()) == k
+    assert k.partition_ref == PartitionRef("a/b", "r1", "t", 3, "Id_-x")
+    assert k.partition_ref.base == PartitionRef("a/b", "r1", "t", 3)
+    assert k.to_key().startswith(k.partition_ref.segments_prefix())
+    base = SegmentKey("a/b", "r1", "t", 3, 1, 0, 9)
+    assert SegmentKey.parse(base.to_key()) == base and base.incarnation == ""
+    assert not base.to_key().startswith(k.partition_ref.segments_prefix())
+    with pytest.raises(KeyFormatError):
+        SegmentKey("p", "_incarnations", "t", 0, 0, 0, 1)
+    with pytest.raises(KeyFormatError):
+        SegmentKey("p", "r", "t", 0, 0, 0, 1, "a/b")

@@ -236,3 +236,36 @@ def test_a_group_at_rest_past_the_final_commit_marker_is_synced_at_the_replicate
     assert row(export({0: last + 2}), end).state == WAITING
     early = GroupExport("app", "orders", "eu", {0: last + 2}, NOW, no_records_from={0: 200})
     assert row(early, end).state == WAITING
+
+
+def test_offsets_of_one_source_incarnation_never_use_anothers_map() -> None:
+    # The source topic was deleted and created again: offsets restart at 0. The old one's
+    # records 0-99 sit at destination 0-99, the new one's 0-49 at 100-149.
+    from replicator.core.wire import Incarnation, TopicMetadata
+    ingress = IngressSettings.model_validate({
+        "group_id": "ing", "sqs_queue": "q",
+        "sources": [{"region": "eu", "topic": "orders", "destination_topic": "orders"}]})
+    part = ("eu", "orders", 0, "orders")
+    old = entries_of(list(range(100)), 0, from_origin=True, incarnation="id-1")
+    new = entries_of(list(range(50)), 100, from_origin=True, incarnation="id-1",
+                     source_incarnation="B")
+    meta = TopicMetadata(1, incarnations=(Incarnation("A", ""), Incarnation("B", "B")))
+
+    def run(exp: GroupExport, cp: Checkpoint) -> GroupRow:
+        [row] = plan([exp], ingress.sources, FakeAdmin(), {part: [*old, *new]},
+                     {checkpoint_key("eu", "orders", 0, "orders"): cp},
+                     source_meta=lambda r, t: meta)
+        return row
+
+    in_new = Checkpoint(49, "seg", NOW, incarnation="B")
+    row = run(replace(export({0: 30}), topic_id="B"), in_new)
+    assert (row.translated, row.state) == (130, TO_SYNC)          # not 30: the old record
+    row = run(replace(export({0: 30}), topic_id="A"), in_new)     # an old export
+    assert (row.state, row.commit) == (UNMAPPED, None) and "incarnation first" in row.reason
+    row = run(export({0: 30}), in_new)                            # no topic id
+    assert (row.state, row.commit) == (UNMAPPED, None) and "unknown" in row.reason
+    # Replication still in the old one: the new offsets wait, never translated there.
+    row = run(replace(export({0: 30}), topic_id="B"), Checkpoint(80, "seg", NOW))
+    assert (row.state, row.commit) == (UNMAPPED, None)
+    row = run(replace(export({0: 30}), topic_id="A"), Checkpoint(80, "seg", NOW))
+    assert (row.translated, row.state) == (30, TO_SYNC)

@@ -284,3 +284,40 @@ def test_resuming_checks_the_checkpoint_against_the_archive_as_it_is_now() -> No
     assert r.progress is not None and r.progress.gaps == [(0, 100, 199)]
     with pytest.raises(RestoreError, match="this restore started at offset 10"):
         restorer(False)._resume(0, 0, mark(10, 99), "here")
+
+
+def test_a_restore_reads_one_incarnation_never_two_merged() -> None:
+    # The topic was deleted and created again: positions 0-9 exist in both incarnations.
+    from dataclasses import replace as dc_replace
+
+    from replicator.core.wire import Incarnation, TopicMetadata
+    from replicator.ops.incarnations import choose
+    from replicator.ops.restore import key_incarnation, list_archive
+    from replicator.ops.segments import summarize
+    store = MemoryObjectStore("b")
+    publish(store, key(0, 9), 1_000)
+    later = dc_replace(key(0, 9), incarnation="IdB")
+    publish(store, later, 5_000)
+    store.put("data/us-east-1/orders/_topic.json", TopicMetadata(
+        1, incarnations=(Incarnation("IdA", ""), Incarnation("IdB", "IdB"))).encode())
+    live = choose(store, "data", "us-east-1", "orders", None)
+    assert (live.label, live.topic_id) == ("IdB", "IdB") and "IdB" in live.describe()
+    assert choose(store, "data", "us-east-1", "orders", "IdA").label == ""
+    with pytest.raises(ValueError, match="IdA, IdB"):
+        choose(store, "data", "us-east-1", "orders", "IdC")
+    assert [s.key for s in list_archive(store, "data", "us-east-1", "orders")] == [key(0, 9)]
+    assert [s.key for s in list_archive(store, "data", "us-east-1", "orders", "IdB")] == \
+        [later]
+    req = RestoreRequest("us-east-1", "orders", "orders.restored", "cp", incarnation="IdB")
+    p = make_plan(store, "data", req)
+    assert [s.segment.key for pp in p.partitions for s in pp.steps] == [later]
+    # Restores of the same positions of two incarnations are two restores, not an overlap.
+    assert req.checkpoint_key(0).endswith("@IdB") and key_incarnation(req.checkpoint_key(0)) \
+        == "IdB"
+    assert key_incarnation(request(RestoreRange()).checkpoint_key(0)) == ""
+    done = {0: {request(RestoreRange()).checkpoint_key(0): RestoreMark(
+        RestoreRange(), 0, 9, "", (1_000, 1_009), datetime(2026, 11, 25, tzinfo=UTC))}}
+    assert overlap_refusals(req, p, done) == []
+    # segments ls: one summary per incarnation, each named.
+    names = [(s.name, s.levels[0].count) for s in summarize(store.list("data/"))]
+    assert names == [("orders", 1), ("orders@IdB", 1)]

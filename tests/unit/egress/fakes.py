@@ -117,6 +117,7 @@ class Harness:
     outcomes: list[SegmentOutcome] = field(default_factory=list)
     commit_error: Exception | None = None
     first_positions: Any = None
+    incarnations: Any = None
 
     def __post_init__(self) -> None:
         self.pool = ThreadPoolExecutor(2)
@@ -129,7 +130,7 @@ class Harness:
             wall=lambda: datetime(2026, 1, 1, tzinfo=UTC),
             retry_policy=RetryPolicy(attempts=3, initial=timedelta(milliseconds=1),
                                      jitter=0.0),
-            first_positions=self.first_positions)
+            first_positions=self.first_positions, incarnations=self.incarnations)
         self.writer = PartitionWriter(
             PartitionRef("data", "r1", "t", 0), self.limits, self.expected, ctx=self.ctx,
             metrics=self.m.for_partition("r1", "t", 0), commit=self._commit)

@@ -41,6 +41,9 @@ class FakeAdmin:
         self.config_calls += 1
         return {"retention.ms": "5"}
 
+    def topic_id(self, topic: str) -> str | None:
+        return None
+
 
 def test_written_at_start_and_when_the_partition_count_changes() -> None:
     store = MemoryObjectStore()

@@ -1,0 +1,214 @@
+"""Which incarnation of its source topic a replay worker replays, and when it moves on.
+
+A source topic deleted and created again is a new *incarnation* (a new Kafka topic id,
+offsets from 0 again). Egress stores each incarnation's segments in a location of its own
+and lists the incarnations in ``_topic.json``, oldest first, with, per partition, where the
+previous incarnation's segments end (docs/architecture.md, "Topic incarnations").
+
+A worker replays one incarnation at a time, into the same destination partition, in that
+order: its checkpoint names the incarnation its offset belongs to, and segments of other
+incarnations are never judged by that offset. It moves on to the next incarnation only
+once ``_topic.json`` says where the current one ends for the partition and the position
+reached that end (a missing range before it is waited for and reported like any gap).
+Moving on is logged at WARNING with both topic ids and counted in
+``ingress_topic_incarnations_total``; the position restarts before the next incarnation's
+first position. ``advance`` is the pure decision; ``Lineage`` reads ``_topic.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from replicator.core.keys import BASE_INCARNATION, PartitionRef, SegmentKey
+from replicator.core.storage import ObjectStore
+from replicator.core.topic_copy import read_topic_meta
+from replicator.core.wire import TopicMetadata
+
+log = logging.getLogger(__name__)
+
+RECHECK = 2.0
+"""Seconds between reads of ``_topic.json`` while segments of an incarnation it does not
+say enough about (not listed, or the earlier one's end not recorded) are known."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One partition's incarnations as ``_topic.json`` lists them (pure data)."""
+
+    labels: tuple[str, ...] = ()
+    """Oldest first (``""``: the first one, at the documented key shape)."""
+    ids: tuple[str, ...] = ()
+    """The topic id of each label."""
+    previous_ends: tuple[tuple[bool, int | None], ...] = ()
+    """Per label: (recorded for this partition, the previous incarnation's end there)."""
+    firsts: tuple[int | None, ...] = ()
+    """Per label: its first position in this partition, when recorded."""
+
+    @classmethod
+    def of(cls, meta: TopicMetadata | None, partition: int) -> Chain:
+        """The chain of ``partition`` in ``meta`` (empty without incarnations)."""
+        if meta is None or not meta.incarnations:
+            return cls()
+        incs = meta.incarnations
+        return cls(tuple(i.label for i in incs), tuple(i.topic_id for i in incs),
+                   tuple((partition in i.previous_ends, i.previous_ends.get(partition))
+                         for i in incs),
+                   tuple(i.first_positions.get(partition) for i in incs))
+
+    def rank(self, label: str) -> int | None:
+        """The position of ``label`` in the chain (``None``: not listed)."""
+        return self.labels.index(label) if label in self.labels else None
+
+    def topic_id(self, label: str) -> str:
+        """The topic id of ``label`` (``"unknown"`` when not listed)."""
+        r = self.rank(label)
+        return "unknown" if r is None else self.ids[r]
+
+
+@dataclass(frozen=True)
+class Move:
+    """The worker leaves incarnation ``left`` (replayed through ``end``) for ``entered``,
+    whose positions start after ``position``.
+    """
+
+    left: str
+    entered: str
+    end: int | None
+    position: int
+
+
+def advance(label: str, position: int | None, chain: Chain, *,
+            has_segments: bool = True) -> list[Move]:
+    """The moves from ``label`` at ``position`` (the last position replayed, ``None``:
+    nothing yet) that ``chain`` allows (pure): while the next incarnation records the end
+    of the current one for the partition and the position reached it, or the current one
+    has no segments there (``end`` null), or nothing of it was replayed and none of its
+    segments is known (``has_segments`` False: no position to wait from).
+    """
+    moves: list[Move] = []
+    r = chain.rank(label)
+    while r is not None and r + 1 < len(chain.labels):
+        recorded, end = chain.previous_ends[r + 1]
+        if not recorded:
+            break
+        if end is not None and ((position is None and has_segments)
+                                or (position is not None and position < end)):
+            break
+        first = chain.firsts[r + 1]
+        nxt = chain.labels[r + 1]
+        position = (0 if first is None else first) - 1
+        moves.append(Move(chain.labels[r], nxt, end, position))
+        r += 1
+    return moves
+
+
+def end_of(label: str, chain: Chain) -> int | None:
+    """Where ``label``'s segments of the partition end, once the next incarnation recorded
+    it (the planner waits for every position up to it).
+    """
+    r = chain.rank(label)
+    if r is None or r + 1 >= len(chain.labels):
+        return None
+    recorded, end = chain.previous_ends[r + 1]
+    return end if recorded else None
+
+
+class Lineage:
+    """The incarnation chain of one source partition, read from ``_topic.json`` when
+    segments show it may have changed (at most every ``RECHECK`` seconds).
+    """
+
+    def __init__(self, store: ObjectStore, ref: PartitionRef,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.ref = ref.base
+        self._monotonic = monotonic
+        self.chain = Chain()
+        self._read_at = float("-inf")
+
+    def refresh(self, label: str, labels: Iterable[str]) -> Chain:
+        """The chain, read again when one of ``labels`` (incarnations of known segments)
+        is not in it, or a later one is while the end of ``label`` is not recorded yet.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` cannot be read or parsed (the session retries).
+        """
+        chain = self.chain
+        r = chain.rank(label)
+        later = [x for x in labels if x != label]
+        if not later:
+            return chain
+        stale = any(chain.rank(x) is None for x in later) or r is None or (
+            r + 1 < len(chain.labels) and not chain.previous_ends[r + 1][0]
+            and any((chain.rank(x) or 0) > r for x in later))
+        if stale:
+            self.read()
+        return self.chain
+
+    def read(self) -> Chain:
+        """Read ``_topic.json`` again unless it was read less than ``RECHECK`` ago.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` cannot be read or parsed.
+        """
+        now = self._monotonic()
+        if now - self._read_at >= RECHECK:
+            self._read_at = now
+            ref = self.ref
+            self.chain = Chain.of(read_topic_meta(self.store, ref.prefix, ref.region,
+                                                  ref.topic), ref.partition)
+        return self.chain
+
+
+class IncarnationTracker:
+    """A worker's current incarnation and its moves (logged, counted).
+
+    Args:
+        store: the source bucket.
+        ref: the worker's partition.
+        where: the worker's name for log lines.
+        moved: the worker's child of ``ingress_topic_incarnations_total``.
+    """
+
+    def __init__(self, store: ObjectStore, ref: PartitionRef, where: str, moved: object,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.lineage = Lineage(store, ref, monotonic)
+        self.where = where
+        self._moved = moved
+        self.label = BASE_INCARNATION
+
+    def current(self, usable: set[SegmentKey], position: int | None
+                ) -> tuple[set[SegmentKey], int | None, int | None]:
+        """Move on as far as allowed; returns the segments of the current incarnation, the
+        position to plan from (changed only by a move) and where the current incarnation
+        ends (``None``: not known, or it is the live one).
+        """
+        labels = {s.incarnation for s in usable}
+        if labels <= {self.label} and not self.lineage.chain.labels:
+            return usable, position, None
+        chain = self.lineage.refresh(self.label, labels)
+        for move in advance(self.label, position, chain,
+                            has_segments=self.label in labels):
+            log.warning("%s: the source topic was deleted and created again: incarnation %s "
+                        "(topic id %s) replayed through %s; replaying incarnation %s (topic "
+                        "id %s) after it, from position %d", self.where,
+                        move.left or "first", chain.topic_id(move.left),
+                        "nothing" if move.end is None else move.end, move.entered,
+                        chain.topic_id(move.entered), move.position + 1)
+            self._moved.inc()  # type: ignore[attr-defined]
+            self.label, position = move.entered, move.position
+        mine = {s for s in usable if s.incarnation == self.label}
+        return mine, position, end_of(self.label, chain)
+
+    def locations(self) -> tuple[str, list[str]]:
+        """The current incarnation and the later ones (what a listing covers: read from
+        ``_topic.json`` again, at most every ``RECHECK`` seconds, so a later incarnation
+        is found without segment events too).
+        """
+        chain = self.lineage.read()
+        r = chain.rank(self.label)
+        later = [] if r is None else list(chain.labels[r + 1:])
+        return self.label, later
