@@ -10,7 +10,9 @@
    cannot hold the same records (``planner.verify_plan``);
 3. runs the merge tasks on the executor (Spark, or in-process with ``spark_master =
    "inline"``); each publishes its output before it reports success;
-4. deletes the inputs of each successful task, then leftovers covered by higher levels;
+4. deletes the inputs of each successful task, then leftovers covered by higher levels
+   (with ``[catalog]`` on, once the topic's Iceberg table lists the outputs instead: one
+   snapshot per topic, ``replicator.archive.committer``);
 5. releases the lock and records metrics.
 
 A run that dies anywhere leaves every input whose output is not published, and the next
@@ -26,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from compaction.executors import Executor, ExecutorFactory, default_executor
 from compaction.lock import RegionLock, lock_key
@@ -56,6 +59,9 @@ from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import CompactionSettings, CompactionTopicSettings, Settings
 from replicator.core.storage import ObjectStore
 
+if TYPE_CHECKING:
+    from replicator.archive.committer import ArchiveCommitter, SyncResult
+
 log = logging.getLogger(__name__)
 
 
@@ -74,6 +80,8 @@ class Compaction:
         scope: narrows every scheduled run (CLI options).
         serve_metrics: serve /metrics, /healthz, /readyz while running (if the port is
             not 0).
+        archive: keeps the topics' Iceberg tables in step with deletes (default: one at
+            ``start`` when ``[catalog]`` is enabled).
 
     Raises:
         ConfigError: the settings have no ``[compaction]`` section.
@@ -83,7 +91,8 @@ class Compaction:
                  metrics: Metrics | None = None, clock: Clock = utc_now,
                  wait: Callable[[float], bool] | None = None,
                  executor_factory: ExecutorFactory = default_executor,
-                 scope: RunScope | None = None, serve_metrics: bool = True) -> None:
+                 scope: RunScope | None = None, serve_metrics: bool = True,
+                 archive: ArchiveCommitter | None = None) -> None:
         self.settings = settings
         self.cfg: CompactionSettings = settings.require("compaction")
         self.schedule: CronSchedule = parse_cron(self.cfg.schedule)
@@ -96,6 +105,7 @@ class Compaction:
         self.executor_factory = executor_factory
         self.scope = scope or RunScope()
         self.serve_metrics = serve_metrics
+        self.archive = archive
         self._server: MetricsServer | None = None
         self._executor: Executor | None = None
         self._started = False
@@ -119,6 +129,10 @@ class Compaction:
             self.store = S3ObjectStore.from_settings(self.settings)
         next(iter(self.store.list(region_prefix(self.settings.s3.prefix,
                                                 self.settings.region))), None)
+        if self.archive is None and self.settings.catalog.enabled:
+            from replicator.archive.committer import ArchiveCommitter
+
+            self.archive = ArchiveCommitter(self.settings, self.store)
         if self.serve_metrics and self.settings.metrics.port and self._server is None:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,
                                          self.settings.metrics.port,
@@ -409,6 +423,7 @@ class Compaction:
         """
         assert self.store is not None
         region = self.settings.region
+        ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]] = []
         for p in plans:
             t_cfg = topics[p.partition.topic]
             if not t_cfg.delete:
@@ -423,17 +438,56 @@ class Compaction:
             for k in p.covered_to_delete:
                 by_cover.setdefault(p.covering[k], []).append(k.to_key())
             batches.extend(("covered", cover, keys) for cover, keys in by_cover.items())
-            for reason, output, keys in batches:
-                if not self._replicated(output, len(keys), report):
-                    continue
-                if lock is not None and not lock.confirm():
-                    raise _LockLost(f"region lock {lock.key} lost before deleting "
-                                    f"{len(keys)} segments of {p.partition}; they stay")
-                self.store.delete_many(keys)
-                report.deleted.extend(keys)
-                self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
-                log.info("%s[%d]: deleted %d %s segments", p.partition.topic,
-                         p.partition.partition, len(keys), reason)
+            ready.extend((p, reason, output, keys) for reason, output, keys in batches
+                         if self._replicated(output, len(keys), report))
+        swapped = self._swap_tables(ready, report)
+        for p, reason, output, keys in ready:
+            if p.partition.topic not in swapped:
+                continue
+            if lock is not None and not lock.confirm():
+                raise _LockLost(f"region lock {lock.key} lost before deleting "
+                                f"{len(keys)} segments of {p.partition}; they stay")
+            self.store.delete_many(keys)
+            report.deleted.extend(keys)
+            self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
+            log.info("%s[%d]: deleted %d %s segments (into %s)", p.partition.topic,
+                     p.partition.partition, len(keys), reason, output)
+        self._expire_tables(swapped)
+
+    def _swap_tables(self, ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]],
+                     report: RunReport) -> dict[str, SyncResult | None]:
+        """With ``[catalog]`` on, one snapshot per topic lists the outputs instead of what is
+        about to be deleted (``replicator.archive.committer``); the topics whose deletes may
+        go ahead, with their swap. A topic whose table could not be swapped keeps its inputs.
+        """
+        topics = sorted({p.partition.topic for p, _, _, _ in ready})
+        if self.archive is None:
+            return dict.fromkeys(topics)
+        out: dict[str, SyncResult | None] = {}
+        for topic in topics:
+            keys = [SegmentKey.parse(k) for p, _, _, ks in ready
+                    if p.partition.topic == topic for k in ks]
+            try:
+                out[topic] = self.archive.swap(self.settings.region, topic, keys)
+            except ReplicatorError as e:
+                log.error("%s: its Iceberg table could not list the compaction outputs "
+                          "instead of their %d inputs (%s); the inputs stay until a run "
+                          "swaps them", topic, len(keys), e)
+                report.errors.append(f"{topic}: table swap failed: {e}")
+        return out
+
+    def _expire_tables(self, swapped: dict[str, SyncResult | None]) -> None:
+        """Snapshots older than a swap list deleted inputs: expired (``[catalog]`` on)."""
+        if self.archive is None:
+            return
+        for topic, swap in swapped.items():
+            if swap is None:
+                continue
+            try:
+                self.archive.after_delete(self.settings.region, topic, swap)
+            except ReplicatorError as e:
+                log.warning("%s: snapshots older than the compaction swap not expired (%s); "
+                            "the next commit that removes files expires them", topic, e)
 
     def _replicated(self, output: SegmentKey, inputs: int, report: RunReport) -> bool:
         assert self.store is not None
