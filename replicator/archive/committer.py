@@ -111,8 +111,7 @@ class ArchiveCommitter:
                 out.extend((region, t) for t in self.cfg.topics)
                 continue
             base = region_prefix(prefix, region)
-            for folder in self.store.list_folders(base):
-                name = folder[len(base):].rstrip("/")
+            for name in self.store.list_folders(base):
                 if name and not name.startswith("_"):
                     out.append((region, name))
         return sorted(out)
