@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from compaction.executors import Executor, ExecutorFactory, default_executor
 from compaction.lock import RegionLock, lock_key
@@ -59,10 +59,24 @@ from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import CompactionSettings, CompactionTopicSettings, Settings
 from replicator.core.storage import ObjectStore
 
-if TYPE_CHECKING:
-    from replicator.archive.committer import ArchiveCommitter, SyncResult
-
 log = logging.getLogger(__name__)
+
+
+class ArchiveHook(Protocol):
+    """Keeps the topics' Iceberg tables in step with compaction's deletes
+    (``replicator.archive.committer.ArchiveCommitter``; README, "The archive as tables").
+    """
+
+    def swap(self, region: str, topic: str, deleting: list[SegmentKey]) -> Any:
+        """One snapshot lists what covers ``deleting`` instead of it; raises
+        ``ReplicatorError`` if it did not commit (then nothing may be deleted).
+        """
+
+    def after_delete(self, region: str, topic: str, swap: Any) -> int:
+        """Expire the snapshots older than ``swap`` (they list deleted objects)."""
+
+
+ArchiveFactory = Callable[[Settings, ObjectStore, Metrics], ArchiveHook]
 
 
 class Compaction:
@@ -80,8 +94,9 @@ class Compaction:
         scope: narrows every scheduled run (CLI options).
         serve_metrics: serve /metrics, /healthz, /readyz while running (if the port is
             not 0).
-        archive: keeps the topics' Iceberg tables in step with deletes (default: one at
-            ``start`` when ``[catalog]`` is enabled).
+        archive_factory: builds, at ``start``, what keeps the topics' Iceberg tables in
+            step with deletes; required when ``[catalog]`` is enabled (the entry points
+            pass ``replicator.cli.archive.archive_factory``).
 
     Raises:
         ConfigError: the settings have no ``[compaction]`` section.
@@ -92,7 +107,7 @@ class Compaction:
                  wait: Callable[[float], bool] | None = None,
                  executor_factory: ExecutorFactory = default_executor,
                  scope: RunScope | None = None, serve_metrics: bool = True,
-                 archive: ArchiveCommitter | None = None) -> None:
+                 archive_factory: ArchiveFactory | None = None) -> None:
         self.settings = settings
         self.cfg: CompactionSettings = settings.require("compaction")
         self.schedule: CronSchedule = parse_cron(self.cfg.schedule)
@@ -105,7 +120,8 @@ class Compaction:
         self.executor_factory = executor_factory
         self.scope = scope or RunScope()
         self.serve_metrics = serve_metrics
-        self.archive = archive
+        self.archive_factory = archive_factory
+        self.archive: ArchiveHook | None = None
         self._server: MetricsServer | None = None
         self._executor: Executor | None = None
         self._started = False
@@ -129,10 +145,7 @@ class Compaction:
             self.store = S3ObjectStore.from_settings(self.settings)
         next(iter(self.store.list(region_prefix(self.settings.s3.prefix,
                                                 self.settings.region))), None)
-        if self.archive is None and self.settings.catalog.enabled:
-            from replicator.archive.committer import ArchiveCommitter
-
-            self.archive = ArchiveCommitter(self.settings, self.store)
+        self._archive_hook()
         if self.serve_metrics and self.settings.metrics.port and self._server is None:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,
                                          self.settings.metrics.port,
@@ -144,6 +157,21 @@ class Compaction:
                  self.settings.region, self.schedule.expression,
                  "seconds-first" if self.schedule.seconds_first else "standard crontab",
                  ", ".join(sorted(self.cfg.topics)), self.cfg.spark_master)
+
+    def _archive_hook(self) -> ArchiveHook | None:
+        """The archive hook (built on first use) when ``[catalog]`` is enabled.
+
+        Raises:
+            ConfigError: enabled, but this controller has no ``archive_factory``.
+        """
+        if self.archive is None and self.settings.catalog.enabled:
+            if self.archive_factory is None:
+                # Deleting inputs a table lists would leave it pointing at missing objects.
+                raise ConfigError("catalog.enabled", "this compaction was built without the "
+                                  "archive tables' hook; run it with replicator-compaction")
+            assert self.store is not None
+            self.archive = self.archive_factory(self.settings, self.store, self.metrics)
+        return self.archive
 
     def run(self) -> None:
         """Run on the schedule until ``stop()``; a failed run waits for the next slot."""
@@ -455,20 +483,21 @@ class Compaction:
         self._expire_tables(swapped)
 
     def _swap_tables(self, ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]],
-                     report: RunReport) -> dict[str, SyncResult | None]:
+                     report: RunReport) -> dict[str, Any]:
         """With ``[catalog]`` on, one snapshot per topic lists the outputs instead of what is
         about to be deleted (``replicator.archive.committer``); the topics whose deletes may
         go ahead, with their swap. A topic whose table could not be swapped keeps its inputs.
         """
         topics = sorted({p.partition.topic for p, _, _, _ in ready})
-        if self.archive is None:
+        archive = self._archive_hook()
+        if archive is None or not ready:
             return dict.fromkeys(topics)
-        out: dict[str, SyncResult | None] = {}
+        out: dict[str, Any] = {}
         for topic in topics:
             keys = [SegmentKey.parse(k) for p, _, _, ks in ready
                     if p.partition.topic == topic for k in ks]
             try:
-                out[topic] = self.archive.swap(self.settings.region, topic, keys)
+                out[topic] = archive.swap(self.settings.region, topic, keys)
             except ReplicatorError as e:
                 log.error("%s: its Iceberg table could not list the compaction outputs "
                           "instead of their %d inputs (%s); the inputs stay until a run "
@@ -476,7 +505,7 @@ class Compaction:
                 report.errors.append(f"{topic}: table swap failed: {e}")
         return out
 
-    def _expire_tables(self, swapped: dict[str, SyncResult | None]) -> None:
+    def _expire_tables(self, swapped: dict[str, Any]) -> None:
         """Snapshots older than a swap list deleted inputs: expired (``[catalog]`` on)."""
         if self.archive is None:
             return

@@ -21,10 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from replicator.archive.footers import read_parquet_footer
-from replicator.archive.naming import TableIdentity, read_incarnation, table_identifier
-from replicator.archive.plan import TablePlan, plan_table
-from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentCorrupt
-from replicator.core.iceberg import (
+from replicator.archive.iceberg import (
     INCARNATION_PROPERTY,
     CatalogError,
     CommitConflict,
@@ -32,7 +29,13 @@ from replicator.core.iceberg import (
     IcebergTable,
     NewFile,
 )
+from replicator.archive.metrics import ArchiveMetrics
+from replicator.archive.naming import TableIdentity, read_incarnation, table_identifier
+from replicator.archive.plan import TablePlan, plan_table
+from replicator.core.clock import Clock, utc_now
+from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentCorrupt
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
+from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
@@ -71,11 +74,17 @@ class ArchiveCommitter:
         settings: settings with ``[catalog]`` (``enabled`` is not checked here).
         store: the bucket.
         catalog: the Iceberg catalog (default: ``IcebergCatalog(settings)``).
+        metrics: metric registry (default: a new one).
+        clock: the time ``archive_last_sync_timestamp_seconds`` records.
     """
 
     def __init__(self, settings: Settings, store: ObjectStore,
-                 catalog: IcebergCatalog | None = None) -> None:
+                 catalog: IcebergCatalog | None = None, metrics: Metrics | None = None,
+                 clock: Clock = utc_now) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.m = ArchiveMetrics(self.metrics)
+        self.clock = clock
         self.cfg = settings.catalog
         self.store = store
         self.catalog = catalog or IcebergCatalog(settings)
@@ -154,11 +163,13 @@ class ArchiveCommitter:
                 continue
             except SegmentCorrupt as e:
                 log.error("%s: not added to the table: %s", k, e)
+                self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
                 result.unreadable.append(k.to_key())
                 skipped.add(k)
                 continue
             if footer is None:
                 if k not in self._not_parquet:
+                    self.m.not_in_table.labels(k.region, k.topic, "not-parquet").inc()
                     log.warning("%s is not a Parquet segment: its records are not in the "
                                 "table (only Parquet segments can be Iceberg data files)", k)
                 self._not_parquet.add(k)
@@ -207,6 +218,7 @@ class ArchiveCommitter:
                 snapshot = self._commit(table, plan, new, deleting)
             except CommitConflict as e:
                 result.conflicts += 1
+                self.m.conflicts.labels(region, topic).inc()
                 log.info("%s: another writer committed first (%s); planning again",
                          table.name, e)
                 table.refresh()
@@ -218,6 +230,7 @@ class ArchiveCommitter:
             result.removed_covered += len(plan.remove_covered)
             result.removed_gone += len(plan.remove_gone)
             result.snapshot_id = snapshot
+            self._count(region, topic, plan, deleting, snapshot)
             if plan.remove_gone:
                 log.warning("%s: %d files left the bucket without compaction (a lifecycle "
                             "rule, retention or an operator); removed from the table: %s",
@@ -232,6 +245,16 @@ class ArchiveCommitter:
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
+
+    def _count(self, region: str, topic: str, plan: TablePlan,
+               deleting: frozenset[SegmentKey], snapshot: int | None) -> None:
+        if snapshot is not None:
+            reason = "compaction" if deleting else "sync"
+            self.m.commits.labels(region, topic, reason).inc()
+            self.m.files_added.labels(region, topic).inc(len(plan.add))
+            self.m.files_removed.labels(region, topic, "covered").inc(len(plan.remove_covered))
+            self.m.files_removed.labels(region, topic, "gone").inc(len(plan.remove_gone))
+        self.m.last_sync.labels(region, topic).set(self.clock().timestamp())
 
     def _commit(self, table: IcebergTable, plan: TablePlan, new: list[NewFile],
                 deleting: frozenset[SegmentKey]) -> int | None:
@@ -291,6 +314,7 @@ class ArchiveCommitter:
             try:
                 out.append(self.sync(region, topic))
             except ReplicatorError as e:
+                self.m.failures.labels(region, topic).inc()
                 log.error("%s/%s: table not updated this time: %s", region, topic, e)
         return out
 

@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from replicator.archive.committer import ArchiveCommitter
-from replicator.core.duckdb_sql import QueryResult, parse_sql, run_sql
-from replicator.core.iceberg import Bound, IcebergTable
+from replicator.archive.duckdb_sql import QueryResult, parse_sql, run_sql
+from replicator.archive.iceberg import Bound, IcebergTable
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,27 @@ from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.settings import Settings
 
 if TYPE_CHECKING:
+    from compaction.controller import ArchiveHook
     from replicator.archive.committer import ArchiveCommitter, SyncResult
+    from replicator.core.metrics import Metrics
+    from replicator.core.storage import ObjectStore
 
 output_option = click.option("--output", type=click.Choice(["table", "json"]), default="table",
                              show_default=True)
+
+
+def archive_factory(settings: Settings, store: ObjectStore, metrics: Metrics) -> ArchiveHook:
+    """Compaction's hook into the archive tables (``[catalog]`` enabled).
+
+    Raises:
+        ConfigError: the ``archive`` extra is not installed.
+    """
+    try:
+        from replicator.archive.committer import ArchiveCommitter
+    except ImportError as e:
+        raise ConfigError("catalog.enabled", f"needs the 'archive' extra (pip install "
+                          f"'kafka-s3-replicator[archive]'): {e}") from e
+    return ArchiveCommitter(settings, store, metrics=metrics)
 
 
 def _committer(config: Path) -> tuple[Settings, ArchiveCommitter]:
@@ -207,7 +224,7 @@ def follow(config: Path) -> None:
     """
     settings, committer = _committer(config)
     setup_logging(settings.log.level, settings.log.format)
-    from replicator.archive.follow import ArchiveFollower
+    from replicator.cli.archive_follow import ArchiveFollower
 
     follower = ArchiveFollower(settings, store=committer.store, committer=committer)
 

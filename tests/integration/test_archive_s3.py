@@ -103,7 +103,8 @@ def test_a_table_holds_every_record_once_through_compaction_and_deletes(
         real_delete(keys)
 
     store.delete_many = delete_many  # type: ignore[method-assign]
-    report = Compaction(settings, store=store, clock=clock, archive=committer).run_once()
+    report = Compaction(settings, store=store, clock=clock,
+                        archive_factory=lambda *_: committer).run_once()
     store.delete_many = real_delete  # type: ignore[method-assign]
     assert report.outcome == "success" and len(report.deleted) == 3, report
     assert during and all(d == expected(source) for d in during)

@@ -13,7 +13,7 @@ import pytest
 
 from compaction.controller import Compaction
 from replicator.archive.committer import ArchiveCommitter
-from replicator.core.iceberg import IcebergTable
+from replicator.archive.iceberg import IcebergTable
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import Settings
 from replicator.core.storage import MemoryObjectStore
@@ -51,7 +51,7 @@ def test_sync_adds_each_segment_once_with_its_partition_and_record_count(
     assert listed(table) == [k(0, 0, 9), k(0, 10, 19), k(0, 0, 4, partition=1)]
     assert sum(f.records for f in table.files().values()) == 25
     # The manifests prune by partition and by offset bounds.
-    from replicator.core.iceberg import Bound
+    from replicator.archive.iceberg import Bound
     assert table.planned_files([Bound("partition", "=", 1)]) == [
         f"s3://b/{k(0, 0, 4, partition=1)}"]
     assert table.planned_files([Bound("offset", ">=", 10), Bound("partition", "=", 0)]) == [
@@ -78,7 +78,7 @@ def test_a_compaction_run_swaps_its_outputs_in_before_deleting_and_expires_older
 
     store.delete_many = delete_many  # type: ignore[method-assign]
     report = Compaction(settings.model_copy(), store=store, clock=clock,
-                        archive=committer).run_once()
+                        archive_factory=lambda *_: committer).run_once()
     assert report.outcome == "success", report
     out = k(1, 0, 29)
     assert seen and all(s == [out] for s in seen)
@@ -134,3 +134,26 @@ def test_segments_that_are_not_parquet_stay_out_and_hide_nothing(
     write_segment(store, k(0, 10, 19), make_records(10, 19), "arrow")
     r = committer.sync("r1", "t")
     assert r.added == 1 and r.not_parquet == [k(0, 10, 19).to_key()]
+
+
+def test_one_follower_per_region_commits_and_a_new_segment_is_in_the_next_step(
+        setup: tuple[MemoryObjectStore, ArchiveCommitter]) -> None:
+    from replicator.cli.archive_follow import ArchiveFollower
+
+    store, committer = setup
+    settings = committer.settings.model_copy(update={"metrics": committer.settings.metrics
+                                                     .model_copy(update={"port": 0})})
+    first = ArchiveFollower(settings, store=store, committer=committer)
+    second = ArchiveFollower(settings, store=store,
+                             committer=ArchiveCommitter(settings, store))
+    seed(store, [(0, 9)])
+    assert [r.added for r in first.step()] == [1]
+    assert second.step() == []           # the lease is held: it waits
+    seed(store, [(10, 19)])
+    assert [r.added for r in first.step()] == [1]
+    first.close()                        # the lease is released: the other takes over
+    seed(store, [(20, 29)])
+    assert [r.added for r in second.step()] == [1]
+    second.close()
+    assert committer.metrics.value("replicator_archive_files_added_total",
+                                   {"region": "r1", "topic": "t"}) == 2

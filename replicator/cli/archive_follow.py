@@ -19,6 +19,7 @@ from replicator.archive.committer import ArchiveCommitter, SyncResult
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ReplicatorError
 from replicator.core.keys import region_prefix
+from replicator.core.metrics import MetricsServer
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
@@ -53,6 +54,7 @@ class ArchiveFollower:
         self._lock: RegionLock | None = None
         self.steps = 0
         self.last: list[SyncResult] = []
+        self._server: MetricsServer | None = None
 
     def start(self) -> None:
         """Connect to the bucket and the catalog. Fails fast.
@@ -66,6 +68,11 @@ class ArchiveFollower:
             self.store = S3ObjectStore.from_settings(self.settings)
         if self.committer is None:
             self.committer = ArchiveCommitter(self.settings, self.store)
+        if self.settings.metrics.port and self._server is None:
+            self._server = MetricsServer(self.committer.metrics, self.settings.metrics.host,
+                                         self.settings.metrics.port, healthy=lambda: True,
+                                         ready=lambda: self.steps > 0)
+            self._server.start()
         self._lock = RegionLock(self.store, archive_lock_key(self.settings.s3.prefix,
                                                              self.settings.region),
                                 self.cfg.lock_ttl, self.clock)
@@ -108,6 +115,9 @@ class ArchiveFollower:
         self._stop.set()
 
     def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
         lock, self._lock = self._lock, None
         if lock is not None and lock.held:
             try:
