@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from datetime import timedelta
 from dataclasses import dataclass, field
 
 from replicator.archive.footers import read_parquet_footer
@@ -43,6 +44,10 @@ log = logging.getLogger(__name__)
 
 KEEP_SNAPSHOTS = 100
 """Snapshots a table keeps at most (time travel within them; older ones are expired)."""
+
+ORPHAN_GRACE = timedelta(minutes=30)
+"""Metadata files no snapshot refers to are deleted once this old: younger ones may belong
+to a commit in flight."""
 
 MAX_ATTEMPTS = 8
 """Plans of one step before it gives up (each conflict means another writer progressed)."""
@@ -270,14 +275,43 @@ class ArchiveCommitter:
         return snapshot
 
     def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the snapshots older than ``snapshot`` (they may list deleted files)."""
+        """Expire the snapshots older than ``snapshot`` (they may list deleted files), then
+        delete the metadata files no kept snapshot refers to (``clean_metadata``).
+        """
         try:
-            return table.expire_before(snapshot)
+            n = table.expire_before(snapshot)
         except CommitConflict as e:
             # A newer commit exists; it expires what is older than itself when it removes
             # files, and older snapshots listing deleted files are expired by the next one.
             log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
             return 0
+        if n:
+            try:
+                self.clean_metadata(table)
+            except ReplicatorError as e:
+                log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
+                            "next expiry tries again", table.name, e)
+        return n
+
+    def clean_metadata(self, table: IcebergTable) -> int:
+        """Delete the files under the table's ``metadata/`` that its state does not refer
+        to and that are older than ``ORPHAN_GRACE`` (manifests of expired snapshots, files
+        of commits that failed); only when the table lives in this bucket. Their count.
+        """
+        head = f"s3://{self._bucket}/"
+        location = table.location + "/metadata/"
+        if not location.startswith(head):
+            return 0
+        table.refresh()
+        used = table.metadata_in_use()
+        cutoff = self.clock() - ORPHAN_GRACE
+        stale = [o.key for o in self.store.list(location[len(head):])
+                 if head + o.key not in used and o.last_modified < cutoff]
+        if stale:
+            self.store.delete_many(stale)
+            log.info("%s: deleted %d metadata files no snapshot refers to", table.name,
+                     len(stale))
+        return len(stale)
 
     def _expire_beyond(self, table: IcebergTable) -> int:
         """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add

@@ -276,6 +276,25 @@ class IcebergTable:
     def metadata_location(self) -> str:
         return self._table.metadata_location
 
+    @property
+    def location(self) -> str:
+        """The table's base location (its metadata is under ``{location}/metadata/``)."""
+        return self._table.location().rstrip("/")
+
+    def metadata_in_use(self) -> set[str]:
+        """Every metadata file the table's current state refers to: the metadata files
+        it logs, and each kept snapshot's manifest list and manifests.
+        """
+        meta = self._table.metadata
+        used = {self._table.metadata_location, *(e.metadata_file for e in meta.metadata_log)}
+        try:
+            for snap in meta.snapshots:
+                used.add(snap.manifest_list)
+                used.update(m.manifest_path for m in snap.manifests(self._table.io))
+        except Exception as e:
+            raise _wrap(f"reading the manifest lists of {self.name}", e) from e
+        return used
+
     def refresh(self) -> None:
         """Load the catalog's current state of the table."""
         try:

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from compaction.controller import Compaction
 from formats.records import Record
-from replicator.archive.committer import ArchiveCommitter
+from replicator.archive.committer import ORPHAN_GRACE, ArchiveCommitter
 from replicator.archive.query import run_query
 from replicator.cli.main import main
 from replicator.core.keys import SegmentKey
@@ -118,6 +118,15 @@ def test_a_table_holds_every_record_once_through_compaction_and_deletes(
     # A segment deleted by a lifecycle rule leaves the table at the next step.
     store.delete(f"data/r1/t/1/0/{0:020d}-{49:020d}")
     assert committer.sync(REGION, "t").removed_gone == 1
+    assert rows(committer) == expected({0: source[0]})
+
+    # Metadata files of expired snapshots are deleted once older than the grace: what
+    # stays is exactly what the table refers to, and it still reads.
+    later = ArchiveCommitter(settings, store, clock=lambda: clock() + ORPHAN_GRACE)
+    table.refresh()
+    assert later.clean_metadata(table) > 0
+    left = {f"s3://{store.bucket}/{o.key}" for o in store.list("iceberg/lake/t/metadata/")}
+    assert left == table.metadata_in_use()
     assert rows(committer) == expected({0: source[0]})
 
 
