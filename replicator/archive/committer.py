@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import timedelta
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
