@@ -104,7 +104,7 @@ _TABLE_PROPERTIES = {
     "write.metadata.metrics.column.timestamp_type": "full",
     # Old metadata.json files are removed as new ones are written.
     "write.metadata.delete-after-commit.enabled": "true",
-    "write.metadata.previous-versions-max": "20",
+    "write.metadata.previous-versions-max": "10",
 }
 
 
