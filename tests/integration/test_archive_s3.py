@@ -7,6 +7,10 @@ query during the compaction sees every record once.
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +158,43 @@ def test_the_cli_lists_tables_and_answers_sql(
     assert result.output.splitlines()[2].split() == ["1", "5"]
     result = runner.invoke(main, ["archive", "sql", "--config", str(config), "SELEC x"])
     assert result.exit_code == 1 and "syntax error" in result.output
+
+
+def test_follow_commits_new_segments_each_interval_and_stops_on_sigterm(
+        moto_endpoint: str, bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    from replicator.devstack.toml_writer import to_toml
+
+    store = S3ObjectStore(s3_client, bucket)
+    data = settings_for(moto_endpoint, bucket, tmp_path)
+    data["catalog"]["commit_interval"] = "1s"
+    config = tmp_path / "config.toml"
+    config.write_text(to_toml(data))
+    committer = ArchiveCommitter(load_settings(data=data, environ={}), store)
+    seg(store, 0, 0, 9)
+    exe = Path(sys.executable).parent / "replicator"
+    proc = subprocess.Popen([str(exe), "archive", "follow", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        def files() -> int:
+            table = committer.table(REGION, "t", create=False)
+            return 0 if table is None else len(table.files())
+
+        for want in (1, 2):
+            deadline = time.monotonic() + 60   # a bound for a loaded machine, not a measure
+            while files() < want:
+                assert proc.poll() is None, proc.communicate()[1]
+                if time.monotonic() > deadline:
+                    pytest.fail(f"segment {want} not in the table after 60 s")
+                time.sleep(0.2)
+            if want == 1:
+                seg(store, 0, 10, 19)   # lands while the follower runs
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "archive lease" in err and "taken" in err
+        assert next(iter(store.list(f"data/{REGION}/_archive.lock")), None) is None  # released
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
