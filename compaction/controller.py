@@ -10,7 +10,9 @@
    cannot hold the same records (``planner.verify_plan``);
 3. runs the merge tasks on the executor (Spark, or in-process with ``spark_master =
    "inline"``); each publishes its output before it reports success;
-4. deletes the inputs of each successful task, then leftovers covered by higher levels;
+4. deletes the inputs of each successful task, then leftovers covered by higher levels
+   (with ``[catalog]`` on, once the topic's Iceberg table lists the outputs instead: one
+   snapshot per topic, ``replicator.archive.committer``);
 5. releases the lock and records metrics.
 
 A run that dies anywhere leaves every input whose output is not published, and the next
@@ -26,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from typing import Any, Protocol
 
 from compaction.executors import Executor, ExecutorFactory, default_executor
 from compaction.lock import RegionLock, lock_key
@@ -59,6 +62,23 @@ from replicator.core.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 
+class ArchiveHook(Protocol):
+    """Keeps the topics' Iceberg tables in step with compaction's deletes
+    (``replicator.archive.committer.ArchiveCommitter``; README, "The archive as tables").
+    """
+
+    def swap(self, region: str, topic: str, deleting: list[SegmentKey]) -> Any:
+        """One snapshot lists what covers ``deleting`` instead of it; raises
+        ``ReplicatorError`` if it did not commit (then nothing may be deleted).
+        """
+
+    def after_delete(self, region: str, topic: str, swap: Any) -> int:
+        """Expire the snapshots older than ``swap`` (they list deleted objects)."""
+
+
+ArchiveFactory = Callable[[Settings, ObjectStore, Metrics], ArchiveHook]
+
+
 class Compaction:
     """Compaction of one region's segments, on a cron schedule or once.
 
@@ -74,6 +94,9 @@ class Compaction:
         scope: narrows every scheduled run (CLI options).
         serve_metrics: serve /metrics, /healthz, /readyz while running (if the port is
             not 0).
+        archive_factory: builds, at ``start``, what keeps the topics' Iceberg tables in
+            step with deletes; required when ``[catalog]`` is enabled (the entry points
+            pass ``replicator.cli.archive.archive_factory``).
 
     Raises:
         ConfigError: the settings have no ``[compaction]`` section.
@@ -83,7 +106,8 @@ class Compaction:
                  metrics: Metrics | None = None, clock: Clock = utc_now,
                  wait: Callable[[float], bool] | None = None,
                  executor_factory: ExecutorFactory = default_executor,
-                 scope: RunScope | None = None, serve_metrics: bool = True) -> None:
+                 scope: RunScope | None = None, serve_metrics: bool = True,
+                 archive_factory: ArchiveFactory | None = None) -> None:
         self.settings = settings
         self.cfg: CompactionSettings = settings.require("compaction")
         self.schedule: CronSchedule = parse_cron(self.cfg.schedule)
@@ -96,6 +120,8 @@ class Compaction:
         self.executor_factory = executor_factory
         self.scope = scope or RunScope()
         self.serve_metrics = serve_metrics
+        self.archive_factory = archive_factory
+        self.archive: ArchiveHook | None = None
         self._server: MetricsServer | None = None
         self._executor: Executor | None = None
         self._started = False
@@ -119,6 +145,7 @@ class Compaction:
             self.store = S3ObjectStore.from_settings(self.settings)
         next(iter(self.store.list(region_prefix(self.settings.s3.prefix,
                                                 self.settings.region))), None)
+        self._archive_hook()
         if self.serve_metrics and self.settings.metrics.port and self._server is None:
             self._server = MetricsServer(self.metrics, self.settings.metrics.host,
                                          self.settings.metrics.port,
@@ -130,6 +157,21 @@ class Compaction:
                  self.settings.region, self.schedule.expression,
                  "seconds-first" if self.schedule.seconds_first else "standard crontab",
                  ", ".join(sorted(self.cfg.topics)), self.cfg.spark_master)
+
+    def _archive_hook(self) -> ArchiveHook | None:
+        """The archive hook (built on first use) when ``[catalog]`` is enabled.
+
+        Raises:
+            ConfigError: enabled, but this controller has no ``archive_factory``.
+        """
+        if self.archive is None and self.settings.catalog.enabled:
+            if self.archive_factory is None:
+                # Deleting inputs a table lists would leave it pointing at missing objects.
+                raise ConfigError("catalog.enabled", "this compaction was built without the "
+                                  "archive tables' hook; run it with replicator-compaction")
+            assert self.store is not None
+            self.archive = self.archive_factory(self.settings, self.store, self.metrics)
+        return self.archive
 
     def run(self) -> None:
         """Run on the schedule until ``stop()``; a failed run waits for the next slot."""
@@ -409,6 +451,7 @@ class Compaction:
         """
         assert self.store is not None
         region = self.settings.region
+        ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]] = []
         for p in plans:
             t_cfg = topics[p.partition.topic]
             if not t_cfg.delete:
@@ -423,17 +466,57 @@ class Compaction:
             for k in p.covered_to_delete:
                 by_cover.setdefault(p.covering[k], []).append(k.to_key())
             batches.extend(("covered", cover, keys) for cover, keys in by_cover.items())
-            for reason, output, keys in batches:
-                if not self._replicated(output, len(keys), report):
-                    continue
-                if lock is not None and not lock.confirm():
-                    raise _LockLost(f"region lock {lock.key} lost before deleting "
-                                    f"{len(keys)} segments of {p.partition}; they stay")
-                self.store.delete_many(keys)
-                report.deleted.extend(keys)
-                self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
-                log.info("%s[%d]: deleted %d %s segments", p.partition.topic,
-                         p.partition.partition, len(keys), reason)
+            ready.extend((p, reason, output, keys) for reason, output, keys in batches
+                         if self._replicated(output, len(keys), report))
+        swapped = self._swap_tables(ready, report)
+        for p, reason, output, keys in ready:
+            if p.partition.topic not in swapped:
+                continue
+            if lock is not None and not lock.confirm():
+                raise _LockLost(f"region lock {lock.key} lost before deleting "
+                                f"{len(keys)} segments of {p.partition}; they stay")
+            self.store.delete_many(keys)
+            report.deleted.extend(keys)
+            self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
+            log.info("%s[%d]: deleted %d %s segments (into %s)", p.partition.topic,
+                     p.partition.partition, len(keys), reason, output)
+        self._expire_tables(swapped)
+
+    def _swap_tables(self, ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]],
+                     report: RunReport) -> dict[str, Any]:
+        """With ``[catalog]`` on, one snapshot per topic lists the outputs instead of what is
+        about to be deleted (``replicator.archive.committer``); the topics whose deletes may
+        go ahead, with their swap. A topic whose table could not be swapped keeps its inputs.
+        """
+        topics = sorted({p.partition.topic for p, _, _, _ in ready})
+        archive = self._archive_hook()
+        if archive is None or not ready:
+            return dict.fromkeys(topics)
+        out: dict[str, Any] = {}
+        for topic in topics:
+            keys = [SegmentKey.parse(k) for p, _, _, ks in ready
+                    if p.partition.topic == topic for k in ks]
+            try:
+                out[topic] = archive.swap(self.settings.region, topic, keys)
+            except ReplicatorError as e:
+                log.error("%s: its Iceberg table could not list the compaction outputs "
+                          "instead of their %d inputs (%s); the inputs stay until a run "
+                          "swaps them", topic, len(keys), e)
+                report.errors.append(f"{topic}: table swap failed: {e}")
+        return out
+
+    def _expire_tables(self, swapped: dict[str, Any]) -> None:
+        """Snapshots older than a swap list deleted inputs: expired (``[catalog]`` on)."""
+        if self.archive is None:
+            return
+        for topic, swap in swapped.items():
+            if swap is None:
+                continue
+            try:
+                self.archive.after_delete(self.settings.region, topic, swap)
+            except ReplicatorError as e:
+                log.warning("%s: snapshots older than the compaction swap not expired (%s); "
+                            "the next commit that removes files expires them", topic, e)
 
     def _replicated(self, output: SegmentKey, inputs: int, report: RunReport) -> bool:
         assert self.store is not None

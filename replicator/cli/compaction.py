@@ -56,11 +56,12 @@ def main(config: Path, once: bool, topic: str | None, partition: int | None,
     """Merge small segments of this region into higher levels (see the README's "Compaction")."""
     from compaction.controller import Compaction
     from compaction.report import RunScope
+    from replicator.cli.archive import archive_factory
 
     scope = RunScope(topic, partition, min_level, max_level)
     if not (once or dry_run):
         def build(settings: Settings) -> Compaction:
-            c = Compaction(settings, scope=scope)
+            c = Compaction(settings, scope=scope, archive_factory=archive_factory)
             c.topic_settings(scope)   # bad --topic/levels: exit 2 before anything starts
             return c
 
@@ -70,7 +71,8 @@ def main(config: Path, once: bool, topic: str | None, partition: int | None,
     settings = load_or_exit(config, "compaction")
     setup_logging(settings.log.level, settings.log.format)
     try:
-        controller = Compaction(settings, scope=scope, serve_metrics=False)
+        controller = Compaction(settings, scope=scope, serve_metrics=False,
+                                archive_factory=archive_factory)
         controller.topic_settings(scope)
     except ConfigError as e:
         fail(str(e), EXIT_USAGE)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from replicator.cli.archive import archive
 from replicator.cli.checkpoints import checkpoints
 from replicator.cli.demo import demo
 from replicator.cli.doctor import doctor
@@ -36,3 +37,4 @@ main.add_command(restore)
 main.add_command(topics)
 main.add_command(groups)
 main.add_command(doctor)
+main.add_command(archive)

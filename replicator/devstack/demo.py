@@ -70,6 +70,12 @@ class Controller(Protocol):
     def close(self) -> None: ...
 
 
+def _archive_factory(settings: Settings, store: ObjectStore, metrics: Any) -> Any:
+    from replicator.archive.committer import ArchiveCommitter
+
+    return ArchiveCommitter(settings, store, metrics=metrics)
+
+
 class _Running:
     """A controller's ``run`` on a thread, with its error kept."""
 
@@ -193,7 +199,46 @@ class Demo:
                 "min_level": 0, "max_level": 0, "min_segment_age": "1s",
                 "min_segment_count": 2, "min_segment_size": 1, "max_segment_count": 1000,
                 "max_segment_size": "1GiB", "batch_size": 10_000, "delete": True}}
+            if self._archive_available():
+                # The archive as an Iceberg table (README, "The archive as tables").
+                raw["catalog"] = {
+                    "enabled": True, "namespace": "demo", "table_name": "{topic}",
+                    "topics": [topic],
+                    "properties": {"uri": f"sqlite:///{stack.dir.absolute()}/catalog.sqlite"}}
         return validate_settings(raw)
+
+    @staticmethod
+    def _archive_available() -> bool:
+        import importlib.util
+
+        return all(importlib.util.find_spec(m) is not None for m in ("pyiceberg", "duckdb"))
+
+    def _archive_query(self, stack: LocalStack, store: ObjectStore) -> None:
+        """One query over the source topic's Iceberg table: its records per partition,
+        which must add up to what was produced.
+        """
+        settings = self._settings(stack, "compaction")
+        if not settings.catalog.enabled:
+            self.say("(the archive table is skipped: the 'archive' extra is not installed)")
+            return
+        from replicator.archive.committer import ArchiveCommitter
+        from replicator.archive.query import run_query
+        committer = ArchiveCommitter(settings, store)
+        committer.sync(SOURCE_REGION, self.result.topic)
+        table = committer.table(SOURCE_REGION, self.result.topic, create=False)
+        assert table is not None
+        name = table.identifier[-1]
+        sql = (f'SELECT partition, count(*) AS records, min("offset") AS first, '
+               f'max("offset") AS last FROM {name} GROUP BY partition ORDER BY partition')
+        answer = run_query(committer, sql)
+        self.say(f"the archive as an Iceberg table ({table.name}, {len(table.files())} "
+                 f"files, the segments themselves): {sql}")
+        for row in [answer.result.columns, *answer.result.rows]:
+            self.say("  " + "  ".join(f"{v!s:>9}" for v in row))
+        total = sum(int(row[1]) for row in answer.result.rows)
+        if total != self.result.produced.records:
+            self.result.errors.append(f"the archive table holds {total} records, "
+                                      f"{self.result.produced.records} were produced")
 
     def _run_pipeline(self, stack: LocalStack) -> None:  # noqa: C901 - the demo's one loop
         r, o = self.result, self.o
@@ -263,6 +308,8 @@ class Demo:
         self.say("verifying the copy record by record …")
         r.verify = verify_topics(eg_settings.kafka, r.topic, in_settings.kafka,
                                  r.destination_topic)
+        if o.compaction:
+            self._archive_query(stack, src_store)
 
     def _produce(self, settings: Settings) -> None:
         o = self.o
@@ -325,8 +372,9 @@ class Demo:
         time.sleep(1.0)  # min_segment_age of the demo's compaction settings
         stage = r.stages["compaction"]
         stage.started = time.monotonic()
-        compaction = Compaction(self._settings(stack, "compaction"), store=store,
-                                serve_metrics=False)
+        settings = self._settings(stack, "compaction")
+        compaction = Compaction(settings, store=store, serve_metrics=False,
+                                archive_factory=_archive_factory)
         try:
             report = compaction.run_once()
         finally:

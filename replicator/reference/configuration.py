@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from replicator.core.settings import (
+    CatalogSettings,
     CompactionSettings,
     CompactionTopicSettings,
     EgressSelectSettings,
@@ -54,6 +55,8 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("[[ingress.sources]]", IngressSourceSettings, "One entry per replicated source topic."),
     ("[compaction]", CompactionSettings, "The compaction job (per region)."),
     ('[compaction.topics."NAME"]', CompactionTopicSettings, "Compaction thresholds per topic."),
+    ("[catalog]", CatalogSettings,
+     "The archive as Apache Iceberg tables (README, \"The archive as tables\")."),
 ]
 
 # Where a nested model is documented: the first section that shows its keys.

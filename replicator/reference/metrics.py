@@ -12,6 +12,7 @@ from compaction.metrics import CompactionMetrics
 from egress.metrics import EgressMetrics
 from ingress.checkpoints import KafkaCheckpointStore
 from ingress.metrics import IngressMetrics
+from replicator.archive.metrics import ArchiveMetrics
 from replicator.core.metrics import MetricDefinition, Metrics
 from replicator.core.reachability import dependency_gauge
 from replicator.core.settings import KafkaSettings
@@ -21,7 +22,7 @@ from replicator.ops.groups import GroupMetrics
 def definitions() -> dict[str, list[MetricDefinition]]:
     """Controller name -> the metrics it exports, in definition order."""
     out = {}
-    for name in ("egress", "ingress", "compaction", "groups sync"):
+    for name in ("egress", "ingress", "compaction", "groups sync", "archive"):
         m = Metrics()
         if name == "egress":
             EgressMetrics(m)
@@ -33,6 +34,8 @@ def definitions() -> dict[str, list[MetricDefinition]]:
             KafkaCheckpointStore(KafkaSettings(brokers="unused:9092"), "unused", m)
         elif name == "compaction":
             CompactionMetrics(m, "region")
+        elif name == "archive":
+            ArchiveMetrics(m)
         else:
             GroupMetrics(m)
         out[name] = list(m.definitions)

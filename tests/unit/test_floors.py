@@ -3,7 +3,8 @@
 docs/architecture.md, "Floors": ``replicator.core`` is the ground floor and imports nothing
 of ours above it; ``formats`` stands on the core; the services (``egress``, ``ingress``,
 ``compaction``) stand on the core and ``formats`` and never import each other; the operator
-tools (``replicator.ops``) depend on the core and ``formats`` only; the dev stack, the
+tools (``replicator.ops``) and the archive tables (``replicator.archive``) depend on the
+core and ``formats`` only; the dev stack, the
 reference generators, the CLI and the ``replicator`` facade are the top floor. The core
 holds only what services import.
 """
@@ -29,10 +30,11 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "ingress": (CORE, "formats", "ingress"),
     "compaction": (CORE, "formats", "compaction"),
     "replicator.ops": (CORE, "formats", "replicator.ops"),
+    "replicator.archive": (CORE, "formats", "replicator.archive"),
     "replicator.reference": (CORE, "formats", *SERVICES, "replicator.ops",
-                             "replicator.reference"),
+                             "replicator.archive", "replicator.reference"),
     "replicator.devstack": (CORE, "formats", *SERVICES, "replicator.ops",
-                            "replicator.devstack"),
+                            "replicator.archive", "replicator.devstack"),
     "replicator.cli": PACKAGES,
     "replicator": (CORE, *SERVICES),  # the facade (replicator/__init__.py)
 }

@@ -14,6 +14,7 @@ format, metrics, log), ``services`` (egress, ingress, compaction), ``root`` (``S
 
 from __future__ import annotations
 
+from replicator.core.settings.catalog import CatalogSettings
 from replicator.core.settings.fields import (
     STORAGE_CLASSES,
     Duration,
@@ -50,6 +51,7 @@ from replicator.core.settings.services import (
 __all__ = [
     "ENV_PREFIX",
     "STORAGE_CLASSES",
+    "CatalogSettings",
     "CompactionSettings",
     "CompactionTopicSettings",
     "Duration",

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from replicator.core.errors import ConfigError, KeyFormatError
 from replicator.core.keys import check_region
+from replicator.core.settings.catalog import CatalogSettings
 from replicator.core.settings.fields import KeyedValueError, Model
 from replicator.core.settings.sections import (
     FormatSettings,
@@ -38,6 +39,7 @@ class Settings(Model):
     egress: EgressSettings | None = None
     ingress: IngressSettings | None = None
     compaction: CompactionSettings | None = None
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
 
     @field_validator("region")
     @classmethod
@@ -92,4 +94,5 @@ class Settings(Model):
         """A JSON-able dump with secrets masked, for the start-up log line."""
         data = self.model_dump(mode="json")
         data["kafka"]["config"] = self.kafka.masked_config()
+        data["catalog"]["properties"] = self.catalog.masked_properties()
         return data

@@ -1,0 +1,8 @@
+"""The archive as Apache Iceberg tables: one table per replicated topic whose data files are
+the segments themselves (README, "The archive as tables").
+
+Modules: ``naming`` (table identity and name), ``plan`` (which segments a table lists:
+pure), ``footers`` (Parquet footers read from the bucket), ``committer`` (keeps tables in
+step with the bucket; compaction's swap hook), ``follow`` (the committer's loop and lease),
+``query`` (SQL over a table with DuckDB).
+"""

@@ -1,0 +1,369 @@
+"""Keeps each topic's Iceberg table in step with the segments in the bucket.
+
+``sync`` is one step for one topic: load the table, list the topic's segments (after the
+load), read the Parquet footers of the segments to add, and commit the difference in one
+snapshot (``archive.plan``). It is idempotent (a file already in the table is never added
+twice) and safe against every other writer: the commit names the snapshot it was planned
+on, a concurrent commit makes the catalog refuse it, and the step starts over from the new
+snapshot. Two committers at once are therefore correct, only wasteful; ``archive.follow``
+elects one per region with a lease.
+
+Compaction calls ``swap`` before it deletes inputs: the same step with the inputs treated
+as gone, so the table lists the output instead of its inputs in one snapshot before any
+input object is deleted. A commit that removed files is followed by the expiry of every
+older snapshot (``expire``): no snapshot kept points at a deleted object.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from replicator.archive.footers import read_parquet_footer
+from replicator.archive.iceberg import (
+    INCARNATION_PROPERTY,
+    CatalogError,
+    CommitConflict,
+    IcebergCatalog,
+    IcebergTable,
+    NewFile,
+)
+from replicator.archive.metrics import ArchiveMetrics
+from replicator.archive.naming import (
+    TableIdentity,
+    live_location,
+    read_incarnation,
+    table_identifier,
+)
+from replicator.archive.plan import TablePlan, plan_table
+from replicator.core.clock import Clock, utc_now
+from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentCorrupt
+from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
+from replicator.core.metrics import Metrics
+from replicator.core.settings import Settings
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+KEEP_SNAPSHOTS = 100
+"""Snapshots a table keeps at most (time travel within them; older ones are expired)."""
+
+ORPHAN_GRACE = timedelta(minutes=30)
+"""Metadata files no snapshot refers to are deleted once this old: younger ones may belong
+to a commit in flight."""
+
+MAX_ATTEMPTS = 8
+"""Plans of one step before it gives up (each conflict means another writer progressed)."""
+
+
+@dataclass
+class SyncResult:
+    """What one step did to one table."""
+
+    table: str
+    added: int = 0
+    removed_covered: int = 0
+    removed_gone: int = 0
+    snapshot_id: int | None = None
+    expired: int = 0
+    conflicts: int = 0
+    not_parquet: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+
+    @property
+    def committed(self) -> bool:
+        return bool(self.added or self.removed_covered or self.removed_gone)
+
+
+class ArchiveCommitter:
+    """Tables of one bucket's topics (``[catalog]``).
+
+    Args:
+        settings: settings with ``[catalog]`` (``enabled`` is not checked here).
+        store: the bucket.
+        catalog: the Iceberg catalog (default: ``IcebergCatalog(settings)``).
+        metrics: metric registry (default: a new one).
+        clock: the time ``archive_last_sync_timestamp_seconds`` records.
+    """
+
+    def __init__(self, settings: Settings, store: ObjectStore,
+                 catalog: IcebergCatalog | None = None, metrics: Metrics | None = None,
+                 clock: Clock = utc_now) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.m = ArchiveMetrics(self.metrics)
+        self.clock = clock
+        self.cfg = settings.catalog
+        self.store = store
+        self.catalog = catalog or IcebergCatalog(settings)
+        self._not_parquet: set[SegmentKey] = set()
+        self._sizes: dict[SegmentKey, int] = {}
+        self._bucket = getattr(store, "bucket", "bucket")
+
+    # --- naming -------------------------------------------------------------------------
+
+    def url(self, key: SegmentKey) -> str:
+        """A segment's path in its table."""
+        return f"s3://{self._bucket}/{key.to_key()}"
+
+    def key_of(self, path: str) -> SegmentKey | None:
+        """The segment a table path names (``None``: not a segment of this bucket)."""
+        head = f"s3://{self._bucket}/"
+        return SegmentKey.try_parse(path[len(head):]) if path.startswith(head) else None
+
+    def identity(self, region: str, topic: str) -> TableIdentity:
+        return TableIdentity(region, topic,
+                             read_incarnation(self.store, self.settings.s3.prefix, region,
+                                              topic))
+
+    def identifier(self, ident: TableIdentity) -> tuple[str, ...]:
+        return table_identifier(self.cfg, ident)
+
+    def topics(self) -> list[tuple[str, str]]:
+        """(region, topic) pairs that get tables: ``[catalog]``'s, or every topic found."""
+        prefix = self.settings.s3.prefix
+        out: list[tuple[str, str]] = []
+        for region in self.cfg.regions or [self.settings.region]:
+            if self.cfg.topics:
+                out.extend((region, t) for t in self.cfg.topics)
+                continue
+            base = region_prefix(prefix, region)
+            for name in self.store.list_folders(base):
+                if name and not name.startswith("_"):
+                    out.append((region, name))
+        return sorted(out)
+
+    def table(self, region: str, topic: str, *, create: bool = True) -> IcebergTable | None:
+        """The topic's table (created when missing, unless ``create`` is false)."""
+        ident = self.identity(region, topic)
+        identifier = self.identifier(ident)
+        if not create:
+            return self.catalog.load(identifier)
+        props = {"replicator.region": region, "replicator.topic": topic}
+        if ident.incarnation:
+            props[INCARNATION_PROPERTY] = ident.incarnation
+        return self.catalog.create(identifier, props)
+
+    # --- one step -----------------------------------------------------------------------
+
+    def _listing(self, region: str, topic: str, partition: int | None) -> list[SegmentKey]:
+        prefix = topic_prefix(self.settings.s3.prefix, region, topic)
+        if partition is not None:
+            prefix = f"{prefix}{partition}/"
+        # One incarnation per table: the live one's location (a topic deleted and created
+        # again has its later incarnations under _incarnations/, docs/architecture.md).
+        live = live_location(self.store, self.settings.s3.prefix, region, topic)
+        keys = []
+        for info in self.store.list(prefix):
+            k = SegmentKey.try_parse(info.key)
+            if k is not None and k.prefix == self.settings.s3.prefix \
+                    and k.region == region and k.topic == topic and k.incarnation == live:
+                keys.append(k)
+                self._sizes[k] = info.size
+        return keys
+
+    def _new_files(self, keys: list[SegmentKey], result: SyncResult
+                   ) -> tuple[list[NewFile], set[SegmentKey]]:
+        """Footers of ``keys``; the keys that cannot be data files are returned apart."""
+        files, skipped = [], set()
+        for k in keys:
+            try:
+                footer = read_parquet_footer(self.store, k.to_key(), self._sizes[k])
+            except ObjectNotFound:
+                skipped.add(k)   # deleted since the listing: the next step removes it
+                continue
+            except SegmentCorrupt as e:
+                log.error("%s: not added to the table: %s", k, e)
+                self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
+                result.unreadable.append(k.to_key())
+                skipped.add(k)
+                continue
+            if footer is None:
+                if k not in self._not_parquet:
+                    self.m.not_in_table.labels(k.region, k.topic, "not-parquet").inc()
+                    log.warning("%s is not a Parquet segment: its records are not in the "
+                                "table (only Parquet segments can be Iceberg data files)", k)
+                self._not_parquet.add(k)
+                result.not_parquet.append(k.to_key())
+                skipped.add(k)
+                continue
+            files.append(NewFile(self.url(k), self._sizes[k], k.partition, footer))
+        return files, skipped
+
+    def sync(self, region: str, topic: str, *, partition: int | None = None,
+             deleting: Iterable[SegmentKey] = (), expire: bool = True) -> SyncResult:
+        """Make the topic's table list the visible segments (``archive.plan``).
+
+        Args:
+            region: source region.
+            topic: source topic.
+            partition: only this partition's segments are considered (the others' files in
+                the table stay as they are).
+            deleting: segments about to be deleted: they leave the table in this commit.
+            expire: expire the snapshots older than a commit that removed files.
+
+        Raises:
+            CatalogError: the catalog failed, or conflicts went on for ``MAX_ATTEMPTS``.
+            StorageError: the bucket could not be listed or read.
+        """
+        deleting = frozenset(deleting)
+        table = self.table(region, topic)
+        assert table is not None
+        result = SyncResult(table.name)
+        for _attempt in range(MAX_ATTEMPTS):
+            files = table.files()
+            paths = list(files)
+            if partition is not None:
+                paths = [p for p in paths
+                         if (k := self.key_of(p)) is not None and k.partition == partition]
+            listed = self._listing(region, topic, partition)
+            unaddable = set(self._not_parquet)
+            while True:
+                plan = plan_table(paths, listed, url=self.url, key_of=self.key_of,
+                                  unaddable=unaddable, deleting=deleting)
+                new, skipped = self._new_files(plan.add, result)
+                if not skipped:
+                    break
+                unaddable |= skipped
+            try:
+                snapshot = self._commit(table, plan, new, deleting)
+            except CommitConflict as e:
+                result.conflicts += 1
+                self.m.conflicts.labels(region, topic).inc()
+                log.info("%s: another writer committed first (%s); planning again",
+                         table.name, e)
+                table.refresh()
+                continue
+            except CatalogError:
+                # Outcome unknown: the next step re-plans from what the catalog holds.
+                raise
+            result.added += len(plan.add)
+            result.removed_covered += len(plan.remove_covered)
+            result.removed_gone += len(plan.remove_gone)
+            result.snapshot_id = snapshot
+            self._count(region, topic, plan, deleting, snapshot)
+            if plan.remove_gone:
+                log.warning("%s: %d files left the bucket without compaction (a lifecycle "
+                            "rule, retention or an operator); removed from the table: %s",
+                            table.name, len(plan.remove_gone),
+                            ", ".join(plan.remove_gone[:5]))
+            if snapshot is not None and expire:
+                if plan.remove_covered or plan.remove_gone:
+                    result.expired = self.expire(table, snapshot)
+                else:
+                    result.expired = self._expire_beyond(table)
+            self._sizes.clear()
+            return result
+        raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
+                           "commit; the next step tries again")
+
+    def _count(self, region: str, topic: str, plan: TablePlan,
+               deleting: frozenset[SegmentKey], snapshot: int | None) -> None:
+        if snapshot is not None:
+            reason = "compaction" if deleting else "sync"
+            self.m.commits.labels(region, topic, reason).inc()
+            self.m.files_added.labels(region, topic).inc(len(plan.add))
+            self.m.files_removed.labels(region, topic, "covered").inc(len(plan.remove_covered))
+            self.m.files_removed.labels(region, topic, "gone").inc(len(plan.remove_gone))
+        self.m.last_sync.labels(region, topic).set(self.clock().timestamp())
+
+    def _commit(self, table: IcebergTable, plan: TablePlan, new: list[NewFile],
+                deleting: frozenset[SegmentKey]) -> int | None:
+        if plan.empty:
+            return None
+        summary = {"replicator.added": str(len(new)),
+                   "replicator.removed-covered": str(len(plan.remove_covered)),
+                   "replicator.removed-gone": str(len(plan.remove_gone)),
+                   "replicator.reason": "compaction" if deleting else "sync"}
+        snapshot = table.commit(new, plan.remove, summary)
+        log.info("%s: snapshot %s: +%d files, -%d covered, -%d gone", table.name, snapshot,
+                 len(new), len(plan.remove_covered), len(plan.remove_gone))
+        return snapshot
+
+    def expire(self, table: IcebergTable, snapshot: int) -> int:
+        """Expire the snapshots older than ``snapshot`` (they may list deleted files), then
+        delete the metadata files no kept snapshot refers to (``clean_metadata``).
+        """
+        try:
+            n = table.expire_before(snapshot)
+        except CommitConflict as e:
+            # A newer commit exists; it expires what is older than itself when it removes
+            # files, and older snapshots listing deleted files are expired by the next one.
+            log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
+            return 0
+        if n:
+            try:
+                self.clean_metadata(table)
+            except ReplicatorError as e:
+                log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
+                            "next expiry tries again", table.name, e)
+        return n
+
+    def clean_metadata(self, table: IcebergTable) -> int:
+        """Delete the files under the table's ``metadata/`` that its state does not refer
+        to and that are older than ``ORPHAN_GRACE`` (manifests of expired snapshots, files
+        of commits that failed); only when the table lives in this bucket. Their count.
+        """
+        head = f"s3://{self._bucket}/"
+        location = table.location + "/metadata/"
+        if not location.startswith(head):
+            return 0
+        table.refresh()
+        used = table.metadata_in_use()
+        cutoff = self.clock() - ORPHAN_GRACE
+        stale = [o.key for o in self.store.list(location[len(head):])
+                 if head + o.key not in used and o.last_modified < cutoff]
+        if stale:
+            self.store.delete_many(stale)
+            log.info("%s: deleted %d metadata files no snapshot refers to", table.name,
+                     len(stale))
+        return len(stale)
+
+    def _expire_beyond(self, table: IcebergTable) -> int:
+        """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add
+        files would otherwise pile up, one per interval).
+        """
+        snaps = table.snapshots()
+        if len(snaps) <= KEEP_SNAPSHOTS:
+            return 0
+        return self.expire(table, snaps[-KEEP_SNAPSHOTS].snapshot_id)
+
+    def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
+        """Compaction's hook, called before ``deleting`` is deleted: one snapshot lists the
+        outputs (present in the bucket) instead of the inputs. When it returns, no snapshot
+        the table keeps lists a key of ``deleting`` except those older than the swap, which
+        ``after_delete`` expires.
+
+        Raises:
+            CatalogError / StorageError: the swap did not commit; delete nothing.
+        """
+        return self.sync(region, topic, deleting=deleting, expire=False)
+
+    def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
+        """Expire the snapshots older than the swap (they list the deleted inputs)."""
+        if swap.snapshot_id is None:
+            return 0
+        table = self.table(region, topic)
+        assert table is not None
+        return self.expire(table, swap.snapshot_id)
+
+    def sync_all(self) -> list[SyncResult]:
+        """One step for every topic; a topic that fails is logged and the others go on."""
+        out = []
+        for region, topic in self.topics():
+            try:
+                out.append(self.sync(region, topic))
+            except ReplicatorError as e:
+                self.m.failures.labels(region, topic).inc()
+                log.error("%s/%s: table not updated this time: %s", region, topic, e)
+        return out
+
+    def rebuild(self, region: str, topic: str, *, drop: bool = False) -> SyncResult:
+        """The table from the bucket's segments (idempotent: ``sync``); with ``drop``, the
+        catalog entry is dropped first (never a data file) and created again.
+        """
+        if drop:
+            self.catalog.drop(self.identifier(self.identity(region, topic)))
+        return self.sync(region, topic)

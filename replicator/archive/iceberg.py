@@ -1,0 +1,449 @@
+"""The Apache Iceberg seam: the only module that imports pyiceberg (README, "The archive as
+tables"; docs/architecture.md, "The archive as Iceberg tables").
+
+A table's data files **are** segments: they are registered as they are (``DataFile``
+entries built from each segment's Parquet footer), never rewritten. Segments carry no field
+ids, so every table has a name mapping (``schema.name-mapping.default``), and no
+``partition`` column: the column is an identity partition whose value is in the manifest,
+which readers project (the Iceberg spec, "Column Projection").
+
+Commits are optimistic: a commit states the snapshot it was planned on, and the catalog
+refuses it if another writer committed meanwhile (``CommitConflict``). pyiceberg's own
+retry (which would re-apply the same file changes on the newer snapshot) is switched off
+per table (``commit.retry.num-retries = 0``): a caller re-plans from the new snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    EqualTo,
+    GreaterThan,
+    GreaterThanOrEqual,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyiceberg.io.pyarrow import (
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.name_mapping import create_mapping_from_schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
+from pyiceberg.types import (
+    BinaryType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestamptzType,
+)
+
+from replicator.core.errors import ReplicatorError, RetriableError
+from replicator.core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SEGMENT_TABLE_SCHEMA = Schema(
+    NestedField(1, "partition", IntegerType(), required=False,
+                doc="Source partition (identity partition: in the manifests, not the files)"),
+    NestedField(2, "offset", LongType(), required=False, doc="Source offset"),
+    NestedField(3, "timestamp", TimestamptzType(), required=False, doc="Record timestamp"),
+    NestedField(4, "timestamp_type", IntegerType(), required=False,
+                doc="0 not available, 1 create time, 2 log append time"),
+    NestedField(5, "key", BinaryType(), required=False),
+    NestedField(6, "value", BinaryType(), required=False),
+    NestedField(7, "headers", ListType(8, StructType(
+        NestedField(9, "key", StringType(), required=False),
+        NestedField(10, "value", BinaryType(), required=False)), element_required=False),
+        required=False),
+)
+"""The segment columns (``formats.base.SEGMENT_SCHEMA``) plus ``partition``. Optional
+columns: Iceberg readers check required columns against each file's schema, and the files
+are what egress wrote."""
+
+SEGMENT_PARTITION_SPEC = PartitionSpec(
+    PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(),
+                   name="partition"))
+"""One segment holds one source partition: ``partition = 3`` prunes files in the manifests."""
+
+INCARNATION_PROPERTY = "replicator.incarnation"
+"""Table property: the source topic's incarnation (its topic id) the table is about."""
+
+_TABLE_PROPERTIES = {
+    # Conflicts are re-planned by the caller (module docstring).
+    "commit.retry.num-retries": "0",
+    # Bounds for what prunes (offsets, times); none for keys and values, whose segments
+    # carry no statistics (formats/parquet.py).
+    "write.metadata.metrics.default": "none",
+    "write.metadata.metrics.column.offset": "full",
+    "write.metadata.metrics.column.timestamp": "full",
+    "write.metadata.metrics.column.timestamp_type": "full",
+    # Old metadata.json files are removed as new ones are written.
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "10",
+}
+
+
+class CatalogError(RetriableError):
+    """The catalog or the table's metadata could not be read or written."""
+
+
+class CommitConflict(CatalogError):
+    """Another writer committed to the table since this commit was planned."""
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A segment to register: its URL, size, source partition and Parquet footer."""
+
+    path: str
+    size: int
+    partition: int
+    footer: pq.FileMetaData
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """A data file the table's current snapshot lists."""
+
+    path: str
+    records: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One snapshot of a table, for listings."""
+
+    snapshot_id: int
+    parent_id: int | None
+    committed_at: datetime
+    operation: str
+    summary: dict[str, str]
+    current: bool
+
+
+def catalog_properties(settings: Settings) -> dict[str, str]:
+    """Pyiceberg catalog properties: ``[catalog]``'s, over the S3 FileIO's from ``[s3]``."""
+    s3 = settings.s3
+    props = {"type": settings.catalog.type, "s3.region": settings.s3_region}
+    if s3.endpoint_url:
+        props["s3.endpoint"] = s3.endpoint_url
+    if s3.access_key_id is not None and s3.secret_access_key is not None:
+        props["s3.access-key-id"] = s3.access_key_id.get_secret_value()
+        props["s3.secret-access-key"] = s3.secret_access_key.get_secret_value()
+    props["warehouse"] = warehouse(settings)
+    return props | dict(settings.catalog.properties)
+
+
+def warehouse(settings: Settings) -> str:
+    """Where table metadata is written."""
+    return (settings.catalog.warehouse or f"s3://{settings.s3.bucket}/iceberg").rstrip("/")
+
+
+def _wrap(what: str, e: Exception) -> CatalogError:
+    if isinstance(e, CommitFailedException):
+        return CommitConflict(f"{what}: {e}")
+    return CatalogError(f"{what}: {type(e).__name__}: {e}")
+
+
+class IcebergCatalog:
+    """An Iceberg catalog of ``[catalog]`` (any type pyiceberg loads).
+
+    Raises:
+        CatalogError: the catalog cannot be loaded.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._warehouse = warehouse(settings)
+        props = catalog_properties(settings)
+        try:
+            self._catalog: Catalog = load_catalog("replicator", **props)
+        except Exception as e:   # pyiceberg raises many kinds here (driver, config, network)
+            raise _wrap(f"loading the {settings.catalog.type} catalog", e) from e
+
+    def load(self, identifier: tuple[str, ...]) -> IcebergTable | None:
+        """The table, or ``None`` if it does not exist."""
+        try:
+            return IcebergTable(self._catalog.load_table(identifier))
+        except NoSuchTableError:
+            return None
+        except Exception as e:
+            raise _wrap(f"loading table {'.'.join(identifier)}", e) from e
+
+    def create(self, identifier: tuple[str, ...],
+               properties: Mapping[str, str]) -> IcebergTable:
+        """Create the table (and its namespace) unless it exists; return it."""
+        table = self.load(identifier)
+        if table is not None:
+            return table
+        namespace = identifier[:-1]
+        try:
+            try:
+                self._catalog.create_namespace(namespace)
+            except NamespaceAlreadyExistsError:
+                pass
+            location = "/".join((self._warehouse, *identifier))
+            props = _TABLE_PROPERTIES | {
+                "schema.name-mapping.default":
+                    create_mapping_from_schema(SEGMENT_TABLE_SCHEMA).model_dump_json(),
+            } | dict(properties)
+            created = self._catalog.create_table(
+                identifier, SEGMENT_TABLE_SCHEMA, location=location,
+                partition_spec=SEGMENT_PARTITION_SPEC, properties=props)
+            log.info("created Iceberg table %s at %s", ".".join(identifier), location)
+            return IcebergTable(created)
+        except TableAlreadyExistsError:   # created meanwhile by another process
+            again = self.load(identifier)
+            assert again is not None
+            return again
+        except Exception as e:
+            raise _wrap(f"creating table {'.'.join(identifier)}", e) from e
+
+    def drop(self, identifier: tuple[str, ...]) -> bool:
+        """Drop the table from the catalog (never its data files); ``False`` if absent."""
+        try:
+            self._catalog.drop_table(identifier)
+            return True
+        except NoSuchTableError:
+            return False
+        except Exception as e:
+            raise _wrap(f"dropping table {'.'.join(identifier)}", e) from e
+
+    def tables(self, namespace: tuple[str, ...]) -> list[tuple[str, ...]]:
+        """Identifiers of the tables in ``namespace`` and in the namespaces below it."""
+        out: list[tuple[str, ...]] = []
+        try:
+            out.extend(tuple(t) for t in self._catalog.list_tables(namespace))
+            for child in self._catalog.list_namespaces(namespace):
+                out.extend(self.tables(tuple(child)))
+        except Exception as e:
+            if type(e).__name__ == "NoSuchNamespaceError":
+                return out
+            raise _wrap(f"listing namespace {'.'.join(namespace)}", e) from e
+        return sorted(set(out))
+
+
+class IcebergTable:
+    """One table; its state is the snapshot it was loaded (or last refreshed) at."""
+
+    def __init__(self, table: Table) -> None:
+        self._table = table
+
+    @property
+    def identifier(self) -> tuple[str, ...]:
+        return tuple(self._table.name())
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.identifier)
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self._table.properties)
+
+    @property
+    def snapshot_id(self) -> int | None:
+        """The current snapshot (``None`` before the first commit)."""
+        snap = self._table.current_snapshot()
+        return None if snap is None else snap.snapshot_id
+
+    @property
+    def metadata_location(self) -> str:
+        return self._table.metadata_location
+
+    @property
+    def location(self) -> str:
+        """The table's base location (its metadata is under ``{location}/metadata/``)."""
+        return self._table.location().rstrip("/")
+
+    def metadata_in_use(self) -> set[str]:
+        """Every metadata file the table's current state refers to: the metadata files
+        it logs, and each kept snapshot's manifest list and manifests.
+        """
+        meta = self._table.metadata
+        used = {self._table.metadata_location, *(e.metadata_file for e in meta.metadata_log)}
+        try:
+            for snap in meta.snapshots:
+                used.add(snap.manifest_list)
+                used.update(m.manifest_path for m in snap.manifests(self._table.io))
+        except Exception as e:
+            raise _wrap(f"reading the manifest lists of {self.name}", e) from e
+        return used
+
+    def refresh(self) -> None:
+        """Load the catalog's current state of the table."""
+        try:
+            self._table.refresh()
+        except Exception as e:
+            raise _wrap(f"refreshing table {self.name}", e) from e
+
+    def files(self) -> dict[str, TableFile]:
+        """The data files of the current snapshot, by path."""
+        if self._table.current_snapshot() is None:
+            return {}
+        try:
+            tasks = self._table.scan().plan_files()
+            return {t.file.file_path: TableFile(t.file.file_path, t.file.record_count,
+                                                t.file.file_size_in_bytes) for t in tasks}
+        except Exception as e:
+            raise _wrap(f"reading the manifests of {self.name}", e) from e
+
+    def _data_file(self, f: NewFile) -> DataFile:
+        meta = self._table.metadata
+        schema = meta.schema()
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=f.footer,
+            stats_columns=compute_statistics_plan(schema, meta.properties),
+            parquet_column_mapping=parquet_path_to_id_mapping(schema))
+        return DataFile.from_args(
+            content=DataFileContent.DATA, file_path=f.path, file_format=FileFormat.PARQUET,
+            partition=Record(f.partition), file_size_in_bytes=f.size, sort_order_id=None,
+            spec_id=meta.default_spec_id, equality_ids=None, key_metadata=None,
+            **stats.to_serialized_dict())
+
+    def commit(self, add: Sequence[NewFile], remove: Sequence[str],
+               summary: Mapping[str, str] | None = None) -> int | None:
+        """One snapshot that adds ``add`` and removes the files at ``remove``, planned on
+        the state this object holds; returns its id (``None``: nothing to commit).
+
+        Raises:
+            CommitConflict: the table changed since it was loaded (refresh and re-plan).
+            CatalogError: the commit failed otherwise (its outcome is then unknown: re-plan
+                from a refreshed state, which shows whether it landed).
+        """
+        if not add and not remove:
+            return None
+        by_path = {}
+        if remove:
+            gone = set(remove)
+            by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
+                       if t.file.file_path in gone}
+            missing = gone - by_path.keys()
+            if missing:
+                raise CatalogError(f"{self.name}: cannot remove files it does not list: "
+                                   f"{sorted(missing)[:3]}")
+        props = dict(summary or {})
+        try:
+            with self._table.transaction() as tx:
+                if remove:
+                    producer = tx.update_snapshot(snapshot_properties=props).overwrite()
+                    with producer as op:
+                        for df in by_path.values():
+                            op.delete_data_file(df)
+                        for f in add:
+                            op.append_data_file(self._data_file(f))
+                else:
+                    # Merging: manifests are merged as they pile up (one per commit).
+                    with tx.update_snapshot(snapshot_properties=props).merge_append() as app:
+                        for f in add:
+                            app.append_data_file(self._data_file(f))
+        except ReplicatorError:
+            raise
+        except Exception as e:
+            raise _wrap(f"committing {len(add)} added and {len(remove)} removed files to "
+                        f"{self.name}", e) from e
+        return self.snapshot_id
+
+    def expire_before(self, snapshot_id: int) -> int:
+        """Expire every snapshot older than ``snapshot_id`` (which stays); their count."""
+        meta = self._table.metadata
+        keep = meta.snapshot_by_id(snapshot_id)
+        if keep is None:
+            return 0
+        old = [s.snapshot_id for s in meta.snapshots if s.timestamp_ms < keep.timestamp_ms
+               or (s.timestamp_ms == keep.timestamp_ms and s.snapshot_id != snapshot_id
+                   and s.sequence_number is not None and keep.sequence_number is not None
+                   and s.sequence_number < keep.sequence_number)]
+        if not old:
+            return 0
+        try:
+            self._table.maintenance.expire_snapshots().by_ids(old).commit()
+        except Exception as e:
+            raise _wrap(f"expiring {len(old)} snapshots of {self.name}", e) from e
+        return len(old)
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """Every snapshot the metadata keeps, oldest first."""
+        current = self.snapshot_id
+        out = []
+        for s in self._table.metadata.snapshots:
+            summary = s.summary.additional_properties if s.summary is not None else {}
+            op = s.summary.operation.value if s.summary is not None else ""
+            out.append(SnapshotInfo(
+                s.snapshot_id, s.parent_snapshot_id,
+                datetime.fromtimestamp(s.timestamp_ms / 1000, UTC), op, dict(summary),
+                s.snapshot_id == current))
+        return out
+
+    def reader(self, bounds: Sequence[Bound] = (),
+               snapshot_id: int | None = None) -> pa.RecordBatchReader:
+        """The records of the files ``bounds`` do not prune (rows filtered by them too), at
+        ``snapshot_id`` or the current snapshot, streamed.
+        """
+        try:
+            scan = self._table.scan(row_filter=bounds_filter(bounds), snapshot_id=snapshot_id)
+            return scan.to_arrow_batch_reader()
+        except Exception as e:
+            raise _wrap(f"scanning {self.name}", e) from e
+
+    def planned_files(self, bounds: Sequence[Bound] = (),
+                      snapshot_id: int | None = None) -> list[str]:
+        """The paths a scan with ``bounds`` reads (after pruning)."""
+        try:
+            scan = self._table.scan(row_filter=bounds_filter(bounds), snapshot_id=snapshot_id)
+            return sorted(t.file.file_path for t in scan.plan_files())
+        except Exception as e:
+            raise _wrap(f"planning a scan of {self.name}", e) from e
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``column op value``: a comparison of an int column (or ``timestamp``, in
+    microseconds since the epoch) with a constant.
+    """
+
+    column: str
+    op: str
+    value: int
+
+
+_OPS: dict[str, type[EqualTo | LessThan | LessThanOrEqual | GreaterThan
+                     | GreaterThanOrEqual]] = {
+    "=": EqualTo, "<": LessThan, "<=": LessThanOrEqual, ">": GreaterThan,
+    ">=": GreaterThanOrEqual}
+
+
+def bounds_filter(bounds: Sequence[Bound]) -> BooleanExpression:
+    """The conjunction of ``bounds`` as a pyiceberg row filter."""
+    expr: BooleanExpression = AlwaysTrue()
+    for b in bounds:
+        term: BooleanExpression = _OPS[b.op](term=b.column, value=b.value)
+        expr = term if isinstance(expr, AlwaysTrue) else And(expr, term)
+    return expr
+
+

@@ -1,0 +1,70 @@
+"""Which table holds a topic's segments: ``(region, topic, incarnation)`` to an identifier."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from replicator.core.errors import ObjectNotFound, ReplicatorError
+from replicator.core.keys import BASE_INCARNATION, topic_meta_key
+from replicator.core.settings import CatalogSettings
+from replicator.core.storage import ObjectStore
+from replicator.core.topic_copy import read_topic_meta
+
+_NOT_NAME = re.compile(r"[^a-z0-9_]")
+
+
+@dataclass(frozen=True, order=True)
+class TableIdentity:
+    """The source a table is about. ``incarnation`` tells a topic from a topic deleted and
+    created again under the same name (the source topic id; ``None`` when not recorded).
+    """
+
+    region: str
+    topic: str
+    incarnation: str | None = None
+
+
+def sanitize(part: str) -> str:
+    """A name part that any catalog accepts: lowercase ``[a-z0-9_]``, not starting with a
+    digit (Glue, Hive and SQL engines restrict names so).
+    """
+    name = _NOT_NAME.sub("_", part.lower()) or "_"
+    return f"_{name}" if name[0].isdigit() else name
+
+
+def table_identifier(cfg: CatalogSettings, ident: TableIdentity) -> tuple[str, ...]:
+    """The table's identifier: ``cfg.namespace``'s levels, then the parts of
+    ``cfg.table_name`` between its own dots, each rendered and sanitized (a dot in a topic
+    name becomes ``_``, never a level).
+    """
+    values = {"region": ident.region, "topic": ident.topic,
+              "incarnation": ident.incarnation or ""}
+    parts = [sanitize(p.format(**values)) for p in cfg.table_name.split(".") if p]
+    return (*cfg.namespace.split("."), *parts)
+
+
+def read_incarnation(store: ObjectStore, prefix: str, region: str, topic: str) -> str | None:
+    """The source topic id ``_topic.json`` records (key ``topic_id``), if any."""
+    try:
+        doc = json.loads(store.get(topic_meta_key(prefix, region, topic)))
+    except (ObjectNotFound, ValueError):
+        return None
+    except ReplicatorError:
+        return None
+    value = doc.get("topic_id") if isinstance(doc, dict) else None
+    return str(value) if value else None
+
+
+def live_location(store: ObjectStore, prefix: str, region: str, topic: str) -> str:
+    """The label of the location of the topic's live incarnation: ``""`` (the documented
+    key shape) unless ``_topic.json`` records a later incarnation (a topic deleted and
+    created again, under ``_incarnations/{label}/``).
+    """
+    try:
+        meta = read_topic_meta(store, prefix, region, topic)
+    except ReplicatorError:
+        return BASE_INCARNATION
+    live = None if meta is None else meta.live
+    return BASE_INCARNATION if live is None else live.label

@@ -1,0 +1,190 @@
+"""``replicator archive sql``: DuckDB over the tables' scans, pruned by the query's filter.
+
+Each table is registered in DuckDB under the last part of its identifier (``sensor_events``)
+as a stream of the records pyiceberg reads. When the query is one ``SELECT`` over one
+table, the comparisons of ``partition``, ``offset``, ``timestamp`` and ``timestamp_type``
+with constants that its ``WHERE`` requires (its top-level ``AND`` terms) go to the scan:
+files whose manifest entries rule them out (partition value, offset and time bounds) are
+never read. DuckDB then applies the whole query, so pruning only ever skips records the
+query would drop. Anything else (joins, ``OR``, subqueries) scans every file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from replicator.archive.committer import ArchiveCommitter
+from replicator.archive.duckdb_sql import QueryResult, parse_sql, run_sql
+from replicator.archive.iceberg import Bound, IcebergTable
+
+log = logging.getLogger(__name__)
+
+PRUNING_COLUMNS = frozenset({"partition", "offset", "timestamp", "timestamp_type"})
+
+_COMPARE = {"COMPARE_EQUAL": "=", "COMPARE_LESSTHAN": "<", "COMPARE_LESSTHANOREQUALTO": "<=",
+            "COMPARE_GREATERTHAN": ">", "COMPARE_GREATERTHANOREQUALTO": ">="}
+_FLIP = {"=": "=", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _walk(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from _walk(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _walk(v)
+
+
+def table_refs(tree: dict[str, Any]) -> list[str]:
+    """Names of the base tables the statement reads, once per mention (lowercased)."""
+    return [str(n.get("table_name", "")).lower() for n in _walk(tree)
+            if n.get("type") == "BASE_TABLE"]
+
+
+def _constant(node: dict[str, Any]) -> str | None:
+    if node.get("class") == "CAST":
+        child = node.get("child")
+        return _constant(child) if isinstance(child, dict) else None
+    if node.get("class") != "CONSTANT":
+        return None
+    lit = node.get("literal")
+    if isinstance(lit, dict) and "text" in lit:   # DuckDB >= 1.4
+        return str(lit["text"])
+    value = node.get("value")
+    if isinstance(value, dict) and "value" in value:
+        v = value["value"]
+        return None if v is None else str(v)
+    return None
+
+
+def _column(node: dict[str, Any]) -> str | None:
+    if node.get("class") != "COLUMN_REF":
+        return None
+    names = node.get("column_names") or []
+    return str(names[-1]).lower() if names else None
+
+
+def _value(column: str, text: str) -> int | None:
+    if column != "timestamp":
+        try:
+            return int(text)
+        except ValueError:
+            return None
+    t = text.strip().replace(" ", "T", 1)
+    if len(t) > 3 and t[-3] in "+-" and t[-3:].lstrip("+-").isdigit():
+        t += ":00"   # "+00" as DuckDB prints offsets
+    try:
+        dt = datetime.fromisoformat(t)
+    except ValueError:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)   # the session's time zone is UTC (run_sql)
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _bound(term: dict[str, Any]) -> Bound | None:
+    op = _COMPARE.get(str(term.get("type")))
+    left, right = term.get("left"), term.get("right")
+    if op is None or not isinstance(left, dict) or not isinstance(right, dict):
+        return None
+    column, text = _column(left), _constant(right)
+    if column is None:
+        column, text, op = _column(right), _constant(left), _FLIP[op]
+    if column not in PRUNING_COLUMNS or text is None:
+        return None
+    value = _value(column, text)
+    if value is None:
+        return None
+    if column == "timestamp" and op in (">", "<="):
+        # The scan compares microseconds, DuckDB may compare finer: widen to stay implied.
+        op = ">=" if op == ">" else "<="
+    return Bound(column, op, value)
+
+
+def pruning_bounds(tree: dict[str, Any], table: str) -> list[Bound]:
+    """The bounds the statement's ``WHERE`` requires of ``table``'s records (none unless
+    it is one ``SELECT`` that reads ``table`` once, from its ``FROM``).
+    """
+    statements = tree.get("statements") or []
+    if len(statements) != 1 or table_refs(tree).count(table) != 1:
+        return []
+    node = statements[0].get("node") or {}
+    source = node.get("from_table") or {}
+    if node.get("type") != "SELECT_NODE" or source.get("type") != "BASE_TABLE" \
+            or str(source.get("table_name", "")).lower() != table:
+        return []
+    where = node.get("where_clause")
+    if not isinstance(where, dict):
+        return []
+    terms = where.get("children", []) if where.get("type") == "CONJUNCTION_AND" else [where]
+    return [b for t in terms if isinstance(t, dict) and (b := _bound(t)) is not None]
+
+
+@dataclass
+class TableScan:
+    """What a query read of one table."""
+
+    name: str
+    table: str
+    bounds: list[Bound]
+    files: int
+    files_read: int
+
+
+@dataclass
+class SqlAnswer:
+    """A query's result and what it read."""
+
+    result: QueryResult
+    scans: list[TableScan] = field(default_factory=list)
+
+
+def query_tables(committer: ArchiveCommitter) -> dict[str, IcebergTable]:
+    """The tables a query can name: the last part of each identifier."""
+    out: dict[str, IcebergTable] = {}
+    for region, topic in committer.topics():
+        table = committer.table(region, topic, create=False)
+        if table is None:
+            continue
+        name = table.identifier[-1]
+        if name in out:
+            log.warning("two tables end in %s (%s, %s): the query sees the first", name,
+                        out[name].name, table.name)
+            continue
+        out[name] = table
+    return out
+
+
+def _reader(table: IcebergTable, bounds: list[Bound], snapshot_id: int | None
+            ) -> Callable[[], pa.RecordBatchReader]:
+    return lambda: table.reader(bounds, snapshot_id)
+
+
+def run_query(committer: ArchiveCommitter, sql: str, *,
+              snapshot_id: int | None = None) -> SqlAnswer:
+    """Run ``sql`` over the archive tables.
+
+    Raises:
+        QueryError: DuckDB refused or failed the query.
+        CatalogError: a table could not be read.
+    """
+    tree = parse_sql(sql)
+    mentioned = set(table_refs(tree))
+    tables = {n: t for n, t in query_tables(committer).items() if n in mentioned}
+    scans: list[TableScan] = []
+    readers: dict[str, Callable[[], pa.RecordBatchReader]] = {}
+    for name, table in tables.items():
+        bounds = pruning_bounds(tree, name)
+        read = table.planned_files(bounds, snapshot_id)
+        total = len(table.planned_files((), snapshot_id)) if bounds else len(read)
+        scans.append(TableScan(name, table.name, bounds, total, len(read)))
+        readers[name] = _reader(table, bounds, snapshot_id)
+    return SqlAnswer(run_sql(sql, readers), scans)

@@ -1,0 +1,106 @@
+"""``[catalog]``: the archive as Apache Iceberg tables (README, "The archive as tables")."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from replicator.core.errors import KeyFormatError
+from replicator.core.keys import check_region, check_topic
+from replicator.core.settings.fields import Duration, Model
+
+TEMPLATE_FIELDS = frozenset({"region", "topic", "incarnation"})
+"""The placeholders ``table_name`` may use."""
+
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_NAMESPACE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)*")
+
+
+class CatalogSettings(Model):
+    """The Iceberg catalog that lists the segments as tables (``[catalog]``)."""
+
+    enabled: bool = Field(False, description="Keep an Iceberg table per replicated topic "
+                                             "over the segment files.")
+    type: str = Field("sql", description="pyiceberg catalog type: sql, glue, rest, hive, "
+                                         "dynamodb, ... (only sql is tested here).")
+    properties: dict[str, str] = Field(
+        default_factory=lambda: {"uri": "sqlite:///replicator-catalog.sqlite"},
+        description="pyiceberg catalog properties (uri, warehouse, credentials, ...). The "
+                    "S3 FileIO properties (s3.endpoint, s3.region, keys) default to [s3]'s.")
+    warehouse: str | None = Field(
+        None, description="Where table metadata (metadata.json, manifests) is written "
+                          "(default: s3://{s3.bucket}/iceberg). Never under s3.prefix.")
+    namespace: str = Field("replicator", description="Namespace of the tables "
+                                                     "(dot-separated levels).")
+    table_name: str = Field(
+        "{region}.{topic}",
+        description="Table name template: {region}, {topic}, {incarnation} (the source "
+                    "topic id, or \"\"). Dots add namespace levels; every part is lowercased "
+                    "and characters outside [a-z0-9_] become _.")
+    regions: list[str] = Field(
+        default_factory=list,
+        description="Source regions whose segments get tables (default: this process's "
+                    "region).")
+    topics: list[str] = Field(
+        default_factory=list,
+        description="Topics that get tables (default: every topic found in the bucket).")
+    commit_interval: Duration = Field(
+        timedelta(seconds=30),
+        description="How often `replicator archive follow` commits new and removed segments "
+                    "(one commit per table per interval); a segment is in its table within "
+                    "this plus one listing.")
+    lock_ttl: Duration = Field(
+        timedelta(minutes=2),
+        description="Expiry of the committer's lease ({prefix}/{region}/_archive.lock).")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_ok(cls, v: str) -> str:
+        if not _NAMESPACE.fullmatch(v):
+            raise ValueError(f"{v!r}: dot-separated parts of [a-z0-9_]")
+        return v
+
+    @field_validator("table_name")
+    @classmethod
+    def _template_ok(cls, v: str) -> str:
+        names = set(_PLACEHOLDER.findall(v))
+        unknown = names - TEMPLATE_FIELDS
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {', '.join(sorted(unknown))} (known: "
+                             f"{', '.join(sorted(TEMPLATE_FIELDS))})")
+        if "topic" not in names:
+            raise ValueError("must contain {topic} (one table per topic)")
+        return v
+
+    @field_validator("regions")
+    @classmethod
+    def _regions_ok(cls, v: list[str]) -> list[str]:
+        try:
+            return [check_region(r) for r in v]
+        except KeyFormatError as e:
+            raise ValueError(str(e)) from e
+
+    @field_validator("topics")
+    @classmethod
+    def _topics_ok(cls, v: list[str]) -> list[str]:
+        try:
+            return [check_topic(t) for t in v]
+        except KeyFormatError as e:
+            raise ValueError(str(e)) from e
+
+    @field_validator("commit_interval", "lock_ttl")
+    @classmethod
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError("must be positive")
+        return v
+
+    def masked_properties(self) -> dict[str, Any]:
+        """``properties`` with secret values masked, for logs."""
+        from replicator.core.settings.fields import is_secret_setting
+
+        return {k: ("***" if is_secret_setting(k) or "key" in k.lower() else v)
+                for k, v in self.properties.items()}

@@ -1,0 +1,95 @@
+"""Which segments a table lists (``replicator.archive.plan``) and table names
+(``replicator.archive.naming``): pure logic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replicator.archive.naming import TableIdentity, sanitize, table_identifier
+from replicator.archive.plan import plan_table, visible
+from replicator.core.errors import ConfigError
+from replicator.core.keys import SegmentKey
+from replicator.core.settings import CatalogSettings, load_settings
+
+
+def k(level: int, start: int, end: int, partition: int = 0) -> SegmentKey:
+    return SegmentKey("data", "r1", "t", partition, level, start, end)
+
+
+def url(key: SegmentKey) -> str:
+    return f"s3://b/{key.to_key()}"
+
+
+def key_of(path: str) -> SegmentKey | None:
+    return SegmentKey.try_parse(path.removeprefix("s3://b/"))
+
+
+def test_an_output_hides_its_inputs_and_equal_ranges_prefer_the_higher_level() -> None:
+    inputs = [k(0, 0, 9), k(0, 10, 19)]
+    out = k(1, 0, 19)
+    assert visible([*inputs, out, k(0, 20, 29)]) == {out, k(0, 20, 29)}
+    assert visible([k(0, 0, 9), k(1, 0, 9)]) == {k(1, 0, 9)}
+    # Another partition is never hidden.
+    assert visible([k(1, 0, 19), k(0, 0, 9, partition=1)]) == {k(1, 0, 19),
+                                                               k(0, 0, 9, partition=1)}
+
+
+def test_plan_adds_what_is_new_and_removes_covered_and_gone_files() -> None:
+    table = [url(k(0, 0, 9)), url(k(0, 10, 19)), url(k(0, 30, 39)), "s3://other/x"]
+    listed = [k(0, 0, 9), k(0, 10, 19), k(1, 0, 19), k(0, 20, 29)]
+    plan = plan_table(table, listed, url=url, key_of=key_of)
+    assert plan.add == [k(0, 20, 29), k(1, 0, 19)]
+    assert plan.remove_covered == [url(k(0, 0, 9)), url(k(0, 10, 19))]
+    assert plan.remove_gone == [url(k(0, 30, 39))]   # a foreign file stays
+    # Applied, nothing is left to do (idempotent).
+    after = [url(x) for x in visible(listed)] + ["s3://other/x"]
+    assert plan_table(after, listed, url=url, key_of=key_of).empty
+
+
+def test_deleting_and_unaddable_segments_never_enter_and_never_hide() -> None:
+    listed = [k(0, 0, 9), k(0, 10, 19), k(1, 0, 19)]
+    # The output is not Parquet: the inputs stay listed while they exist.
+    plan = plan_table([], listed, url=url, key_of=key_of, unaddable=[k(1, 0, 19)])
+    assert plan.add == [k(0, 0, 9), k(0, 10, 19)]
+    # Inputs about to be deleted leave the table even so.
+    plan = plan_table([url(k(0, 0, 9))], listed, url=url, key_of=key_of,
+                      deleting=[k(0, 0, 9), k(0, 10, 19)])
+    assert plan.add == [k(1, 0, 19)]
+    assert plan.remove_covered == [url(k(0, 0, 9))]
+
+
+ranges = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 10),
+                            st.integers(0, 1)), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranges)
+def test_visible_keys_hold_every_listed_position_once_unless_segments_partly_overlap(
+        specs: list[tuple[int, int, int, int]]) -> None:
+    keys = {k(level, s, s + n, p) for level, s, n, p in specs}
+    vis = visible(keys)
+    for key in keys:   # every position of every key is in a visible key
+        for pos in (key.start, key.end):
+            assert any(v.partition == key.partition and v.start <= pos <= v.end for v in vis)
+    for a in vis:      # no visible key covers another
+        assert not any(b != a and b.partition == a.partition and b.covers(a) for b in vis)
+    assert visible(vis) == vis
+
+
+def test_table_names_are_sanitized_and_the_template_is_checked() -> None:
+    cfg = CatalogSettings()
+    ident = TableIdentity("us-east-1", "Sensor.Events-v2")
+    assert table_identifier(cfg, ident) == ("replicator", "us_east_1", "sensor_events_v2")
+    cfg = CatalogSettings(namespace="lake", table_name="{region}_{topic}_{incarnation}")
+    assert table_identifier(cfg, TableIdentity("r1", "t", "AbC")) == ("lake", "r1_t_abc")
+    assert sanitize("9lives") == "_9lives"
+    base = {"region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "x:1"}}
+    with pytest.raises(ConfigError, match=r"catalog\.table_name"):
+        load_settings(data={**base, "catalog": {"table_name": "{region}"}}, environ={})
+    with pytest.raises(ConfigError, match=r"catalog\.table_name"):
+        load_settings(data={**base, "catalog": {"table_name": "{x}.{topic}"}}, environ={})
+    with pytest.raises(ConfigError, match=r"catalog\.namespace"):
+        load_settings(data={**base, "catalog": {"namespace": "A-b"}}, environ={})
+    assert not load_settings(data=base, environ={}).catalog.enabled
