@@ -302,12 +302,18 @@ class IcebergTable:
         except Exception as e:
             raise _wrap(f"refreshing table {self.name}", e) from e
 
-    def files(self) -> dict[str, TableFile]:
-        """The data files of the current snapshot, by path."""
-        if self._table.current_snapshot() is None:
+    def has_snapshot(self, snapshot_id: int) -> bool:
+        """True when the metadata keeps snapshot ``snapshot_id``."""
+        return self._table.metadata.snapshot_by_id(snapshot_id) is not None
+
+    def files(self, snapshot_id: int | None = None) -> dict[str, TableFile]:
+        """The data files of snapshot ``snapshot_id`` (default: the current one), by path
+        (an unknown snapshot: ``has_snapshot``).
+        """
+        if snapshot_id is None and self._table.current_snapshot() is None:
             return {}
         try:
-            tasks = self._table.scan().plan_files()
+            tasks = self._table.scan(snapshot_id=snapshot_id).plan_files()
             return {t.file.file_path: TableFile(t.file.file_path, t.file.record_count,
                                                 t.file.file_size_in_bytes) for t in tasks}
         except Exception as e:

@@ -16,13 +16,14 @@ from replicator.cli.common import EXIT_FAILURE, EXIT_USAGE, config_option, fail
 from replicator.cli.logs import setup_command_logging
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
-from replicator.core.errors import KeyFormatError, ReplicatorError
-from replicator.core.keys import check_region, check_topic
+from replicator.core.errors import ConfigError, KeyFormatError, ReplicatorError
+from replicator.core.keys import SegmentKey, check_region, check_topic
 from replicator.core.units import format_size, parse_size
 from replicator.ops.incarnations import choose
 from replicator.ops.pace import Progress, summary_lines
 from replicator.ops.restore import Restorer, RestoreRefused, RestoreRequest, make_plan
 from replicator.ops.restore_plan import Plan, RestoreRange
+from replicator.ops.restore_snapshot import SnapshotUnknown, snapshot_segments
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,11 @@ def print_plan(p: Plan) -> None:
         print_table(["partition", "level", "offsets", "storage class", "bytes", "segment"],
                     rows)
     levels = sorted({s.segment.key.level for s in p.steps})
+    if p.snapshot is not None:
+        click.echo(f"snapshot {p.snapshot}: {len(p.steps)} of its segment(s) in the range, "
+                   f"{len(p.missing)} no longer in the bucket")
+    for k in p.missing:
+        click.echo(f"MISSING  {k} (listed by snapshot {p.snapshot}, deleted since)")
     click.echo(f"{len(p.steps)} segment(s) (levels {', '.join(map(str, levels)) or '-'}), "
                f"{format_size(p.bytes_to_read)} to read; about {p.est_records:,} records "
                f"at most ({format_size(p.est_bytes)} stored)")
@@ -163,6 +169,11 @@ class _Bar:
 @click.option("--log-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Write the restore's log (INFO and up, the Kafka client's too) here.")
 @click.option("--bucket", default=None, help="Bucket (default: s3.bucket).")
+@click.option("--snapshot", "snapshot_id", type=int, default=None,
+              help="Restore what this snapshot of the topic's archive table lists (a restore "
+                   "point; needs [catalog]): exactly its segments, within the other bounds. "
+                   "Refused (exit 2) when a segment it lists is no longer in the bucket, "
+                   "unless --allow-gaps (README, \"The archive as tables\").")
 @click.option("--incarnation", default=None,
               help="Topic id of the incarnation to read when the source topic was deleted "
                    "and created again (default: the live one; docs/architecture.md, "
@@ -173,7 +184,7 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
             allow_gaps: bool, force: bool, accept_target_config: bool,
             checkpoint_topic: str | None, batch_size: int,
             progress: bool | None, log_file: Path | None, bucket: str | None,
-            incarnation: str | None) -> None:
+            snapshot_id: int | None, incarnation: str | None) -> None:
     """Replay a range of archived segments into a topic, exactly once.
 
     Same partition, same order, same keys, values (null stays null), headers and
@@ -185,7 +196,8 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     restored into --to-topic, unless --force. Restores of disjoint --partitions of one
     topic run side by side. Exit 0 only when the whole range was restored; a gap in the
     archive (with time bounds: any hole of the offset range), or a segment in
-    GLACIER/DEEP_ARCHIVE, refuses to start (naming them).
+    GLACIER/DEEP_ARCHIVE, refuses to start (naming them). With --snapshot, the segments
+    read are exactly those the table snapshot lists (its id is part of the checkpoint key).
     """
     try:
         check_region(source_region)
@@ -221,18 +233,34 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     request = RestoreRequest(source_region, topic, to_topic, cp_topic, rng, parts, allow_gaps,
                              rate_bytes, batch_size, force=force,
                              accept_target_config=accept_target_config,
-                             incarnation=chosen.label)
+                             incarnation=chosen.label, snapshot=snapshot_id)
+    listed: list[SegmentKey] | None = None
+    if snapshot_id is not None:
+        try:
+            in_snapshot = snapshot_segments(settings, store, source_region, topic,
+                                            snapshot_id, topic_id=chosen.topic_id,
+                                            live=incarnation is None)
+        except (ConfigError, SnapshotUnknown) as e:
+            fail(str(e), EXIT_USAGE)
+        except ReplicatorError as e:
+            fail(str(e), EXIT_FAILURE)
+        listed = [k for k in in_snapshot if k.incarnation == chosen.label]
     try:
         plan = make_plan(store, settings.s3.prefix, request,
-                         note=lambda m: click.echo(f"note: {m}", err=True))
+                         note=lambda m: click.echo(f"note: {m}", err=True), listed=listed)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
     refusals = plan.refusals(allow_gaps=allow_gaps)
+    gone = plan.snapshot_refusals(allow_gaps=allow_gaps)
     if dry_run:
         print_plan(plan)
+        for r in refusals + gone:
+            click.echo(f"error: {r}", err=True)
+        sys.exit(EXIT_USAGE if gone else EXIT_FAILURE if refusals else 0)
+    if gone:
         for r in refusals:
             click.echo(f"error: {r}", err=True)
-        sys.exit(EXIT_FAILURE if refusals else 0)
+        fail(gone[-1] + " (nothing was produced)", EXIT_USAGE)
     if refusals:
         for r in refusals[:-1]:
             click.echo(f"error: {r}", err=True)

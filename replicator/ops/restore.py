@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -113,6 +113,9 @@ class RestoreRequest:
     (LogAppendTime) or delete restored records (retention): ``restore_target``."""
     incarnation: str = ""
     """The source topic's incarnation read (its label; ``""``: the first one)."""
+    snapshot: int | None = None
+    """The snapshot of the topic's Iceberg table whose data files are read (``None``: the
+    bucket's listing); part of the checkpoint key."""
 
     def checkpoint_prefix(self, partition: int) -> str:
         """``restore:{source_region}:{topic}:{partition}:{to_topic}:``, the start of the
@@ -123,10 +126,12 @@ class RestoreRequest:
 
     def checkpoint_key(self, partition: int) -> str:
         """The partition's checkpoint key: the whole request (source, target, partition,
-        offset and time bounds), so another range is another restore and the same command
-        resumes its own: ``restore:{region}:{topic}:{partition}:{to_topic}:{range_id}``.
+        offset and time bounds, the table snapshot read), so another range is another
+        restore and the same command resumes its own:
+        ``restore:{region}:{topic}:{partition}:{to_topic}:{range_id}[#{snapshot}][@{incarnation}]``.
         """
         return self.checkpoint_prefix(partition) + range_id(self.range) + (
+            f"#{self.snapshot}" if self.snapshot is not None else "") + (
             f"@{self.incarnation}" if self.incarnation else "")
 
     def transactional_id(self, partition: int) -> str:
@@ -303,14 +308,18 @@ def segment_times(store: ObjectStore, key: SegmentKey) -> tuple[tuple[int, int] 
 
 
 def make_plan(store: ObjectStore, prefix: str, request: RestoreRequest, *,
-              note: Callable[[str], None] = log.info) -> Plan:
+              note: Callable[[str], None] = log.info,
+              listed: Collection[SegmentKey] | None = None) -> Plan:
     """List the archive and plan ``request``; with time bounds, read the chosen segments'
     footers for their record times (and, for segments without them, the records: ``note``
-    tells the user) and plan again.
+    tells the user) and plan again. ``listed``: only these segments (the data files of
+    the table snapshot ``request.snapshot``), those no longer in the bucket named as the
+    plan's ``missing``.
     """
     segments = list_archive(store, prefix, request.source_region, request.topic,
                             request.incarnation)
-    p = plan(segments, request.range, request.partitions)
+    p = plan(segments, request.range, request.partitions, listed=listed,
+             snapshot=request.snapshot)
     if not request.range.timed:
         return p
     times: dict[SegmentKey, tuple[int, int]] = {}
@@ -327,7 +336,8 @@ def make_plan(store: ObjectStore, prefix: str, request: RestoreRequest, *,
         note(f"read {len(read)} segment(s) to find their record times (written before "
              f"segment footers had them): {', '.join(str(k) for k in read[:5])}"
              f"{' ...' if len(read) > 5 else ''}")
-    return plan(with_times(segments, times), request.range, request.partitions)
+    return plan(with_times(segments, times), request.range, request.partitions, listed=listed,
+                snapshot=request.snapshot)
 
 
 def record_facts(store: ObjectStore, plan_: Plan, *, oldest: bool, scan: bool) -> RecordFacts:

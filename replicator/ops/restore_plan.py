@@ -20,13 +20,18 @@ cover the requested offset range (README, "Restoring from the archive"):
   so nothing says a missing record's time is outside the bounds. A time-bounded restore
   over a hole is refused unless gaps are allowed, or the offset bounds leave the hole out.
 
+* **A snapshot.** With ``listed`` (the data files a snapshot of the topic's Iceberg table
+  lists, README "The archive as tables"), only those segments are read; a listed segment
+  no longer in the bucket is ``missing``: refused (the snapshot is older than the objects
+  kept) unless gaps are allowed, when its positions are gaps like any other.
+
 Offsets of a partition's segments touch (``next.start == prev.end + 1`` across the source's
 own offset holes), so a position no segment contains is missing from the archive.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from replicator.core.keys import SegmentKey
@@ -130,6 +135,10 @@ class Plan:
 
     range: RestoreRange
     partitions: tuple[PartitionPlan, ...] = field(default=())
+    snapshot: int | None = None
+    """The table snapshot whose files are read (``None``: the bucket's listing)."""
+    missing: tuple[SegmentKey, ...] = ()
+    """Segments the snapshot lists that are no longer in the bucket."""
 
     @property
     def steps(self) -> list[Step]:
@@ -166,6 +175,19 @@ class Plan:
         """Stored bytes of the restored positions (pro rata)."""
         return sum(s.est_bytes for s in self.steps)
 
+    def snapshot_refusals(self, *, allow_gaps: bool = False) -> list[str]:
+        """Why the snapshot cannot be restored (empty when it can): segments it lists
+        that compaction or lifecycle deleted since, unless ``allow_gaps``.
+        """
+        if not self.missing or allow_gaps:
+            return []
+        shown = ", ".join(str(k) for k in self.missing[:5])
+        more = f" and {len(self.missing) - 5} more" if len(self.missing) > 5 else ""
+        return [f"snapshot {self.snapshot} lists {len(self.missing)} segment(s) no longer "
+                f"in the bucket: {shown}{more}; the snapshot is older than the objects kept "
+                "(compaction or lifecycle deleted them since): restore a later snapshot, "
+                "or --allow-gaps skips their positions"]
+
     def refusals(self, *, allow_gaps: bool = False) -> list[str]:
         """Why this plan cannot run as it is (empty when it can).
 
@@ -201,31 +223,56 @@ def with_times(segments: Iterable[ArchivedSegment],
 
 
 def plan(segments: Iterable[ArchivedSegment], rng: RestoreRange,
-         partitions: Sequence[int] | None = None) -> Plan:
+         partitions: Sequence[int] | None = None, *,
+         listed: Collection[SegmentKey] | None = None, snapshot: int | None = None) -> Plan:
     """The steps of a restore of ``rng`` from ``segments`` (of one topic of one region).
 
     Args:
         segments: the topic's segments, any level, any partition.
-        rng: the offset and time bounds (open bounds: the archive's first/last position).
-        partitions: which partitions (default: every partition with a segment).
+        rng: the offset and time bounds (open bounds: the archive's first/last position,
+            with ``listed``: the first/last position the snapshot lists).
+        partitions: which partitions (default: every partition with a segment, with
+            ``listed``: every partition the snapshot lists).
+        listed: only these segments (a table snapshot's data files); those not among
+            ``segments`` are the plan's ``missing``.
+        snapshot: the snapshot ``listed`` comes from (named in refusals).
     """
+    extent: dict[int, tuple[int, int]] = {}
+    missing: list[SegmentKey] = []
+    if listed is not None:
+        wanted_keys = set(listed)
+        present = {s.key for s in segments}
+        segments = [s for s in segments if s.key in wanted_keys]
+        for k in wanted_keys:
+            a, b = extent.get(k.partition, (k.start, k.end))
+            extent[k.partition] = (min(a, k.start), max(b, k.end))
+        missing = sorted((k for k in wanted_keys - present
+                          if partitions is None or k.partition in partitions),
+                         key=lambda k: (k.partition, k.start, k.level))
     by_part: dict[int, list[ArchivedSegment]] = {}
     for s in segments:
         by_part.setdefault(s.key.partition, []).append(s)
-    wanted = sorted(by_part) if partitions is None else sorted(set(partitions))
-    return Plan(rng, tuple(_plan_partition(p, by_part.get(p, []), rng) for p in wanted))
+    known = set(by_part) | set(extent)
+    wanted = sorted(known) if partitions is None else sorted(set(partitions))
+    return Plan(rng, tuple(_plan_partition(p, by_part.get(p, []), rng, extent.get(p))
+                           for p in wanted), snapshot, tuple(missing))
 
 
-def _plan_partition(partition: int, segs: list[ArchivedSegment],
-                    rng: RestoreRange) -> PartitionPlan:
+def _plan_partition(partition: int, segs: list[ArchivedSegment], rng: RestoreRange,
+                    extent: tuple[int, int] | None = None) -> PartitionPlan:
     if not segs:
-        if rng.from_offset is not None and rng.to_offset is not None:
-            return PartitionPlan(partition, rng.from_offset, rng.to_offset, (),
-                                 ((rng.from_offset, rng.to_offset),))
+        lo_, hi_ = extent if extent is not None else (None, None)
+        lo_ = rng.from_offset if rng.from_offset is not None else lo_
+        hi_ = rng.to_offset if rng.to_offset is not None else hi_
+        if lo_ is not None and hi_ is not None and lo_ <= hi_:
+            return PartitionPlan(partition, lo_, hi_, (), ((lo_, hi_),))
         return PartitionPlan(partition, None, None)
     segs = sorted(segs, key=lambda s: (s.key.start, -s.key.end, -s.key.level))
-    lo = rng.from_offset if rng.from_offset is not None else segs[0].key.start
-    hi = rng.to_offset if rng.to_offset is not None else max(s.key.end for s in segs)
+    first = segs[0].key.start if extent is None else min(extent[0], segs[0].key.start)
+    end = max(s.key.end for s in segs)
+    end = end if extent is None else max(extent[1], end)
+    lo = rng.from_offset if rng.from_offset is not None else first
+    hi = rng.to_offset if rng.to_offset is not None else end
     # (first, last, step or None for a gap): the cover in offset order.
     pieces: list[tuple[int, int, Step | None]] = []
     pos, i = lo, 0
