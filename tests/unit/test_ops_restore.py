@@ -321,3 +321,17 @@ def test_a_restore_reads_one_incarnation_never_two_merged() -> None:
     # segments ls: one summary per incarnation, each named.
     names = [(s.name, s.levels[0].count) for s in summarize(store.list("data/"))]
     assert names == [("orders", 1), ("orders@IdB", 1)]
+
+
+def test_the_snapshot_restored_is_part_of_the_checkpoint_key() -> None:
+    from dataclasses import replace
+
+    from replicator.ops.restore import key_incarnation
+    r = request(RestoreRange(from_offset=1, to_offset=9))
+    a, b = replace(r, snapshot=11), replace(r, snapshot=12)
+    assert a.checkpoint_key(0) == "restore:us-east-1:orders:0:orders.restored:1..9:..#11"
+    assert len({r.checkpoint_key(0), a.checkpoint_key(0), b.checkpoint_key(0)}) == 3
+    inc = replace(a, incarnation="IdB")
+    assert inc.checkpoint_key(0).endswith("#11@IdB") and key_incarnation(
+        inc.checkpoint_key(0)) == "IdB"
+    assert key_incarnation(a.checkpoint_key(0)) == ""

@@ -207,3 +207,62 @@ def test_bad_ranges_are_refused() -> None:
         RestoreRange(from_offset=5, to_offset=4)
     with pytest.raises(ValueError, match="--from-time"):
         RestoreRange(from_time=5, to_time=4)
+
+
+# --- a table snapshot as the restore point --------------------------------------------
+
+
+def test_a_snapshot_restores_exactly_the_segments_it_lists() -> None:
+    # Snapshot A listed the three level-0 segments; since, compaction added level 1 over
+    # them (kept in the bucket for now) and egress added 300-399: neither is A's.
+    a = level0(3)
+    bucket = [*a, seg(0, 299, level=1), seg(300, 399)]
+    p = plan(bucket, RestoreRange(), listed=[s.key for s in a], snapshot=7)
+    assert spans(p) == [(0, 0, 0, 99), (0, 100, 100, 199), (0, 200, 200, 299)]
+    assert p.missing == () and p.snapshot_refusals() == [] and p.refusals() == []
+
+
+def test_a_snapshot_combines_with_offset_bounds_and_partitions() -> None:
+    a = [*level0(3), *level0(2, partition=1)]
+    p = plan([*a, seg(300, 399)], RestoreRange(from_offset=150, to_offset=350),
+             partitions=[0], listed=[s.key for s in a], snapshot=7)
+    assert [pp.partition for pp in p.partitions] == [0]
+    assert spans(p) == [(0, 100, 150, 199), (0, 200, 200, 299)]
+    # Positions past what the snapshot lists are a gap of the range, not another segment.
+    assert p.gaps == [(0, 300, 350)]
+
+
+def test_a_snapshot_segment_deleted_since_is_refused_unless_gaps_are_allowed() -> None:
+    a = level0(3)
+    # Compaction replaced A's segments by a level-1 one and deleted them.
+    bucket = [seg(0, 299, level=1)]
+    p = plan(bucket, RestoreRange(), listed=[s.key for s in a], snapshot=7)
+    assert p.steps == [] and p.missing == tuple(s.key for s in a)
+    (why,) = p.snapshot_refusals()
+    assert "snapshot 7 lists 3 segment(s) no longer in the bucket" in why
+    assert str(a[0].key) in why and "older than the objects kept" in why
+    # Allowed: the missing positions are gaps, skipped like any other hole.
+    assert p.snapshot_refusals(allow_gaps=True) == []
+    assert p.gaps == [(0, 0, 299)] and p.refusals(allow_gaps=True) == []
+
+
+def test_a_missing_last_segment_of_a_snapshot_is_a_gap_at_its_end() -> None:
+    a = level0(3)
+    p = plan(a[:2], RestoreRange(), listed=[s.key for s in a], snapshot=7)
+    assert p.missing == (a[2].key,)
+    assert spans(p) == [(0, 0, 0, 99), (0, 100, 100, 199)] and p.gaps == [(0, 200, 299)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(0, 9), max_size=10), st.sets(st.integers(0, 9), max_size=10))
+def test_a_snapshot_plan_reads_only_listed_segments_and_names_every_missing_one(
+        listed_ix: set[int], present_ix: set[int]) -> None:
+    segs = level0(10, width=10)
+    listed = [segs[i].key for i in listed_ix]
+    p = plan([segs[i] for i in present_ix], RestoreRange(), listed=listed, snapshot=1)
+    read = {s.segment.key for s in p.steps}
+    assert read == {segs[i].key for i in listed_ix & present_ix}
+    assert set(p.missing) == {segs[i].key for i in listed_ix - present_ix}
+    # Each missing segment's positions are in a gap (never silently dropped).
+    for k in p.missing:
+        assert any(a <= k.start and k.end <= b for _, a, b in p.gaps)
