@@ -1,0 +1,96 @@
+"""``replicator restore --snapshot`` on Apache Kafka and the moto server: a snapshot of the
+topic's Iceberg table (pyiceberg's SQL catalog on SQLite) is a restore point. Segments are
+written, the table synced (snapshot A), more segments written and synced (snapshot B): a
+restore of A produces exactly A's records; once a segment A lists is deleted (lifecycle),
+restoring A is refused with exit 2 and nothing is produced, unless --allow-gaps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from formats.records import Record
+from replicator.archive.committer import ArchiveCommitter
+from replicator.core.kafka import Admin
+from replicator.core.keys import SegmentKey
+from replicator.core.settings import load_settings
+from replicator.devstack.toml_writer import write_toml
+from tests.conftest import unique_name
+from tests.integration.pipeline import CREDS, SOURCE_REGION, Pipeline
+from tests.integration.test_restore import restore_cmd, rows, run
+from tests.unit.test_compaction_helpers import make_records, write_segment
+
+pytestmark = pytest.mark.apache
+
+
+def config_doc(pipe: Pipeline, tmp_path: Path, *, catalog: bool = True) -> dict[str, Any]:
+    return {
+        "region": "us-west-1",
+        "s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, **CREDS},
+        "kafka": {"brokers": pipe.dest_brokers},
+        "catalog": {"enabled": catalog, "namespace": "lake", "table_name": "{topic}",
+                    "properties": {"uri": f"sqlite:///{tmp_path}/catalog.db"}},
+    }
+
+
+def segment(pipe: Pipeline, partition: int, start: int, end: int) -> tuple[SegmentKey,
+                                                                           list[Record]]:
+    key = SegmentKey("data", SOURCE_REGION, pipe.topic, partition, 0, start, end)
+    records = make_records(start, end)
+    write_segment(pipe.store, key, records)
+    return key, records
+
+
+def content(records: list[Record]) -> list[tuple[object, ...]]:
+    return [(r.key, r.value, [(k, v) for k, v in r.headers], r.timestamp_ms) for r in records]
+
+
+def test_restore_a_snapshot_then_refuse_it_once_its_files_are_deleted(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    doc = config_doc(pipe, tmp_path)
+    cfg = tmp_path / "restore.toml"
+    write_toml(cfg, doc)
+    committer = ArchiveCommitter(load_settings(data=doc, environ={}), pipe.store)
+    first, a0 = segment(pipe, 0, 0, 49)
+    _, a1 = segment(pipe, 0, 50, 79)
+    _, b0 = segment(pipe, 1, 0, 29)
+    snap_a = committer.sync(SOURCE_REGION, pipe.topic).snapshot_id
+    _, later = segment(pipe, 0, 80, 99)          # egress went on: snapshot B lists it too
+    snap_b = committer.sync(SOURCE_REGION, pipe.topic).snapshot_id
+    assert snap_a is not None and snap_b is not None and snap_a != snap_b
+
+    to_topic = unique_name("restored")
+    dry = run(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap_a), "--dry-run"))
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"snapshot {snap_a}: 3 of its segment(s) in the range, 0 no longer" in dry.stdout
+    done = run(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap_a)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = {p: [r[1:] for r in rows(pipe.dest_kafka, to_topic, p)] for p in (0, 1)}
+    assert got == {0: content(a0 + a1), 1: content(b0)}   # not 80-99: B's, not A's
+
+    # Lifecycle deletes A's first segment: A can no longer be restored whole.
+    pipe.store.delete(first.to_key())
+    gone_topic = unique_name("restored")
+    for args in (["--dry-run"], []):
+        res = run(restore_cmd(cfg, pipe, gone_topic, "--snapshot", str(snap_a), *args))
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert f"snapshot {snap_a} lists 1 segment(s) no longer in the bucket: " \
+               f"{first}" in res.stderr
+        assert "older than the objects kept" in res.stderr
+    assert gone_topic not in Admin(pipe.dest_kafka).list_topics()   # nothing produced
+    # --allow-gaps restores the rest, the deleted positions skipped (logged).
+    res = run(restore_cmd(cfg, pipe, gone_topic, "--snapshot", str(snap_a), "--allow-gaps"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [r[1:] for r in rows(pipe.dest_kafka, gone_topic, 0)] == content(a1)
+
+    # An unknown snapshot, and [catalog] off: exit 2 naming why.
+    res = run(restore_cmd(cfg, pipe, gone_topic, "--snapshot", "12345"))
+    assert res.returncode == 2 and "keeps no snapshot 12345" in res.stderr, res.stderr
+    off = tmp_path / "off.toml"
+    write_toml(off, config_doc(pipe, tmp_path, catalog=False))
+    res = run(restore_cmd(off, pipe, gone_topic, "--snapshot", str(snap_a)))
+    assert res.returncode == 2 and "catalog.enabled" in res.stderr, res.stderr
+    assert later  # B's segment existed throughout, never read for A
