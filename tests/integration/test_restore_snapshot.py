@@ -11,16 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
 from formats.records import Record
 from replicator.archive.committer import ArchiveCommitter
+from replicator.cli.main import main
 from replicator.core.kafka import Admin
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import load_settings
 from replicator.devstack.toml_writer import write_toml
 from tests.conftest import unique_name
 from tests.integration.pipeline import CREDS, SOURCE_REGION, Pipeline
-from tests.integration.test_restore import restore_cmd, rows, run
+from tests.integration.test_restore import restore_cmd, rows
 from tests.unit.test_compaction_helpers import make_records, write_segment
 
 pytestmark = pytest.mark.apache
@@ -44,6 +46,11 @@ def segment(pipe: Pipeline, partition: int, start: int, end: int) -> tuple[Segme
     return key, records
 
 
+def cli(cmd: list[str]) -> Result:
+    """``cmd`` (a ``replicator`` command line) run in this process (no interpreter start)."""
+    return CliRunner().invoke(main, cmd[1:])
+
+
 def content(records: list[Record]) -> list[tuple[object, ...]]:
     return [(r.key, r.value, [(k, v) for k, v in r.headers], r.timestamp_ms) for r in records]
 
@@ -63,11 +70,11 @@ def test_restore_a_snapshot_then_refuse_it_once_its_files_are_deleted(
     assert snap_a is not None and snap_b is not None and snap_a != snap_b
 
     to_topic = unique_name("restored")
-    dry = run(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap_a), "--dry-run"))
-    assert dry.returncode == 0, dry.stdout + dry.stderr
+    dry = cli(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap_a), "--dry-run"))
+    assert dry.exit_code == 0, dry.output
     assert f"snapshot {snap_a}: 3 of its segment(s) in the range, 0 no longer" in dry.stdout
-    done = run(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap_a)))
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = cli(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap_a)))
+    assert done.exit_code == 0, done.output
     got = {p: [r[1:] for r in rows(pipe.dest_kafka, to_topic, p)] for p in (0, 1)}
     assert got == {0: content(a0 + a1), 1: content(b0)}   # not 80-99: B's, not A's
 
@@ -75,22 +82,22 @@ def test_restore_a_snapshot_then_refuse_it_once_its_files_are_deleted(
     pipe.store.delete(first.to_key())
     gone_topic = unique_name("restored")
     for args in (["--dry-run"], []):
-        res = run(restore_cmd(cfg, pipe, gone_topic, "--snapshot", str(snap_a), *args))
-        assert res.returncode == 2, res.stdout + res.stderr
+        out = cli(restore_cmd(cfg, pipe, gone_topic, "--snapshot", str(snap_a), *args))
+        assert out.exit_code == 2, out.output
         assert f"snapshot {snap_a} lists 1 segment(s) no longer in the bucket: " \
-               f"{first}" in res.stderr
-        assert "older than the objects kept" in res.stderr
+               f"{first}" in out.stderr
+        assert "older than the objects kept" in out.stderr
     assert gone_topic not in Admin(pipe.dest_kafka).list_topics()   # nothing produced
     # --allow-gaps restores the rest, the deleted positions skipped (logged).
-    res = run(restore_cmd(cfg, pipe, gone_topic, "--snapshot", str(snap_a), "--allow-gaps"))
-    assert res.returncode == 0, res.stdout + res.stderr
+    out = cli(restore_cmd(cfg, pipe, gone_topic, "--snapshot", str(snap_a), "--allow-gaps"))
+    assert out.exit_code == 0, out.output
     assert [r[1:] for r in rows(pipe.dest_kafka, gone_topic, 0)] == content(a1)
 
     # An unknown snapshot, and [catalog] off: exit 2 naming why.
-    res = run(restore_cmd(cfg, pipe, gone_topic, "--snapshot", "12345"))
-    assert res.returncode == 2 and "keeps no snapshot 12345" in res.stderr, res.stderr
+    out = cli(restore_cmd(cfg, pipe, gone_topic, "--snapshot", "12345"))
+    assert out.exit_code == 2 and "keeps no snapshot 12345" in out.stderr, out.output
     off = tmp_path / "off.toml"
     write_toml(off, config_doc(pipe, tmp_path, catalog=False))
-    res = run(restore_cmd(off, pipe, gone_topic, "--snapshot", str(snap_a)))
-    assert res.returncode == 2 and "catalog.enabled" in res.stderr, res.stderr
+    out = cli(restore_cmd(off, pipe, gone_topic, "--snapshot", str(snap_a)))
+    assert out.exit_code == 2 and "catalog.enabled" in out.stderr, out.output
     assert later  # B's segment existed throughout, never read for A
