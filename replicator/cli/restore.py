@@ -190,8 +190,9 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     Same partition, same order, same keys, values (null stays null), headers and
     timestamps. The planner reads the fewest segments of any level that cover the range,
     never a record twice. Each batch is one transaction with a checkpoint keyed by the whole
-    request, restore:{region}:{topic}:{partition}:{to-topic}:{offsets}:{times}: run the same
-    command again after an interruption and it resumes where it stopped; another range is
+    request, restore:{region}:{topic}:{partition}:{to-topic}:{offsets}:{times}[#snapshot]:
+    run the same command again after an interruption and it resumes where it stopped; another
+    range is
     another restore, refused (exit 2) where it may repeat records another range already
     restored into --to-topic, unless --force. Restores of disjoint --partitions of one
     topic run side by side. Exit 0 only when the whole range was restored; a gap in the
@@ -257,6 +258,10 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
         for r in refusals + gone:
             click.echo(f"error: {r}", err=True)
         sys.exit(EXIT_USAGE if gone else EXIT_FAILURE if refusals else 0)
+    if plan.missing and not gone:
+        log.error("restore %s/%s snapshot %d: %d segment(s) it lists are no longer in the "
+                  "bucket, their positions skipped (--allow-gaps): %s", source_region, topic,
+                  snapshot_id, len(plan.missing), ", ".join(str(k) for k in plan.missing))
     if gone:
         for r in refusals:
             click.echo(f"error: {r}", err=True)
