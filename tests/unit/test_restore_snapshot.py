@@ -1,0 +1,54 @@
+"""Which segments ``replicator restore --snapshot`` reads (``replicator/ops/restore_snapshot.py``):
+a snapshot's data files as segment keys, against a real pyiceberg SQL catalog (SQLite) over
+a MemoryObjectStore; an unknown snapshot, no table, and ``[catalog]`` off are refusals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from replicator.archive.committer import ArchiveCommitter
+from replicator.core.errors import ConfigError
+from replicator.core.storage import MemoryObjectStore
+from replicator.ops.restore import RestoreRequest, make_plan
+from replicator.ops.restore_plan import RestoreRange
+from replicator.ops.restore_snapshot import SnapshotUnknown, snapshot_segments
+from tests.unit.test_archive_committer import catalog_settings
+from tests.unit.test_compaction_controller import k, seed
+
+
+def test_a_snapshot_lists_the_segments_it_had_and_plans_only_those(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    committer = ArchiveCommitter(settings, store)
+    seed(store, [(0, 9), (10, 19)])
+    snap_a = committer.sync("r1", "t").snapshot_id
+    seed(store, [(20, 29)])
+    snap_b = committer.sync("r1", "t").snapshot_id
+    assert snap_a is not None and snap_b is not None
+    a = snapshot_segments(settings, store, "r1", "t", snap_a)
+    assert a == {k(0, 0, 9), k(0, 10, 19)}
+    assert snapshot_segments(settings, store, "r1", "t", snap_b) == a | {k(0, 20, 29)}
+
+    # A lifecycle delete of one of A's segments: the plan names it missing.
+    store.delete(k(0, 0, 9).to_key())
+    req = RestoreRequest("r1", "t", "t.restored", "cp", RestoreRange(), snapshot=snap_a)
+    p = make_plan(store, settings.s3.prefix, req, listed=a)
+    assert p.missing == (k(0, 0, 9),) and [s.segment.key for s in p.steps] == [k(0, 10, 19)]
+    assert p.snapshot_refusals() and p.gaps == [(0, 0, 9)]
+
+
+def test_an_unknown_snapshot_no_table_and_catalog_off_are_refused(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    with pytest.raises(SnapshotUnknown, match="has no archive table"):
+        snapshot_segments(settings, store, "r1", "t", 1)
+    seed(store, [(0, 9)])
+    ArchiveCommitter(settings, store).sync("r1", "t")
+    with pytest.raises(SnapshotUnknown, match="keeps no snapshot 1 "):
+        snapshot_segments(settings, store, "r1", "t", 1)
+    off = catalog_settings(tmp_path, enabled=False)
+    with pytest.raises(ConfigError, match=r"catalog\.enabled"):
+        snapshot_segments(off, store, "r1", "t", 1)
