@@ -43,6 +43,9 @@ PRICES: dict[str, float] = {
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REQUEST = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/[\d.]+"\s+(\d{3})')
+_SEGMENT_NAME = re.compile(r"\d{20}-\d{20}")
+"""The last part of a segment key (``replicator.core.keys.SegmentKey``); topic metadata
+and heartbeats under the same prefix are PUT."""
 OPERATIONS = ("PUT", "COPY", "LIST", "GET", "HEAD", "DELETE", "SQS", "other")
 PUT_CLASS = ("PUT", "COPY", "LIST")
 GET_CLASS = ("GET", "HEAD")
@@ -92,15 +95,16 @@ def count_operations(lines: Iterable[str], copy_prefixes: tuple[str, ...] = ()
 
     The access log has no headers, so a COPY (PUT with ``x-amz-copy-source``) is told
     from a PUT by its target: a whole-object PUT (no query) whose path starts with one of
-    ``copy_prefixes`` is a COPY (egress writes ``temp/`` and copies to the final key under
-    ``data/``). Both are PUT-class, priced alike.
+    ``copy_prefixes`` and whose name is a segment's is a COPY (egress writes ``temp/`` and
+    copies to the final key under ``data/``). Both are PUT-class, priced alike.
     """
     out: Counter[str] = Counter()
     for line in lines:
         m = _REQUEST.search(_ANSI.sub("", line))
         if m is not None:
             method, target = m.group(1), m.group(2)
-            copy = method == "PUT" and "?" not in target and target.startswith(copy_prefixes)
+            copy = (method == "PUT" and "?" not in target and target.startswith(copy_prefixes)
+                    and _SEGMENT_NAME.fullmatch(target.rsplit("/", 1)[-1]) is not None)
             out[classify(method, target, copy)] += 1
     return out
 

@@ -15,7 +15,8 @@ LOG = """\
  * Running on http://127.0.0.1:1234
 127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /src HTTP/1.1" 200 -
 127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /src/temp/x HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /src/data/t/0/a HTTP/1.1" 200 -
+127.0.0.1 "PUT /src/data/r/t/0/0/00000000000000000000-00000000000000000009 HTTP/1.1" 200 -
+127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /src/data/r/t/_topic.json HTTP/1.1" 200 -
 127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /src/data/t/0/b?partNumber=1&uploadId=u HTTP/1.1" 200 -
 127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /dst/data/t/0/a HTTP/1.1" 200 -
 127.0.0.1 - - [23/Nov/2026 08:57:49] "HEAD /src/temp/x HTTP/1.1" 200 -
@@ -29,7 +30,7 @@ LOG = """\
 
 def test_operations_tell_copies_from_puts_by_the_final_prefix() -> None:
     ops = cost.count_operations(LOG.splitlines(), copy_prefixes=("/src/data/",))
-    assert ops == {"other": 1, "PUT": 3, "COPY": 1, "HEAD": 1, "DELETE": 2, "GET": 1,
+    assert ops == {"other": 1, "PUT": 4, "COPY": 1, "HEAD": 1, "DELETE": 2, "GET": 1,
                    "LIST": 1, "SQS": 1}
     assert cost.count_operations(LOG.splitlines())["COPY"] == 0
 
