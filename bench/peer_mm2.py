@@ -54,6 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from cost import cost_per_gb, count_operations, load_prices, log_bytes
 from lib import MB, write_toml
 from peer_lib import (
     PEER_METRICS,
@@ -281,6 +282,21 @@ class Dataset:
     raw_bytes: int
     counts: list[int]
     digest: MultisetDigest | None = None
+    values: str = "text"
+
+
+class RandomValues:
+    """Random values (incompressible), each starting with its sequence number like
+    ``DistinctText``'s (``SEQ_DIGITS`` digits and a space), so the checks read them alike."""
+
+    def __init__(self, seed: int = 11) -> None:
+        import random
+
+        self.rng = random.Random(seed)
+
+    def value(self, seq: int, size: int) -> bytes:
+        head = b"%012d " % seq
+        return (head + self.rng.randbytes(max(0, size - len(head))))[:size]
 
 
 @dataclass
@@ -293,6 +309,7 @@ class Peer:
     data: DistinctText = field(default_factory=DistinctText)
     results: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    prices: dict[str, float] = field(default_factory=lambda: load_prices(None))
 
     # --- clusters ---------------------------------------------------------------------
 
@@ -330,15 +347,18 @@ class Peer:
 
     # --- data -------------------------------------------------------------------------
 
-    def fill(self, value_size: int, partitions: int, records: int) -> Dataset:
+    def fill(self, value_size: int, partitions: int, records: int, values: str = "text"
+             ) -> Dataset:
         name = f"{'1KiB' if value_size == 1024 else f'{value_size}B'}-{partitions}p"
+        if values != "text":
+            name += f"-{values}"
         topic = f"peer.{name}.{uuid.uuid4().hex[:6]}"
         self.admin("source").create_topic(topic, partitions)
         t0 = time.perf_counter()
         p = raw_producer(self.src, {"linger.ms": 20})
         raw = 0
         counts = [0] * partitions
-        value = self.data.value
+        value = self.data.value if values == "text" else RandomValues().value
         for i in range(records):
             key = b"device-%05d" % (i % 5000)
             v = value(i, value_size)
@@ -358,7 +378,8 @@ class Peer:
             raise RuntimeError(f"{left} records of {topic} not delivered")
         log(f"filled {topic}: {records:,} records, {raw / MB:.0f} MB raw in "
             f"{time.perf_counter() - t0:.0f}s")
-        return Dataset(name, topic, partitions, value_size, records, raw, counts)
+        return Dataset(name, topic, partitions, value_size, records, raw, counts,
+                       values=values)
 
     def source_digest(self, ds: Dataset) -> MultisetDigest:
         if ds.digest is None:
@@ -432,7 +453,7 @@ class Peer:
         problems = self.source_digest(ds).differences(
             self.topic_digest("destination", dest, ds.partitions))
         self.new_topics_cleanup(before, keep=set())
-        r = {
+        r: dict[str, Any] = {
             **rate, "system": "mm2", "exit_code": code,
             "startup_s": t_first - t_launch,
             "startup_cpu_s": sampler.cpu_between("mm2", t_launch, t_first),
@@ -445,6 +466,11 @@ class Peer:
             "complete": not problems, "problems": problems[:5],
             "destination_records": final,
         }
+        # MM2 fetches the source batches across the regions: the source log files' bytes.
+        fetched = log_bytes(Path(self.servers["source"].data_dir), ds.topic)
+        r["cost"] = cost_per_gb(source_bytes=ds.raw_bytes, cpu_s=cpu, requests={},
+                                stored_bytes=0, cross_region_bytes=fetched,
+                                prices=self.prices)
         self.check_complete(r, f"MM2 {ds.name}")
         return r
 
@@ -528,6 +554,7 @@ class Peer:
                 sampler.watch("moto", st.moto.pid)
                 self.watch_brokers(sampler)
                 t_launch = time.time()
+                log_start = st.moto_log_size()
                 ingress, _sync, egress = st.launch(sampler)
                 alive = st.why_down
                 t_ready = wait_for(lambda: http_get(st.eg_port, "/healthz") is not None, 120,
@@ -551,6 +578,9 @@ class Peer:
             codes = st.stop()
             for s in spies:
                 s.stop(30)
+        # Every request of the copy (egress, sync, ingress, SQS), start-up and drain included.
+        requests = count_operations(st.moto_log_slice(log_start, st.moto_log_size()),
+                                    copy_prefixes=(f"/{st.src_bucket}/data/",))
         t_first, t_done = arr.first_arrival(), first_at_final(arr.samples)
         assert t_first is not None and t_done is not None
         final = arr.samples[-1][1]
@@ -597,6 +627,10 @@ class Peer:
             "problems": report.problems[:5],
             "destination_positions": final,
             "profiled": profile_dir is not None,
+            # Ours: each segment object crosses once (S3 Replication / replicator sync).
+            "cost": cost_per_gb(source_bytes=ds.raw_bytes, cpu_s=ours_cpu,
+                                requests=requests, stored_bytes=stored or 0,
+                                cross_region_bytes=stored or 0, prices=self.prices),
         }
         self.check_complete(r, f"ours {delivery} {ds.name}")
         return r
@@ -783,13 +817,14 @@ class Peer:
     def throughput(self) -> None:
         p = self.profile
         systems = [s for s in SYSTEMS if s in self.args.systems]
-        datasets = [self.fill(size, parts, p["records"][size])
+        datasets = [self.fill(size, parts, p["records"][size], values)
+                    for values in self.args.values
                     for size in p["sizes"] for parts in p["partitions"]]
         out: dict[str, Any] = {}
         self.results["throughput"] = out
         for ds in datasets:
             out[ds.name] = {"dataset": {k: getattr(ds, k) for k in (
-                "topic", "partitions", "value_size", "records", "raw_bytes")},
+                "topic", "partitions", "value_size", "records", "raw_bytes", "values")},
                 "runs": {s: [] for s in systems}}
         for i in range(p["rounds"]):
             for ds in datasets:
@@ -1140,6 +1175,29 @@ def _f(v: Any, fmt: str) -> str:
     return format(v, fmt)
 
 
+def render_cost(entry: dict[str, Any]) -> list[str]:
+    """The cost per GB of source records of each system (median run by total $)."""
+    rows: list[tuple[str, ...]] = [("cost per GB", "CPU s", "PUT", "COPY", "LIST", "GET",
+                                    "HEAD", "DELETE", "SQS", "stored GB", "x-region GB",
+                                    "$ CPU", "$ S3 req", "$ SQS", "$ store/mo", "$ x-region",
+                                    "$ total")]
+    for s, runs in entry["runs"].items():
+        costs = sorted((x["cost"] for x in runs if "cost" in x),
+                       key=lambda c: c["usd_per_gb_total"])
+        if not costs:
+            continue
+        c = costs[len(costs) // 2]
+        q, usd = c["requests_per_gb"], c["usd_per_gb"]
+        rows.append((s, _f(c["cpu_s_per_gb"], ".1f"),
+                     *(_f(q.get(op, 0), ",.0f") for op in ("PUT", "COPY", "LIST", "GET",
+                                                           "HEAD", "DELETE", "SQS")),
+                     _f(c["stored_gb_per_gb"], ".3f"), _f(c["cross_region_gb_per_gb"], ".3f"),
+                     *(_f(usd[k], ".4f") for k in ("compute", "s3_requests", "sqs",
+                                                   "storage_month", "transfer")),
+                     _f(c["usd_per_gb_total"], ".4f")))
+    return render_table(rows) if len(rows) > 1 else []
+
+
 def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [f"kafka-s3-replicator versus MirrorMaker 2 ({meta['profile']}, "
              f"{meta['cpus']} cores shared; load average at start {meta['load_at_start']}, "
@@ -1152,8 +1210,9 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
     tp = results.get("throughput", {})
     for name, entry in tp.items():
         ds = entry["dataset"]
-        lines.append(f"{name}: {ds['records']:,} records x {ds['value_size']} B distinct "
-                     f"text-like values (+12 B keys), {ds['raw_bytes'] / MB:.0f} MB raw, "
+        kind = "random" if ds.get("values") == "random" else "distinct text-like"
+        lines.append(f"{name}: {ds['records']:,} records x {ds['value_size']} B {kind} "
+                     f"values (+12 B keys), {ds['raw_bytes'] / MB:.0f} MB raw, "
                      f"{ds['partitions']} partitions")
         goals = GOALS.get(ds["value_size"], {})
         rows: list[tuple[str, ...]] = [("system", "records/s", "MB/s", "CPU s/GB", "CPU us/rec",
@@ -1185,6 +1244,7 @@ def render(results: dict[str, Any], meta: dict[str, Any]) -> str:
             cells += ["", _f(ratios.get("peak_rss_mb"), ".2f"), "", ""]
             rows.append(tuple(cells))
         lines += ["  " + x for x in render_table(rows)]
+        lines += ["  " + x for x in render_cost(entry)]
         for s, ratios in entry.get("ratio", {}).items():
             lines.append(f"  {s}/mm2 with start-up included (launch -> last record): rate "
                          f"{_f(ratios.get('whole_run_records_per_s'), '.2f')}, CPU per GB "
@@ -1238,6 +1298,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", default=None,
                     help="records per size, e.g. 1024:1000000,100:3000000")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--values", default="text,random",
+                    help="value kinds of the throughput datasets: text (distinct text-like), "
+                         "random (incompressible)")
+    ap.add_argument("--prices", type=Path, default=None,
+                    help="TOML file of prices replacing bench/cost.py's PRICES (same keys)")
     ap.add_argument("--latency-variants",
                     default="mm2,default,default+sync,low-latency,low-latency+sync",
                     help="+sync: through `replicator sync --follow` between two buckets "
@@ -1287,6 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.latency_seconds:
         profile["latency_seconds"] = args.latency_seconds
     args.systems = args.systems.split(",")
+    args.values = args.values.split(",")
     args.latency_variants = args.latency_variants.split(",")
     args.profile_deliveries = args.profile_deliveries.split(",")
     if args.mm2_compression is None or args.mm2_compression_level is None:
@@ -1303,7 +1369,7 @@ def main(argv: list[str] | None = None) -> int:
     args.json = args.json or HERE / "results" / f"{stamp}-peer-{args.mode}.json"
     home = resolve_kafka_home(args.kafka_home)
     work = Path(tempfile.mkdtemp(prefix="bench-peer-"))
-    peer = Peer(work, home, args, profile)
+    peer = Peer(work, home, args, profile, prices=load_prices(args.prices))
     peer.load_at_start = load_average()
     peer.started = datetime.now(UTC).isoformat()
     log(f"work dir {work}; KAFKA_HOME {home}; load average {peer.load_at_start}")
@@ -1322,6 +1388,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = peer.meta()
     meta["latency_rate_mb"] = args.latency_rate_mb
     meta["seconds"] = time.perf_counter() - t0
+    meta["prices"] = peer.prices
     peer.save()
     print(render(peer.results, meta))
     if peer.failures:
