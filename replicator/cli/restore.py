@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from replicator.archive.restore_snapshot import SnapshotUnknown, snapshot_segments
 from replicator.cli.common import EXIT_FAILURE, EXIT_USAGE, config_option, fail
 from replicator.cli.logs import setup_command_logging
 from replicator.cli.stores import settings_store
@@ -23,7 +24,6 @@ from replicator.ops.incarnations import choose
 from replicator.ops.pace import Progress, summary_lines
 from replicator.ops.restore import Restorer, RestoreRefused, RestoreRequest, make_plan
 from replicator.ops.restore_plan import Plan, RestoreRange
-from replicator.ops.restore_snapshot import SnapshotUnknown, snapshot_segments
 
 log = logging.getLogger(__name__)
 

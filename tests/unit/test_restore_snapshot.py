@@ -1,6 +1,7 @@
-"""Which segments ``replicator restore --snapshot`` reads (``replicator/ops/restore_snapshot.py``):
-a snapshot's data files as segment keys, against a real pyiceberg SQL catalog (SQLite) over
-a MemoryObjectStore; an unknown snapshot, no table, and ``[catalog]`` off are refusals.
+"""Which segments ``replicator restore --snapshot`` reads
+(``replicator/archive/restore_snapshot.py``): a snapshot's data files as segment keys,
+against a real pyiceberg SQL catalog (SQLite) over a MemoryObjectStore; an unknown
+snapshot, no table, and ``[catalog]`` off are refusals.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from replicator.archive.committer import ArchiveCommitter
+from replicator.archive.restore_snapshot import SnapshotUnknown, snapshot_segments
 from replicator.core.errors import ConfigError
 from replicator.core.storage import MemoryObjectStore
 from replicator.ops.restore import RestoreRequest, make_plan
 from replicator.ops.restore_plan import RestoreRange
-from replicator.ops.restore_snapshot import SnapshotUnknown, snapshot_segments
 from tests.unit.test_archive_committer import catalog_settings
 from tests.unit.test_compaction_controller import k, seed
 
