@@ -431,6 +431,33 @@ def _position(x: object) -> bool:
 # --- exported consumer-group offsets --------------------------------------------------
 
 
+def _strings(doc: dict[str, Any], where: str, names: tuple[str, ...]) -> dict[str, str]:
+    """The string fields ``names`` of ``doc``.
+
+    Raises:
+        ValueError: naming ``where`` and the field that is missing or not a string.
+    """
+    texts = {}
+    for name in names:
+        v = doc.get(name)
+        if not isinstance(v, str):
+            raise ValueError(f"{where}: {name!r} must be a string, got {v!r}")
+        texts[name] = v
+    return texts
+
+
+def _time(texts: dict[str, str], name: str, where: str) -> datetime:
+    """The RFC 3339 time of field ``name``.
+
+    Raises:
+        ValueError: naming ``where`` and the field, when it is not an RFC 3339 time.
+    """
+    try:
+        return parse_rfc3339(texts[name])
+    except ValueError as e:
+        raise ValueError(f"{where}: {name!r} is not an RFC 3339 time: {e}") from e
+
+
 @dataclass(frozen=True)
 class GroupExport:
     """The committed offsets of one source consumer group for one topic.
@@ -483,16 +510,8 @@ class GroupExport:
                 object of partition numbers to offsets >= 0.
         """
         doc = json_object(data, where, if_null=f"{where} is empty")
-        texts = {}
-        for name in ("group", "topic", "region", "exported_at"):
-            v = doc.get(name)
-            if not isinstance(v, str):
-                raise ValueError(f"{where}: {name!r} must be a string, got {v!r}")
-            texts[name] = v
-        try:
-            exported = parse_rfc3339(texts["exported_at"])
-        except ValueError as e:
-            raise ValueError(f"{where}: 'exported_at' is not an RFC 3339 time: {e}") from e
+        texts = _strings(doc, where, ("group", "topic", "region", "exported_at"))
+        exported = _time(texts, "exported_at", where)
         offsets = _partition_offsets(doc.get("offsets"), where, "offsets")
         empty = _partition_offsets(doc.get("no_records_from", {}), where, "no_records_from")
         topic_id = doc.get("topic_id")
@@ -536,16 +555,8 @@ class Heartbeat:
                 wrong type.
         """
         doc = json_object(data, where, if_null=f"{where} is empty")
-        texts = {}
-        for name in ("topic", "region", "instance", "written_at"):
-            v = doc.get(name)
-            if not isinstance(v, str):
-                raise ValueError(f"{where}: {name!r} must be a string, got {v!r}")
-            texts[name] = v
-        try:
-            written = parse_rfc3339(texts["written_at"])
-        except ValueError as e:
-            raise ValueError(f"{where}: 'written_at' is not an RFC 3339 time: {e}") from e
+        texts = _strings(doc, where, ("topic", "region", "instance", "written_at"))
+        written = _time(texts, "written_at", where)
         return cls(texts["topic"], texts["region"], texts["instance"], written,
                    _partition_offsets(doc.get("caught_up", {}), where, "caught_up"))
 
