@@ -540,9 +540,7 @@ class Egress:
                 log.warning("%s[%d]: no committed offset; starting at offset %d, the end of "
                             "the log (start): records before are not copied",
                             topic, partition, end)
-        fixed = {key for key, offset in start.items() if offset >= 0} - {
-            (tp.topic, tp.partition) for tp in committed if tp.offset >= 0}
-        return start, fixed
+        return start, {(tp.topic, tp.partition) for tp in by_time} | set(at_end)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]
