@@ -220,7 +220,7 @@ class PartitionWriter:
         if now < self._skip_commit_at:
             return
         self._skip_commit_at = now + interval
-        self.queue.submit(lambda: self._commit_skipped(pos, start, "skipped records"))
+        self.queue.submit(lambda: self._commit_position(pos, start, "skipped records"))
 
     def commit_start(self) -> None:
         """Commit the position this partition was started at without a commit (``start =
@@ -229,9 +229,9 @@ class PartitionWriter:
         """
         pos = self.position
         if pos is not None:
-            self.queue.submit(lambda: self._commit_skipped(pos, pos, "its start"))
+            self.queue.submit(lambda: self._commit_position(pos, pos, "its start"))
 
-    def _commit_skipped(self, position: int, start: int, why: str) -> None:
+    def _commit_position(self, position: int, start: int, why: str) -> None:
         if self.cancel.is_set() or self.broken.is_set():
             return
         try:
