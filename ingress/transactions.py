@@ -276,11 +276,12 @@ class TransactionLoop:
 
     def _take(self) -> list[Batch]:
         """The batches of the next transaction (under ``_cond``): every one waiting, but
-        one per partition set apart by a refusal (``_apart``); the others wait, in order.
+        one per partition set apart by a refusal (``_apart``), and no more than the
+        throttle's tokens cover; the others wait, in order.
         """
         if not self._apart:
             return drain_all(self._pending, self.throttle)
-        take: list[Batch] = []
+        candidates: deque[Batch] = deque()
         wait: deque[Batch] = deque()
         seen: set[TP] = set()
         for b in self._pending:
@@ -288,8 +289,10 @@ class TransactionLoop:
                 wait.append(b)
             else:
                 seen.add(b.tp)
-                take.append(b)
-        self._pending = wait
+                candidates.append(b)
+        take = drain_all(candidates, self.throttle)
+        candidates.extend(wait)
+        self._pending = candidates
         return take
 
     def _ready_producer(self) -> Producer:
