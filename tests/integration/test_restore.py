@@ -305,10 +305,11 @@ def test_disjoint_partitions_restore_side_by_side(pipe: Pipeline, tmp_path: Path
     for part in range(PARTITIONS):
         logs.append(tmp_path / f"restore-{part}.out")
         with open(logs[-1], "w") as out:
-            # Paced so that both are producing at once (600 records of ~30 bytes each).
+            # Paced so that both are producing at once: 600 records of ~20 bytes each at
+            # 1 KB/s take ~12 s, several times a loaded machine's start of the second CLI.
             procs.append(subprocess.Popen(
                 restore_cmd(cfg, pipe, to_topic, "--partitions", str(part), "--batch-size",
-                            "20", "--rate", "3KB/s"),
+                            "20", "--rate", "1KB/s"),
                 stdout=out, stderr=out, start_new_session=True, env=env))
     try:
         def both_writing() -> bool:
