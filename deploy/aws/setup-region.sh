@@ -4,6 +4,7 @@
 #   deploy/aws/setup-region.sh render       # write rendered JSON to $OUT (default: ./rendered/$REGION)
 #   deploy/aws/setup-region.sh bucket       # bucket (versioned, encrypted, TLS-only, lifecycle) + SQS queue + notification
 #   deploy/aws/setup-region.sh iam          # IRSA roles for egress/ingress/compaction (+ its Spark driver) + the S3 replication role
+#                                           # (+ with ARCHIVE=true: the archive committer's role and compaction's table swap)
 #   deploy/aws/setup-region.sh replication  # S3 replication to the peer bucket (run after both regions' `bucket`)
 #
 # Settings (environment):
@@ -16,6 +17,14 @@
 #   BUCKET            default replicator-$REGION        PEER_BUCKET  default replicator-$PEER_REGION
 #   QUEUE_NAME        default replicator-$REGION-events NAMESPACE    default replicator
 #   PREFIX / TEMP_PREFIX  default data / temp (must match [s3] prefix / temp_prefix)
+#   ARCHIVE           true: the archive tables ([catalog] with AWS Glue, deploy/k8s/components/archive):
+#                     `iam` creates the role of the archive committer and adds iam/archive-compaction.json
+#                     to compaction's roles; false (default): neither (and that policy is removed again)
+#   WAREHOUSE_PREFIX  default iceberg: the Iceberg warehouse in $BUCKET ([catalog] warehouse =
+#                     "s3://$BUCKET/$WAREHOUSE_PREFIX"); never under PREFIX or TEMP_PREFIX
+#   GLUE_DATABASE     default replicator: the Glue database ([catalog] namespace, one level)
+#   GLUE_ACCOUNT_ID / GLUE_REGION  the Glue Data Catalog's (default ACCOUNT_ID / REGION;
+#                     [catalog] properties glue.id / glue.region)
 #   ENDPOINT_URL      optional: passed as --endpoint-url to every call (S3-compatible or local
 #                     endpoints; e.g. the embedded stack's moto server)
 set -euo pipefail
@@ -31,14 +40,25 @@ export NAMESPACE="${NAMESPACE:-replicator}"
 export PREFIX="${PREFIX:-data}" TEMP_PREFIX="${TEMP_PREFIX:-temp}"
 export SOURCE_REGION="${SOURCE_REGION:-$PEER_REGION}"
 export OIDC_PROVIDER="${OIDC_PROVIDER:-}"
+export ARCHIVE="${ARCHIVE:-false}" WAREHOUSE_PREFIX="${WAREHOUSE_PREFIX:-iceberg}"
+export GLUE_DATABASE="${GLUE_DATABASE:-replicator}"
+export GLUE_ACCOUNT_ID="${GLUE_ACCOUNT_ID:-$ACCOUNT_ID}" GLUE_REGION="${GLUE_REGION:-$REGION}"
+case "$ARCHIVE" in true|false) ;; *) echo "ARCHIVE must be true or false" >&2; exit 2 ;; esac
+# The lifecycle expires temp/ after a day, and segments are only what is under PREFIX.
+case "$WAREHOUSE_PREFIX/" in
+  "$PREFIX/"*|"$TEMP_PREFIX/"*)
+    echo "WAREHOUSE_PREFIX must not be under PREFIX or TEMP_PREFIX" >&2; exit 2 ;;
+esac
 OUT="${OUT:-$PWD/rendered/$REGION}"
 # One IRSA role replicator-$REGION-<name> per ServiceAccount replicator-<name>.
-IRSA_ACCOUNTS="egress ingress compaction compaction-driver"
+# The archive committer's (archive) is created only with ARCHIVE=true.
+IRSA_ACCOUNTS="egress ingress compaction compaction-driver archive"
 
 # Only these variables are substituted; any other `$` in a template stays as it is.
 VARS='${REGION} ${PEER_REGION} ${ACCOUNT_ID} ${KMS_KEY_ARN} ${PEER_KMS_KEY_ARN} ${BUCKET}
 ${PEER_BUCKET} ${QUEUE_NAME} ${NAMESPACE} ${PREFIX} ${TEMP_PREFIX} ${SOURCE_REGION}
-${OIDC_PROVIDER} ${CONTROLLER}'
+${OIDC_PROVIDER} ${CONTROLLER} ${WAREHOUSE_PREFIX} ${GLUE_DATABASE} ${GLUE_ACCOUNT_ID}
+${GLUE_REGION}'
 
 aws() { command aws ${ENDPOINT_URL:+--endpoint-url "$ENDPOINT_URL"} "$@"; }
 
@@ -48,6 +68,7 @@ render() {
   (
     cd "$HERE"
     for f in s3/*.json sqs/*.json iam/egress.json iam/ingress.json iam/compaction.json \
+             iam/archive.json iam/archive-compaction.json \
              iam/s3-replication.json iam/s3-replication-trust.json; do
       CONTROLLER="" envsubst "$VARS" < "$f" > "$OUT/$f"
     done
@@ -115,12 +136,29 @@ iam() {
   : "${OIDC_PROVIDER:?set OIDC_PROVIDER (aws eks describe-cluster --query cluster.identity.oidc.issuer)}"
   render
   for c in $IRSA_ACCOUNTS; do
+    if [ "$c" = archive ] && [ "$ARCHIVE" != true ]; then
+      echo "no role for the archive committer (ARCHIVE=true creates it)" >&2
+      continue
+    fi
     # The Spark driver (deploy/compaction/) has its own ServiceAccount, so its own role (a
     # trust names exactly one ServiceAccount), with the compaction policy.
     policy="${c%-driver}"
     ensure_role "replicator-$REGION-$c" "$OUT/iam/irsa-trust-$c.json"
     aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
       --policy-name "replicator-$policy" --policy-document "file://$OUT/iam/$policy.json"
+    # Compaction swaps its inputs for its output in the archive tables before it deletes
+    # them ([catalog] enabled): a second policy of its roles, only while the archive is on.
+    if [ "$policy" = compaction ]; then
+      if [ "$ARCHIVE" = true ]; then
+        aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
+          --policy-name replicator-archive-compaction \
+          --policy-document "file://$OUT/iam/archive-compaction.json"
+      elif aws iam get-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
+             --policy-name replicator-archive-compaction >/dev/null 2>&1; then
+        aws iam delete-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
+          --policy-name replicator-archive-compaction
+      fi
+    fi
   done
   ensure_role "replicator-$REGION-s3-replication" "$OUT/iam/s3-replication-trust.json"
   aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-s3-replication" \
@@ -135,5 +173,5 @@ replication() {
 
 case "${1:-}" in
   render|bucket|iam|replication) "$1" ;;
-  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,30p' "$0" >&2; exit 2 ;;
 esac
