@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
+ARCHIVE_COMPONENT = K8S / "components" / "archive"
 AWS = DEPLOY / "aws"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DASHBOARD = DEPLOY / "grafana" / "replicator-dashboard.json"
@@ -43,6 +44,9 @@ EXTERNAL_METRICS = {"kube_cronjob_status_last_successful_time"}
 
 WORKLOAD_KINDS = ("Deployment", "CronJob")
 GROUPS_SYNC = "replicator-groups-sync"
+ARCHIVE = "replicator-archive"
+# Singletons: one replica, Recreate, no PodDisruptionBudget.
+SINGLETONS = (GROUPS_SYNC, ARCHIVE)
 IMAGE_PREFIX = "kafka-s3-replicator-"
 CONFIG_PATH = "/etc/replicator/config.toml"
 # What egress needs on top of egress.max_buffered_bytes (see the comment in egress.yaml).
@@ -164,7 +168,18 @@ AWS_VALUES = {
     "NAMESPACE": "replicator",
     "CONTROLLER": "egress",
     "OIDC_PROVIDER": "oidc.eks.us-east-1.amazonaws.com/id/EXAMPLE",
+    "WAREHOUSE_PREFIX": "iceberg",
+    "GLUE_DATABASE": "replicator",
+    "GLUE_ACCOUNT_ID": "123456789012",
+    "GLUE_REGION": "us-east-1",
 }
+
+
+def _irsa_accounts() -> list[str]:
+    """The names setup-region.sh creates an IRSA role replicator-<region>-<name> for."""
+    m = re.search(r'^IRSA_ACCOUNTS="([^"]+)"', (AWS / "setup-region.sh").read_text(), re.M)
+    assert m, "setup-region.sh: no IRSA_ACCOUNTS"
+    return m.group(1).split()
 
 
 def _aws(relpath: str, **over: str) -> Any:
@@ -192,12 +207,25 @@ def test_every_json_file_parses() -> None:
         json.loads(f.read_text())
 
 
-def test_every_aws_template_variable_is_known_to_setup_script() -> None:
+def _setup_script_vars() -> set[str]:
+    """The variables setup-region.sh's envsubst substitutes (its VARS)."""
+    m = re.search(r"^VARS='([^']+)'", (AWS / "setup-region.sh").read_text(), re.M)
+    assert m, "setup-region.sh: no VARS"
+    return set(re.findall(r"\$\{(\w+)\}", m.group(1)))
+
+
+def _setup_script_defaults() -> dict[str, str]:
+    """``NAME="${NAME:-default}"`` settings of setup-region.sh."""
     script = (AWS / "setup-region.sh").read_text()
+    return dict(re.findall(r'(\w+)="\$\{\1:-([^}$]+)\}"', script))
+
+
+def test_every_aws_template_variable_is_known_to_setup_script() -> None:
+    substituted = _setup_script_vars()
     for f in AWS.rglob("*.json"):
         for name in re.findall(r"\$\{(\w+)\}", f.read_text()):
             assert name in AWS_VALUES, f"{f}: unknown template variable {name}"
-            assert "${" + name + "}" in script, f"setup-region.sh does not substitute {name}"
+            assert name in substituted, f"setup-region.sh does not substitute {name}"
 
 
 def test_shell_scripts_are_valid_bash() -> None:
@@ -255,9 +283,38 @@ def test_sasl_password_from_the_environment_is_used_and_masked(overlay: Path) ->
 # --- Kubernetes ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=OVERLAYS, ids=lambda p: p.name)
-def rendered(request: pytest.FixtureRequest) -> tuple[Path, list[dict[str, Any]]]:
-    overlay: Path = request.param
+def _uncomment_catalog(text: str) -> str:
+    """config.toml with its commented [catalog] block (the file's last lines) uncommented."""
+    lines = text.splitlines()
+    start = lines.index("# [catalog]")
+    assert all(ln.startswith("# ") for ln in lines[start:]), "the [catalog] block ends the file"
+    return "\n".join(lines[:start] + [ln[2:] for ln in lines[start:]]) + "\n"
+
+
+def _with_archive(root: Path, overlay: Path) -> Path:
+    """A copy of deploy/k8s under ``root`` whose ``overlay`` has the archive turned on as
+    docs/deploy.md says: the archive component and the [catalog] block uncommented.
+    """
+    shutil.copytree(K8S, root / "k8s")
+    copy = root / "k8s" / "overlays" / overlay.name
+    kust = copy / "kustomization.yaml"
+    text = kust.read_text()
+    on = text.replace("# components:\n#   - ../../components/archive\n",
+                      "components:\n  - ../../components/archive\n")
+    assert on != text, f"{kust}: no commented archive component"
+    kust.write_text(on)
+    config = copy / "config.toml"
+    config.write_text(_uncomment_catalog(config.read_text()))
+    return copy
+
+
+@pytest.fixture(scope="module", params=[(o, a) for o in OVERLAYS for a in (False, True)],
+                ids=lambda p: p[0].name + ("+archive" if p[1] else ""))
+def rendered(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    overlay, archive = request.param
+    if archive:
+        overlay = _with_archive(tmp_path_factory.mktemp("archive"), overlay)
     return overlay, _render(overlay)
 
 
@@ -272,7 +329,9 @@ def test_base_renders() -> None:
 def test_overlay_has_one_workload_per_controller(rendered: tuple[Path, list[Any]]) -> None:
     _, docs = rendered
     deployments = _by_kind(docs, "Deployment")
-    assert set(deployments) == {"replicator-egress", "replicator-ingress", GROUPS_SYNC}
+    # The archive committer runs exactly when [catalog] is on (the component goes with it).
+    archive = {ARCHIVE} if _rendered_config(docs).catalog.enabled else set()
+    assert set(deployments) == {"replicator-egress", "replicator-ingress", GROUPS_SYNC, *archive}
     assert set(_by_kind(docs, "CronJob")) == {"replicator-compaction"}
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     for w in _workloads(docs):
@@ -287,6 +346,10 @@ def test_overlay_has_one_workload_per_controller(rendered: tuple[Path, list[Any]
             assert "--every" in args
             port = int(args[args.index("--metrics-port") + 1])
             assert port == _rendered_config(docs).metrics.port
+        elif w["metadata"]["name"] == ARCHIVE:
+            # `replicator archive follow`, its /metrics on metrics.port of the config.
+            assert binary == "replicator" and binary in scripts
+            assert c["args"] == ["archive", "follow", "--config", CONFIG_PATH]
         else:
             assert binary == f"replicator-{controller}" and binary in scripts
             assert c["args"][:2] == ["--config", CONFIG_PATH]
@@ -388,14 +451,15 @@ def test_every_deployment_has_a_pdb(rendered: tuple[Path, list[Any]]) -> None:
     _, docs = rendered
     pdbs = list(_by_kind(docs, "PodDisruptionBudget").values())
     for name, d in _by_kind(docs, "Deployment").items():
-        if name == GROUPS_SYNC:
-            # A singleton: a second replica would repeat its commits; Recreate keeps
-            # rollouts from running two.
-            assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
-            continue
         labels = _pod_meta(d)["labels"]
         matching = [p for p in pdbs if p["spec"]["selector"]["matchLabels"].items()
                     <= labels.items()]
+        if name in SINGLETONS:
+            # A second replica would repeat groups-sync's commits, or wait for the archive
+            # lease; Recreate keeps rollouts from running two, and a PDB would block drains.
+            assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"]["type"] == "Recreate"
+            assert not matching, name
+            continue
         assert len(matching) == 1, name
         assert d["spec"]["replicas"] > 1, f"{name}: a PDB with one replica blocks drains"
 
@@ -432,6 +496,7 @@ def test_each_controller_has_its_own_irsa_service_account(
         rendered: tuple[Path, list[Any]]) -> None:
     overlay, docs = rendered
     sas = _by_kind(docs, "ServiceAccount")
+    created = _irsa_accounts()
     used = []
     for w in _workloads(docs):
         sa = _pod_spec(w)["serviceAccountName"]
@@ -442,8 +507,10 @@ def test_each_controller_has_its_own_irsa_service_account(
         role = sas[sa]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
         assert re.fullmatch(rf"arn:aws:iam::\d{{12}}:role/replicator-{overlay.name}-"
                             rf"{w['metadata']['name'].removeprefix('replicator-')}", role)
+        # ... a role setup-region.sh creates, trusting exactly this ServiceAccount.
+        assert sa.removeprefix("replicator-") in created, f"setup-region.sh: no role for {sa}"
         used.append(sa)
-    assert len(set(used)) == len(used) == 3
+    assert len(set(used)) == len(used) == len(_workloads(docs)) - 1
 
 
 def test_images_are_dockerfile_targets(rendered: tuple[Path, list[Any]]) -> None:
@@ -470,7 +537,7 @@ def _dockerfile_uid() -> int:
     return int(uid)
 
 
-FINAL_STAGES = ("runtime", "egress", "ingress", "compaction")
+FINAL_STAGES = ("runtime", "egress", "ingress", "compaction", "archive")
 
 
 @pytest.mark.parametrize("target", FINAL_STAGES)
@@ -499,11 +566,18 @@ def test_slim_image_has_no_spark_and_compaction_image_has_java() -> None:
     assert re.search(r"openjdk-1[7-9]|openjdk-2\d", compaction)
     build = " ".join(_stage_chain(stages, "build"))
     build_compaction = " ".join(_stage_chain(stages, "build-compaction"))
-    extra = "pip install '/src[compaction]'"
-    assert extra not in build and extra in build_compaction
+    assert "/src[" not in build
+    # The compaction extra, plus the archive extra only when asked (COMPACTION_EXTRAS).
+    assert "ARG COMPACTION_EXTRAS=compaction" in build_compaction
+    assert 'pip install "/src[${COMPACTION_EXTRAS}]"' in build_compaction
+    # The archive committer: the archive extra (pyiceberg), no Spark, no JRE.
+    archive = " ".join(_stage_chain(stages, "archive"))
+    assert "--from=build-archive " in archive and "openjdk" not in archive
+    assert "pip install '/src[archive]'" in " ".join(_stage_chain(stages, "build-archive"))
     # The package with its own dependencies only: no extra but compaction, ever.
     assert "pip install /src" in build
     assert not re.search(r"\[(?:local|dev)", build_compaction)
+    assert "/src[compaction" not in " ".join(_stage_chain(stages, "build-archive"))
 
 
 def _req_name(req: str) -> str:
@@ -627,6 +701,10 @@ META = f"{B}/data/us-east-1/sensor.events/_topic.json"
 PEER = f"{B}/data/us-west-1/sensor.events/3/0/00000000000000000100-00000000000000000199"
 TEMP = f"{B}/temp/0b7f3c2e-8a9d-4c1e-9d7a-1f2e3d4c5b6a"
 QUEUE = "arn:aws:sqs:us-east-1:123456789012:replicator-us-east-1-events"
+ARCHIVE_LOCK = f"{B}/data/us-east-1/_archive.lock"
+WAREHOUSE = f"{B}/iceberg/replicator/us_east_1_sensor_events/metadata/00001-5e3c.metadata.json"
+GLUE = "arn:aws:glue:us-east-1:123456789012"
+GLUE_TABLE = f"{GLUE}:table/replicator/us_east_1_sensor_events"
 KEY = AWS_VALUES["KMS_KEY_ARN"]
 VIA_S3 = {"kms:ViaService": "s3.us-east-1.amazonaws.com"}
 
@@ -682,6 +760,39 @@ LEAST_PRIVILEGE: dict[str, list[tuple[str, str, dict[str, str], bool]]] = {
         ("s3:PutObject", PEER, {}, False),
         ("sqs:ReceiveMessage", QUEUE, {}, False),
     ],
+    "archive": [
+        ("s3:ListBucket", B, {}, True),              # the region's topics and segments
+        ("s3:GetObject", OWN, {}, True),             # Parquet footers of new segments
+        ("s3:GetObject", OWN_L1, {}, True),
+        ("s3:GetObject", META, {}, True),            # _topic.json: the topic's incarnation
+        ("s3:PutObject", ARCHIVE_LOCK, {}, True),    # the committer's lease
+        ("s3:GetObject", ARCHIVE_LOCK, {}, True),
+        ("s3:DeleteObject", ARCHIVE_LOCK, {}, True),
+        ("s3:PutObject", WAREHOUSE, {}, True),       # table metadata and manifests
+        ("s3:GetObject", WAREHOUSE, {}, True),
+        ("s3:DeleteObject", WAREHOUSE, {}, True),    # metadata no snapshot refers to
+        ("s3:AbortMultipartUpload", WAREHOUSE, {}, True),
+        ("glue:GetDatabase", f"{GLUE}:database/replicator", {}, True),
+        ("glue:CreateDatabase", f"{GLUE}:database/replicator", {}, True),
+        ("glue:CreateDatabase", f"{GLUE}:catalog", {}, True),
+        ("glue:GetTable", GLUE_TABLE, {}, True),
+        ("glue:CreateTable", GLUE_TABLE, {}, True),
+        ("glue:UpdateTable", GLUE_TABLE, {}, True),  # a commit swaps the metadata pointer
+        ("kms:GenerateDataKey", KEY, VIA_S3, True),
+        ("kms:Decrypt", KEY, VIA_S3, True),
+        ("s3:PutObject", OWN, {}, False),            # never writes or deletes a segment
+        ("s3:DeleteObject", OWN, {}, False),
+        ("s3:PutObject", META, {}, False),
+        ("s3:PutObject", LOCK, {}, False),           # nor compaction's lock
+        ("s3:GetObject", PEER, {}, False),           # tables this region's segments only
+        ("s3:PutObject", TEMP, {}, False),
+        ("glue:DeleteTable", GLUE_TABLE, {}, False),  # `archive rebuild --drop`: an operator's
+        ("glue:DeleteDatabase", f"{GLUE}:database/replicator", {}, False),
+        ("glue:UpdateTable", f"{GLUE}:table/other/us_east_1_sensor_events", {}, False),
+        ("glue:GetTable", "arn:aws:glue:us-west-1:123456789012:table/replicator/t", {}, False),
+        ("sqs:ReceiveMessage", QUEUE, {}, False),
+        ("kms:GenerateDataKey", KEY, {}, False),
+    ],
     "s3-replication": [
         ("s3:GetObjectVersionForReplication", OWN, {}, True),
         ("s3:ReplicateObject",
@@ -706,13 +817,151 @@ def test_iam_policy_grants_exactly_what_the_controller_needs(controller: str) ->
     assert not wrong, f"{controller}: (action, resource, expected) evaluated wrongly: {wrong}"
 
 
+def _component_docs() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((ARCHIVE_COMPONENT / "archive.yaml").read_text())
+            if d]
+
+
+def test_compaction_swaps_tables_only_with_the_archive_policy() -> None:
+    # compaction.json alone grants nothing of the archive; with archive-compaction.json
+    # (ARCHIVE=true) compaction can swap its inputs for its output in the tables.
+    alone = _aws("iam/compaction.json")
+    both = Policy({"Statement": [*_statements(alone),
+                                 *_statements(_aws("iam/archive-compaction.json"))]})
+    for action, resource in [("s3:PutObject", WAREHOUSE), ("s3:DeleteObject", WAREHOUSE),
+                             ("glue:GetTable", GLUE_TABLE), ("glue:UpdateTable", GLUE_TABLE),
+                             ("glue:CreateTable", GLUE_TABLE),
+                             ("glue:CreateDatabase", f"{GLUE}:database/replicator")]:
+        assert not Policy(alone).allows(action, resource), action
+        assert both.allows(action, resource), action
+    assert not both.allows("glue:DeleteTable", GLUE_TABLE)
+    assert not both.allows("s3:DeleteObject", PEER)
+    # The swap's statements are the committer's, word for word (one place to review).
+    archive = {st["Sid"]: st for st in _statements(_aws("iam/archive.json"))}
+    for st in _statements(_aws("iam/archive-compaction.json")):
+        assert st == archive[st["Sid"]], st["Sid"]
+
+
+def _run_setup_region(tmp_path: Path, step: str, **env: str) -> list[list[str]]:
+    """Run setup-region.sh ``step`` against a fake `aws` that logs its calls (a role does
+    not exist yet, an inline policy does); the calls, each split into words."""
+    if not shutil.which("envsubst"):
+        pytest.skip("envsubst (gettext) is not installed")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "aws.log"
+    fake = bin_dir / "aws"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                    'case "$2" in get-role) exit 1 ;; esac\nexit 0\n')
+    fake.chmod(0o755)
+    values = {k: AWS_VALUES[k] for k in ("REGION", "PEER_REGION", "ACCOUNT_ID", "KMS_KEY_ARN",
+                                         "PEER_KMS_KEY_ARN", "OIDC_PROVIDER")}
+    out = subprocess.run([str(AWS / "setup-region.sh"), step], capture_output=True, text=True,
+                         timeout=60, check=False,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+                              **values, **env})
+    assert out.returncode == 0, out.stderr
+    return [ln.split() for ln in log.read_text().splitlines()] if log.exists() else []
+
+
+def _arg(call: list[str], flag: str) -> str:
+    return call[call.index(flag) + 1]
+
+
+def _inline_policies(calls: list[list[str]]) -> dict[str, dict[str, str]]:
+    """role -> {inline policy name: rendered file it was put from}."""
+    out: dict[str, dict[str, str]] = {}
+    for c in calls:
+        if c[:2] == ["iam", "put-role-policy"]:
+            out.setdefault(_arg(c, "--role-name"), {})[_arg(c, "--policy-name")] = \
+                _arg(c, "--policy-document").rsplit("/iam/", 1)[1]
+    return out
+
+
+def test_setup_region_iam_gives_every_service_account_its_role(tmp_path: Path) -> None:
+    calls = _run_setup_region(tmp_path, "iam", ARCHIVE="true")
+    r = "replicator-us-east-1-"
+    assert _inline_policies(calls) == {
+        r + "egress": {"replicator-egress": "egress.json"},
+        r + "ingress": {"replicator-ingress": "ingress.json"},
+        r + "compaction": {"replicator-compaction": "compaction.json",
+                           "replicator-archive-compaction": "archive-compaction.json"},
+        r + "compaction-driver": {"replicator-compaction": "compaction.json",
+                                  "replicator-archive-compaction": "archive-compaction.json"},
+        r + "archive": {"replicator-archive": "archive.json"},
+        r + "s3-replication": {"replicator-s3-replication": "s3-replication.json"},
+    }
+    for files in _inline_policies(calls).values():
+        for name in files.values():
+            assert (tmp_path / "out" / "iam" / name).is_file(), f"{name} is not rendered"
+    created = {_arg(c, "--role-name"): _arg(c, "--assume-role-policy-document")
+               for c in calls if c[:2] == ["iam", "create-role"]}
+    # Every ServiceAccount of the manifests (base, archive component, Spark on Kubernetes)
+    # gets a role that trusts exactly it.
+    sas = {d["metadata"]["name"] for f in DEPLOY.rglob("*.yaml")
+           for d in yaml.safe_load_all(f.read_text()) if d and d.get("kind") == "ServiceAccount"}
+    assert {"replicator-archive", "replicator-compaction-driver"} <= sas
+    for sa in sas:
+        role = r + sa.removeprefix("replicator-")
+        assert role in created, f"setup-region.sh iam creates no role for {sa}"
+        trust = json.loads(Path(created[role].removeprefix("file://")).read_text())
+        sub = trust["Statement"][0]["Condition"]["StringEquals"][
+            f"{AWS_VALUES['OIDC_PROVIDER']}:sub"]
+        assert sub == f"system:serviceaccount:replicator:{sa}"
+    # What the script rendered is what the tests here evaluate, every variable substituted.
+    for f in sorted((tmp_path / "out" / "iam").glob("*.json")):
+        assert "${" not in f.read_text(), f
+        if not f.name.startswith("irsa-trust-"):
+            assert json.loads(f.read_text()) == _aws(f"iam/{f.name}"), f.name
+
+
+def test_setup_region_iam_without_the_archive_revokes_the_swap(tmp_path: Path) -> None:
+    calls = _run_setup_region(tmp_path, "iam")
+    policies = _inline_policies(calls)
+    assert "replicator-us-east-1-archive" not in policies
+    assert not any("replicator-archive-compaction" in p for p in policies.values())
+    deleted = {(_arg(c, "--role-name"), _arg(c, "--policy-name")) for c in calls
+               if c[:2] == ["iam", "delete-role-policy"]}
+    assert deleted == {("replicator-us-east-1-compaction", "replicator-archive-compaction"),
+                       ("replicator-us-east-1-compaction-driver",
+                        "replicator-archive-compaction")}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_the_commented_glue_catalog_is_what_the_archive_policy_grants(overlay: Path) -> None:
+    pytest.importorskip("pyiceberg")
+    from replicator.archive.naming import TableIdentity, table_identifier
+    from replicator.cli.archive_follow import archive_lock_key
+
+    s = load_settings(data=tomllib.loads(_uncomment_catalog((overlay / "config.toml")
+                                                             .read_text())), environ={})
+    cat = s.catalog
+    assert cat.enabled and cat.type == "glue"
+    defaults = _setup_script_defaults()
+    # Glue holds database.table: a namespace of one level, a table name without a dot.
+    ident = table_identifier(cat, TableIdentity(s.region, "sensor.events"))
+    assert len(ident) == 2 and ident[0] == defaults["GLUE_DATABASE"]
+    assert cat.warehouse == f"s3://{s.s3.bucket}/{defaults['WAREHOUSE_PREFIX']}"
+    assert cat.properties == {"glue.id": "123456789012", "glue.region": s.region}
+    policy = Policy(_aws("iam/archive.json", REGION=s.region, BUCKET=s.s3.bucket,
+                         PREFIX=s.s3.prefix, GLUE_REGION=s.region))
+    glue = f"arn:aws:glue:{s.region}:123456789012"
+    bucket = f"arn:aws:s3:::{s.s3.bucket}"
+    assert policy.allows("glue:UpdateTable", f"{glue}:table/{ident[0]}/{ident[1]}")
+    assert policy.allows("glue:CreateDatabase", f"{glue}:database/{ident[0]}")
+    location = "/".join((cat.warehouse.removeprefix("s3://"), *ident))
+    assert policy.allows("s3:PutObject", f"arn:aws:s3:::{location}/metadata/00001.metadata.json")
+    assert policy.allows("s3:PutObject", f"{bucket}/{archive_lock_key(s.s3.prefix, s.region)}")
+
+
 def test_irsa_trust_names_one_service_account_per_controller() -> None:
-    for c in ("egress", "ingress", "compaction"):
+    sas = {d["metadata"]["name"] for d in [*_base_docs(), *_component_docs()]
+           if d["kind"] == "ServiceAccount"}
+    for c in ("egress", "ingress", "compaction", "archive"):
         doc = _aws("iam/irsa-trust.json", CONTROLLER=c)
         cond = doc["Statement"][0]["Condition"]["StringEquals"]
         sub = cond[f"{AWS_VALUES['OIDC_PROVIDER']}:sub"]
         assert sub == f"system:serviceaccount:replicator:replicator-{c}"
-        sas = {d["metadata"]["name"] for d in _base_docs() if d["kind"] == "ServiceAccount"}
         assert sub.rsplit(":", 1)[1] in sas
 
 
@@ -721,10 +970,7 @@ def test_every_irsa_role_annotated_is_one_setup_region_creates() -> None:
     # trusting only the ServiceAccount replicator-<name>; every role a manifest annotates
     # (the Spark driver's in deploy/compaction/ included) must be one of those, for the
     # ServiceAccount that carries it.
-    script = (AWS / "setup-region.sh").read_text()
-    m = re.search(r'^IRSA_ACCOUNTS="([^"]+)"', script, re.M)
-    assert m, "setup-region.sh: no IRSA_ACCOUNTS"
-    created = m.group(1).split()
+    created = _irsa_accounts()
     region = tomllib.loads((DEPLOY / "compaction" / "config-spark-on-k8s.toml").read_text())[
         "region"]
     sas = [d for d in yaml.safe_load_all((DEPLOY / "compaction" / "spark-on-k8s.yaml").read_text())
