@@ -842,6 +842,49 @@ def test_compaction_swaps_tables_only_with_the_archive_policy() -> None:
         assert st == archive[st["Sid"]], st["Sid"]
 
 
+def test_the_glue_calls_of_the_archive_are_the_granted_ones(tmp_path: Path) -> None:
+    # pyiceberg's Glue catalog (on moto) under the committer and compaction's swap: every
+    # Glue operation it calls must be allowed by both policies on its resource, so a
+    # pyiceberg upgrade that calls something new fails here, not in production.
+    moto = pytest.importorskip("moto")
+    pytest.importorskip("pyiceberg")
+    from compaction.controller import Compaction
+    from replicator.archive.committer import ArchiveCommitter
+    from replicator.core.storage import MemoryObjectStore
+    from tests.unit.test_compaction_controller import clock, k
+    from tests.unit.test_compaction_helpers import compaction_settings, make_records, write_segment
+
+    base = compaction_settings(region="us-east-1")
+    settings = base.model_copy(update={"catalog": base.catalog.model_validate({
+        "enabled": True, "type": "glue", "namespace": "replicator",
+        "table_name": "{region}_{topic}", "warehouse": f"file://{tmp_path}/warehouse",
+        "properties": {"glue.region": "us-east-1"}})})
+    calls: list[str] = []
+    with moto.mock_aws():
+        store = MemoryObjectStore("b")
+        committer = ArchiveCommitter(settings, store)
+        glue = committer.catalog._catalog.glue  # type: ignore[attr-defined]
+        glue.meta.events.register("before-call.glue",
+                                  lambda model, **_: calls.append(model.name))
+        for start, end in [(0, 9), (10, 19), (20, 29)]:
+            write_segment(store, k(0, start, end, region="us-east-1"),
+                          make_records(start, end, 1))
+        assert committer.sync("us-east-1", "t").added == 3     # creates database and table
+        report = Compaction(settings, store=store, clock=clock,
+                            archive_factory=lambda *_: committer).run_once()
+        assert report.outcome == "success", report            # swap, then expiry
+    assert {"CreateDatabase", "CreateTable", "GetTable", "UpdateTable"} <= set(calls), calls
+    glue_arn = "arn:aws:glue:us-east-1:123456789012"
+    table = f"{glue_arn}:table/replicator/us_east_1_t"
+    database = f"{glue_arn}:database/replicator"
+    archive = Policy(_aws("iam/archive.json"))
+    swap = Policy(_aws("iam/archive-compaction.json"))
+    for op in sorted(set(calls)):
+        for resource in (f"{glue_arn}:catalog", database, *([table] if "Table" in op else [])):
+            assert archive.allows(f"glue:{op}", resource), f"archive.json: glue:{op} {resource}"
+            assert swap.allows(f"glue:{op}", resource), f"archive-compaction: glue:{op}"
+
+
 def _run_setup_region(tmp_path: Path, step: str, **env: str) -> list[list[str]]:
     """Run setup-region.sh ``step`` against a fake `aws` that logs its calls (a role does
     not exist yet, an inline policy does); the calls, each split into words."""
