@@ -173,5 +173,5 @@ replication() {
 
 case "${1:-}" in
   render|bucket|iam|replication) "$1" ;;
-  *) sed -n '2,30p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,29p' "$0" >&2; exit 2 ;;
 esac
