@@ -7,7 +7,7 @@ records through the table needs S3 (tests/integration/test_archive_s3.py).
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +181,42 @@ def test_a_recreated_topics_table_lists_only_its_live_incarnation(
     table = committer.table("r1", "t", create=False)
     assert table is not None
     assert listed(table) == [later]
+
+
+def test_a_table_that_stops_being_brought_up_to_date_fires_the_stale_alert(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ReplicatorArchiveTableStale`` as written in deploy/prometheus, evaluated on the
+    committer's scraped metrics: quiet but healthy steps keep it silent (a step with nothing
+    to commit still marks the table up to date); failing steps let it fire."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the alert rules")
+    from replicator.archive.iceberg import CatalogError
+    from replicator.core.metrics import Metrics
+    from tests.promql import fires, scrape
+
+    alerts = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / \
+        "replicator-alerts.yaml"
+    expr = next(str(r["expr"]) for g in yaml.safe_load(alerts.read_text())["groups"]
+                for r in g["rules"] if r.get("alert") == "ReplicatorArchiveTableStale")
+    now = [datetime(2026, 11, 26, 12, 0, tzinfo=UTC)]
+    metrics = Metrics()
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store, metrics=metrics,
+                                 clock=lambda: now[0])
+    seed(store, [(0, 9)])
+
+    def stale_after(minutes: int) -> bool:
+        now[0] += timedelta(minutes=minutes)
+        committer.sync_all()
+        return fires(expr, scrape(metrics.render().decode()), now[0].timestamp())
+
+    assert [r.added for r in committer.sync_all()] == [1]
+    assert not stale_after(20)          # nothing new for 20 minutes: still up to date
+
+    def refused(*_: Any) -> None:
+        raise CatalogError("the catalog refuses the connection")
+
+    monkeypatch.setattr(committer.catalog, "load", refused)
+    assert not stale_after(10)
+    assert stale_after(6)               # 16 minutes since the last step that succeeded
+    failures = scrape(metrics.render().decode())["replicator_archive_step_failures_total"]
+    assert sum(failures.values()) == 2
