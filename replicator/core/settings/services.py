@@ -505,11 +505,13 @@ class IngressSettings(Model):
                                     "when broker round trips are slow; each costs a few "
                                     "client threads and connections, not per partition.")
     transaction_linger: Duration = Field(
-        timedelta(0), description="Exactly-once: how long a transactional producer waits, "
-        "once a batch is ready, for more batches before it begins a transaction. The "
+        timedelta(milliseconds=50),
+        description="Exactly-once: how long a transactional producer waits, once a batch "
+        "is ready, for more batches before it begins a transaction. The "
         "batches that partitions hand over just after a commit then share one transaction "
         "(one flush, one offsets call, one commit) instead of several; each batch waits up "
-        "to this much longer. 0: begin at once.")
+        "to this much longer (bench/RESULTS.md, \"Small records and many partitions: "
+        "ingress\"). 0: begin at once.")
     max_bytes_per_second: Size = Field(
         0, description="Records produced into the destination cluster by this process, in "
         "raw bytes (key + value + headers) per second, over all its partitions: a token "
