@@ -164,6 +164,7 @@ def child(a: argparse.Namespace) -> None:
                     "max_parallel_replays": a.max_parallel_replays,
                     **({"max_bytes_in_flight": a.max_bytes_in_flight}
                        if a.max_bytes_in_flight else {}),
+                    **dict(kv.split("=", 1) for kv in a.ingress_set),
                     "sources": [{"region": "us-east-1", "topic": topic,
                                  "destination_topic": topic + ".copy",
                                  "start": "earliest-available",
@@ -192,6 +193,7 @@ def child(a: argparse.Namespace) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     ing.start()
     runner = threading.Thread(target=ing.run, daemon=True)
     runner.start()
@@ -220,6 +222,8 @@ def child(a: argparse.Namespace) -> None:
     else:
         raise SystemExit(f"timed out: {positions()}")
     t1 = time.perf_counter()
+    cpu1 = time.process_time()
+    transactions = ing.metrics.total("ingress_transactions_total", outcome="committed")
     stop.set()
     ing.stop()
     runner.join(60)
@@ -240,6 +244,11 @@ def child(a: argparse.Namespace) -> None:
         "peak_os_threads": peak["threads"], "peak_python_threads": peak["py"],
         "peak_bytes_in_flight_MiB": round(ing.budget.peak / 2**20, 1),
         "warm_destination": a.warm_destination,
+        # From start() (start-up included): the process's CPU, all threads.
+        "cpu_s": round(cpu1 - cpu0, 2),
+        "cpu_us_per_record": round((cpu1 - cpu0) / records * 1e6, 1),
+        "transactions": transactions,
+        "ingress_set": a.ingress_set,
     }))
 
 
@@ -275,6 +284,8 @@ def main() -> None:
     ap.add_argument("--log", help="the child's log (INFO) goes to this file")
     ap.add_argument("--kafka-config", nargs="*", default=[], metavar="KEY=VALUE",
                     help="more kafka.config settings")
+    ap.add_argument("--ingress-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more [ingress] settings (e.g. transaction_linger=20ms)")
     a = ap.parse_args()
     if a.child:
         child(a)
@@ -308,6 +319,8 @@ def main() -> None:
                     args += ["--log", a.log]
                 if a.kafka_config:
                     args += ["--kafka-config", *a.kafka_config]
+                if a.ingress_set:
+                    args += ["--ingress-set", *a.ingress_set]
                 out = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True)
                 print(out.stdout.strip().splitlines()[-1], flush=True)
     finally:

@@ -186,13 +186,15 @@ def ingress_inproc(stack: BenchStack, topic: str, partitions: int, records: int,
     t0 = counter.first_call["GetObject:segment"]
     wall, cpu = t1 - t0, cpu1 - timeline.cpu_at(t0)
     moto_cpu, broker_cpu = cpu_of(moto_pid) - moto0, cpu_of(dest_pid) - broker0
+    transactions = ing.metrics.total("ingress_transactions_total", outcome="committed")
     ing.stop()
     runner.join(60)
     ing.close()
     drop_topics(stack.dest_kafka, [dest, settings.ingress.checkpoint_topic,
                                    settings.ingress.segment_events_topic])
     return rates({"seconds": wall, "cpu_seconds": cpu, "raw_bytes": raw, "records": records,
-                  "moto_cpu_seconds": moto_cpu, "broker_cpu_seconds": broker_cpu})
+                  "moto_cpu_seconds": moto_cpu, "broker_cpu_seconds": broker_cpu,
+                  "transactions": transactions})
 
 
 # --- memory: replaying big segments in a child process ------------------------------

@@ -88,6 +88,8 @@ class Runner:
         self.kafka = kafka
         self.work = workdir
         self.repeat = repeat
+        self.eos_variant: dict[str, Any] = {}
+        """``--eos-variant``: ingress settings of an extra exactly-once run per round."""
         self.results: dict[str, Any] = {}
         self.stack: BenchStack | None = None
         self.topic = ""
@@ -126,6 +128,9 @@ class Runner:
                 pairs = ratios.get(k, {})
                 for name, b in pairs.items():
                     r[name] = r["mb_per_s"] / done[b]["mb_per_s"]
+                    if r.get("cpu_s_per_gb") and done[b].get("cpu_s_per_gb"):
+                        # CPU per GB against the baseline's, same round (> 1: costlier).
+                        r[f"cpu_{name}"] = r["cpu_s_per_gb"] / done[b]["cpu_s_per_gb"]
                 done[k] = r
                 runs[k].append(r)
                 log(f"  {what} #{i + 1}: {r.get('mb_per_s', 0):.1f} MB/s, "
@@ -235,12 +240,19 @@ class Runner:
         data = read_segments(dst, "us-east-1", self.topic, p["partitions"])
         counters: list[S3Counter] = []
 
-        def ours(d: str) -> Callable[[int], dict[str, Any]]:
+        def ours(d: str, extra: dict[str, Any] | None = None
+                 ) -> Callable[[int], dict[str, Any]]:
             def run(i: int) -> dict[str, Any]:
                 counters.append(S3Counter())
                 return ingress_inproc(st, self.topic, p["partitions"], p["records"], self.raw,
-                                      d, counters[-1])
+                                      d, counters[-1], extra=extra)
             return run
+
+        # --eos-variant: one more exactly-once run per round with other ingress settings,
+        # right after the default one (compared with the same round's at-least-once).
+        variant = [("ingress_exactly-once_variant",
+                    f"ingress exactly-once {self.eos_variant}",
+                    ours("exactly-once", self.eos_variant))] if self.eos_variant else []
 
         def bare(d: str) -> Callable[[int], dict[str, Any]]:
             return lambda i: bare_produce(st.dest_kafka, f"bench.bare.{d}.{uuid.uuid4().hex[:6]}",
@@ -256,7 +268,10 @@ class Runner:
             ("ingress_at-least-once", "ingress at-least-once", ours("at-least-once")),
             ("bare_produce_exactly-once", "bare produce exactly-once", bare("exactly-once")),
             ("ingress_exactly-once", "ingress exactly-once", ours("exactly-once")),
-        ], ratios={"ingress_at-least-once": {
+            *variant,
+        ], ratios={"ingress_exactly-once_variant": {"ratio_to_alo": "ingress_at-least-once",
+                                                    "ratio_to_eos": "ingress_exactly-once"},
+                   "ingress_at-least-once": {
                        "ratio_to_bare": "bare_produce_at-least-once",
                        "ratio_to_read_produce": "bare_read_produce"},
                    "ingress_exactly-once": {
@@ -629,6 +644,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kafka", choices=("tansu", "apache"), default="tansu",
                     help="brokers of the stack: tansu (embedded, default) or apache (Apache "
                          "Kafka from $KAFKA_HOME)")
+    ap.add_argument("--eos-variant", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="ingress: one more exactly-once run per round with these [ingress] "
+                         "settings (e.g. transaction_linger=20ms)")
     args = ap.parse_args(argv)
     if args.kafka == "apache" and not os.environ.get("KAFKA_HOME"):
         ap.error("--kafka apache needs KAFKA_HOME (an Apache Kafka distribution, e.g. "
@@ -645,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"stage {PEER} needs KAFKA_HOME (Apache Kafka with MirrorMaker 2)")
     work = Path(tempfile.mkdtemp(prefix="bench-all-"))
     runner = Runner(profile, work, repeat, args.kafka)
+    runner.eos_variant = dict(kv.split("=", 1) for kv in args.eos_variant)
     failures: dict[str, str] = {}
     t_all = time.perf_counter()
     try:

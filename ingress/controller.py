@@ -236,7 +236,9 @@ class Ingress:
                     self.settings.kafka, transactional_id=self.transactional_id(n),
                     checkpoint_topic=self.cfg.checkpoint_topic, ownership=self.ownership,
                     group=self._group_metadata, metrics=self.m, offset_map=offset_map,
-                    limits=self.limits, name=f"transactions-{n}")
+                    limits=self.limits,
+                    linger=self.cfg.transaction_linger.total_seconds(),
+                    senders=self._senders(n), name=f"transactions-{n}")
                 loop.throttle = throttle
                 loop.start()
                 self.transactions.append(loop)
@@ -244,6 +246,14 @@ class Ingress:
             self.shared_acks = SharedAcks(self.settings.kafka, limits=self.limits)
             self.shared_acks.throttle = throttle
             self.shared_acks.start()
+
+    def _senders(self, n: int) -> Callable[[], int]:
+        """How many workers write through transactional producer ``n`` now (each has at
+        most one batch waiting for a transaction): its linger ends once all of them have
+        handed one over (``TransactionLoop``, ``senders``).
+        """
+        producers = self.cfg.producers
+        return lambda: sum(1 for wid in list(self.workers) if wid[2] % producers == n)
 
     def _group_metadata(self) -> GroupMetadata:
         consumer = self.consumer

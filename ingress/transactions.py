@@ -138,6 +138,13 @@ class TransactionLoop:
         limits: the destination topics' ``max.message.bytes``: batches of a topic whose
             limit is below ``batch.size`` are produced in chunks that fit it
             (``ingress.limits``); ``None``: never cut.
+        linger: seconds the loop waits, once a batch is waiting, for more batches before
+            it begins a transaction (``ingress.transaction_linger``): the batches that
+            workers hand over just after a commit go into one transaction instead of
+            several; 0: begin at once.
+        senders: how many workers may hand this loop a batch now (each has at most one
+            waiting): the linger ends as soon as that many batches wait, since no other
+            can come. ``None``: only the linger's time ends it.
         name: the thread's name.
     """
 
@@ -148,6 +155,8 @@ class TransactionLoop:
                  make_producer: Callable[[], Producer] | None = None,
                  offset_map: OffsetMapWriter | None = None,
                  limits: DestinationLimits | None = None,
+                 linger: float = 0.0,
+                 senders: Callable[[], int] | None = None,
                  name: str = "transactions") -> None:
         self.name = name
         self.kafka_settings = kafka_settings
@@ -160,6 +169,8 @@ class TransactionLoop:
         self._make = make_producer or self._new_producer
         self.offset_map = offset_map
         self.limits = limits
+        self.linger = linger
+        self.senders = senders
         self._producer: Producer | None = None
         self._pending: deque[Batch] = deque()
         self._apart: set[TP] = set()
@@ -262,6 +273,8 @@ class TransactionLoop:
             with self._cond:
                 if not self._pending:
                     self._cond.wait(0.2)
+                if self._pending and self.linger > 0:
+                    self._gather()
                 batches = self._take()
             if not batches:
                 continue
@@ -273,6 +286,19 @@ class TransactionLoop:
                 self._drop_producer(e)
                 self._fail([b for b in batches if not b.done.is_set()],
                            KafkaFatalError(f"transaction failed unexpectedly: {e!r}"))
+
+    def _gather(self) -> None:
+        """(Under ``_cond``.) Wait up to ``linger`` for more batches: the lock is released
+        while waiting, so workers keep handing theirs over; it ends early once every
+        worker that can send one has (``senders``), or on a stop.
+        """
+        full = self.senders() if self.senders is not None else None
+
+        def gathered() -> bool:
+            return self._stopping.is_set() or (full is not None
+                                               and len(self._pending) >= full)
+
+        self._cond.wait_for(gathered, self.linger)
 
     def _take(self) -> list[Batch]:
         """The batches of the next transaction (under ``_cond``): every one waiting, but

@@ -452,3 +452,54 @@ def test_a_retired_workers_batch_is_refused_while_the_partition_stays_owned(
     assert isinstance(h.outcome(old), PartitionRevoked)
     assert h.outcome(new) is None
     assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]
+
+
+def test_batches_handed_over_during_the_linger_share_the_transaction() -> None:
+    h = Harness()
+    h.ownership.grant([(T, 0), (T, 1)])
+    # A linger far longer than the test: only the second batch (every sender has one
+    # waiting) can end it, so the first cannot have gone alone.
+    h.loop.linger, h.loop.senders = 600.0, lambda: 2
+    try:
+        h.loop.start()
+        b0 = h.batch(0, 0, 3)
+        h.loop.submit(b0)
+        # Without the linger the loop begins b0's transaction at once (well within this
+        # wait); with it nothing begins until the other sender's batch comes.
+        deadline = time.monotonic() + 0.5
+        while "begin" not in h.log and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "begin" not in h.log
+        b1 = h.batch(1, 0, 2)
+        h.loop.submit(b1)
+        assert h.outcome(b0) is None and h.outcome(b1) is None
+        assert h.log.count("begin") == 1 and h.log.count("commit") == 1
+        assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2), (T, 1, 0),
+                                        (T, 1, 1)]
+    finally:
+        h.loop.close()
+
+
+def test_a_batch_whose_partners_never_come_goes_when_the_linger_ends() -> None:
+    h = Harness()
+    h.ownership.grant([(T, 0), (T, 1)])
+    h.loop.linger, h.loop.senders = 0.05, lambda: 2
+    try:
+        h.loop.start()
+        b0 = h.batch(0, 0, 3)
+        h.loop.submit(b0)
+        assert h.outcome(b0) is None
+        assert h.producer.committed == [(T, 0, 0), (T, 0, 1), (T, 0, 2)]
+    finally:
+        h.loop.close()
+
+
+def test_closing_ends_the_linger() -> None:
+    h = Harness()
+    h.ownership.grant([(T, 0), (T, 1)])
+    h.loop.linger, h.loop.senders = 600.0, lambda: 2
+    h.loop.start()
+    b0 = h.batch(0, 0, 3)
+    h.loop.submit(b0)
+    h.loop.close()      # returns long before the linger would end
+    assert b0.done.is_set()

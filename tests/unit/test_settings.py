@@ -253,6 +253,22 @@ def test_late_segment_retries_out_of_range(retries: int) -> None:
     assert "between 1 and 50" in errs["ingress.sources.0.late_segment_retries"]
 
 
+@pytest.mark.parametrize("linger", ["11s", "-1s"])
+def test_transaction_linger_out_of_range_names_the_key(linger: str) -> None:
+    data = _ingress()
+    data["ingress"]["transaction_linger"] = linger
+    errs = errors_of(data)
+    assert list(errs) == ["ingress.transaction_linger"]
+
+
+def test_transaction_linger_accepted() -> None:
+    data = _ingress()
+    data["ingress"]["transaction_linger"] = "20ms"
+    s = load_settings(data=data, environ=NO_ENV)
+    assert s.ingress is not None
+    assert s.ingress.transaction_linger == timedelta(milliseconds=20)
+
+
 @pytest.mark.parametrize("retries", [1, 50])
 def test_late_segment_retries_bounds_accepted(retries: int) -> None:
     s = load_settings(data=_ingress(late_segment_retries=retries), environ=NO_ENV)

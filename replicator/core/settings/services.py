@@ -504,6 +504,14 @@ class IngressSettings(Model):
                                     "producers). More keep several transactions in flight "
                                     "when broker round trips are slow; each costs a few "
                                     "client threads and connections, not per partition.")
+    transaction_linger: Duration = Field(
+        timedelta(milliseconds=50),
+        description="Exactly-once: how long a transactional producer waits, once a batch "
+        "is ready, for more batches before it begins a transaction. The "
+        "batches that partitions hand over just after a commit then share one transaction "
+        "(one flush, one offsets call, one commit) instead of several; each batch waits up "
+        "to this much longer (bench/RESULTS.md, \"Small records and many partitions: "
+        "ingress\"). 0: begin at once.")
     max_bytes_per_second: Size = Field(
         0, description="Records produced into the destination cluster by this process, in "
         "raw bytes (key + value + headers) per second, over all its partitions: a token "
@@ -528,6 +536,13 @@ class IngressSettings(Model):
     def _rate_ok(cls, v: int) -> int:
         if v < 0:
             raise ValueError(f"must be 0 (unlimited) or a positive size, got {v}")
+        return v
+
+    @field_validator("transaction_linger")
+    @classmethod
+    def _linger_ok(cls, v: timedelta) -> timedelta:
+        if not timedelta(0) <= v <= timedelta(seconds=10):
+            raise ValueError(f"must be between 0s and 10s, got {v}")
         return v
 
     @field_validator("instance_id")
