@@ -416,7 +416,7 @@ class PartitionWriter:
             assert upload is not None
             seg.largest_row = max(seg.largest_row, largest_row(batch))
             # The batch may complete a row group, which is encoded and sent now.
-            with self._encoding(upload.buffered_bytes + batch.nbytes, seg.largest_row):
+            with self._encoding(upload.encoded_by(batch), seg.largest_row):
                 upload.write_batch(batch)
         except EncodeCancelled:
             return
@@ -537,7 +537,7 @@ class PartitionWriter:
 
     def _finish(self, seg: Segment, upload: SegmentUpload, meta: SegmentMetadata) -> ObjectInfo:
         # The last row group is encoded and sent here (a retry only completes the upload).
-        with self._encoding(upload.buffered_bytes, seg.largest_row):
+        with self._encoding(upload.encoding_bytes, seg.largest_row):
             return upload.finish(meta)
 
     @contextmanager
@@ -546,10 +546,11 @@ class PartitionWriter:
         sends up to ``group_bytes`` (``egress.encode_gate``); waits until it is granted.
         """
         gate = self.ctx.gate
-        if gate is None:
-            yield
+        size = encode_reservation(group_bytes, largest, ENCODE_UNIT)
+        if gate is None or size <= 0:
+            yield      # nothing encoded (the batch is only buffered), or no budget
             return
-        with gate.reserve(encode_reservation(group_bytes, largest, ENCODE_UNIT), self.cancel):
+        with gate.reserve(size, self.cancel):
             yield
 
     def _incarnation(self, seg: Segment) -> tuple[str | None, str]:

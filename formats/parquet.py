@@ -159,6 +159,11 @@ class ParquetSegmentWriter(SegmentWriter):
     def buffered_bytes(self) -> int:
         return self._buffer.held_bytes + self._encoding
 
+    def encoded_by(self, batch: pa.RecordBatch) -> int:
+        if not self._buffer.would_emit(batch):
+            return 0
+        return self._buffer.held_bytes + batch.nbytes
+
 
 class ParquetSegmentReader(SegmentReader):
     """Reads a Parquet segment row group by row group."""
