@@ -59,6 +59,8 @@ LARGE_FETCH_SHARE = 16
 """A fetch that brings at least ``budget / LARGE_FETCH_SHARE`` bytes applies the memory
 budget and the pauses at once, not at the next tick: with records of megabytes, the fetches
 of one tick were past the budget before the pause took effect."""
+LARGE_RECORD_DECAY = 0.9
+"""Per fetch, the remembered record size decays by this factor towards the recent ones."""
 THROTTLED_POLL = 1.0
 """Seconds a throttled loop may go without asking the client for a record."""
 MEAN_WEIGHT = 0.2
@@ -129,6 +131,11 @@ class PollLoop:
         self.sleep: Callable[[float], None] = time.sleep
         self._last_fetch = 0.0
         self._mean_record = 1024.0
+        self._large_record = 0.0
+        """The mean record size of recent fetches, decaying from the largest (sizes the
+        next fetch to the room left in the budget)."""
+        self._held = 0
+        """What the budget charged at the last count (``_apply_memory_budget``)."""
         """Mean raw bytes of a record read lately (sizes throttled fetches)."""
         self.skip: OriginFilter | None = None
         """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
@@ -140,8 +147,13 @@ class PollLoop:
     def turn(self) -> None:
         """One fetch and what follows it (or, while throttled, a short wait instead)."""
         batch = CONSUME_BATCH
+        if self._large_record > 0:
+            # Records of megabytes: no more than the room left in the budget (one at
+            # least), so what a fetch brings past it is one record, not a batch of them.
+            room = self.limits.budget - self._held
+            batch = min(batch, max(1, int(room // self._large_record)))
         if self.throttle is not None:
-            batch = self._throttled_batch()
+            batch = min(batch, self._throttled_batch())
         if batch:
             fetched = self.consumer.fetch(batch, POLL_TIMEOUT)
             self.last_poll = time.monotonic()
@@ -184,6 +196,9 @@ class PollLoop:
 
     def _dispatch(self, fetched: Fetched, now: float) -> int:
         read = self._append_runs(fetched, now)
+        if fetched.records:
+            self._large_record = max(read / fetched.records,
+                                     self._large_record * LARGE_RECORD_DECAY)
         if self.throttle is not None and read:
             self.throttle.take(read, now)
             records = fetched.records
@@ -359,6 +374,7 @@ class PollLoop:
                                       min_victim_bytes=self.limits.min_victim,
                                       unpickable=native)
         held = segments + native
+        self._held = held
         for w in victims:
             log.info("%s: closing the open segment early (holds %d bytes; %d held in all, "
                      "%d of it by the encoders; budget %d)", w.name, open_held[w], held,

@@ -121,8 +121,9 @@ class GroupBuffer:
 
     def would_emit(self, batch: pa.RecordBatch) -> bool:
         """Whether ``add(batch)`` would yield a group."""
-        return (self.nbytes + batch.nbytes >= self.group_bytes
-                or self.rows + batch.num_rows >= MAX_GROUP_ROWS)
+        size: int = batch.nbytes
+        rows: int = batch.num_rows
+        return self.nbytes + size >= self.group_bytes or self.rows + rows >= MAX_GROUP_ROWS
 
     @property
     def held_bytes(self) -> int:

@@ -194,7 +194,8 @@ class SegmentWriter(ABC):
         """Bytes that ``write_batch(batch)`` would encode now (0: it would only buffer).
         This default says everything held and the batch, which is never less.
         """
-        return self.buffered_bytes + batch.nbytes
+        size: int = batch.nbytes
+        return self.buffered_bytes + size
 
 
 class SegmentReader(ABC):

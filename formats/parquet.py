@@ -162,7 +162,8 @@ class ParquetSegmentWriter(SegmentWriter):
     def encoded_by(self, batch: pa.RecordBatch) -> int:
         if not self._buffer.would_emit(batch):
             return 0
-        return self._buffer.held_bytes + batch.nbytes
+        size: int = batch.nbytes
+        return self._buffer.held_bytes + size
 
 
 class ParquetSegmentReader(SegmentReader):
