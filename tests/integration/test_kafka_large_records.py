@@ -125,5 +125,4 @@ def test_egress_holds_its_budget_but_for_one_encode_with_records_of_8_mib(
     row = 8 * MiB + 2
     bound = (segment_budget(EGRESS_BUDGET) + row
              + encode_reservation(2 * row, row, ENCODE_UNIT))
-    print("PEAK", peak / MiB, bound / MiB)
     assert 16 * MiB <= peak <= bound, (peak / MiB, bound / MiB)
