@@ -4,7 +4,10 @@ Every open and closing segment of the process counts against ``egress.max_buffer
 Above it the largest open segments close early (``pick_memory_victims``) and consumption
 pauses until memory falls below a resume level (``memory_pressure``); one partition that
 falls behind is paused alone (``paused_partitions``), so one slow partition cannot take the
-whole budget. The poll loop applies the decisions (``egress.poll_loop``); nothing here
+whole budget. Encodes reserve their working memory before they run
+(``EncodeAdmissions``, ``encode_reservation``): segments and reservations together stay
+within the budget, but for one encode larger than it, which runs alone. The poll loop
+applies the decisions (``egress.poll_loop``); nothing here
 touches Kafka or S3, so every rule has a unit test (``tests/unit/egress/test_flow.py``).
 """
 
