@@ -59,6 +59,8 @@ LARGE_FETCH_SHARE = 16
 """A fetch that brings at least ``budget / LARGE_FETCH_SHARE`` bytes applies the memory
 budget and the pauses at once, not at the next tick: with records of megabytes, the fetches
 of one tick were past the budget before the pause took effect."""
+FETCH_FLOOR_BYTES = 1024**2
+"""A fetch may take this many bytes of records past the budget (one record when larger)."""
 LARGE_RECORD_DECAY = 0.9
 """Per fetch, the remembered record size decays by this factor towards the recent ones."""
 THROTTLED_POLL = 1.0
@@ -150,7 +152,9 @@ class PollLoop:
         if self._large_record > 0:
             # Records of megabytes: no more than the room left in the budget (one at
             # least), so what a fetch brings past it is one record, not a batch of them.
-            room = self.limits.budget - self._held
+            # Small records: at least FETCH_FLOOR_BYTES of them, or a loop near its budget
+            # would fetch them one by one.
+            room = max(self.limits.budget - self._held, FETCH_FLOOR_BYTES)
             batch = min(batch, max(1, int(room // self._large_record)))
         if self.throttle is not None:
             batch = min(batch, self._throttled_batch())
