@@ -133,12 +133,12 @@ class PollLoop:
         self.sleep: Callable[[float], None] = time.sleep
         self._last_fetch = 0.0
         self._mean_record = 1024.0
+        """Mean raw bytes of a record read lately (sizes throttled fetches)."""
         self._large_record = 0.0
         """The mean record size of recent fetches, decaying from the largest (sizes the
         next fetch to the room left in the budget)."""
         self._held = 0
         """What the budget charged at the last count (``_apply_memory_budget``)."""
-        """Mean raw bytes of a record read lately (sizes throttled fetches)."""
         self.skip: OriginFilter | None = None
         """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
         self.tails: Mapping[tuple[str, int], tuple[int, int]] = {}
