@@ -422,12 +422,17 @@ def fill(brokers: str, topic: str, partitions: int, records: int, value_size: in
     from replicator.core.settings import KafkaSettings
 
     kafka = KafkaSettings(brokers=brokers)
-    Admin(kafka).create_topic(topic, partitions)
+    # Records of megabytes (e.g. --value-size 8388608) need the topic's own limit raised.
+    config = ({"max.message.bytes": str(value_size + 1024**2)}
+              if value_size > 512 * 1024 else None)
+    Admin(kafka).create_topic(topic, partitions, config)
     rng = random.Random(3)
-    values = [text_value(rng, value_size) for _ in range(499)]
+    # At most 64 MiB of distinct values (499 of 8 MiB would be 4 GiB in this process).
+    values = [text_value(rng, value_size)
+              for _ in range(max(1, min(499, 64 * 1024**2 // max(1, value_size))))]
     p = Producer(kafka, overrides={"linger.ms": 20})
     for i in range(records):
-        p.produce(topic, value=values[i % 499], key=b"k%06d" % (i % 100_000),
+        p.produce(topic, value=values[i % len(values)], key=b"k%06d" % (i % 100_000),
                   partition=i % partitions)
         if i % 5000 == 0:
             p.poll(0)

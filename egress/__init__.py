@@ -31,7 +31,9 @@ Decisions worth knowing:
   consumer is rewound to the failed segment's start. Other partitions keep flowing.
 * Memory: ``egress.max_buffered_bytes`` covers every open and closing segment (column
   lists, batches waiting for a worker, the format's row-group buffer, the upload's part
-  buffer, what Arrow's allocators hold). Above it the largest open segments close early
-  (reason ``memory``); while the closes are in flight consumption pauses. ``allocators``:
+  buffer, the encoders' working memory). Above it the largest open segments close early
+  (reason ``memory``); while the closes are in flight consumption pauses. Encodes are
+  admitted within the same budget (``encode_gate``): one reserves its working memory before
+  it runs, and one larger than the budget runs alone. ``allocators``:
   the Parquet encoders' Arrow pool and glibc's thresholds, so RSS follows what is held.
 """

@@ -35,6 +35,7 @@ from typing import Any
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
 from egress.commits import CommitService, next_segment_start
+from egress.encode_gate import EncodeGate
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
 from egress.heartbeat import HeartbeatPublisher, caught_up
@@ -172,6 +173,7 @@ class Egress:
             prefix=self.settings.s3.prefix, region=self.region, metrics=self.m,
             wall=self.wall, retry_policy=self.retry_policy,
             interval=self.config.topic_metadata_interval)
+        self._gate = EncodeGate(segment_budget(self.config.max_buffered_bytes))
         self._ctx = WriterContext(
             store=self.store, fmt=self.fmt,
             options=WriterOptions.from_settings(self.settings.format),
@@ -179,7 +181,8 @@ class Egress:
             storage_class=self.settings.s3.storage_class_for(0),
             pool=self._pool, report=self._outcomes.put, clock=self.clock, wall=self.wall,
             retry_policy=self.retry_policy,
-            first_positions=self._meta.record_first_position, incarnations=self._meta)
+            first_positions=self._meta.record_first_position, incarnations=self._meta,
+            gate=self._gate)
         self._meta.check()
         self._last_meta = self.clock()
         if self.config.group_export.enabled:
@@ -214,7 +217,7 @@ class Egress:
                               FlowLimits.for_budget(
                                   segment_budget(self.config.max_buffered_bytes)),
                               self.clock, self._maybe_check_topics, self._log_start,
-                              arrow_allocated_bytes)
+                              arrow_allocated_bytes, self._gate)
         self._loop.skip = origin_filter(self.config, self.m, self.region)
         if self.config.max_bytes_per_second:
             self._loop.throttle = TokenBucket(self.config.max_bytes_per_second, self.clock())

@@ -4,7 +4,10 @@ Every open and closing segment of the process counts against ``egress.max_buffer
 Above it the largest open segments close early (``pick_memory_victims``) and consumption
 pauses until memory falls below a resume level (``memory_pressure``); one partition that
 falls behind is paused alone (``paused_partitions``), so one slow partition cannot take the
-whole budget. The poll loop applies the decisions (``egress.poll_loop``); nothing here
+whole budget. Encodes reserve their working memory before they run
+(``EncodeAdmissions``, ``encode_reservation``): segments and reservations together stay
+within the budget, but for one encode larger than it, which runs alone. The poll loop
+applies the decisions (``egress.poll_loop``); nothing here
 touches Kafka or S3, so every rule has a unit test (``tests/unit/egress/test_flow.py``).
 """
 
@@ -229,3 +232,83 @@ def memory_pressure(held: int, budget: int, paused: bool, *,
     if paused:
         return held > budget * resume_ratio
     return held > budget
+
+
+ENCODE_COPIES = 4
+"""Working memory of one Parquet encode (pyarrow, zstd, as ``formats.parquet`` writes a
+segment) per byte of the largest data page it builds: Arrow holds three copies of a page
+(the values gathered for it, the page, its compressed form) and the page written to the
+upload stream is one more, as a Python object. Measured with Arrow's pool high-water mark
+and ``tracemalloc`` on groups of 8 MiB, 1 MiB and 256 KiB random values: 3.00 times the
+page in Arrow, 1.00 in Python (bench/RESULTS.md, "Large records")."""
+DATA_PAGE_BYTES = 1024**2
+"""Arrow's data page size: a page is cut once it holds this much..."""
+PAGE_ROWS = 1024
+"""...checked every this many rows (Arrow's ``write_batch_size``), so a page of small
+records is at most ``DATA_PAGE_BYTES`` plus this many rows."""
+
+
+def encode_reservation(group_bytes: int, largest_row: int, unit: int) -> int:
+    """Working memory to reserve before encoding up to ``group_bytes`` of rows whose
+    largest is ``largest_row`` bytes, with row groups cut at ``unit`` bytes for rows too
+    large for ``PAGE_ROWS`` of them to fit it (``formats.parquet.ENCODE_UNIT``).
+
+    A page then holds at most ``DATA_PAGE_BYTES`` plus ``PAGE_ROWS`` rows, or one row group
+    of at most ``unit`` (one row alone when it is larger), and never more than the group.
+    """
+    page = DATA_PAGE_BYTES + min(PAGE_ROWS * largest_row, max(unit, largest_row))
+    return ENCODE_COPIES * max(0, min(group_bytes, page))
+
+
+class EncodeAdmissions:
+    """Which encodes may run: each reserves its working memory (``encode_reservation``)
+    before it starts and gives it back when it ends.
+
+    A request is granted, in arrival order, while what segments hold (``held``, the poll
+    thread's last count) plus what granted encodes reserve stays within ``budget``, or when
+    no encode holds a reservation at all: one encode larger than the budget runs alone, so
+    progress never stops. A request never overtakes an earlier one, so every request is
+    granted once the ones before it end. Pure state: ``egress.encode_gate`` adds the lock
+    and the waiting.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self.reserved = 0
+        self.peak = 0
+        """The most ``held + reserved`` has been (a high-water mark)."""
+        self.granted: dict[object, int] = {}
+        self._waiting: dict[object, int] = {}    # insertion order is arrival order
+
+    @property
+    def waiting(self) -> int:
+        """Requests not granted yet."""
+        return len(self._waiting)
+
+    def request(self, key: object, size: int) -> bool:
+        """Ask for ``size`` bytes; returns whether ``key`` is granted now."""
+        self._waiting[key] = max(0, size)
+        self._grant()
+        return key in self.granted
+
+    def release(self, key: object) -> None:
+        """An encode ended (or gave up waiting): its reservation returns to the budget."""
+        self._waiting.pop(key, None)
+        self.reserved -= self.granted.pop(key, 0)
+        self._grant()
+
+    def set_held(self, held: int) -> None:
+        """What segments hold now (their records, batches and upload buffers)."""
+        self.held = held
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting:
+            key, size = next(iter(self._waiting.items()))
+            if self.granted and self.held + self.reserved + size > self.budget:
+                break
+            del self._waiting[key]
+            self.granted[key] = size
+            self.reserved += size
+        self.peak = max(self.peak, self.held + self.reserved)

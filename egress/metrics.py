@@ -87,7 +87,17 @@ class EgressMetrics:
         self.consume_errors = metrics.counter(
             "egress_consume_errors_total", "Errors reported by the consumer.", ("region",))
         self.buffered = metrics.gauge(
-            "egress_buffered_bytes", "Bytes held by open and closing segments.", ("region",))
+            "egress_buffered_bytes", "Bytes the memory budget charges: open and closing "
+            "segments, and the encoders' working memory (what running encodes reserved, or "
+            "Arrow's allocations when more).", ("region",))
+        self.buffered_peak = metrics.gauge(
+            "egress_buffered_bytes_peak", "The most egress_buffered_bytes has been since "
+            "the process started (with what encodes reserved between two counts); compare "
+            "with [egress] max_buffered_bytes (README, Egress, \"Memory\").", ("region",))
+        self.encode_reserved = metrics.gauge(
+            "egress_encode_reserved_bytes", "Working memory reserved by the encodes running "
+            "now; an encode waits while segments and reservations fill the budget.",
+            ("region",))
         self.open_segments = metrics.gauge(
             "egress_open_segments", "Segments open or closing.", ("region",))
         self.build_info = build_info(metrics, "egress")

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from egress.commits import Commit, NotOwner
-from egress.flow import MAX_FLUSH_BYTES
+from egress.encode_gate import EncodeCancelled, EncodeGate
+from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
     CloseReason,
@@ -35,6 +38,7 @@ from egress.rotation import (
 )
 from egress.segment import Segment, SegmentOutcome, SegmentState
 from formats.base import BATCH_OVERHEAD, SegmentFormat, SegmentMetadata, WriterOptions
+from formats.parquet import ENCODE_UNIT
 from formats.segment_io import SegmentUpload, publish_segment
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
@@ -42,7 +46,7 @@ from replicator.core.kafka import Message
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.queues import SerialQueue
 from replicator.core.retry import RetryPolicy, retry
-from replicator.core.storage import ObjectStore
+from replicator.core.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,14 @@ class WriterContext:
     incarnations: Incarnations | None = None
     """Names the topic incarnation of each segment (``None``: every segment is stored at
     the documented key shape, as before topic ids were known)."""
+    gate: EncodeGate | None = None
+    """Admits encodes within the memory budget (``None``: every encode runs at once)."""
+
+
+def largest_row(batch: pa.RecordBatch) -> int:
+    """Bytes of the largest key plus those of the largest value of ``batch``."""
+    return sum(pc.max(pc.binary_length(batch.column(c))).as_py() or 0
+               for c in ("key", "value"))
 
 
 class Incarnations(Protocol):
@@ -400,8 +412,14 @@ class PartitionWriter:
                 return
             if seg.upload is None:
                 self._open_upload(seg)
-            assert seg.upload is not None
-            seg.upload.write_batch(batch)
+            upload = seg.upload
+            assert upload is not None
+            seg.largest_row = max(seg.largest_row, largest_row(batch))
+            # The batch may complete a row group, which is encoded and sent now.
+            with self._encoding(upload.encoded_by(batch), seg.largest_row):
+                upload.write_batch(batch)
+        except EncodeCancelled:
+            return
         except ReplicatorError as e:
             self._fail(seg, "write", e)
         except Exception as e:
@@ -458,7 +476,7 @@ class PartitionWriter:
             assert upload is not None
             meta = SegmentMetadata.for_key(key, seg.count, created_by=self.ctx.options.created_by,
                                            created_at=self.ctx.wall(), topic_id=topic_id)
-            info = self._retry(lambda: upload.finish(meta),
+            info = self._retry(lambda: self._finish(seg, upload, meta),
                                f"{self.name}: finish {upload.temp_key}")
             seg.stored_bytes = info.size
             self._check_cancel()
@@ -471,7 +489,7 @@ class PartitionWriter:
             published = publish_segment(
                 self.ctx.store, temp_key, key, self.ctx.storage_class,
                 attempt=lambda fn, what: self._retry(fn, f"{self.name}: {what}"))
-        except Cancelled:
+        except (Cancelled, EncodeCancelled):
             self._abort(seg)
             return
         except ReplicatorError as e:
@@ -516,6 +534,24 @@ class PartitionWriter:
                  seg.stored_bytes, seg.reason, seg.commit_to)
         self._release(seg)
         self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
+
+    def _finish(self, seg: Segment, upload: SegmentUpload, meta: SegmentMetadata) -> ObjectInfo:
+        # The last row group is encoded and sent here (a retry only completes the upload).
+        with self._encoding(upload.encoding_bytes, seg.largest_row):
+            return upload.finish(meta)
+
+    @contextmanager
+    def _encoding(self, group_bytes: int, largest: int) -> Iterator[None]:
+        """Hold the encoder's working memory from the budget while the block encodes and
+        sends up to ``group_bytes`` (``egress.encode_gate``); waits until it is granted.
+        """
+        gate = self.ctx.gate
+        size = encode_reservation(group_bytes, largest, ENCODE_UNIT)
+        if gate is None or size <= 0:
+            yield      # nothing encoded (the batch is only buffered), or no budget
+            return
+        with gate.reserve(size, self.cancel):
+            yield
 
     def _incarnation(self, seg: Segment) -> tuple[str | None, str]:
         """The topic id of the segment's epoch (read once per epoch) and its key location

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from egress.commits import CommitService
+from egress.encode_gate import EncodeGate
 from egress.flow import (
     MEMORY_RESUME_RATIO,
     FlowLimits,
@@ -54,6 +55,14 @@ def tick_interval(writers: int) -> float:
     """Seconds between ticks with ``writers`` assigned partitions."""
     return max(TICK_INTERVAL, writers * TICK_PER_WRITER)
 GAUGE_INTERVAL = 1.0
+LARGE_FETCH_SHARE = 16
+"""A fetch that brings at least ``budget / LARGE_FETCH_SHARE`` bytes applies the memory
+budget and the pauses at once, not at the next tick: with records of megabytes, the fetches
+of one tick were past the budget before the pause took effect."""
+FETCH_FLOOR_BYTES = 1024**2
+"""A fetch may take this many bytes of records past the budget (one record when larger)."""
+LARGE_RECORD_DECAY = 0.9
+"""Per fetch, the remembered record size decays by this factor towards the recent ones."""
 THROTTLED_POLL = 1.0
 """Seconds a throttled loop may go without asking the client for a record."""
 MEAN_WEIGHT = 0.2
@@ -85,13 +94,17 @@ class PollLoop:
             at once (``Admin.log_start``: never the group consumer, never a pool thread).
         native_bytes: memory the segments do not hold but the budget charges (Arrow's
             allocations: the Parquet encoders' pages; ``egress.allocators``).
+        gate: admits encodes within the budget (``egress.encode_gate``); its reservations
+            count against the budget like Arrow's allocations (the larger of the two), and
+            it learns at each tick what segments hold.
     """
 
     def __init__(self, consumer: Consumer, writers: Writers, commits: CommitService,
                  outcomes: queue.SimpleQueue[SegmentOutcome], metrics: EgressMetrics,
                  region: str, limits: FlowLimits, clock: Monotonic,
                  periodic: Callable[[float], None], log_start: LogStartRead,
-                 native_bytes: Callable[[], int] = lambda: 0) -> None:
+                 native_bytes: Callable[[], int] = lambda: 0,
+                 gate: EncodeGate | None = None) -> None:
         self.consumer = consumer
         self.writers = writers
         self.commits = commits
@@ -102,6 +115,9 @@ class PollLoop:
         self.clock = clock
         self.periodic = periodic
         self.native_bytes = native_bytes
+        self.gate = gate
+        self.peak_held = 0
+        """The most bytes the budget has charged at once (a high-water mark)."""
         self.out_of_range = OutOfRangePartitions(
             log_start, metrics.log_start_stalled.labels(region),
             metrics.log_start_failures.labels(region))
@@ -118,6 +134,11 @@ class PollLoop:
         self._last_fetch = 0.0
         self._mean_record = 1024.0
         """Mean raw bytes of a record read lately (sizes throttled fetches)."""
+        self._large_record = 0.0
+        """The mean record size of recent fetches, decaying from the largest (sizes the
+        next fetch to the room left in the budget)."""
+        self._held = 0
+        """What the budget charged at the last count (``_apply_memory_budget``)."""
         self.skip: OriginFilter | None = None
         """Leaves out records replicated from ``[egress] skip_origins`` (``None``: none)."""
         self.tails: Mapping[tuple[str, int], tuple[int, int]] = {}
@@ -128,8 +149,15 @@ class PollLoop:
     def turn(self) -> None:
         """One fetch and what follows it (or, while throttled, a short wait instead)."""
         batch = CONSUME_BATCH
+        if self._large_record > 0:
+            # Records of megabytes: no more than the room left in the budget (one at
+            # least), so what a fetch brings past it is one record, not a batch of them.
+            # Small records: at least FETCH_FLOOR_BYTES of them, or a loop near its budget
+            # would fetch them one by one.
+            room = max(self.limits.budget - self._held, FETCH_FLOOR_BYTES)
+            batch = min(batch, max(1, int(room // self._large_record)))
         if self.throttle is not None:
-            batch = self._throttled_batch()
+            batch = min(batch, self._throttled_batch())
         if batch:
             fetched = self.consumer.fetch(batch, POLL_TIMEOUT)
             self.last_poll = time.monotonic()
@@ -138,7 +166,11 @@ class PollLoop:
             fetched = Fetched()
         now = self.clock()
         if fetched:
-            self._dispatch(fetched, now)
+            read = self._dispatch(fetched, now)
+            if read >= self.limits.budget // LARGE_FETCH_SHARE:
+                writers = list(self.writers.values())
+                self._apply_memory_budget(writers)
+                self._apply_pauses(writers)
         self.commits.serve(self.consumer)
         self.drain_outcomes(now)
         if now - self._last_tick >= tick_interval(len(self.writers)):
@@ -166,13 +198,17 @@ class PollLoop:
 
     # --- records ----------------------------------------------------------------------
 
-    def _dispatch(self, fetched: Fetched, now: float) -> None:
+    def _dispatch(self, fetched: Fetched, now: float) -> int:
         read = self._append_runs(fetched, now)
+        if fetched.records:
+            self._large_record = max(read / fetched.records,
+                                     self._large_record * LARGE_RECORD_DECAY)
         if self.throttle is not None and read:
             self.throttle.take(read, now)
             records = fetched.records
             if records:
                 self._mean_record += (read / records - self._mean_record) * MEAN_WEIGHT
+        return read
 
     def _append_runs(self, fetched: Fetched, now: float) -> int:
         """Hand each run to its writer; returns the raw bytes read (for the throttle)."""
@@ -321,32 +357,41 @@ class PollLoop:
     def _apply_memory_budget(self, writers: Sequence[PartitionWriter]) -> None:
         budget = self.limits.budget
         open_held: dict[PartitionWriter, int] = {}
-        # Arrow's allocations (encoder pages) count against the budget; no segment holds
-        # them, so none can be picked for them.
-        native = self.native_bytes()
+        # The encoders' working memory counts against the budget: what running encodes
+        # reserved (egress.encode_gate), or Arrow's allocations when they are more (other
+        # Arrow users of the process). No segment holds it, so none can be picked for it.
+        reserved = self.gate.reserved if self.gate is not None else 0
+        native = max(self.native_bytes(), reserved)
         in_flight = 0
         for w in writers:
             o, c = w.held_bytes()
             if w.segment is not None:
                 open_held[w] = o
             in_flight += c
+        segments = sum(open_held.values()) + in_flight
+        if self.gate is not None:
+            self.gate.set_held(segments)
         # While paused for memory, close down to the resume level, or the pause (which
         # stops the growth that would otherwise trigger closes) could never end.
         target = int(budget * MEMORY_RESUME_RATIO) if self.memory_paused else budget
         victims = pick_memory_victims(open_held, target, in_flight=in_flight,
                                       min_victim_bytes=self.limits.min_victim,
                                       unpickable=native)
-        held = sum(open_held.values()) + in_flight + native
+        held = segments + native
+        self._held = held
         for w in victims:
             log.info("%s: closing the open segment early (holds %d bytes; %d held in all, "
-                     "%d of it by Arrow; budget %d)", w.name, open_held[w], held, native,
-                     budget)
+                     "%d of it by the encoders; budget %d)", w.name, open_held[w], held,
+                     native, budget)
             w.close(CloseReason.MEMORY)
         # Only segments can be closed to free memory: with none holding anything, Arrow's
         # bytes alone must not keep the process paused for good.
-        freeable = held - native
-        self.memory_paused = memory_pressure(held, budget, self.memory_paused) and freeable > 0
+        self.memory_paused = memory_pressure(held, budget, self.memory_paused) and segments > 0
+        self.peak_held = max(self.peak_held, held,
+                             self.gate.peak if self.gate is not None else 0)
         self.m.buffered.labels(self.region).set(held)
+        self.m.buffered_peak.labels(self.region).set(self.peak_held)
+        self.m.encode_reserved.labels(self.region).set(reserved)
 
     def _apply_pauses(self, writers: Sequence[PartitionWriter]) -> None:
         want = paused_partitions(

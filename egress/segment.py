@@ -48,10 +48,12 @@ class Segment:
         self.reason: CloseReason | None = None
         self.stored_bytes = 0
         self.commit_to = start
-        self.epoch = 0
-        """The writer's incarnation epoch when the segment opened (``PartitionWriter``)."""
         """The offset committed once durable: ``end + 1``, or past the skipped records
         after it (set at close)."""
+        self.epoch = 0
+        """The writer's incarnation epoch when the segment opened (``PartitionWriter``)."""
+        self.largest_row = 0
+        """Bytes of the largest key plus the largest value written so far (worker)."""
 
     def stats(self) -> SegmentStats:
         return SegmentStats(self.count, self.raw_bytes, self.first_at)

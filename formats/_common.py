@@ -119,6 +119,12 @@ class GroupBuffer:
         if self.nbytes >= self.group_bytes or self.rows >= MAX_GROUP_ROWS:
             yield self.take()
 
+    def would_emit(self, batch: pa.RecordBatch) -> bool:
+        """Whether ``add(batch)`` would yield a group."""
+        size: int = batch.nbytes
+        rows: int = batch.num_rows
+        return self.nbytes + size >= self.group_bytes or self.rows + rows >= MAX_GROUP_ROWS
+
     @property
     def held_bytes(self) -> int:
         """Memory the buffered batches hold: their buffers plus ``BATCH_OVERHEAD`` each."""

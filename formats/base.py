@@ -190,6 +190,13 @@ class SegmentWriter(ABC):
         encoded included).
         """
 
+    def encoded_by(self, batch: pa.RecordBatch) -> int:
+        """Bytes that ``write_batch(batch)`` would encode now (0: it would only buffer).
+        This default says everything held and the batch, which is never less.
+        """
+        size: int = batch.nbytes
+        return self.buffered_bytes + size
+
 
 class SegmentReader(ABC):
     """Reads one segment from a seekable binary stream, batch by batch."""

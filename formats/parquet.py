@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from formats._common import (
@@ -49,6 +50,38 @@ _STATISTICS_COLUMNS = ["offset", "timestamp", "timestamp_type"]
 # Dictionary encoding pays off for keys and header names (few distinct values); values are
 # mostly distinct, and trying a dictionary first costs hashing every value.
 _DICTIONARY_COLUMNS = ["timestamp_type", "key", "headers.list.element.key"]
+
+ENCODE_UNIT = 4 * 1024**2
+"""Row groups of rows too large for Arrow's page bound are cut at this many bytes (one row
+alone when it is larger). Arrow cuts a data page only every 1,024 rows (its
+``write_batch_size``), so a group of two 8 MiB records was one 16 MiB page, and encoding
+it held three copies of it (48 MiB of Arrow's memory for 16 MiB of records). Cut, the
+encoder's working memory follows the largest record, not the group
+(``egress.flow.encode_reservation``)."""
+_PAGE_ROWS = 1024
+
+
+def row_group_slices(row_bytes: list[int], unit: int = ENCODE_UNIT) -> list[tuple[int, int]]:
+    """``(start, length)`` of the row groups of rows of ``row_bytes``: consecutive rows up to
+    ``unit`` bytes, a larger row alone.
+    """
+    slices: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for i, n in enumerate(row_bytes):
+        if i > start and size + n > unit:
+            slices.append((start, i - start))
+            start, size = i, 0
+        size += n
+    if start < len(row_bytes):
+        slices.append((start, len(row_bytes) - start))
+    return slices
+
+
+def _row_bytes(table: pa.Table) -> list[int]:
+    # Keys and values are nearly all of a large row's bytes.
+    lengths = [pc.fill_null(pc.binary_length(table.column(c)), 0) for c in ("key", "value")]
+    return [k + v for k, v in zip(lengths[0].to_pylist(), lengths[1].to_pylist(),
+                                  strict=True)]
 
 
 def parquet_codec(options: WriterOptions) -> tuple[str, int | None]:
@@ -103,8 +136,14 @@ class ParquetSegmentWriter(SegmentWriter):
         # budget (bench/RESULTS.md, "Memory").
         self._encoding = table.nbytes + BATCH_OVERHEAD * len(batches)
         try:
-            # One row group for the whole table: the group bound was decided by GroupBuffer.
-            self._writer.write_table(table, row_group_size=table.num_rows)
+            if table.nbytes * _PAGE_ROWS <= ENCODE_UNIT * table.num_rows:
+                # One row group for the whole table: the group bound was decided by
+                # GroupBuffer, and Arrow's pages stay small.
+                self._writer.write_table(table, row_group_size=table.num_rows)
+            else:
+                for start, length in row_group_slices(_row_bytes(table)):
+                    self._writer.write_table(table.slice(start, length),
+                                             row_group_size=length)
         finally:
             self._encoding = 0
 
@@ -119,6 +158,12 @@ class ParquetSegmentWriter(SegmentWriter):
     @property
     def buffered_bytes(self) -> int:
         return self._buffer.held_bytes + self._encoding
+
+    def encoded_by(self, batch: pa.RecordBatch) -> int:
+        if not self._buffer.would_emit(batch):
+            return 0
+        size: int = batch.nbytes
+        return self._buffer.held_bytes + size
 
 
 class ParquetSegmentReader(SegmentReader):

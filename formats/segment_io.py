@@ -137,6 +137,17 @@ class SegmentUpload:
         """Bytes held in memory: the writer's group buffer plus the upload's part buffer."""
         return self._writer.buffered_bytes + self._upload.buffered_bytes
 
+    def encoded_by(self, batch: pa.RecordBatch) -> int:
+        """Bytes that ``write_batch(batch)`` would encode and send now (0: it would only
+        buffer the batch).
+        """
+        return self._writer.encoded_by(batch)
+
+    @property
+    def encoding_bytes(self) -> int:
+        """Bytes ``finish`` encodes: what the writer holds."""
+        return self._writer.buffered_bytes
+
     @property
     def bytes_uploaded(self) -> int:
         """Encoded bytes handed to the upload so far."""

@@ -12,12 +12,12 @@ import pytest
 from egress.commits import CommitService
 from egress.flow import FlowLimits
 from egress.out_of_range import READ_PATIENCE, RETRY_DELAY, STALLED_AFTER
-from egress.poll_loop import TICK_INTERVAL, PollLoop, tick_interval
+from egress.poll_loop import CONSUME_BATCH, TICK_INTERVAL, PollLoop, tick_interval
 from egress.rotation import CloseReason
 from egress.segment import SegmentOutcome
 from replicator.core.errors import KafkaRetriableError
 from replicator.core.kafka import Fetched, TopicPartition
-from tests.unit.egress.fakes import Harness, messages, records
+from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
 
 
 class FakeConsumer:
@@ -386,3 +386,33 @@ def test_tails_say_where_the_records_end_before_the_consumer_position(h: Harness
     fail_first_segment(h)
     loop._update_gauges([h.writer])
     assert loop.tails == {}
+
+
+class FetchingConsumer(FakeConsumer):
+    """Returns one prepared run per fetch and records how many records each asked for."""
+
+    def __init__(self, runs: list[list[FakeMessage]]) -> None:
+        super().__init__()
+        self.runs = runs
+        self.asked: list[int] = []
+
+    def fetch(self, max_messages: int, timeout: float) -> Fetched:
+        self.asked.append(max_messages)
+        run = self.runs.pop(0)[:max_messages] if self.runs else []
+        return Fetched(runs={("t", 0): run}) if run else Fetched()  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(("size", "most"), [(4 * 1024**2, 4), (10, CONSUME_BATCH)])
+def test_a_fetch_of_large_records_takes_no_more_than_the_room_left(
+        h: Harness, size: int, most: int) -> None:
+    # A 20 MiB budget, one record of 4 MiB held: the next fetch asks for at most the
+    # records that fit the 16 MiB left. Small records are never fetched one by one.
+    consumer = FetchingConsumer([messages(records([0], size)), messages(records([1], size))])
+    loop = PollLoop(consumer, {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
+                    queue.SimpleQueue(), h.m, "r1", FlowLimits.for_budget(20 * 1024**2),
+                    lambda: h.now, lambda _now: None, LogStarts(h))
+    loop.turn()
+    loop.turn()
+    assert consumer.asked[0] == CONSUME_BATCH
+    assert 1 <= consumer.asked[1] <= most
+    assert consumer.asked[1] == most or size > CONSUME_BATCH
