@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate
+from itertools import chain
 from typing import cast
 
+import numpy as np
 import pyarrow as pa
 
 from formats.base import HEADER_TYPE, SEGMENT_SCHEMA
@@ -109,15 +110,14 @@ class ColumnBuffer:
     def take(self) -> pa.RecordBatch:
         """Build one ``SEGMENT_SCHEMA`` batch of everything held, and empty the buffer."""
         n = len(self.offsets)
-        if self.timestamps:
-            types, stamps = zip(*self.timestamps, strict=True)
-        else:
-            types, stamps = (), ()
+        # (type, time) pairs read straight into one int64 array: no tuple per column.
+        pairs = np.fromiter(chain.from_iterable(self.timestamps), np.int64,
+                            2 * n).reshape(n, 2)
         batch = pa.RecordBatch.from_arrays(
             [
                 _fixed(pa.int64(), array("q", self.offsets)),
-                _fixed(_TIMESTAMP, array("q", stamps)),
-                _fixed(pa.int8(), array("b", types)),
+                _fixed(_TIMESTAMP, pairs[:, 1].copy()),
+                _fixed(pa.int8(), _types(pairs[:, 0])),
                 _binary(self.keys),
                 _binary(self.values),
                 _headers_array(self.headers, n) if self.has_headers else _no_headers(n),
@@ -128,10 +128,19 @@ class ColumnBuffer:
         return batch
 
 
-def _fixed(type_: pa.DataType, values: array[int]) -> pa.Array:
+def _fixed(type_: pa.DataType, values: array[int] | bytes | np.ndarray) -> pa.Array:
     # ``array`` converts Python ints in one C loop, and Arrow wraps its buffer as it is
     # (``pa.array`` over a list checks each item's type first).
     return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
+
+
+def _types(types: np.ndarray) -> bytes | np.ndarray:
+    """The ``timestamp_type`` column's int8 buffer. A topic's records almost always share
+    one type: then that buffer is one byte repeated.
+    """
+    if len(types) and 0 <= types[0] < 128 and bool((types == types[0]).all()):
+        return bytes((int(types[0]),)) * len(types)
+    return types.astype(np.int8)
 
 
 def _binary(items: list[bytes | None]) -> pa.Array:
@@ -139,18 +148,28 @@ def _binary(items: list[bytes | None]) -> pa.Array:
 
     ``pa.array`` appends item by item into a buffer that it grows by reallocation: with
     1 KiB values that reallocation (a fresh allocation, a copy, page faults) was the
-    largest cost of the poll thread. Here the lengths are summed in C, the bytes are
-    joined into one exactly-sized buffer, and Arrow wraps both without a copy. ``None``
-    (a null key, a tombstone) makes ``len`` fail: such lists go through ``pa.array``,
-    as do those whose 32-bit offsets would overflow.
+    largest cost of the poll thread. Here the lengths go straight into a NumPy array and
+    are summed there (no Python int per running total: a third of the time of
+    ``accumulate`` into an ``array``), the bytes are joined into one exactly-sized buffer,
+    and Arrow wraps both without a copy. ``None`` (a null key, a tombstone) makes ``len``
+    fail: such lists go through ``pa.array``, as do those whose 32-bit offsets would
+    overflow.
     """
+    n = len(items)
+    ends = np.zeros(n + 1, np.int64)
     try:
-        ends = array("i", accumulate(map(len, items), initial=0))  # type: ignore[arg-type]
-    except (TypeError, OverflowError):
+        np.cumsum(np.fromiter(map(len, items), np.int64, n),  # type: ignore[arg-type]
+                  out=ends[1:])
+    except TypeError:
+        return pa.array(items, pa.binary())
+    if ends[n] > _MAX_INT32:
         return pa.array(items, pa.binary())
     data = b"".join(items)  # type: ignore[arg-type]
-    return pa.Array.from_buffers(pa.binary(), len(items),
-                                 [None, pa.py_buffer(ends), pa.py_buffer(data)])
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ends.astype(np.int32)),
+                                                  pa.py_buffer(data)])
+
+
+_MAX_INT32 = 2**31 - 1
 
 
 def _no_headers(n: int) -> pa.Array:

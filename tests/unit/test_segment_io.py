@@ -9,8 +9,10 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from formats import SegmentMetadata, WriterOptions, get_format
+from formats import SegmentMetadata, WriterOptions, get_format, segment_io
 from formats.records import Record, read_all_records, records_to_batch
 from formats.segment_io import (
     SegmentUpload,
@@ -63,6 +65,41 @@ def test_raw_size_of_batch_matches_records_including_slices() -> None:
     # Header names count in UTF-8 bytes: "é" is two.
     assert raw_size_of_batch(records_to_batch([Record(0, 0, b"k", b"vv", (("é", b"x"),))])) \
         == 1 + 2 + 2 + 1
+
+
+_BYTES = st.one_of(st.none(), st.binary(max_size=12))
+_RECORD = st.builds(
+    lambda k, v, h, t: Record(0, t, k, v, tuple(h)), _BYTES, _BYTES,
+    st.lists(st.tuples(st.text(max_size=4), _BYTES), max_size=3),
+    st.integers(-2**40, 2**40))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_RECORD, max_size=30), st.integers(0, 30), st.integers(0, 30))
+def test_raw_size_of_batch_is_the_records_raw_size_for_any_slice(
+        records: list[Record], start: int, length: int) -> None:
+    # Read from the offsets buffers where no slot is null, by the kernels where one is: the
+    # same figure either way, whatever the slice.
+    records = [Record(i, r.timestamp_ms, r.key, r.value, r.headers)
+               for i, r in enumerate(records)]
+    batch = records_to_batch(records)
+    assert raw_size_of_batch(batch) == sum(r.raw_size for r in records)
+    part = batch.slice(start, length)
+    assert raw_size_of_batch(part) == sum(r.raw_size for r in records[start:start + length])
+
+
+def test_timestamp_range_is_taken_over_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The range is taken once per TIMESTAMP_RANGE_ROWS rows and at finish: the extremes of
+    # batches on either side of a reduction, and of the last ones, all reach the footer.
+    monkeypatch.setattr(segment_io, "TIMESTAMP_RANGE_ROWS", 5)
+    stamps = [50, 7, 60, 3, 55, 99, 10, 8, 40, 20, 30, 2, 98, 9, 1, 100]
+    records = [Record(i, t, b"k", b"v") for i, t in enumerate(stamps)]
+    store = MemoryObjectStore("bucket")
+    _, temp = upload_records(store, "parquet", records, batch_rows=3)
+    reader = get_format("parquet").open_reader(io.BytesIO(store.get(temp.key)),
+                                               key_for(0, len(stamps) - 1))
+    meta = reader.metadata
+    assert (meta.min_timestamp, meta.max_timestamp) == (1, 100)
 
 
 @pytest.mark.parametrize("name", FORMATS)

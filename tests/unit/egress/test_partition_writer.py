@@ -48,13 +48,16 @@ def test_column_buffer_keeps_nulls_headers_and_timestamps() -> None:
     assert len(buf) == 0 and buf.raw_bytes == 0
 
 
+@pytest.mark.parametrize("types", ["mixed", "one"])
 @pytest.mark.parametrize("keys", ["all", "none", "some"])
-def test_column_buffer_batch_equals_arrow_built_one(keys: str) -> None:
+def test_column_buffer_batch_equals_arrow_built_one(keys: str, types: str) -> None:
     # take() joins binary columns into one buffer (and falls back to pa.array when a
-    # column has nulls): the batch must be the one pa.array builds, value for value.
+    # column has nulls), and a timestamp type shared by every row is one byte repeated:
+    # the batch must be the one pa.array builds, value for value.
     recs = [Record(o, 1_700_000_000_000 + o,
                    None if keys == "none" or (keys == "some" and o % 3 == 0) else b"k%d" % o,
-                   b"" if o % 5 == 0 else bytes(range(o % 256)) * 3, (), o % 3)
+                   b"" if o % 5 == 0 else bytes(range(o % 256)) * 3, (),
+                   o % 3 if types == "mixed" else 2)
             for o in range(10**9, 10**9 + 2500)]
     buf = ColumnBuffer()
     buf.add(messages(recs))
