@@ -132,6 +132,20 @@ def cost_per_gb(*, source_bytes: float, cpu_s: float, requests: Mapping[str, int
             "usd_per_gb": usd, "usd_per_gb_total": sum(usd.values())}
 
 
+def request_cost_per_gb(requests: Mapping[str, int], source_bytes: float,
+                        prices: Mapping[str, float]) -> dict[str, float]:
+    """S3 and SQS requests per GB of source records by billing class, and their price
+    (``cost_per_gb``'s request items alone: the latency stage has no CPU or storage figure).
+    """
+    c = cost_per_gb(source_bytes=source_bytes, cpu_s=0.0, requests=requests, stored_bytes=0.0,
+                    cross_region_bytes=0.0, prices=prices)
+    req, usd = c["requests_per_gb"], c["usd_per_gb"]
+    return {"put_class_per_gb": sum(req[o] for o in PUT_CLASS),
+            "get_class_per_gb": sum(req[o] for o in GET_CLASS),
+            "sqs_per_gb": req["SQS"], "delete_per_gb": req["DELETE"],
+            "usd_per_gb": usd["s3_requests"] + usd["sqs"]}
+
+
 def log_bytes(data_dir: Path, topic: str) -> int:
     """Bytes of a topic's record batches in a broker's log dirs (``*.log`` segment files)."""
     return sum(f.stat().st_size for d in data_dir.glob(f"{topic}-*") if d.is_dir()

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cost import PRICES
+
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
@@ -34,8 +36,6 @@ FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
 MB = 1e6
 GB = 1e9
 
-# AWS S3 Standard request prices (us-east-1, per 1000 requests) used for the cost estimate.
-PRICE_PER_1000 = {"put_class": 0.005, "get_class": 0.0004}
 PUT_CLASS = ("PutObject", "CopyObject", "CreateMultipartUpload", "UploadPart",
              "UploadPartCopy", "CompleteMultipartUpload", "ListObjectsV2", "ListObjects",
              "ListMultipartUploads", "ListParts")
@@ -171,8 +171,8 @@ def summarize_requests(snapshot: Mapping[str, Any], raw_bytes: float) -> dict[st
         "uncategorized": other,
         "bytes_uploaded_per_gb": round(snapshot["bytes_up"] * per_gb),
         "bytes_downloaded_per_gb": round(snapshot["bytes_down"] * per_gb),
-        "request_cost_usd_per_gb": round((put * PRICE_PER_1000["put_class"]
-                                          + get * PRICE_PER_1000["get_class"]) / 1000
+        "request_cost_usd_per_gb": round((put * PRICES["s3_put_per_1000"]
+                                          + get * PRICES["s3_get_per_1000"]) / 1000
                                          * per_gb, 6),
     }
 

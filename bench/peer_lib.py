@@ -21,16 +21,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lib import PRICE_PER_1000, WORDS, median, percentile
+from lib import WORDS, median, percentile
 
 Sample = tuple[float, float]
 """(wall time, value) of a timeline, in time order."""
 
 SEQ_DIGITS = 12
 """Every generated value starts with its sequence number in this many digits and a space."""
-
-SQS_PRICE_PER_MILLION = 0.40
-"""AWS SQS standard queue requests (us-east-1, beyond the free tier)."""
 
 
 # --- data ---------------------------------------------------------------------------
@@ -313,58 +310,6 @@ def mm2_properties(*, source_alias: str, target_alias: str, source_bootstrap: st
         lines.append(f"{target_alias}.producer.compression.{compression}.level = "
                      f"{compression_level}")
     return "\n".join(lines) + "\n"
-
-
-# --- S3/SQS requests from the moto server's log -------------------------------------
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_REQUEST = re.compile(r'"(GET|PUT|POST|DELETE|HEAD) (\S+) HTTP/[\d.]+"\s+(\d{3})')
-
-
-def classify_request(method: str, target: str) -> str:
-    """The billing class of one request to the moto server.
-
-    ``sqs`` (moto serves SQS at ``/``), ``put_class`` (PUT, COPY, POST, LIST),
-    ``get_class`` (GET, HEAD of an object), ``free`` (DELETE) or ``other`` (bucket
-    administration: create bucket, notifications, lifecycle).
-    """
-    path, _, query = target.partition("?")
-    parts = [p for p in path.split("/") if p]
-    if not parts:
-        return "sqs"
-    if method == "DELETE":
-        return "free"
-    if method == "POST" and "delete" in query.split("&"):
-        return "free"
-    if len(parts) == 1:   # bucket level
-        if method == "GET" and ("list-type" in query or query == "" or "prefix=" in query):
-            return "put_class"   # ListObjects(V2) is billed as PUT-class
-        return "other"
-    if method in ("PUT", "POST"):
-        return "put_class"
-    if method in ("GET", "HEAD"):
-        return "get_class"
-    return "other"
-
-
-def moto_requests(lines: Iterable[str]) -> Counter[str]:
-    """Requests by billing class (``classify_request``) in moto's werkzeug access log."""
-    out: Counter[str] = Counter()
-    for line in lines:
-        m = _REQUEST.search(_ANSI.sub("", line))
-        if m is not None:
-            out[classify_request(m.group(1), m.group(2))] += 1
-    return out
-
-
-def request_cost_per_gb(counts: Mapping[str, int], raw_bytes: float) -> dict[str, float]:
-    """Requests per GB of raw record bytes and their AWS list price."""
-    per_gb = 1e9 / raw_bytes if raw_bytes else 0.0
-    put, get, sqs = (counts.get(k, 0) * per_gb for k in ("put_class", "get_class", "sqs"))
-    return {"put_class_per_gb": put, "get_class_per_gb": get, "sqs_per_gb": sqs,
-            "free_per_gb": counts.get("free", 0) * per_gb,
-            "usd_per_gb": (put * PRICE_PER_1000["put_class"] + get * PRICE_PER_1000["get_class"])
-            / 1000 + sqs * SQS_PRICE_PER_MILLION / 1e6}
 
 
 # --- process sampling ---------------------------------------------------------------

@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cost import cost_per_gb, count_operations, load_prices, log_bytes
+from cost import cost_per_gb, count_operations, load_prices, log_bytes, request_cost_per_gb
 from lib import MB, write_toml
 from peer_lib import (
     PEER_METRICS,
@@ -66,13 +66,11 @@ from peer_lib import (
     latency_stats,
     medians,
     mm2_properties,
-    moto_requests,
     named_thread_cpu,
     ratio_verdict,
     raw_consumer,
     raw_producer,
     render_table,
-    request_cost_per_gb,
     round_ratios,
     steady_rate,
     steady_window,
@@ -804,9 +802,10 @@ class Peer:
                                                       default=float("nan")),
                              "exit_codes": codes}
         if st is not None:
-            counts = moto_requests(st.moto_log_slice(*log_marks))
+            counts = count_operations(st.moto_log_slice(*log_marks),
+                                      copy_prefixes=(f"/{st.src_bucket}/data/",))
             r["requests"] = dict(counts)
-            r["request_cost"] = request_cost_per_gb(counts, raw)
+            r["request_cost"] = request_cost_per_gb(counts, raw, self.prices)
             r["stages"] = stage_breakdown(st, topic, seqs, arrived, warm)
         self.new_topics_cleanup(before, keep={topic})
         self.admin("source").delete_topics([topic])

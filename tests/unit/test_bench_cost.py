@@ -67,3 +67,13 @@ def test_log_bytes_sums_the_topics_segment_files(tmp_path: Path) -> None:
         (tmp_path / d / "00000000000000000000.log").write_bytes(b"x" * size)
         (tmp_path / d / "00000000000000000000.index").write_bytes(b"x" * 1000)
     assert cost.log_bytes(tmp_path, "t") == 15
+
+
+def test_request_cost_is_the_request_items_of_the_cost_per_gb() -> None:
+    ops = cost.count_operations(LOG.splitlines(), copy_prefixes=("/src/data/",))
+    c = cost.request_cost_per_gb(ops, 0.5e9, cost.PRICES)
+    assert (c["put_class_per_gb"], c["get_class_per_gb"]) == (12.0, 4.0)   # PUT COPY LIST; GET HEAD
+    assert (c["sqs_per_gb"], c["delete_per_gb"]) == (2.0, 4.0)
+    full = cost.cost_per_gb(source_bytes=0.5e9, cpu_s=1.0, requests=ops, stored_bytes=1.0,
+                            cross_region_bytes=1.0, prices=cost.PRICES)["usd_per_gb"]
+    assert c["usd_per_gb"] == pytest.approx(full["s3_requests"] + full["sqs"])

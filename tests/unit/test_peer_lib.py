@@ -137,31 +137,6 @@ def test_mm2_properties_name_one_flow_the_codec_and_acks() -> None:
     assert "level" not in none
 
 
-MOTO_LOG = """\
- * Running on http://127.0.0.1:1234
-127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /bkt HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /bkt?notification HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /bkt/temp/x HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "HEAD /bkt/temp/x HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "PUT /bkt/data/a/b HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "\x1b[35m\x1b[1mDELETE /bkt/temp/x HTTP/1.1\x1b[0m" 204 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "GET /bkt/data/a/b HTTP/1.1" 206 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "GET /bkt?list-type=2&prefix=data/ HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "POST /bkt/m?uploads HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "POST /bkt?delete HTTP/1.1" 200 -
-127.0.0.1 - - [23/Nov/2026 08:57:49] "POST / HTTP/1.1" 200 -
-"""
-
-
-def test_moto_requests_are_classified_as_s3_bills_them() -> None:
-    counts = pl.moto_requests(MOTO_LOG.splitlines())
-    assert counts == {"other": 2, "put_class": 4, "get_class": 2, "free": 2, "sqs": 1}
-    cost = pl.request_cost_per_gb(counts, 0.5e9)
-    assert cost["put_class_per_gb"] == 8.0 and cost["get_class_per_gb"] == 4.0
-    assert cost["usd_per_gb"] == pytest.approx(8 * 0.005 / 1000 + 4 * 0.0004 / 1000
-                                               + 2 * 0.40 / 1e6)
-
-
 RAW = """\
 thread (1): MainThread;run (egress/controller.py:219);_dispatch (egress/controller.py:250);\
 append (egress/partition_writer.py:240) 6
