@@ -6,7 +6,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from replicator.core.errors import KeyFormatError
 from replicator.core.keys import check_region, check_topic
@@ -75,19 +75,12 @@ class CatalogSettings(Model):
             raise ValueError("must contain {topic} (one table per topic)")
         return v
 
-    @field_validator("regions")
+    @field_validator("regions", "topics")
     @classmethod
-    def _regions_ok(cls, v: list[str]) -> list[str]:
+    def _names_ok(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        check = check_region if info.field_name == "regions" else check_topic
         try:
-            return [check_region(r) for r in v]
-        except KeyFormatError as e:
-            raise ValueError(str(e)) from e
-
-    @field_validator("topics")
-    @classmethod
-    def _topics_ok(cls, v: list[str]) -> list[str]:
-        try:
-            return [check_topic(t) for t in v]
+            return [check(name) for name in v]
         except KeyFormatError as e:
             raise ValueError(str(e)) from e
 
