@@ -123,6 +123,7 @@ class Egress:
         self._stop = threading.Event()
         self._consumer: Consumer | None = None
         self._loop: PollLoop | None = None
+        self._gate: EncodeGate | None = None
         self._meta: TopicMetadataPublisher | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._watch: DependencyWatch | None = None
@@ -287,6 +288,13 @@ class Egress:
         if self._server is not None:
             self._server.close()
         log.info("egress closed")
+
+    def encode_peak(self) -> int:
+        """The most bytes segments and the encoders' reservations held at once
+        (``egress.encode_gate``): what the budget bounds, without the Arrow allocations of
+        other users of the process that ``replicator_egress_buffered_bytes_peak`` may count.
+        """
+        return self._gate.peak if self._gate is not None else 0
 
     def healthy(self) -> bool:
         """Alive: not failed, and the poll loop turned recently (or has not started)."""

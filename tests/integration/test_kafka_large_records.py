@@ -10,7 +10,6 @@ creates (``_topic.json``), and restore's target is created with it too.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 from pathlib import Path
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from compaction.merge import TaskSpec, merge_segments
-from egress.allocators import arrow_allocated_bytes
 from egress.controller import Egress
 from egress.flow import encode_reservation, segment_budget
 from formats.base import WriterOptions
@@ -117,20 +115,21 @@ def test_egress_holds_its_budget_but_for_one_encode_with_records_of_8_mib(
                                          egress={"max_buffered_bytes": EGRESS_BUDGET}),
                     store=pipe.store)
     prefix = f"data/{SOURCE_REGION}/{pipe.topic}/0/0/"
-    # Arrow's allocations are counted process-wide: what other tests of this process left
-    # allocated (their batches still referenced) is charged too.
-    gc.collect()
-    others = arrow_allocated_bytes()
     with running_egress(egress):
         wait_for(lambda: max((k.end for o in pipe.store.list(prefix)
                               if (k := SegmentKey.try_parse(o.key)) is not None),
                              default=-1) == 5, 120, "egress to archive every record")
-        peak = egress.metrics.value("replicator_egress_buffered_bytes_peak",
-                                    {"region": SOURCE_REGION})
-    assert peak is not None
+        charged = egress.metrics.value("replicator_egress_buffered_bytes_peak",
+                                       {"region": SOURCE_REGION})
+    # What the admission bounds: segments and encode reservations. The metric's peak also
+    # charges Arrow's allocations when they are more than the reservations, counted over the
+    # whole process: here a pytest worker whose Arrow pool other tests and the segments'
+    # own batches share (replicator-egress gives the encoders a pool of their own,
+    # egress.allocators); one CI run saw 84 MiB there against this bound.
+    peak = egress.encode_peak()
     row = 8 * MiB + 2
     # Two records past the share: the last one fetched before the pause, and one that
     # librdkafka had already prefetched (a record larger than its prefetch share).
     bound = (segment_budget(EGRESS_BUDGET) + 2 * row
-             + encode_reservation(2 * row, row, ENCODE_UNIT) + others)
-    assert 16 * MiB <= peak <= bound, (peak / MiB, bound / MiB)
+             + encode_reservation(2 * row, row, ENCODE_UNIT))
+    assert 16 * MiB <= peak <= bound, (peak / MiB, bound / MiB, (charged or 0) / MiB)
