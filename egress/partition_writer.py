@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from egress.commits import Commit, NotOwner
 from egress.encode_gate import EncodeCancelled, EncodeGate
@@ -39,7 +38,7 @@ from egress.rotation import (
 from egress.segment import Segment, SegmentOutcome, SegmentState
 from formats.base import BATCH_OVERHEAD, SegmentFormat, SegmentMetadata, WriterOptions
 from formats.parquet import ENCODE_UNIT
-from formats.segment_io import SegmentUpload, publish_segment
+from formats.segment_io import SegmentUpload, largest_row_bytes, publish_segment
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.kafka import Message
@@ -87,11 +86,6 @@ class WriterContext:
     gate: EncodeGate | None = None
     """Admits encodes within the memory budget (``None``: every encode runs at once)."""
 
-
-def largest_row(batch: pa.RecordBatch) -> int:
-    """Bytes of the largest key plus those of the largest value of ``batch``."""
-    return sum(pc.max(pc.binary_length(batch.column(c))).as_py() or 0
-               for c in ("key", "value"))
 
 
 class Incarnations(Protocol):
@@ -414,7 +408,7 @@ class PartitionWriter:
                 self._open_upload(seg)
             upload = seg.upload
             assert upload is not None
-            seg.largest_row = max(seg.largest_row, largest_row(batch))
+            seg.largest_row = max(seg.largest_row, largest_row_bytes(batch))
             # The batch may complete a row group, which is encoded and sent now.
             with self._encoding(upload.encoded_by(batch), seg.largest_row):
                 upload.write_batch(batch)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, BinaryIO, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -46,21 +47,46 @@ GET per segment instead of one GET per seek (footer, tail, row groups)."""
 _INT32_OFFSETS = (pa.binary(), pa.string())
 
 
+def _offsets(arr: pa.Array) -> np.ndarray | None:
+    """The ``len(arr) + 1`` offsets of a non-empty binary, string or list array without
+    nulls (slice-aware, no copy); ``None`` when a null slot might hold bytes of its own.
+    """
+    if arr.null_count:
+        return None
+    ends = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=arr.offset + len(arr) + 1)
+    return ends[arr.offset:]
+
+
 def _span(arr: pa.Array) -> int | None:
     """``offsets[end] - offsets[start]`` of a binary, string or list array without nulls
-    (its data bytes, or its list items), read from the offsets buffer, slice-aware; ``None``
-    when a null slot might hold bytes of its own.
+    (its data bytes, or its list items), read from the offsets buffer; ``None`` when a null
+    slot might hold bytes of its own.
 
     Two integers read instead of two compute kernels over every value: with the small
     batches of many partitions the kernels cost more per batch than the rows did.
     """
     if not len(arr):
         return 0
-    if arr.null_count:
-        return None
-    offsets = arr.buffers()[1]
-    ends = memoryview(offsets).cast("B").cast("i")
-    return int(ends[arr.offset + len(arr)] - ends[arr.offset])
+    ends = _offsets(arr)
+    return None if ends is None else int(ends[-1] - ends[0])
+
+
+def _longest(arr: pa.Array) -> int:
+    """Bytes of the longest value of a binary array (0 when empty or all null)."""
+    if not len(arr):
+        return 0
+    ends = _offsets(arr) if arr.type in _INT32_OFFSETS else None
+    if ends is not None:
+        return int((ends[1:] - ends[:-1]).max())
+    return int(pc.max(pc.binary_length(arr)).as_py() or 0)
+
+
+def largest_row_bytes(batch: pa.RecordBatch) -> int:
+    """Bytes of the largest key plus those of the largest value of a ``SEGMENT_SCHEMA``
+    batch (what sizes an encode's working memory), read from the offsets buffers when the
+    columns have no nulls.
+    """
+    return _longest(batch.column("key")) + _longest(batch.column("value"))
 
 
 def _binary_bytes(arr: pa.Array) -> int:

@@ -16,6 +16,7 @@ from formats import SegmentMetadata, WriterOptions, get_format, segment_io
 from formats.records import Record, read_all_records, records_to_batch
 from formats.segment_io import (
     SegmentUpload,
+    largest_row_bytes,
     open_segment,
     publish_segment,
     raw_size_of_batch,
@@ -86,6 +87,20 @@ def test_raw_size_of_batch_is_the_records_raw_size_for_any_slice(
     assert raw_size_of_batch(batch) == sum(r.raw_size for r in records)
     part = batch.slice(start, length)
     assert raw_size_of_batch(part) == sum(r.raw_size for r in records[start:start + length])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_RECORD, max_size=30), st.booleans(), st.integers(0, 30), st.integers(0, 30))
+def test_largest_row_bytes_is_the_longest_key_plus_the_longest_value_of_any_slice(
+        records: list[Record], nulls: bool, start: int, length: int) -> None:
+    # Offsets buffers where no slot is null, the kernels where one is: the same figure.
+    records = [Record(i, r.timestamp_ms, r.key if nulls else r.key or b"",
+                      r.value if nulls else r.value or b"", r.headers)
+               for i, r in enumerate(records)]
+    part = records[start:start + length]
+    assert largest_row_bytes(records_to_batch(records).slice(start, length)) == \
+        max((len(r.key or b"") for r in part), default=0) + \
+        max((len(r.value or b"") for r in part), default=0)
 
 
 def test_timestamp_range_is_taken_over_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
