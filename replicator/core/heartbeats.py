@@ -28,7 +28,7 @@ def read_heartbeats(store: ObjectStore, prefix: str, region: str, topic: str
         try:
             out.append(Heartbeat.parse(store.get(info.key), where=info.key))
         except ObjectNotFound:
-            continue   # deleted since the listing: a newer heartbeat replaced it
+            continue   # deleted since the listing (a lifecycle rule, an operator)
         except (ValueError, ReplicatorError) as e:
             log.warning("heartbeat %s cannot be read: %s", info.key, e)
     return out
