@@ -306,10 +306,11 @@ def test_disjoint_partitions_restore_side_by_side(pipe: Pipeline, tmp_path: Path
         logs.append(tmp_path / f"restore-{part}.out")
         with open(logs[-1], "w") as out:
             # Paced so that both are producing at once: 600 records of ~20 bytes each at
-            # 1 KB/s take ~12 s, several times a loaded machine's start of the second CLI.
+            # 400 B/s take ~30 s. At 1 KB/s (~12 s) a CI run once saw the second write
+            # nothing before the first had finished (14 s).
             procs.append(subprocess.Popen(
                 restore_cmd(cfg, pipe, to_topic, "--partitions", str(part), "--batch-size",
-                            "20", "--rate", "1KB/s"),
+                            "20", "--rate", "400B/s"),
                 stdout=out, stderr=out, start_new_session=True, env=env))
     try:
         def both_writing() -> bool:
