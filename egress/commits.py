@@ -41,6 +41,14 @@ NEXT_SEGMENT = "next-segment-start="
 """Commit metadata of a position past records egress skipped (``[egress] skip_origins``):
 where the partition's next segment starts, below the committed offset."""
 
+FIRST_POSITION = "first-position"
+"""Commit metadata of the start egress chose for a partition without a commit (``start =
+"latest"`` or a time): the committed offset is where the partition's history in the
+bucket begins, and no segment of it exists yet. A member that resumes from such a commit
+records the offset as the partition's first position (it is not a resume of earlier
+segments). Older readers see an offset with metadata that is not theirs and resume at the
+offset, as before."""
+
 
 def commit_metadata(offset: int, next_segment: int) -> str:
     """The metadata committed with ``offset`` when the next segment starts at
@@ -48,6 +56,13 @@ def commit_metadata(offset: int, next_segment: int) -> str:
     records), so commits stay what they always were.
     """
     return "" if next_segment == offset else f"{NEXT_SEGMENT}{next_segment}"
+
+
+def started_here(metadata: str) -> bool:
+    """True when a commit's ``metadata`` marks the start egress chose for the partition
+    (``FIRST_POSITION``), not a resume after segments (pure).
+    """
+    return metadata == FIRST_POSITION
 
 
 def next_segment_start(offset: int, metadata: str) -> int:
@@ -72,7 +87,8 @@ def next_segment_start(offset: int, metadata: str) -> int:
 class Commit(Protocol):
     """One partition's commit (``CommitService.committer``)."""
 
-    def __call__(self, offset: int, next_segment: int | None = None) -> None: ...
+    def __call__(self, offset: int, next_segment: int | None = None, *,
+                 first: bool = False) -> None: ...
 
 
 class NotOwner(ReplicatorError):
@@ -93,7 +109,8 @@ class CommitService:
 
         ``commit(offset, next_segment)`` returns once ``offset`` is committed, with
         ``next_segment`` (where the partition's next segment starts, below ``offset`` when
-        the records in between were skipped) in its metadata. Earlier committers of the
+        the records in between were skipped) in its metadata; ``first=True`` marks the
+        offset as the start egress chose (``FIRST_POSITION``). Earlier committers of the
         partition are refused from now on.
 
         Raises (from ``commit``):
@@ -105,8 +122,10 @@ class CommitService:
         generation = self._generation
         self._owners[(topic, partition)] = generation
 
-        def commit(offset: int, next_segment: int | None = None) -> None:
-            meta = commit_metadata(offset, offset if next_segment is None else next_segment)
+        def commit(offset: int, next_segment: int | None = None, *,
+                   first: bool = False) -> None:
+            meta = FIRST_POSITION if first else \
+                commit_metadata(offset, offset if next_segment is None else next_segment)
             done: Future[None] = Future()
             self._requests.put((topic, partition, offset, meta, generation, done))
             deadline = time.monotonic() + COMMIT_WAIT

@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
-from egress.commits import CommitService, next_segment_start
+from egress.commits import CommitService, next_segment_start, started_here
 from egress.encode_gate import EncodeGate
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
@@ -471,14 +471,18 @@ class Egress:
             expected = None if position is None else next_segment_start(position,
                                                                          tp.metadata)
             ref = PartitionRef(self.settings.s3.prefix, self.region, tp.topic, tp.partition)
+            # A commit egress made for a latest/time start is where the partition's history
+            # begins, not a resume after segments (egress.commits.FIRST_POSITION).
+            chosen = key in fixed or (position is not None and started_here(tp.metadata))
             self._writers[key] = PartitionWriter(
                 ref, self._limits[tp.topic], expected, ctx=self._ctx,
                 metrics=self.m.for_partition(self.region, tp.topic, tp.partition),
                 commit=self._commits.committer(tp.topic, tp.partition), position=position,
-                topic_id=topic_ids.get(tp.topic))
+                topic_id=topic_ids.get(tp.topic), resumed=position is not None and not chosen)
             if key in fixed:
                 self._writers[key].commit_start()
-            log.info("%s[%d]: assigned, resuming at %s%s", tp.topic, tp.partition,
+            log.info("%s[%d]: assigned, %s %s%s", tp.topic, tp.partition,
+                     "starting at its first position" if chosen else "resuming at",
                      position if position is not None else "the first available offset "
                                                            "(no commit)",
                      f" (next segment from {expected}: the records between were skipped)"

@@ -42,7 +42,7 @@ from formats.segment_io import SegmentUpload, largest_row_bytes, publish_segment
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.kafka import Message
-from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.keys import BASE_INCARNATION, PartitionRef, SegmentKey
 from replicator.core.queues import SerialQueue
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectInfo, ObjectStore
@@ -119,6 +119,10 @@ class PartitionWriter:
             ``expected``.
         topic_id: the source topic's id when the partition was assigned (``None``: read
             before the first segment is named).
+        resumed: whether ``expected`` continues segments written before (a resume from a
+            commit), as opposed to a start chosen for the partition (``start = "latest"``
+            or a time, ``commit_start``, or a commit that marks one); default: whether
+            ``expected`` is set.
 
     Incarnations: each segment belongs to an *epoch* of the writer, which a reset (the
     source partition's offsets went back: the topic was deleted and created again) moves
@@ -128,7 +132,8 @@ class PartitionWriter:
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
                  ctx: WriterContext, metrics: PartitionMetrics, commit: Commit,
-                 position: int | None = None, topic_id: str | None = None) -> None:
+                 position: int | None = None, topic_id: str | None = None,
+                 resumed: bool | None = None) -> None:
         self.ref = ref
         self.limits = limits
         self.expected = expected
@@ -150,7 +155,7 @@ class PartitionWriter:
         skip_origins``); every record from ``next_offset`` up to it was skipped."""
         self.committed_offset: int | None = self.position
         self._skip_commit_at = 0.0
-        self.resumed = expected is not None
+        self.resumed = expected is not None if resumed is None else resumed
         self._first_recorded = ctx.first_positions is None
         self.flush_bytes = FLUSH_BYTES
         """Held bytes of buffered rows at which they become one batch (poll thread)."""
@@ -229,19 +234,54 @@ class PartitionWriter:
         self.queue.submit(lambda: self._commit_position(pos, start, "skipped records"))
 
     def commit_start(self) -> None:
-        """Commit the position this partition was started at without a commit (``start =
-        "latest"`` or a time; poll thread, at assignment), so that wherever and whenever it
-        is assigned next it resumes here rather than at a later end of the log.
+        """Make the position this partition was started at without a commit (``start =
+        "latest"`` or a time; poll thread, at assignment) its first position and commit it,
+        so that wherever and whenever it is assigned next it resumes here rather than at a
+        later end of the log.
+
+        1. Record the position as the partition's first position in ``_topic.json``
+           (ingress starts its replay there), unless the live topic is a later incarnation
+           (its first segment records where it begins).
+        2. Commit it, marked as a start egress chose (``egress.commits.FIRST_POSITION``):
+           a member that resumes from that commit before the first segment (a rebalance,
+           a restart) records the same first position instead of taking it for a resume.
+
+        A failed step 1 is logged and left to the first segment, which records the first
+        position before it is visible in any case.
         """
         pos = self.position
-        if pos is not None:
-            self.queue.submit(lambda: self._commit_position(pos, pos, "its start"))
+        if pos is None:
+            return
+        self.resumed = False
+        self.queue.submit(lambda: self._start_here(pos))
 
-    def _commit_position(self, position: int, start: int, why: str) -> None:
+    def _start_here(self, position: int) -> None:
+        if self.cancel.is_set() or self.broken.is_set():
+            return
+        # Step 1: the first position, before the commit that makes it the resume point.
+        record = self.ctx.first_positions
+        if record is not None and not self._first_recorded:
+            try:
+                _, label = self._incarnation_of(self.epoch)
+                if label == BASE_INCARNATION:
+                    self._retry(lambda: record(self.ref, position, resumed=False),
+                                f"{self.name}: record the first position {position}")
+                    self._first_recorded = True
+            except (Cancelled, EncodeCancelled):
+                return
+            except ReplicatorError as e:
+                log.warning("%s: the first position %d is not in _topic.json yet (the first "
+                            "segment records it before it is visible): %s",
+                            self.name, position, e)
+        # Step 2: commit the start, marked as chosen here.
+        self._commit_position(position, position, "its start", first=True)
+
+    def _commit_position(self, position: int, start: int, why: str, *,
+                         first: bool = False) -> None:
         if self.cancel.is_set() or self.broken.is_set():
             return
         try:
-            self._commit(position, start)
+            self._commit(position, start, first=first)
         except NotOwner as e:
             log.info("%s: %s", self.name, e)
             return
@@ -548,21 +588,24 @@ class PartitionWriter:
             yield
 
     def _incarnation(self, seg: Segment) -> tuple[str | None, str]:
-        """The topic id of the segment's epoch (read once per epoch) and its key location
-        (worker thread). Without ids (none known to the broker, or not asked): ``(None,
-        "")``, the documented key shape.
+        return self._incarnation_of(seg.epoch)
+
+    def _incarnation_of(self, epoch: int) -> tuple[str | None, str]:
+        """The topic id of an epoch (read once per epoch) and its key location (worker
+        thread). Without ids (none known to the broker, or not asked): ``(None, "")``,
+        the documented key shape.
         """
         inc = self.ctx.incarnations
         if inc is None:
             return None, ""
-        if seg.epoch not in self._topic_ids:
-            self._topic_ids[seg.epoch] = self._retry(
+        if epoch not in self._topic_ids:
+            self._topic_ids[epoch] = self._retry(
                 lambda: inc.topic_id(self.ref.topic), f"{self.name}: read the topic id")
-        topic_id = self._topic_ids[seg.epoch]
+        topic_id = self._topic_ids[epoch]
         if topic_id is None and any(t is not None for t in self._topic_ids.values()):
             # The topic is gone (deleted, not created again yet): its location is unknown,
             # and the documented shape may hold another incarnation's segments.
-            del self._topic_ids[seg.epoch]
+            del self._topic_ids[epoch]
             raise RetriableError(f"{self.name}: the source topic has no id now (deleted?); "
                                  "the segment waits for it")
         if topic_id is None:

@@ -111,7 +111,6 @@ class TopicMetadataPublisher:
         self._first: dict[str, dict[int, int]] = {}
         """First positions known to be in each ``_topic.json`` (never change once there)."""
         self._pending: dict[str, dict[int, int]] = {}
-        self._unknown: set[tuple[str, int]] = set()
         self._labels: dict[tuple[str, str], str] = {}
         """(topic, topic id) -> label of incarnations known to be in ``_topic.json``."""
         self._sealed: set[tuple[str, str, int]] = set()
@@ -230,11 +229,14 @@ class TopicMetadataPublisher:
         """Make sure ``_topic.json`` has the partition's first position before its segment
         from ``start`` becomes visible (a worker thread, before the copy to the final key).
 
-        A partition that did not resume from a commit records ``start``. One that resumed
+        A partition that did not resume from a commit (no commit, or the start egress
+        chose for ``start = "latest"`` or a time) records ``start``. One that resumed
         without an entry (its segments were written by an egress that did not record first
-        positions) records the lowest start of its segments in the bucket (all levels), or
-        nothing, with a WARNING, when there are none. Entries already there win. Concurrent
-        callers of one topic are written in one put.
+        positions) records the lowest start of its segments in the bucket (all levels);
+        when it has none, its history in the bucket begins at ``start`` (the commit was
+        set by an offset reset or another tool, or the segments before it were deleted):
+        that is recorded, with an INFO line saying so. Entries already there win.
+        Concurrent callers of one topic are written in one put.
 
         Raises:
             ReplicatorError: the entry could not be written (the segment must not be
@@ -242,19 +244,17 @@ class TopicMetadataPublisher:
         """
         topic, partition = ref.topic, ref.partition
         with self._mutex:
-            if partition in self._first.get(topic, {}) or (topic, partition) in self._unknown:
+            if partition in self._first.get(topic, {}):
                 return
         position = start
         if resumed:
             lowest = self._lowest_start(ref)
             if lowest is None:
-                log.warning("%s: resumed from a commit, but it has no segments in the bucket "
-                            "and no first position in _topic.json: ingress falls back to its "
-                            "delay (first_segment_delay) for this partition", ref)
-                with self._mutex:
-                    self._unknown.add((topic, partition))
-                return
-            position = lowest
+                log.info("%s: resumed from offset %d without segments in the bucket or a "
+                         "first position in _topic.json: its history in the bucket begins "
+                         "there", ref, start)
+            else:
+                position = lowest
         with self._mutex:
             self._pending.setdefault(topic, {}).setdefault(partition, position)
         with self._topic_locks[topic]:

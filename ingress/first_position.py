@@ -11,7 +11,8 @@ any gap, and ``lost_segment_timeout`` is the only way to give up.
 * ``NOT_RECORDED``: the file has no ``first_positions`` (an older egress) or the source is
   configured ``start = "earliest-available"``: the ``first_segment_delay`` behaviour;
 * ``PENDING``: the map is there but this partition's entry is not yet (wait; the file is
-  read again every ``RECHECK`` seconds while waiting);
+  read again every ``RECHECK`` seconds while waiting; the worker gives up, ``give_up``,
+  once the partition's segments have waited ``first_segment_delay``);
 * the position (an int): never changes once known.
 """
 
@@ -68,6 +69,12 @@ class FirstPosition:
             known = meta.first_positions.get(ref.partition, PENDING)
         self._known = known
         return known
+
+    def give_up(self) -> None:
+        """The entry is not coming (``ReplayWorker._first_position_overdue``): from now on
+        the partition is replayed as if egress recorded no first positions.
+        """
+        self._known = NOT_RECORDED
 
     def seconds_to_recheck(self) -> float:
         """How long a pending wait lasts before the next read."""

@@ -27,6 +27,7 @@ class IngressMetrics:
     checkpoint_offset: Any
     segments_waiting: Any
     segments_late: Any
+    first_position_waiting: Any
     late_gaps: Any
     segments_lost: Any
     messages_lost: Any
@@ -82,6 +83,13 @@ class IngressMetrics:
                                       "Last source offset checkpointed.", PART),
             segments_waiting=m.gauge("ingress_segments_waiting",
                                      "Known segments not yet replayed.", PART),
+            first_position_waiting=m.gauge(
+                "ingress_first_position_waiting",
+                "1 while a partition without a checkpoint has segments but egress has not "
+                "recorded where its history begins (first_positions in _topic.json): nothing "
+                "is replayed meanwhile, for at most first_segment_delay from the first "
+                "segment's arrival (then ERROR, and the replay starts at the earliest "
+                "segment known).", PART),
             segments_late=m.gauge("ingress_segments_late",
                                   "Positions of the gap currently waited for (0: none).", PART),
             late_gaps=m.counter("ingress_late_gaps_total",

@@ -155,6 +155,7 @@ class ReplayWorker(SegmentReplay):
         self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
         self._m_waiting = metrics.segments_waiting.labels(**labels)
         self._m_late = metrics.segments_late.labels(**labels)
+        self._m_first_waiting = metrics.first_position_waiting.labels(**labels)
         self._labels = labels
         # State (touched by one step at a time, except the inbox and the flags).
         self.position: int | None = None
@@ -180,7 +181,13 @@ class ReplayWorker(SegmentReplay):
         self.fenced_in_a_row = 0
         self.stalled = False
         self.first = FirstPosition(store, cfg.ref,
-                                   enabled=cfg.source.start == "first-position")
+                                   enabled=cfg.source.start != "earliest-available")
+        self._latest_pending = cfg.source.start == "latest"
+        """``start = "latest"``, no checkpoint, and the bucket's history not looked at yet
+        (``_plan_from``): decided once per worker, at its first plan."""
+        self._history_skipped = cfg.source.start == "latest"
+        """Positions below ``origin`` were skipped by choice (``start = "latest"``), not
+        missed: ``_report_below_origin`` leaves them alone."""
         self._pending_logged = False
         self._last_cp: Checkpoint | None = None
         self.failed: BaseException | None = None
@@ -330,6 +337,7 @@ class ReplayWorker(SegmentReplay):
     def _finish(self) -> None:
         self._end_session()
         self.freshness.close()
+        self._m_first_waiting.set(0)
         self._done.set()
 
     def _step(self) -> float | None:
@@ -551,7 +559,8 @@ class ReplayWorker(SegmentReplay):
         usable, until = self._incarnation(inventory.usable())
         self._report_below_origin(usable)
         now = self.clock()
-        plan_from = self._plan_from(usable)
+        plan_from = self._plan_from(usable, now)
+        self._m_first_waiting.set(1 if plan_from == PENDING and usable else 0)
         if plan_from == PENDING:
             self._drop_permit()
             return self._wait_first_position(usable)
@@ -633,20 +642,32 @@ class ReplayWorker(SegmentReplay):
         if req is not None and self.permits is not None:
             self.permits.cancel(req)
 
-    def _plan_from(self, usable: set[SegmentKey]) -> int | Literal["pending"] | None:
+    def _plan_from(self, usable: set[SegmentKey], now: datetime
+                   ) -> int | Literal["pending"] | None:
         """The position the planner continues after: the checkpoint; without one, the
         position before the partition's recorded first one (a late first segment is then
         a gap like any other, lost only after lost_segment_timeout); ``None`` when egress
-        records none (first_segment_delay); ``PENDING`` while its entry is not there yet.
-        With ``start = "latest"`` and no checkpoint, the bucket's history is skipped first
-        (``_start_latest`` checkpoints the newest segment's end).
+        records none (first_segment_delay); ``PENDING`` while its entry is not there yet
+        (for at most ``first_segment_delay`` once the partition has segments:
+        ``_first_position_overdue``). With ``start = "latest"`` and no checkpoint, the
+        history the bucket holds at the worker's first plan is skipped first
+        (``_start_latest`` checkpoints the newest segment's end); with none there, the
+        partition is replayed from its first position like any other.
         """
-        if self.position is None and self.cfg.source.start == "latest" and usable:
-            self._start_latest(usable)
+        if self._latest_pending:
+            self._latest_pending = False
+            if self.position is None and usable:
+                self._start_latest(usable)
+            elif self.position is None:
+                # Nothing in the bucket yet: there is no history to skip, and everything
+                # that arrives from now on is replayed from the partition's first position.
+                log.info("%s: start = latest: the bucket holds no segment of the partition "
+                         "yet; replay starts at its first position", self.where)
+                self._history_skipped = False
         if self.position is not None:
             return self.position
         first = self.first.get()
-        if first == PENDING:
+        if first == PENDING and not self._first_position_overdue(usable, now):
             return PENDING
         if isinstance(first, int):
             if self.origin is None:
@@ -668,13 +689,42 @@ class ReplayWorker(SegmentReplay):
         self.origin = newest.end + 1
         self._deliver(None, Checkpoint(newest.end, newest.to_key(), self.clock()))
 
+    def _first_position_overdue(self, usable: set[SegmentKey], now: datetime) -> bool:
+        """True once the partition's segments have been in the bucket for
+        ``first_segment_delay`` and egress still has not recorded where its history begins
+        (an egress of a release that left it out, a lost ``_topic.json`` write): one
+        ERROR, and the replay goes on as without first positions (from the earliest
+        segment known; one arriving later below it is reported as not replayed). Egress
+        records the entry before a partition's first segment is visible, so waiting longer
+        than S3 takes to replicate ``_topic.json`` waits for nothing.
+        """
+        if not usable:
+            return False
+        arrived = [t for s, t in self.inventory.arrived.items() if s in usable]
+        since = min(arrived) if arrived else now
+        delay = self.cfg.source.first_segment_delay
+        if now < since + delay:
+            return False
+        first = min(s.start for s in usable)
+        log.error("%s: egress has not recorded where this partition's history begins "
+                  "(first_positions in _topic.json) although its segments have been in the "
+                  "bucket since %s; after first_segment_delay (%s) the replay starts at the "
+                  "earliest segment known, position %d (a segment arriving later below it "
+                  "is reported as NOT replayed)", self.where, since.isoformat(), delay, first)
+        self.first.give_up()
+        self.first_seen = since
+        self._pending_logged = False
+        return True
+
     def _wait_first_position(self, usable: set[SegmentKey]) -> float:
         """No checkpoint, and egress has not recorded where this partition begins yet."""
         assert self._delivery is not None
         self._delivery.settle()
-        if not self._pending_logged:
-            log.info("%s: no checkpoint; waiting for egress to record the partition's first "
-                     "position in _topic.json (%d segment(s) known)", self.where, len(usable))
+        if not self._pending_logged and usable:
+            log.warning("%s: no checkpoint; waiting for egress to record the partition's "
+                        "first position in _topic.json (%d segment(s) known; at most "
+                        "first_segment_delay, %s, from the first one's arrival)", self.where,
+                        len(usable), self.cfg.source.first_segment_delay)
             self._pending_logged = True
         self._m_waiting.set(len(usable))
         return self._wait(self.first.seconds_to_recheck())
@@ -688,7 +738,7 @@ class ReplayWorker(SegmentReplay):
         once per worker. With ``start = "latest"`` everything below the start is history
         skipped by choice, reported once when the start was chosen (``_start_latest``).
         """
-        if self.origin is None or self.cfg.source.start == "latest":
+        if self.origin is None or self._history_skipped:
             return
         low = self.origin if self._reported_below is None else self._reported_below
         below = [s for s in usable if s.start < low]

@@ -473,17 +473,53 @@ def test_late_first_segment_is_waited_for_at_the_recorded_first_position() -> No
 
 
 def test_pending_first_position_waits_and_a_later_history_start_is_exact() -> None:
-    h = Harness()
+    h = Harness(first_delay="60s")
     try:
         topic_json(h.store, {"0": 0})            # another partition's entry only
         write(h.store, key(500, 549))
         write(h.store, key(550, 599))
         w = h.start()
-        time.sleep(0.5)
+        h.wait(lambda: h.metric("replicator_ingress_first_position_waiting") == 1)
+        time.sleep(0.3)
         assert h.offsets() == []                 # not started at an arbitrary segment
         topic_json(h.store, {"0": 0, "3": 550})  # this partition's history begins at 550
         h.wait(lambda: w.checkpointed == 599, timeout=10)
         assert h.offsets() == list(range(550, 600))
+        assert h.metric("replicator_ingress_first_position_waiting") == 0
+    finally:
+        h.stop()
+
+
+def test_a_first_position_never_recorded_is_waited_for_first_segment_delay_only(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # An egress that left a partition's entry out (the latest-start defect of an earlier
+    # release, a lost _topic.json write) must not stall the partition for ever: after
+    # first_segment_delay from the first segment's arrival, one ERROR naming the partition,
+    # and the replay starts at the earliest segment known.
+    t0 = datetime.now(UTC)
+    now = [t0]
+    h = Harness(first_delay="5m")
+    try:
+        topic_json(h.store, {"0": 0})            # first_positions present, ours missing
+        write(h.store, key(2500, 2549))
+        write(h.store, key(2550, 2599))
+        with caplog.at_level(logging.WARNING, logger="ingress.worker"):
+            w = h.start(clock=lambda: now[0])
+            h.wait(lambda: h.metric("replicator_ingress_first_position_waiting") == 1)
+            time.sleep(0.3)
+            assert h.offsets() == []
+            now[0] = t0 + timedelta(minutes=5, seconds=1)
+            w.offer(SegmentEvent("created", key(2550, 2599)))     # wakes the worker
+            h.wait(lambda: w.checkpointed == 2599, timeout=10)
+        assert h.offsets() == list(range(2500, 2600))
+        assert h.metric("replicator_ingress_first_position_waiting") == 0
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "us-east-1/t[3]" in errors[0]
+        assert "position 2500" in errors[0]
+        # A first segment arriving later below the start is reported, never silently lost.
+        write(h.store, key(2400, 2499))
+        w.offer(SegmentEvent("created", key(2400, 2499)))
+        h.wait(lambda: h.metric("replicator_ingress_messages_skipped_total") == 100)
     finally:
         h.stop()
 
@@ -515,6 +551,28 @@ def test_start_earliest_available_keeps_the_first_segment_delay_behaviour() -> N
         w = h.start()
         h.wait(lambda: w.checkpointed == 149)
         assert h.offsets() == list(range(100, 150))
+    finally:
+        h.stop()
+
+
+def test_start_latest_with_an_empty_bucket_replays_everything_that_arrives() -> None:
+    # Ingress deployed with start = latest before egress wrote anything: there is no
+    # history to skip, so the first segment to arrive is replayed (it was skipped as
+    # "history", and with it every record egress archived until then).
+    h = Harness()
+    h.cfg = replace(h.cfg, source=h.cfg.source.model_copy(update={"start": "latest"}))
+    try:
+        topic_json(h.store, {"3": 100})
+        w = h.start()
+        h.wait(lambda: w.replaying)
+        write(h.store, key(150, 199))            # the second segment arrives first
+        w.offer(SegmentEvent("created", key(150, 199)))
+        h.wait(lambda: h.metric("replicator_ingress_segments_late") == 50)
+        write(h.store, key(100, 149))
+        w.offer(SegmentEvent("created", key(100, 149)))
+        h.wait(lambda: w.checkpointed == 199)
+        assert h.offsets() == list(range(100, 200))
+        assert h.metric("replicator_ingress_messages_skipped_total") == 0
     finally:
         h.stop()
 

@@ -62,11 +62,13 @@ class EgressTopicSettings(Model):
         "(earliest: the whole retention window is copied), the end of its log (latest: "
         "only records produced from then on), or the first record at or after a time (a "
         "date-time with its zone, e.g. 2026-11-01T00:00:00Z). A partition with a commit "
-        "always resumes from it. A latest or time start is resolved to an offset and "
-        "committed at once, so a restart or rebalance before the first segment resumes "
-        "there. Ingress starts each partition where egress's first "
-        "segment does (docs/architecture.md, \"Topic metadata\"), so nothing before it is "
-        "declared lost.")
+        "always resumes from it. A latest or time start is resolved to an offset, "
+        "recorded as the partition's first position in _topic.json and committed at once "
+        "(marked as a start), so a restart or rebalance before the first segment resumes "
+        "there. Ingress starts each partition at that first position (docs/architecture.md, "
+        "\"Topic metadata\"), so nothing before it is declared lost; the skipped records "
+        "are logged at WARNING with the start offset (docs/configuration.md, \"Where "
+        "replication starts\").")
     heartbeat_interval: Duration | None = Field(
         None, description="Write a heartbeat for this topic at this interval (off when "
         "absent): a small object under _heartbeats/ (never a segment) saying which "
@@ -331,8 +333,12 @@ class IngressSourceSettings(Model):
         "command that brings it back (docs/runbooks.md, \"What decides RPO and RTO\").")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
     first_segment_delay: Duration = Field(
-        timedelta(minutes=5), description="Wait for earlier segments when no checkpoint exists "
-                                          "and egress records no first position.")
+        timedelta(minutes=5), description="Without a checkpoint: how long to wait for "
+        "earlier segments when egress records no first positions (or start = "
+        "\"earliest-available\"), and, when it does, the longest wait for a partition's "
+        "entry once its segments are in the bucket (then ERROR naming the partition, and "
+        "the replay starts at the earliest segment known; gauge "
+        "replicator_ingress_first_position_waiting meanwhile).")
     start: Literal["first-position", "earliest-available", "latest"] = Field(
         "first-position", description="Without a checkpoint: start at the partition's first "
                                       "position recorded by egress in _topic.json, waiting "

@@ -112,6 +112,8 @@ class Harness:
     log); the writer itself never asks."""
     now: float = 0.0
     commits: list[int] = field(default_factory=list)
+    first_commits: list[int] = field(default_factory=list)
+    """Commits marked as the start egress chose (``egress.commits.FIRST_POSITION``)."""
     next_segments: dict[int, int] = field(default_factory=dict)
     """Commit metadata: committed offset -> the next segment's start, where they differ."""
     outcomes: list[SegmentOutcome] = field(default_factory=list)
@@ -135,9 +137,12 @@ class Harness:
             PartitionRef("data", "r1", "t", 0), self.limits, self.expected, ctx=self.ctx,
             metrics=self.m.for_partition("r1", "t", 0), commit=self._commit)
 
-    def _commit(self, offset: int, next_segment: int | None = None) -> None:
+    def _commit(self, offset: int, next_segment: int | None = None, *,
+                first: bool = False) -> None:
         with self.store.lock:
             self.store.ops.append(("commit", str(offset)))
+        if first:
+            self.first_commits.append(offset)
         if next_segment is not None and next_segment != offset:
             self.next_segments[offset] = next_segment
         if self.commit_error is not None:

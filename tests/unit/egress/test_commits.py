@@ -7,7 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from egress.commits import CommitService
+from egress.commits import (
+    FIRST_POSITION,
+    CommitService,
+    commit_metadata,
+    next_segment_start,
+    started_here,
+)
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import TopicPartition
 
@@ -15,10 +21,12 @@ from replicator.core.kafka import TopicPartition
 class CommitRecorder:
     def __init__(self) -> None:
         self.commits: list[tuple[str, int, int]] = []
+        self.metadata: list[str] = []
 
     def commit(self, offsets: Sequence[TopicPartition]) -> dict[tuple[str, int],
                                                                   ReplicatorError]:
         self.commits.extend((tp.topic, tp.partition, tp.offset) for tp in offsets)
+        self.metadata.extend(tp.metadata for tp in offsets)
         return {}
 
 
@@ -74,3 +82,17 @@ def test_commit_metadata_keeps_the_next_segment_start_only_where_it_differs() ->
     assert next_segment_start(10, "written by another tool") == 10
     assert next_segment_start(10, "next-segment-start=11") == 10     # above: ignored
     assert next_segment_start(10, "next-segment-start=x") == 10
+
+
+def test_a_chosen_start_is_marked_and_read_back_as_one() -> None:
+    service, consumer = CommitService(), CommitRecorder()
+    commit = service.committer("t", 0)
+    t = threading.Thread(target=lambda: commit(2500, 2500, first=True))
+    t.start()
+    serve_until(service, consumer, t)
+    assert consumer.commits == [("t", 0, 2500)] and consumer.metadata == [FIRST_POSITION]
+    assert started_here(consumer.metadata[0])
+    assert next_segment_start(2500, consumer.metadata[0]) == 2500
+    # Every other commit, with or without skipped records, is a resume.
+    assert not started_here(commit_metadata(10, 10))
+    assert not started_here(commit_metadata(10, 7))

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from egress.commits import NotOwner
+from egress.commits import FIRST_POSITION, NotOwner
 from egress.controller import Egress
 from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
 from replicator.core.settings import load_settings
@@ -18,13 +18,16 @@ from tests.unit.egress.test_commits import CommitRecorder, commit_in_thread, ser
 class AssignConsumer:
     """What ``_on_assign`` sees: committed offsets, and the assignment it makes."""
 
-    def __init__(self, committed: dict[int, int]) -> None:
+    def __init__(self, committed: dict[int, int], metadata: dict[int, str] | None = None
+                 ) -> None:
         self._committed = committed
+        self._metadata = metadata or {}
         self.assigned: list[TopicPartition] = []
 
     def committed(self, tps: Sequence[TopicPartition], timeout: float) -> list[TopicPartition]:
         return [TopicPartition(tp.topic, tp.partition,
-                               self._committed.get(tp.partition, OFFSET_INVALID))
+                               self._committed.get(tp.partition, OFFSET_INVALID),
+                               self._metadata.get(tp.partition, ""))
                 for tp in tps]
 
     def assign_added(self, tps: Sequence[TopicPartition]) -> None:
@@ -53,6 +56,16 @@ def test_assignment_fetches_from_the_offsets_it_read(egress: Egress) -> None:
         (0, 40), (1, OFFSET_BEGINNING)]
     assert egress._writers[("t", 0)].expected == 40
     assert egress._writers[("t", 1)].expected is None
+
+
+def test_a_commit_marking_a_chosen_start_is_not_taken_for_a_resume(egress: Egress) -> None:
+    # Partition 0 was started at 2500 by `start = "latest"` on another member (or before a
+    # restart), and no segment was written since; partition 1 resumes after segments.
+    consumer = AssignConsumer({0: 2500, 1: 40}, {0: FIRST_POSITION})
+    egress._on_assign(consumer, [TopicPartition("t", 0), TopicPartition("t", 1)])  # type: ignore[arg-type]
+    assert not egress._writers[("t", 0)].resumed
+    assert egress._writers[("t", 0)].expected == 2500
+    assert egress._writers[("t", 1)].resumed
 
 
 def test_a_lost_partitions_writer_can_no_longer_commit(egress: Egress) -> None:

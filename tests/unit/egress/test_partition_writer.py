@@ -289,6 +289,81 @@ def test_a_first_position_that_cannot_be_recorded_keeps_the_segment_invisible() 
         h.close()
 
 
+def with_recorder(h: Harness, fail: int = 0) -> list[tuple[int, bool]]:
+    """Install a first-position recorder on ``h`` that fails its first ``fail`` calls."""
+    calls: list[tuple[int, bool]] = []
+
+    def record(ref: object, start: int, *, resumed: bool) -> None:
+        with h.store.lock:
+            h.store.ops.append(("first_position", str(start)))
+        calls.append((start, resumed))
+        if len(calls) <= fail:
+            raise StorageError("S3 is down")
+
+    h.pool.shutdown()
+    h.first_positions = record
+    h.__post_init__()
+    return calls
+
+
+def test_a_chosen_start_is_recorded_as_the_first_position_then_committed_marked() -> None:
+    # start = "latest" resolved to offset 2500 at assignment: the first position is in
+    # _topic.json before the commit that makes 2500 the resume point, and the commit says
+    # it is a chosen start, so a member resuming from it before the first segment (a
+    # rebalance, a restart) does not take it for a resume of earlier segments.
+    h = make(expected=2500)
+    calls = with_recorder(h)
+    try:
+        assert h.writer.resumed                  # as constructed from a position ...
+        h.writer.commit_start()
+        assert not h.writer.resumed              # ... it is a start, not a resume
+        h.settle()
+        assert calls == [(2500, False)]
+        ops = [op for op, _ in h.store.ops]
+        assert ops.index("first_position") < ops.index("commit")
+        assert h.first_commits == [2500] and h.commits == [2500]
+        # The first segment does not record it again; its commit is an ordinary one.
+        h.writer.append(messages(records(range(2500, 2503))), now=0.0)
+        h.writer.close(CloseReason.COUNT)
+        h.settle()
+        assert calls == [(2500, False)]
+        assert h.commits == [2500, 2503] and h.first_commits == [2500]
+    finally:
+        h.close()
+
+
+def test_a_start_whose_first_position_cannot_be_recorded_is_still_committed() -> None:
+    # S3 down at assignment: the start is committed anyway (a restart must not move it to
+    # a later end of the log), and the first segment records the first position, not as
+    # a resume, before it is visible.
+    h = make(expected=2500)
+    calls = with_recorder(h, fail=3)              # every attempt of the retry policy
+    try:
+        h.writer.commit_start()
+        h.settle()
+        assert h.first_commits == [2500]
+        assert calls == [(2500, False)] * 3
+        h.writer.append(messages(records(range(2500, 2503))), now=0.0)
+        h.writer.close(CloseReason.COUNT)
+        h.settle()
+        assert calls[3:] == [(2500, False)]
+        assert h.final_keys() == ["data/r1/t/0/0/00000000000000002500-00000000000000002502"]
+    finally:
+        h.close()
+
+
+def test_a_cancelled_start_records_and_commits_nothing() -> None:
+    h = make(expected=2500)
+    calls = with_recorder(h)
+    try:
+        h.writer.cancel.set()                     # revoked before the task ran
+        h.writer.commit_start()
+        h.settle()
+        assert calls == [] and h.commits == []
+    finally:
+        h.close()
+
+
 class FreshMessage(FakeMessage):
     """Returns new objects from every accessor, as the consumer's messages do."""
 

@@ -140,11 +140,13 @@ def test_an_upgraded_partition_records_its_lowest_segment_start(
     pub.check()
     pub.record_first_position(ref(0), 250, resumed=True)
     assert first_positions(store) == {"0": 100}
-    # No segments at all: nothing recorded, and the operator is told what follows.
-    with caplog.at_level(logging.WARNING):
+    # No segments at all (a commit set by an offset reset or a start egress chose, or the
+    # segments before it deleted): the history in the bucket begins at the resume point.
+    # Recording nothing left ingress waiting for an entry that never came.
+    with caplog.at_level(logging.INFO):
         pub.record_first_position(ref(3), 50, resumed=True)
-    assert first_positions(store) == {"0": 100}
-    assert "ingress falls back to its delay" in caplog.text
+    assert first_positions(store) == {"0": 100, "3": 50}
+    assert "its history in the bucket begins there" in caplog.text
 
 
 def test_without_topic_json_the_first_position_waits() -> None:
