@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
@@ -514,8 +514,9 @@ class Egress:
                          ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:
         """Where each partition is fetched from: its committed offset, else what the
         topic's ``start`` says (oldest record, end of the log, or the first record at or
-        after a time); and the partitions whose start was chosen here from ``latest`` or a
-        time, which the caller commits at once.
+        after a time; a partition added to the topic after egress first started it always
+        from its oldest record); and the partitions whose start was chosen here from
+        ``latest`` or a time, which the caller commits at once.
 
         Those starts are resolved to offsets now, never left to the client as "the end":
         a partition that moved to another member, or a process that restarted, before
@@ -530,7 +531,7 @@ class Egress:
             if tp.offset >= 0:
                 start[key] = tp.offset
                 continue
-            how = self.config.topic_settings(tp.topic).start
+            how = self._start_of(tp.topic, tp.partition)
             if how == "earliest":
                 start[key] = OFFSET_BEGINNING
             elif how == "latest":
@@ -556,6 +557,20 @@ class Egress:
                             "the log (start): records before are not copied",
                             topic, partition, end)
         return start, {(tp.topic, tp.partition) for tp in by_time} | set(at_end)
+
+    def _start_of(self, topic: str, partition: int) -> str | datetime:
+        """The ``start`` that applies to a partition without a commit: the topic's, but
+        ``earliest`` for a partition added to the topic after egress first started it
+        (``TopicMetadataPublisher.added_later``).
+        """
+        how = self.config.topic_settings(topic).start
+        if how == "earliest" or self._meta is None or \
+                not self._meta.added_later(topic, partition):
+            return how
+        log.warning("%s[%d]: no committed offset, and the partition was added to the topic "
+                    "after egress first started it: copied from its oldest record (start = "
+                    "%s applies to the partitions the topic had then)", topic, partition, how)
+        return "earliest"
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]

@@ -77,6 +77,16 @@ def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: 
     return (*incarnations, Incarnation(topic_id, label, created_at=now))
 
 
+def at_start(cur: TopicMetadata | None, partitions: int) -> int:
+    """``partitions_at_start`` of a rewritten ``_topic.json`` (pure): kept once written;
+    the count now for a new file; for a file an egress wrote without it, the count that
+    file recorded (its partitions existed when that egress applied ``start``).
+    """
+    if cur is None:
+        return partitions
+    return cur.partitions_at_start if cur.partitions_at_start is not None else cur.partitions
+
+
 class TopicMetadataPublisher:
     """Writes ``_topic.json`` of the configured topics when their partition count is new.
 
@@ -110,6 +120,8 @@ class TopicMetadataPublisher:
         self._topic_locks: dict[str, threading.Lock] = {t: threading.Lock() for t in self.topics}
         self._first: dict[str, dict[int, int]] = {}
         """First positions known to be in each ``_topic.json`` (never change once there)."""
+        self._at_start: dict[str, int] = {}
+        """``partitions_at_start`` known to be in each ``_topic.json`` (never changes)."""
         self._pending: dict[str, dict[int, int]] = {}
         self._labels: dict[tuple[str, str], str] = {}
         """(topic, topic id) -> label of incarnations known to be in ``_topic.json``."""
@@ -158,7 +170,8 @@ class TopicMetadataPublisher:
                         return dataclasses.replace(
                             TopicMetadata.of(topic, self.region, n, configs, now,
                                              first if first is not None else {}),
-                            incarnations=cur.incarnations if cur is not None else ())
+                            incarnations=cur.incarnations if cur is not None else (),
+                            partitions_at_start=at_start(cur, n))
 
                     self._update(topic, change)
                 except ReplicatorError as e:
@@ -219,9 +232,41 @@ class TopicMetadataPublisher:
               self.retry_policy, what=f"put {key}")
 
     def _remember(self, topic: str, meta: TopicMetadata | None) -> None:
-        if meta is not None and meta.first_positions is not None:
-            with self._mutex:
+        if meta is None:
+            return
+        with self._mutex:
+            if meta.partitions_at_start is not None:
+                self._at_start[topic] = meta.partitions_at_start
+            if meta.first_positions is not None:
                 self._first.setdefault(topic, {}).update(meta.first_positions)
+
+    def added_later(self, topic: str, partition: int) -> bool:
+        """Whether ``partition`` was added to ``topic`` after egress first applied the
+        topic's ``start`` (``TopicMetadata.partitions_at_start``): such a partition is
+        copied from its oldest record, so the records produced to it before egress noticed
+        it (a metadata refresh, a rebalance) are not passed over as if it were being seeded.
+        A topic without ``_topic.json`` yet is new to egress: nothing was added to it.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` could not be read (after retries).
+        """
+        with self._mutex:
+            known = self._at_start.get(topic)
+        if known is None:
+            key = topic_meta_key(self.prefix, self.region, topic)
+            try:
+                data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+            except ObjectNotFound:
+                return False
+            try:
+                meta = TopicMetadata.parse(data, where=key)
+            except TopicError as e:
+                log.warning("%s: %s is unreadable; partition %d is taken as one the topic "
+                            "had from the start: %s", topic, key, partition, e)
+                return False
+            self._remember(topic, meta)
+            known = at_start(meta, meta.partitions)
+        return partition >= known
 
     # --- first positions -------------------------------------------------------------------
 

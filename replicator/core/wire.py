@@ -161,6 +161,17 @@ class TopicMetadata:
     incarnations: tuple[Incarnation, ...] = ()
     """The topic's incarnations archived in the bucket, oldest first, the live one last
     (empty: written by an egress that did not know the topic id)."""
+    partitions_at_start: int | None = None
+    """The partition count when egress first wrote the file (when the topic's ``start``
+    was first applied), never changed: a partition numbered from it was added to the
+    topic later, and egress copies it from its oldest record whatever ``start`` says.
+    ``None``: written by an egress that did not record it."""
+
+    def added_later(self, partition: int) -> bool:
+        """Whether ``partition`` was added to the topic after egress first applied its
+        ``start`` (``partitions_at_start``).
+        """
+        return self.partitions_at_start is not None and partition >= self.partitions_at_start
 
     @property
     def live(self) -> Incarnation | None:
@@ -203,6 +214,8 @@ class TopicMetadata:
         if self.incarnations:
             body["incarnations"] = [i.to_json() for i in self.incarnations]
             body["topic_id"] = self.incarnations[-1].topic_id
+        if self.partitions_at_start is not None:
+            body["partitions_at_start"] = self.partitions_at_start
         return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
@@ -235,10 +248,15 @@ class TopicMetadata:
         incs = doc.get("incarnations") or []
         if not isinstance(incs, list):
             raise TopicError(f"{where}: 'incarnations' must be a list")
+        at_start = doc.get("partitions_at_start")
+        if at_start is not None and (isinstance(at_start, bool) or not isinstance(at_start, int)
+                                     or at_start < 1):
+            raise TopicError(f"{where}: 'partitions_at_start' must be a positive int, got "
+                             f"{at_start!r}")
         return cls(parts, {str(k): str(v) for k, v in configs.items()},
                    str(doc.get("topic") or ""), str(doc.get("region") or ""), updated,
                    _first_positions(doc.get("first_positions"), where),
-                   tuple(Incarnation.from_json(i, where) for i in incs))
+                   tuple(Incarnation.from_json(i, where) for i in incs), at_start)
 
 
 def _first_positions(value: object, where: str) -> dict[int, int] | None:

@@ -11,6 +11,7 @@ import sys
 import types
 import typing
 from datetime import timedelta
+from importlib import resources
 from typing import Any
 
 from pydantic import BaseModel
@@ -116,6 +117,11 @@ def _default(field: FieldInfo) -> str:  # noqa: C901 - one case per value kind
     return f"`{value}`"
 
 
+START_OPTIONS = (resources.files("replicator.reference") / "start_options.md").read_text()
+"""The section after the tables: what each combination of egress and ingress ``start``
+copies and skips (prose, kept as Markdown beside this module)."""
+
+
 def render_reference() -> str:
     """Markdown: one table per section with key, type, default and meaning."""
     out = [
@@ -141,7 +147,7 @@ def render_reference() -> str:
             desc = (field.description or "").replace("|", "\\|")
             out.append(f"| `{name}` | {_type_name(field, field.annotation)} | "
                        f"{_default(field)} | {desc} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n\n" + START_OPTIONS
 
 
 if __name__ == "__main__":

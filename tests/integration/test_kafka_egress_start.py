@@ -4,6 +4,7 @@ window by default, only new records with ``latest``, or from a time."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -68,3 +69,36 @@ def test_a_time_starts_at_the_first_record_at_or_after_it(pipe: Pipeline) -> Non
                  60, "the records from that time in segments")
     assert [r.value for r in read_partition(pipe.store, pipe.topic, 0)] == [
         f"v{i}".encode() for i in range(30, 40)]
+
+
+def test_a_partition_added_later_is_copied_from_its_oldest_record(pipe: Pipeline) -> None:
+    # `start = "latest"` seeded the topic when it had one partition. Partition 1 is added
+    # while egress is down (or before its metadata refresh sees it) and receives records at
+    # once: they are new data of a replicated topic, not history to pass over.
+    pipe.create_source(1)
+    produce(pipe, 0, 20)
+    settings = pipe.egress_settings(max_segment_messages=5, start="latest")
+    admin = Admin(pipe.source_kafka)
+
+    def committed() -> int | None:
+        try:
+            return admin.group_offsets(pipe.egress_group).get((pipe.topic, 0))
+        except KafkaRetriableError:
+            return None
+
+    with running_egress(Egress(settings, store=pipe.store)):
+        wait_for(lambda: committed() == 20, 60, "the start committed at the end of the log")
+    admin.grow_topic(pipe.topic, 2)
+    p = Producer(pipe.source_kafka)
+    for i in range(10):
+        p.produce(pipe.topic, value=f"new{i}".encode(), partition=1)
+    assert p.flush(30) == 0
+    with running_egress(Egress(settings, store=pipe.store)):
+        wait_for(lambda: sum(k.end - k.start + 1
+                             for k in segment_keys(pipe.store, pipe.topic, 1)) == 10,
+                 60, "partition 1's records in segments")
+    assert [r.value for r in read_partition(pipe.store, pipe.topic, 1)] == [
+        f"new{i}".encode() for i in range(10)]
+    meta = json.loads(pipe.store.get(f"data/us-east-1/{pipe.topic}/_topic.json"))
+    assert (meta["partitions"], meta["partitions_at_start"]) == (2, 1)
+    assert meta["first_positions"] == {"0": 20, "1": 0}

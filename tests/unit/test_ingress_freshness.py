@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from ingress.events import SegmentEvent
 from ingress.freshness import PartitionFreshness
 from ingress.metrics import IngressMetrics
 from replicator.core.metrics import Metrics, MetricsServer
 from tests.promql import fires, scrape
-from tests.unit.test_ingress_worker import LABELS, Harness, key, rec, write
+from tests.unit.test_ingress_worker import LABELS, Harness, key, rec, topic_json, write
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read the alert rules")
 
@@ -154,3 +155,27 @@ def test_a_worker_ending_after_its_successor_started_leaves_the_series_alone() -
     assert m.value("replicator_ingress_last_progress_timestamp_seconds", LABELS) is not None
     new.close()
     assert m.value("replicator_ingress_replication_lag_seconds", LABELS) is None
+
+
+def test_a_partition_waiting_for_its_first_position_fires_only_once_it_has_segments() -> None:
+    # Egress (an earlier release) never recorded where the partition begins: the source
+    # produces, segments arrive, and nothing is replayed. The alert must see it (the lag
+    # series of a partition that never replayed anything does not exist yet).
+    h = Harness(first_delay="1h")
+    server = MetricsServer(h.metrics, "127.0.0.1", 0, healthy=lambda: True, ready=lambda: True)
+    server.start()
+    expr = rule("ReplicatorIngressWaitingForFirstPosition")
+    try:
+        topic_json(h.store, {"0": 0})           # first_positions written; ours is not
+        w = h.start()
+        h.wait(lambda: w.replaying)
+        assert not fires(expr, get_metrics(server), 0)      # nothing to replay yet
+        write(h.store, key(2500, 2549))
+        w.offer(SegmentEvent("created", key(2500, 2549)))
+        h.wait(lambda: fires(expr, get_metrics(server), 0))
+        assert h.offsets() == []
+    finally:
+        h.stop()
+        server.close()
+    # A partition whose worker ended leaves no firing series behind.
+    assert not fires(expr, scrape(h.metrics.render().decode()), 0)

@@ -150,3 +150,17 @@ def test_group_export_round_trips_and_refuses_bad_offsets() -> None:
             GroupExport.parse(json.dumps(doc).encode(), where="k")
     with pytest.raises(ValueError, match="not JSON"):
         GroupExport.parse(b"{", where="k")
+
+
+def test_partitions_at_start_round_trips_and_is_checked() -> None:
+    meta = TopicMetadata.parse(b'{"partitions": 6, "partitions_at_start": 4}', where="x")
+    assert meta.partitions_at_start == 4
+    assert [meta.added_later(p) for p in (3, 4, 5)] == [False, True, True]
+    assert TopicMetadata.parse(meta.encode(), where="x") == meta
+    older = TopicMetadata.parse(b'{"partitions": 6}', where="x")
+    assert older.partitions_at_start is None and not older.added_later(5)
+    assert "partitions_at_start" not in json.loads(older.encode())
+    for bad in (b"0", b"-1", b"true", b'"4"'):
+        with pytest.raises(TopicError, match="x: 'partitions_at_start'"):
+            TopicMetadata.parse(b'{"partitions": 2, "partitions_at_start": ' + bad + b"}",
+                                where="x")

@@ -203,6 +203,42 @@ def test_a_partition_without_a_commit_starts_where_the_topic_says(
         assert [(tp.partition, tp.offset) for tp in consumer.asked] == [(1, 1_793_491_200_000)]
 
 
+def test_a_partition_added_after_the_start_is_copied_from_its_oldest_record() -> None:
+    # start = "latest" seeds a new deployment; a partition the topic gained later (here 4,
+    # while partition 0 was there from the start) holds records produced before egress
+    # noticed it: starting it at its end would pass them over.
+    h = Harness()
+    settings = load_settings(data={
+        "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "localhost:1"},
+        "egress": {"group_id": "g", "topics": {"t": {"start": "latest"}}}}, environ={})
+    eg = Egress(settings, store=h.store)
+    eg._ctx = h.ctx
+
+    class Added:
+        def added_later(self, topic: str, partition: int) -> bool:
+            return partition >= 4
+
+        def topic_id(self, topic: str) -> str | None:
+            return None
+
+    class EndsAdmin:
+        def log_ends(self, partitions: Sequence[tuple[str, int]], *, timeout: float
+                     ) -> dict[tuple[str, int], int]:
+            return dict.fromkeys(partitions, 25)
+
+    eg._meta = Added()  # type: ignore[assignment]
+    eg._admin = EndsAdmin()  # type: ignore[assignment]
+    consumer = AssignConsumer({})
+    try:
+        eg._on_assign(consumer, [TopicPartition("t", 0), TopicPartition("t", 4)])  # type: ignore[arg-type]
+        assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [
+            (0, 25), (4, OFFSET_BEGINNING)]
+        assert eg._writers[("t", 4)].expected is None     # named from its first record
+        assert not eg._writers[("t", 0)].resumed
+    finally:
+        h.close()
+
+
 def test_the_replicators_own_topics_are_never_selected_by_a_pattern() -> None:
     # Active-active: ingress writes its checkpoint, segment-event and offset-map topics into
     # the cluster egress reads; default and configured names alike stay out of ".*".

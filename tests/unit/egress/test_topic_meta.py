@@ -75,6 +75,13 @@ def publisher(store: MemoryObjectStore, topics: tuple[str, ...] = ("a",)
         retry_policy=RetryPolicy(attempts=1), interval=timedelta(minutes=1))
 
 
+def with_admin(store: MemoryObjectStore, admin: FakeAdmin) -> TopicMetadataPublisher:
+    return TopicMetadataPublisher(
+        ["a"], admin, store, prefix="data", region="r1",
+        metrics=EgressMetrics(Metrics()), wall=lambda: datetime(2026, 1, 1, tzinfo=UTC),
+        retry_policy=RetryPolicy(attempts=1), interval=timedelta(minutes=1))
+
+
 def first_positions(store: MemoryObjectStore, topic: str = "a") -> object:
     return json.loads(store.get(f"data/r1/{topic}/_topic.json")).get("first_positions")
 
@@ -154,3 +161,33 @@ def test_without_topic_json_the_first_position_waits() -> None:
     pub = publisher(store)
     with pytest.raises(ReplicatorError):
         pub.record_first_position(ref(0), 0, resumed=False)
+
+
+def test_partitions_at_start_is_written_once_and_names_the_partitions_added_later() -> None:
+    store = MemoryObjectStore()
+    admin = FakeAdmin()
+    pub = with_admin(store, admin)
+    pub.check()
+    meta = TopicMetadata.parse(store.get("data/r1/a/_topic.json"), where="x")
+    assert (meta.partitions, meta.partitions_at_start) == (3, 3)
+    admin.partitions["a"] = 5                   # the topic grows
+    pub.check()
+    meta = TopicMetadata.parse(store.get("data/r1/a/_topic.json"), where="x")
+    assert (meta.partitions, meta.partitions_at_start) == (5, 3)
+    assert [pub.added_later("a", p) for p in range(5)] == [False] * 3 + [True] * 2
+    # Another process reads it from the bucket; a topic without _topic.json is new.
+    other = with_admin(store, admin)
+    assert other.added_later("a", 4) and not other.added_later("a", 2)
+    assert not other.added_later("never-written", 9)
+
+
+def test_a_file_an_older_egress_wrote_keeps_its_count_as_the_start() -> None:
+    store = MemoryObjectStore()
+    store.put("data/r1/a/_topic.json", b'{"partitions": 2, "first_positions": {"0": 0}}')
+    admin = FakeAdmin()                          # a has 3 partitions now
+    pub = with_admin(store, admin)
+    assert pub.added_later("a", 2) and not pub.added_later("a", 1)
+    pub.check()
+    meta = TopicMetadata.parse(store.get("data/r1/a/_topic.json"), where="x")
+    assert (meta.partitions, meta.partitions_at_start) == (3, 2)
+    assert meta.first_positions == {0: 0}
