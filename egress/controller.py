@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
 from egress.commits import CommitService, next_segment_start, started_here
@@ -558,7 +558,8 @@ class Egress:
                             topic, partition, end)
         return start, {(tp.topic, tp.partition) for tp in by_time} | set(at_end)
 
-    def _start_of(self, topic: str, partition: int) -> str | datetime:
+    def _start_of(self, topic: str, partition: int
+                  ) -> Literal["earliest", "latest"] | datetime:
         """The ``start`` that applies to a partition without a commit: the topic's, but
         ``earliest`` for a partition added to the topic after egress first started it
         (``TopicMetadataPublisher.added_later``).
