@@ -563,3 +563,27 @@ def test_topic_defaults_are_validated_like_a_table() -> None:
     errs = errors_of(with_(egress={"select": {"include": ["a"]},
                                    "topic_defaults": {"max_segment_age": "0s"}}))
     assert "egress.topic_defaults.max_segment_age" in errs
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("egress", "shutdown_timeout", "0s"),
+    ("egress", "topic_metadata_interval", "0s"),
+    ("ingress", "topic_check_interval", "0s"),
+    ("ingress", "rescan_interval", "0s"),
+    ("ingress", "revoke_timeout", "0s"),
+    ("ingress", "segment_events_retention", "10s"),
+    ("source", "lost_segment_timeout", "0s"),
+    ("compaction", "lock_ttl", "0s"),
+])
+def test_durations_that_would_loop_or_lose_are_refused_naming_the_key(
+        section: str, key: str, value: str) -> None:
+    data: dict[str, Any] = {
+        "region": "r1", "s3": {"bucket": "b"}, "kafka": {"brokers": "k:9092"},
+        "egress": {"topics": {"t": {}}},
+        "ingress": {"sqs_queue": "q", "sources": [{"region": "r2", "topic": "t"}]},
+        "compaction": {"topics": {"t": {}}}}
+    where = data["ingress"]["sources"][0] if section == "source" else data[section]
+    where[key] = value
+    dotted = "ingress.sources.0" if section == "source" else section
+    with pytest.raises(ConfigErrors, match=rf"{dotted}\.{key}: must be at least"):
+        load_settings(data=data, environ={})

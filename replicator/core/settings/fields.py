@@ -28,6 +28,16 @@ def _size(v: Any) -> int:
 
 Duration = Annotated[timedelta, BeforeValidator(_duration), PlainSerializer(format_duration)]
 """A duration written as ``500ms``, ``30s``, ``5m``, ``1h30m``."""
+
+
+def at_least(v: timedelta, minimum: timedelta, why: str) -> timedelta:
+    """``v`` when it is at least ``minimum``; else a ``ValueError`` saying why (field
+    validators: the process stops at start with exit 2 naming the key).
+    """
+    if v < minimum:
+        raise ValueError(f"must be at least {format_duration(minimum)} ({why}), got "
+                         f"{format_duration(v)}")
+    return v
 Size = Annotated[int, BeforeValidator(_size)]
 """A byte count written as an int or ``64KiB``, ``100MiB``, ``1GiB``."""
 

@@ -13,7 +13,7 @@ from pydantic import AwareDatetime, Field, field_validator, model_validator
 
 from replicator.core.errors import KeyFormatError
 from replicator.core.keys import check_region, check_topic
-from replicator.core.settings.fields import Duration, Model, Size
+from replicator.core.settings.fields import Duration, Model, Size, at_least
 
 # --- egress --------------------------------------------------------------------------
 
@@ -201,12 +201,13 @@ class EgressSettings(Model):
                                    "\"Memory\").")
     shutdown_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, open segments that cannot be made "
-                                           "durable within this time are aborted.")
+                                           "durable within this time are aborted (at least "
+                                           "1s).")
     topic_metadata_interval: Duration = Field(
         timedelta(minutes=1), description="How often partition counts are checked for "
                                           "_topic.json, and topics are matched against "
                                           "[egress.select] (new ones picked up, deleted "
-                                          "ones released).")
+                                          "ones released; at least 1s).")
     upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")
     max_bytes_per_second: Size = Field(
         0, description="Records read from the source cluster by this process, in raw bytes "
@@ -242,6 +243,16 @@ class EgressSettings(Model):
         "record is a hole in position space, like a transaction marker, never loss. Empty: "
         "every record is copied and headers are not looked at.")
     origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+
+    @field_validator("shutdown_timeout")
+    @classmethod
+    def _shutdown_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(seconds=1), "0 aborts every open segment at a revoke")
+
+    @field_validator("topic_metadata_interval")
+    @classmethod
+    def _metadata_interval_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(seconds=1), "each check asks Kafka and S3")
 
     @field_validator("skip_origins")
     @classmethod
@@ -330,7 +341,8 @@ class IngressSourceSettings(Model):
         "15 minutes is a target, not a bound. The partition's later records wait behind "
         "the gap meanwhile (alert ReplicatorIngressNoProgress). A segment that arrives "
         "after its range was declared lost is logged at ERROR with the replicator restore "
-        "command that brings it back (docs/runbooks.md, \"What decides RPO and RTO\").")
+        "command that brings it back (docs/runbooks.md, \"What decides RPO and RTO\"). "
+        "At least 100ms.")
     late_segment_retries: int = Field(5, description="Segment list reloads within the timeout.")
     first_segment_delay: Duration = Field(
         timedelta(minutes=5), description="Without a checkpoint: how long to wait for "
@@ -349,6 +361,12 @@ class IngressSourceSettings(Model):
                                       "(latest: the history is skipped, logged with its "
                                       "range and counted, and checkpointed so a restart "
                                       "does not move it).")
+
+    @field_validator("lost_segment_timeout")
+    @classmethod
+    def _lost_timeout_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(milliseconds=100),
+                        "0 declares every late segment lost at once")
 
     @field_validator("late_segment_retries")
     @classmethod
@@ -446,7 +464,8 @@ class IngressSettings(Model):
     sqs_endpoint_url: str | None = Field(None, description="SQS endpoint (default: AWS / "
                                                            "s3.endpoint_url).")
     segment_events_topic: str = Field("replicator.segmentevents", description="Events topic.")
-    segment_events_retention: Duration = Field(timedelta(hours=1), description="Its retention.")
+    segment_events_retention: Duration = Field(timedelta(hours=1),
+                                               description="Its retention (at least 1m).")
     checkpoint_topic: str = Field("replicator.checkpoint", description="Checkpoint topic.")
     offset_map: bool = Field(
         True, description="Exactly-once only: write, in each transaction, where its "
@@ -470,13 +489,14 @@ class IngressSettings(Model):
     sqs_max_messages: int = Field(10, ge=1, le=10, description="SQS messages per receive.")
     topic_check_interval: Duration = Field(
         timedelta(seconds=30), description="How often _topic.json of each source is read to "
-                                           "create or grow its destination topic.")
+                                           "create or grow its destination topic (at least "
+                                           "100ms).")
     rescan_interval: Duration = Field(
         timedelta(minutes=5), description="An idle worker re-lists its segments this often "
-                                          "(a safety net for lost S3 events).")
+                                          "(a safety net for lost S3 events; at least 100ms).")
     revoke_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, how long workers may take to "
-                                           "finish their current batch.")
+                                           "finish their current batch (at least 100ms).")
     align_destination_configs: bool = Field(
         False, description="Set an existing destination topic's retention, cleanup policy, "
                            "max.message.bytes and timestamp type like its source's when they "
@@ -543,6 +563,23 @@ class IngressSettings(Model):
         if v < 0:
             raise ValueError(f"must be 0 (unlimited) or a positive size, got {v}")
         return v
+
+    @field_validator("topic_check_interval", "rescan_interval")
+    @classmethod
+    def _intervals_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(milliseconds=100), "0 lists the bucket in a loop")
+
+    @field_validator("revoke_timeout")
+    @classmethod
+    def _revoke_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(milliseconds=100),
+                        "0 purges every batch in flight at a revoke")
+
+    @field_validator("segment_events_retention")
+    @classmethod
+    def _events_retention_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(minutes=1),
+                        "the events must outlive a worker's restart to be read")
 
     @field_validator("transaction_linger")
     @classmethod
@@ -640,7 +677,8 @@ class CompactionSettings(Model):
                                 "\"inline\" merges in this process without Spark; \"\" "
                                 "takes the master from spark-submit.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
-    lock_ttl: Duration = Field(timedelta(hours=2), description="Expiry of the region lock.")
+    lock_ttl: Duration = Field(timedelta(hours=2),
+                               description="Expiry of the region lock (at least 1s).")
     replication_grace: Duration | None = Field(
         None, description="Inputs are deleted once their output replicated (S3 "
         "replication status COMPLETED; FAILED is an ERROR and the inputs stay until the "
@@ -649,6 +687,11 @@ class CompactionSettings(Model):
         "inputs are never deleted. Set it above the sync's lag, or to \"0s\" where nothing "
         "replicates.")
     topics: dict[str, CompactionTopicSettings] = Field(description="Topics to compact.")
+
+    @field_validator("lock_ttl")
+    @classmethod
+    def _lock_ttl_ok(cls, v: timedelta) -> timedelta:
+        return at_least(v, timedelta(seconds=1), "a lock born expired locks nothing")
 
     @field_validator("schedule")
     @classmethod
