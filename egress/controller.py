@@ -441,8 +441,9 @@ class Egress:
         # at whatever is committed when it asks, and a stale commit landing in between (a
         # writer elsewhere that has not noticed it lost the partition) would make the
         # segment named from one offset hold records from another.
+        topic_ids = self._topic_ids({tp.topic for tp in committed})
         try:
-            start, fixed = self._start_positions(consumer, committed)
+            start, fixed, archived = self._start_positions(consumer, committed, topic_ids)
         except ReplicatorError as e:
             self._failed = True
             self._fatal = e
@@ -460,11 +461,10 @@ class Egress:
             self._stop.set()
             log.error("assigning %s failed: %s", ", ".join(map(str, partitions)), e)
             return
-        topic_ids = self._topic_ids({tp.topic for tp in committed})
         for tp in committed:
             key = (tp.topic, tp.partition)
             position = tp.offset if tp.offset >= 0 else None
-            if key in fixed:
+            if key in fixed or key in archived:
                 position = start[key]
             # Past records skipped by skip_origins, the commit's metadata keeps where the
             # next segment starts, so segments still touch (egress.commits).
@@ -510,13 +510,19 @@ class Egress:
                 out[topic] = tid
         return out
 
-    def _start_positions(self, consumer: Consumer, committed: Sequence[TopicPartition]
-                         ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]]]:
-        """Where each partition is fetched from: its committed offset, else what the
-        topic's ``start`` says (oldest record, end of the log, or the first record at or
-        after a time; a partition added to the topic after egress first started it always
-        from its oldest record); and the partitions whose start was chosen here from
-        ``latest`` or a time, which the caller commits at once.
+    def _start_positions(self, consumer: Consumer, committed: Sequence[TopicPartition],
+                         topic_ids: Mapping[str, str]
+                         ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]],
+                                    set[tuple[str, int]]]:
+        """Where each partition is fetched from: its committed offset; without one, where
+        its archive ends when the bucket holds its history (the group's offsets expired or
+        were deleted, a start commit never landed: ``TopicMetadataPublisher.
+        archived_start``), the oldest record of a topic recreated since it was archived,
+        else what the topic's ``start`` says (oldest record, end of the log, or the first
+        record at or after a time; a partition added to the topic after egress first
+        started it always from its oldest record). Also returned: the partitions whose
+        start was chosen here from ``latest`` or a time, which the caller commits at once,
+        and those resuming from the archive.
 
         Those starts are resolved to offsets now, never left to the client as "the end":
         a partition that moved to another member, or a process that restarted, before
@@ -526,13 +532,17 @@ class Egress:
         start: dict[tuple[str, int], int] = {}
         by_time: list[TopicPartition] = []
         at_end: list[tuple[str, int]] = []
+        archived: set[tuple[str, int]] = set()
         for tp in committed:
             key = (tp.topic, tp.partition)
             if tp.offset >= 0:
                 start[key] = tp.offset
                 continue
-            how = self._start_of(tp.topic, tp.partition)
-            if how == "earliest":
+            how = self._uncommitted_start(tp.topic, tp.partition, topic_ids.get(tp.topic))
+            if isinstance(how, int):
+                start[key] = how
+                archived.add(key)
+            elif how == "earliest":
                 start[key] = OFFSET_BEGINNING
             elif how == "latest":
                 at_end.append(key)
@@ -540,15 +550,7 @@ class Egress:
                 ms = int(how.timestamp() * 1000)
                 by_time.append(TopicPartition(tp.topic, tp.partition, ms))
         if by_time:
-            for tp in consumer.offsets_for_times(by_time, timeout=30):
-                when = self.config.topic_settings(tp.topic).start
-                if tp.offset < 0:
-                    at_end.append((tp.topic, tp.partition))
-                    continue
-                start[(tp.topic, tp.partition)] = tp.offset
-                log.warning("%s[%d]: no committed offset; starting at offset %d, the first "
-                            "record at or after %s (start): records before are not copied",
-                            tp.topic, tp.partition, tp.offset, when)
+            self._at_times(consumer, by_time, start, at_end)
         if at_end:
             assert self._admin is not None
             for (topic, partition), end in self._admin.log_ends(at_end, timeout=30).items():
@@ -556,7 +558,50 @@ class Egress:
                 log.warning("%s[%d]: no committed offset; starting at offset %d, the end of "
                             "the log (start): records before are not copied",
                             topic, partition, end)
-        return start, {(tp.topic, tp.partition) for tp in by_time} | set(at_end)
+        return start, {(tp.topic, tp.partition) for tp in by_time} | set(at_end), archived
+
+    def _at_times(self, consumer: Consumer, by_time: Sequence[TopicPartition],
+                  start: dict[tuple[str, int], int], at_end: list[tuple[str, int]]) -> None:
+        """Resolve time starts into ``start``; a partition with no record at or after its
+        time goes to ``at_end`` (the end of its log).
+        """
+        for tp in consumer.offsets_for_times(by_time, timeout=30):
+            when = self.config.topic_settings(tp.topic).start
+            if tp.offset < 0:
+                at_end.append((tp.topic, tp.partition))
+                continue
+            start[(tp.topic, tp.partition)] = tp.offset
+            log.warning("%s[%d]: no committed offset; starting at offset %d, the first "
+                        "record at or after %s (start): records before are not copied",
+                        tp.topic, tp.partition, tp.offset, when)
+
+    def _uncommitted_start(self, topic: str, partition: int, topic_id: str | None
+                           ) -> int | Literal["earliest", "latest"] | datetime:
+        """Where a partition without a commit starts: where its archive ends (an offset),
+        else the oldest record of a recreated topic, else ``_start_of``.
+        """
+        resume = self._archived_start(topic, partition, topic_id)
+        if resume is None:
+            return self._start_of(topic, partition)
+        return resume
+
+    def _archived_start(self, topic: str, partition: int, topic_id: str | None
+                        ) -> int | Literal["earliest"] | None:
+        """``TopicMetadataPublisher.archived_start``, logged (no publisher: nothing)."""
+        if self._meta is None:
+            return None
+        ref = PartitionRef(self.settings.s3.prefix, self.region, topic, partition)
+        resume = self._meta.archived_start(ref, topic_id)
+        if resume == "earliest":
+            log.warning("%s[%d]: no committed offset, and the topic was deleted and created "
+                        "again since it was archived: the new topic is copied from its oldest "
+                        "record", topic, partition)
+        elif resume is not None:
+            log.warning("%s[%d]: no committed offset (the group's offsets expired or were "
+                        "deleted, or a start commit never landed), but its history is in the "
+                        "bucket: resuming where the archive ends, at offset %d",
+                        topic, partition, resume)
+        return resume
 
     def _start_of(self, topic: str, partition: int
                   ) -> Literal["earliest", "latest"] | datetime:

@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Literal, Protocol
 
 from egress.metrics import EgressMetrics
 from replicator.core.clock import Clock
@@ -325,6 +325,53 @@ class TopicMetadataPublisher:
                     self._pending.get(topic, {}).pop(p, None)
         recorded = (meta.first_positions or {}).get(partition) if meta is not None else None
         log.info("%s: first position %s in _topic.json", ref, recorded)
+
+    def archived_start(self, ref: PartitionRef, topic_id: str | None
+                       ) -> int | Literal["earliest"] | None:
+        """Where a partition without a committed offset continues, from the bucket: its
+        group offsets are gone (expired after egress was down longer than
+        ``offsets.retention.minutes``, a group deleted, a start commit that never landed)
+        while its history is archived (poll thread, at assignment).
+
+        * the offset after the highest end of its segments (all levels), or its recorded
+          first position when no segment is there yet, for the topic's live incarnation;
+        * ``"earliest"`` when the live topic is an incarnation the bucket has not archived
+          yet (the topic was deleted and created again: Kafka deletes its group offsets
+          with it): a new topic starts at its oldest record, never at a ``start`` meant
+          for seeding;
+        * ``None`` when nothing of the partition is archived (the topic's ``start``
+          applies). Partitions of a new deployment cost no listing: ``_topic.json`` has
+          no entry for them.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` or the listing could not be read.
+        """
+        key = topic_meta_key(ref.prefix, ref.region, ref.topic)
+        try:
+            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+        except ObjectNotFound:
+            return None
+        try:
+            meta = TopicMetadata.parse(data, where=key)
+        except TopicError as e:
+            log.warning("%s: %s is unreadable; the topic's start applies: %s", ref, key, e)
+            return None
+        self._remember(ref.topic, meta)
+        firsts = meta.first_positions
+        location = ref
+        if topic_id is not None and meta.incarnations:
+            inc = meta.incarnation(topic_id)
+            if inc is None:
+                return "earliest"
+            if inc.label != BASE_INCARNATION:
+                firsts, location = inc.first_positions, ref.of_incarnation(inc.label)
+        first = None if firsts is None else firsts.get(ref.partition)
+        if first is None and firsts is not None:
+            return None
+        end = self._highest_end(location)
+        if end is None:
+            return first
+        return max(end + 1, first or 0)
 
     def _lowest_start(self, ref: PartitionRef) -> int | None:
         prefix = ref.segments_prefix()

@@ -221,6 +221,9 @@ def test_a_partition_added_after_the_start_is_copied_from_its_oldest_record() ->
         def topic_id(self, topic: str) -> str | None:
             return None
 
+        def archived_start(self, ref: object, topic_id: str | None) -> None:
+            return None                          # nothing of the topic archived yet
+
     class EndsAdmin:
         def log_ends(self, partitions: Sequence[tuple[str, int]], *, timeout: float
                      ) -> dict[tuple[str, int], int]:
