@@ -42,7 +42,8 @@ from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import ReplaySink
 from ingress.throttle import ProduceThrottle
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
-from ingress.transactions import SharedTxnSink, TransactionLoop
+from ingress.transactions import TransactionLoop
+from ingress.txn_sink import SharedTxnSink
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.batch_limits import message_limit
 from replicator.core.clock import Clock, utc_now
@@ -548,13 +549,15 @@ class Ingress:
         return {wid: w.checkpointed for wid, w in self.workers.items()}
 
     def healthy(self) -> bool:
-        """/healthz: ``run`` has not failed, the SQS relay thread is alive and the
+        """/healthz: ``run`` has not failed, the SQS relay thread and every transaction
+        loop's thread are alive (a dead loop fails every batch handed to it) and the
         checkpoint reader has not failed (every load would fail until a restart).
         """
-        relay_ok = self._relay_thread is None or self._relay_thread.is_alive() or \
-            self._stopping.is_set()
+        stopping = self._stopping.is_set()
+        relay_ok = self._relay_thread is None or self._relay_thread.is_alive() or stopping
+        loops_ok = stopping or all(t.alive for t in self.transactions if t.started)
         reader_ok = self._checkpoint_reader is None or not self._checkpoint_reader.failed
-        return not self._failed and relay_ok and reader_ok
+        return not self._failed and relay_ok and loops_ok and reader_ok
 
     def ready(self) -> bool:
         """/readyz: started, healthy, placed in the group (subscribed), and no owned

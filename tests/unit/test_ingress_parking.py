@@ -22,7 +22,8 @@ from ingress.metrics import IngressMetrics
 from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.scheduler import Scheduler
-from ingress.transactions import SharedTxnSink, TransactionLoop
+from ingress.transactions import TransactionLoop
+from ingress.txn_sink import SharedTxnSink
 from ingress.worker import ReplayWorker, WorkerConfig
 from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import GroupMetadata, Producer, TopicPartition

@@ -25,7 +25,7 @@ from typing import Any, NewType, cast
 
 import confluent_kafka as ck
 
-from replicator.core.errors import KafkaFatalError
+from replicator.core.errors import KafkaFatalError, RecordRefused
 from replicator.core.kafka.config import (
     CLIENT_LOG,
     CONSUMER_ONLY,
@@ -35,6 +35,7 @@ from replicator.core.kafka.config import (
 from replicator.core.kafka.errors import (
     construct,
     delivery_error,
+    produce_error,
     translate,
     translate_offsets_error,
 )
@@ -196,7 +197,7 @@ class Producer:
                 except BufferError:
                     p.poll(QUEUE_FULL_WAIT)
                 except ck.KafkaException as e:
-                    raise translate(e, f"produce to {topic}") from e
+                    raise produce_error(e, f"produce to {topic}", 0) from e
 
     def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int,
              on_failure: Callable[[DeliveryReport], None] | None = None
@@ -247,6 +248,9 @@ class Producer:
         partition (each record of the call has its own callback then).
 
         Raises:
+            RecordRefused: the client refused a record larger than its own
+                ``message.max.bytes``; ``enqueued`` records of the call went before it
+                (callers isolate such records first: ``ingress.limits``).
             KafkaRetriableError / KafkaFatalError: the client refused a record.
         """
         n = len(ids)
@@ -266,14 +270,19 @@ class Producer:
 
             with self._produce_lock:    # the batch stays contiguous in the partition
                 lo = 0
-                if on_ends is not None and n > 1:
-                    end(0, 0)
-                    lo = 1
-                if n - 1 > lo:
-                    mid = slice(lo, n - 1)
-                    self._produce_run(topic, partition, timestamps[mid], keys[mid],
-                                      values[mid], headers[mid], ids[mid], mid_cb)
-                end(n - 1, tally)
+                try:
+                    if on_ends is not None and n > 1:
+                        end(0, 0)
+                        lo = 1
+                    if n - 1 > lo:
+                        mid = slice(lo, n - 1)
+                        self._produce_run(topic, partition, timestamps[mid], keys[mid],
+                                          values[mid], headers[mid], ids[mid], mid_cb)
+                        lo = n - 1
+                    end(n - 1, tally)
+                except RecordRefused as e:
+                    e.enqueued = lo + (e.enqueued or 0)
+                    raise
             return
         self._produce_run(topic, partition, timestamps, keys, values, headers, ids, mid_cb)
 
@@ -325,11 +334,16 @@ class Producer:
                 except BufferError:
                     i = n - length_hint(values_it) - 1
                     p.poll(QUEUE_FULL_WAIT)
-                    self._produce(topic, values[i], keys[i], partition, timestamps[i],
-                                  headers[i], on_delivery)
+                    try:
+                        self._produce(topic, values[i], keys[i], partition, timestamps[i],
+                                      headers[i], on_delivery)
+                    except RecordRefused as e:
+                        e.enqueued = i
+                        raise
                 except ck.KafkaException as e:
                     i = n - length_hint(values_it) - 1
-                    raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
+                    raise produce_error(e, f"produce to {topic}[{partition}]@{ids[i]}",
+                                        i) from e
         p.poll(0)
 
     def poll(self, timeout: float = 0.0) -> int:
