@@ -44,7 +44,8 @@ from ingress.throttle import ProduceThrottle
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
 from ingress.transactions import TransactionLoop
 from ingress.txn_sink import SharedTxnSink
-from ingress.worker import ReplayWorker, WorkerConfig
+from ingress.worker import ReplayWorker
+from ingress.worker_config import WorkerConfig
 from replicator.core.batch_limits import message_limit
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ReplicatorError
@@ -467,7 +468,7 @@ class Ingress:
                            batch_size=self.cfg.batch_size,
                            batch_bytes=self.cfg.batch_bytes,
                            rescan_interval=self.cfg.rescan_interval,
-                           origin=origin_marker(self.cfg, src.region))
+                           origin=origin_marker(self.cfg, src.region), limits=self.limits)
         worker = ReplayWorker(cfg, store=self.store, checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
                               scheduler=self.scheduler, clock=self.clock,

@@ -459,8 +459,12 @@ class TransactionLoop:
         ``message.max.bytes``) refuses the batch's partition like the broker's refusal.
         """
         try:
-            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
-                           r.offsets, on_ends=ends)
+            if ends is None:
+                p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                               r.headers, r.offsets)
+            else:
+                p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                               r.headers, r.offsets, on_ends=ends)
         except RecordRefused as e:
             client_max = DEFAULT_CLIENT_MAX if self.limits is None else self.limits.client_max
             raise Refused({b.tp: client_refused(r, e, client_max,
