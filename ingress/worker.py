@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime
 
 from ingress.checkpoint_writer import CheckpointWriter
@@ -31,6 +30,7 @@ from ingress.declared_lost import DeclaredLost
 from ingress.events import SegmentEvent
 from ingress.first_position import PENDING, FirstPosition
 from ingress.freshness import PartitionFreshness
+from ingress.gaps import Gaps
 from ingress.incarnations import IncarnationTracker
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
@@ -38,7 +38,6 @@ from ingress.permits import ByteBudget, FifoPermits, PermitRequest
 from ingress.planner import (
     DeclareLost,
     Idle,
-    LateGap,
     Produce,
     WaitFirst,
     WaitLate,
@@ -107,7 +106,6 @@ class ReplayWorker:
                                           labels)
         self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
         self._m_waiting = metrics.segments_waiting.labels(**labels)
-        self._m_late = metrics.segments_late.labels(**labels)
         self._m_first_waiting = metrics.first_position_waiting.labels(**labels)
         self.states = ReplayStates(self.where, self._entered)
         self.status = PartitionStatus(self.where, metrics, labels)
@@ -132,7 +130,8 @@ class ReplayWorker:
             hooks=ReplayerHooks(wake=self._wake, drop_permit=self._drop_permit,
                                 stopping=lambda: self.stopping,
                                 refused_at=lambda: self.status.refused_at))
-        self.late: LateGap | None = None
+        self.gaps = Gaps(cfg.source, self.inventory, self.progress, self.writer,
+                         self.declared_lost, metrics, labels, self.where)
         self.sink: ReplaySink | None = None
         self._purged = False
         self._load: LoadTicket | None = None
@@ -298,7 +297,7 @@ class ReplayWorker:
         """After every move (``ReplayStates.enter``): the gauges that follow the state."""
         self._m_first_waiting.set(1 if new is S.WAITING_FIRST else 0)
         if old is S.LATE and new is not S.LATE:
-            self._m_late.set(0)
+            self.metrics.segments_late.labels(**self._labels).set(0)
 
     def _ended(self, e: BaseException) -> float | None:
         """The session failed with ``e``: it ends, and the worker moves to the state that
@@ -421,13 +420,7 @@ class ReplayWorker:
                 self.status.refusal = cp.refused    # replayed alone
         log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
                  "none" if cp is None else cp.offset, "-" if cp is None else cp.segment)
-        self.late = None
-        if cp is not None and cp.late is not None and cp.late[0] == cp.offset + 1:
-            # The gap's clock survives restarts: lost_segment_timeout counts from when
-            # it was first seen, not from this session's start.
-            self.late = LateGap(cp.late[0], cp.late[0], cp.late[1])
-            log.info("%s: positions from %d have been late since %s", self.where,
-                     cp.late[0], cp.late[1].isoformat())
+        self.gaps.resumed(cp)
         if self.status.refusal is not None:
             self.writer.refusal(self.status.refusal)
         self._drain_inbox()
@@ -508,7 +501,7 @@ class ReplayWorker:
             self._m_waiting.set(len(usable))
             return self._wait(self.first.seconds_to_recheck())
         assert not isinstance(plan_from, str)
-        action = next_action(plan_from, usable, now, src, late=self.late,
+        action = next_action(plan_from, usable, now, src, late=self.gaps.late,
                              first_seen=self.start_point.first_seen,
                              floor=inventory.floor(), until=until)
         pos = -1 if self.position is None else self.position
@@ -519,7 +512,7 @@ class ReplayWorker:
         self._drop_permit()
         if isinstance(action, DeclareLost):
             self.states.enter(S.LOST, "lost_segment_timeout")
-            self._declare_lost(action)
+            self.gaps.declare_lost(action)
             return 0
         # Nothing to produce now: every checkpoint out before the worker waits.
         delivery.settle()
@@ -551,18 +544,14 @@ class ReplayWorker:
             progress = self.progress
             progress.position, progress.origin = position, position + 1
             progress.reported_below = None
-            self.late, self.start_point.first_seen = None, None
-            self._m_late.set(0)
+            self.gaps.clear()
+            self.start_point.first_seen = None
             self.inventory.prune()
         return mine, until
 
     def _produce(self, action: Produce, now: datetime) -> float:
         """Replay the planner's segment once the worker holds a slot."""
-        if self.late is not None:
-            log.info("%s: late range %d-%d arrived after %.1fs", self.where,
-                     self.late.first, self.late.last, (now - self.late.since).total_seconds())
-            self.late = None
-            self._m_late.set(0)
+        self.gaps.filled(now)
         self.start_point.first_seen = None
         if not self._has_permit():
             return WAIT
@@ -597,39 +586,4 @@ class ReplayWorker:
             # gap counts as late (one that starts earlier may cover it).
             self.inventory.reload(full=True)
             return 0
-        late = action.late
-        if self.position is None and (self.late is None or self.late.first != late.first):
-            # Nothing replayed yet, so no checkpoint keeps the gap's clock across restarts:
-            # the gap exists at least since the segment after it arrived in the bucket.
-            after = [t for s, t in self.inventory.arrived.items()
-                     if s.start == late.last + 1 and s in self.inventory.usable()]
-            if after:
-                late = replace(late, since=min(late.since, *after))
-        if self.late is None or self.late.first != late.first:
-            log.warning("%s: positions %d-%d are late (next segment starts at %d); reloading "
-                        "the segment list with backoff for up to %s", self.where, late.first,
-                        late.last, late.last + 1, self.cfg.source.lost_segment_timeout)
-            self.metrics.late_gaps.labels(**self._labels).inc()
-        self.late = late
-        self._m_late.set(late.size)
-        self.writer.late(late)
-
-        def reload() -> None:
-            self.inventory.reload(full=True)
-            self.late = replace(late, reloads=late.reloads + 1)
-
-        return self._wait_until(action.until, reload)
-
-    def _declare_lost(self, action: DeclareLost) -> None:
-        log.error("%s: positions %d-%d (%d) declared LOST after %s: no segment covering them "
-                  "arrived", self.where, action.first, action.last, action.size,
-                  self.cfg.source.lost_segment_timeout)
-        self.metrics.segments_lost.labels(**self._labels).inc()
-        self.declared_lost.declared(action.first, action.last)
-        self.metrics.messages_lost.labels(**self._labels).inc(action.size)
-        usable = self.inventory.usable()
-        following = min((s for s in usable if s.start == action.last + 1),
-                        key=lambda s: -s.end, default=None)
-        self.writer.lost(action.first, action.last, following)
-        self.late = None
-        self._m_late.set(0)
+        return self._wait_until(action.until, self.gaps.wait(action))
