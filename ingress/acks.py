@@ -376,7 +376,7 @@ class SharedAckSink(ReplaySink):
                 limits = self.shared.limits
                 raise refused_record(rows, first.error,
                                      None if limits is None else limits.limit(self.topic),
-                                     self.where)
+                                     self.where, first)
             raise KafkaRetriableError(f"{self.where}: {failed} record(s) failed: "
                                       f"{first.reason}")
 

@@ -34,6 +34,7 @@ from replicator.core.batch_limits import (
     record_size,
 )
 from replicator.core.errors import RecordRefused
+from replicator.core.kafka import DeliveryReport
 
 
 def chunk_bounds(rows: Rows, room: int) -> list[tuple[int, int]]:
@@ -83,11 +84,24 @@ def isolate(rows: Rows, sizes: Sequence[int], above: int, refused_at: int | None
     return out
 
 
+def failed_index(rows: Rows, failed: DeliveryReport | None) -> int | None:
+    """The index in ``rows`` of the failed record of ``failed`` (its key and value), if
+    its report names one.
+    """
+    if failed is None or (failed.key is None and failed.value is None):
+        return None
+    for i, (k, v) in enumerate(zip(rows.keys, rows.values, strict=True)):
+        if k == failed.key and v == failed.value:
+            return i
+    return None
+
+
 def refused_record(rows: Rows | None, error: RecordRefused, limit: int | None,
-                   where: str) -> RecordRefused:
+                   where: str, failed: DeliveryReport | None = None) -> RecordRefused:
     """``error`` naming the record of ``rows`` the destination refused: for a size refusal
-    the first record too large for ``limit`` on its own (none: the request as a whole, from
-    its first record), otherwise the first record of the request.
+    the first record too large for ``limit`` on its own (from the failed record on, when
+    the delivery report ``failed`` names one); else the failed record (the first of the
+    request the broker refused); else the request as a whole, from its first record.
     """
     if not rows:
         return error
@@ -95,18 +109,21 @@ def refused_record(rows: Rows | None, error: RecordRefused, limit: int | None,
              zip(rows.keys, rows.values, rows.headers, strict=True)]
     setting = f"{SETTING}={limit}" if limit is not None else f"{SETTING} unknown"
     reason = error.reason or str(error)
+    first = failed_index(rows, failed)
+    i: int | None = first
     if "too large" in error.reason.lower():
         over = [j for j, s in enumerate(sizes)
-                if limit is None or s + BATCH_OVERHEAD > limit]
-        if not over or (limit is None and len(sizes) > 1):
+                if limit is not None and s + BATCH_OVERHEAD > limit
+                and (first is None or j >= first)]
+        i = over[0] if over else first
+        if i is None:
             # No record is too large on its own: the request was (its records batched).
             return RecordRefused(
                 f"{where}: the destination refused a request of {len(sizes)} record(s) "
                 f"from source offset {rows.offsets[0]} ({sum(sizes)} bytes; destination "
-                f"{setting}), none too large on its own: {reason}",
+                f"{setting}), none known too large on its own: {reason}",
                 offset=rows.offsets[0], size=sum(sizes), setting=setting, reason=reason)
-        i = over[0]
-    else:
+    if i is None:
         i = 0
     return RecordRefused(
         f"{where}: the destination refused the record at source offset {rows.offsets[i]} "

@@ -19,6 +19,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from datetime import timedelta
+from typing import cast
 
 from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.metrics import IngressMetrics
@@ -478,10 +479,13 @@ class TransactionLoop:
         failures = p.take_failures()
         if not failures:
             return
-        refused = {(r.topic, r.partition): r.error for r in failures
-                   if isinstance(r.error, RecordRefused)}
-        if refused:
-            raise Refused(refused)
+        reports: dict[TP, DeliveryReport] = {}
+        for r in failures:
+            if isinstance(r.error, RecordRefused):
+                reports.setdefault((r.topic, r.partition), r)
+        if reports:
+            raise Refused({tp: cast(RecordRefused, r.error) for tp, r in reports.items()},
+                          reports)
         first = failures[0].error
         assert first is not None
         raise type(first)(f"{self.transactional_id}: {len(failures)} record(s) failed: "
@@ -523,7 +527,8 @@ class TransactionLoop:
                 continue
             if err.offset is None:
                 limit = None if self.limits is None else self.limits.limit(b.topic)
-                err = refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]")
+                err = refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]",
+                                     r.reports.get(b.tp))
             b.finish(err)
         with self._cond:
             self._apart |= shared & set(r.refused)

@@ -64,11 +64,15 @@ class Revoked(Exception):
 
 
 class Refused(Exception):
-    """The destination refused records of these partitions for good (loop-internal)."""
+    """The destination refused records of these partitions for good (loop-internal);
+    ``reports``: the first failed delivery of each, naming its record.
+    """
 
-    def __init__(self, refused: dict[TP, RecordRefused]) -> None:
+    def __init__(self, refused: dict[TP, RecordRefused],
+                 reports: dict[TP, DeliveryReport] | None = None) -> None:
         super().__init__("; ".join(str(e) for e in refused.values()))
         self.refused = refused
+        self.reports = reports or {}
 
 
 def shifted(ends: Callable[[int, DeliveryReport], None], lo: int

@@ -52,6 +52,13 @@ GroupMetadata = NewType("GroupMetadata", object)
 ``send_offsets_to_transaction``."""
 
 
+def _failure(topic: str, partition: int, err: ck.KafkaError, msg: ck.Message
+             ) -> DeliveryReport:
+    """The report of a failed record (with its key and value, which name it in its call)."""
+    return DeliveryReport(topic, partition, -1, delivery_error(err, f"{topic}[{partition}]"),
+                          err.str(), msg.key(), msg.value())
+
+
 class Producer:
     """An idempotent producer (``acks=all``); transactional when given ``transactional_id``.
 
@@ -90,7 +97,7 @@ class Producer:
         self.transactional_id = transactional_id
         self.name = name or transactional_id or "producer"
         self._listener = on_delivery
-        self._failed: list[tuple[str, int, ck.KafkaError]] = []
+        self._failed: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
         self._track = track_acks
         self._done: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -117,7 +124,7 @@ class Producer:
         p = -1 if partition is None else partition
         if err is not None:
             with self._lock:
-                self._failed.append((topic, p, err))
+                self._failed.append((topic, p, err, msg))
         if self._listener is not None:
             offset = msg.offset()
             self._listener(DeliveryReport(
@@ -149,14 +156,13 @@ class Producer:
                       partition: int | None = None) -> list[DeliveryReport]:
         """Failed deliveries since the last check (of one topic/partition if given)."""
         with self._lock:
-            keep: list[tuple[str, int, ck.KafkaError]] = []
-            out: list[tuple[str, int, ck.KafkaError]] = []
-            for t, p, err in self._failed:
+            keep: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
+            out: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
+            for t, p, err, msg in self._failed:
                 mine = topic in (None, t) and partition in (None, p)
-                (out if mine else keep).append((t, p, err))
+                (out if mine else keep).append((t, p, err, msg))
             self._failed = keep
-        return [DeliveryReport(t, p, -1, delivery_error(err, f"{t}[{p}]"), err.str())
-                for t, p, err in out]
+        return [_failure(t, p, err, msg) for t, p, err, msg in out]
 
     # --- producing ----------------------------------------------------------------------
 
@@ -210,8 +216,7 @@ class Producer:
             topic, partition = msg.topic() or "", msg.partition()
             p = -1 if partition is None else partition
             if err is not None and on_failure is not None:
-                on_failure(DeliveryReport(topic, p, -1, delivery_error(err, f"{topic}[{p}]"),
-                                          err.str()))
+                on_failure(_failure(topic, p, err, msg))
             else:
                 self._delivered(err, msg)
             if count:
@@ -295,9 +300,7 @@ class Producer:
             if err is None:
                 return
             topic, partition = msg.topic() or "", msg.partition()
-            p = -1 if partition is None else partition
-            on_failure(DeliveryReport(topic, p, -1, delivery_error(err, f"{topic}[{p}]"),
-                                      err.str()))
+            on_failure(_failure(topic, -1 if partition is None else partition, err, msg))
         return delivered
 
     def _produce_run(self, topic: str, partition: int, timestamps: Sequence[int],
