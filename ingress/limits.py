@@ -121,7 +121,7 @@ def refused_record(rows: Rows | None, error: RecordRefused, limit: int | None,
             return RecordRefused(
                 f"{where}: the destination refused a request of {len(sizes)} record(s) "
                 f"from source offset {rows.offsets[0]} ({sum(sizes)} bytes; destination "
-                f"{setting}), none known too large on its own: {reason}",
+                f"{setting}), none too large on its own: {reason}",
                 offset=rows.offsets[0], size=sum(sizes), setting=setting, reason=reason)
     if i is None:
         i = 0

@@ -188,9 +188,11 @@ class Producer:
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int,
                  timestamp: int, headers: Headers | None,
-                 on_delivery: Callable[[ck.KafkaError | None, ck.Message], None] | None
-                 ) -> None:
-        """One record with the client's own callback (``None``: the producer-wide one)."""
+                 on_delivery: Callable[[ck.KafkaError | None, ck.Message], None] | None,
+                 what: str | None = None) -> None:
+        """One record with the client's own callback (``None``: the producer-wide one);
+        ``what`` names it in an error.
+        """
         p = self._p
         kw: dict[str, Any] = {} if on_delivery is None else {"on_delivery": on_delivery}
         with self._produce_lock:
@@ -203,7 +205,7 @@ class Producer:
                 except BufferError:
                     p.poll(QUEUE_FULL_WAIT)
                 except ck.KafkaException as e:
-                    raise produce_error(e, f"produce to {topic}", 0) from e
+                    raise produce_error(e, what or f"produce to {topic}", 0) from e
 
     def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int,
              on_failure: Callable[[DeliveryReport], None] | None = None
@@ -271,7 +273,8 @@ class Producer:
             def end(i: int, count: int) -> None:
                 listener = None if on_ends is None else (lambda report: on_ends(i, report))
                 self._produce(topic, values[i], keys[i], partition, timestamps[i],
-                              headers[i], self._one(listener, count, on_failure))
+                              headers[i], self._one(listener, count, on_failure),
+                              f"produce to {topic}[{partition}]@{ids[i]}")
 
             with self._produce_lock:    # the batch stays contiguous in the partition
                 lo = 0
