@@ -576,7 +576,7 @@ class Ingress:
                 if w.refused is not None}
 
     def stalled(self) -> list[WorkerId]:
-        """Partitions whose replay is stalled (see ``ReplayWorker._fenced``)."""
+        """Partitions whose replay is stalled (see ``PartitionStatus.fenced``)."""
         return sorted(wid for wid, w in list(self.workers.items()) if w.stalled)
 
     @property

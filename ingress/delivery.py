@@ -3,7 +3,7 @@
 The controller chooses one for the process from ``ingress.delivery`` (``delivery_for``);
 each worker session builds one over its sink. ``deliver`` runs the numbered steps of its
 class and nothing else in ingress produces checkpoints. The worker then moves its position
-(``ReplayWorker._deliver``); a failure raises, and the session restarts from the last
+(``Progress.deliver``); a failure raises, and the session restarts from the last
 committed checkpoint.
 """
 

@@ -527,3 +527,40 @@ def test_healthz_is_false_once_a_transaction_loop_thread_died() -> None:
         ing.transactions.clear()
         h.loop.close()
         ing.close()
+
+
+def test_exactly_once_a_refusal_is_seen_without_waiting_out_the_flush() -> None:
+    """On Apache Kafka a refused record puts the transaction in an abortable state in which
+    the rest of its records are never sent: the flush would wait its whole timeout (60 s),
+    then fail every batch as "not acknowledged". Was: every partition of the transaction
+    stalled a minute per attempt. The flush looks at the delivery reports between short
+    waits, so only the refusing partition's batch fails, at once."""
+    from tests.unit.test_ingress_shared import FakeProducer
+    from tests.unit.test_ingress_shared import Harness as TxnHarness
+    from tests.unit.test_ingress_shared import T
+
+    class Abortable(FakeProducer):
+        def __init__(self, log: list[str]) -> None:
+            super().__init__(log)
+            self.refuse_values = {b"refused"}
+
+        def flush(self, timeout: float) -> int:
+            if self.failures:                   # the rest is never sent
+                time.sleep(timeout)
+                return 1
+            return super().flush(timeout)
+
+    h = TxnHarness()
+    h.loop._make = lambda: made(h, Abortable(h.log))
+    h.ownership.grant([(T, 0), (T, 1)])
+    ok, bad = h.batch(0, 0, 3), h.batch(1, 0, 3, value=b"refused")
+    h.loop.submit(ok)
+    h.loop.submit(bad)
+    h.loop.start()
+    try:
+        t0 = time.monotonic()
+        assert h.outcome(ok) is None
+        assert isinstance(h.outcome(bad), RecordRefused)
+        assert time.monotonic() - t0 < 4, "waited out the flush's timeout"
+    finally:
+        h.loop.close()
