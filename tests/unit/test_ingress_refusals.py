@@ -535,9 +535,8 @@ def test_exactly_once_a_refusal_is_seen_without_waiting_out_the_flush() -> None:
     then fail every batch as "not acknowledged". Was: every partition of the transaction
     stalled a minute per attempt. The flush looks at the delivery reports between short
     waits, so only the refusing partition's batch fails, at once."""
-    from tests.unit.test_ingress_shared import FakeProducer
+    from tests.unit.test_ingress_shared import FakeProducer, T
     from tests.unit.test_ingress_shared import Harness as TxnHarness
-    from tests.unit.test_ingress_shared import T
 
     class Abortable(FakeProducer):
         def __init__(self, log: list[str]) -> None:
