@@ -331,6 +331,9 @@ class ReplayWorker:
         # not spin.
         self._not_before = time.monotonic() + delay
         self.states.enter(state, str(e))
+        with self._lock:
+            if state is S.REFUSED and self._retry_now:
+                return 0            # the destination changed while this session ran
         return delay
 
     def _purge_unacknowledged(self) -> None:

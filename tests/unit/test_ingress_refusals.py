@@ -73,6 +73,8 @@ class Alo:
     scheduler: Scheduler
     clients: list[FakeClient]
     refused: set[int]
+    refuse_times: dict[int, int]
+    """Source offsets refused this many more times, then taken."""
 
     def delivered(self) -> Counter[int]:
         out: Counter[int] = Counter()
@@ -112,7 +114,13 @@ def alo(last: int = 99, *, refused: set[int], big: set[int] = frozenset(),  # ty
             assert q.key is not None
             h.checkpoints.append(q.key.decode(), q.value)
             return None
-        return too_large() if q.key is not None and int(q.key) in box[0].refused else None
+        if q.key is None:
+            return None
+        o = int(q.key)
+        if box[0].refuse_times.get(o, 0) > 0:
+            box[0].refuse_times[o] -= 1
+            return too_large()
+        return too_large() if o in box[0].refused else None
 
     def make() -> Producer:
         import tests.unit.ingress_fakes as fakes
@@ -150,7 +158,7 @@ def alo(last: int = 99, *, refused: set[int], big: set[int] = frozenset(),  # ty
                      make_sink=lambda: SharedAckSink(shared, topic="copy", partition=3,
                                                      checkpoint_topic="cps"),
                      metrics=h.m, scheduler=scheduler)
-    box.append(Alo(h, w, shared, scheduler, clients, set(refused)))
+    box.append(Alo(h, w, shared, scheduler, clients, set(refused), {}))
     return box[0]
 
 
@@ -235,18 +243,20 @@ def test_at_least_once_a_record_over_the_known_limit_is_sent_alone_nothing_after
 
 def test_at_least_once_the_limit_raised_while_a_retry_runs_is_not_lost(
         close: list[Alo]) -> None:
-    """The configs change while the retry session runs (it is refused with the old limit):
-    the worker tries again at once, not after the 10 s backoff. Was: the change reset a
-    backoff the failure then set again."""
-    a = alo(refused={10}, big={10}, limits=limited(), rtt=0.05)
+    """The configs change while a retry runs, and that retry is still refused (it sent the
+    record under the old limit): the worker tries again at once when it fails, not after
+    the refusal backoff (10 s). Was: the change reset a backoff the failure then set again
+    (the cause of a flaky test under load)."""
+    a = alo(refused=set(), big={10}, limits=limited(), rtt=0.05)
+    a.refuse_times[10] = 2                     # the first attempt and the retry below
     close.append(a)
     a.worker.start()
     a.wait(lambda: a.worker.state is ReplayState.REFUSED)
     a.worker.retry_refused()
     a.wait(lambda: a.worker.state is not ReplayState.REFUSED)
-    a.refused.clear()                          # raised, but the retry already sent it ...
-    a.worker.retry_refused()                   # ... and the change comes now
+    a.worker.retry_refused()                   # the limit raised while the retry runs
     a.wait(lambda: a.worker.checkpointed == 99, timeout=8)   # well before the 10 s backoff
+    assert a.refusals() == 2 and a.refuse_times[10] == 0
 
 
 class LocalSizeClient(FakeClient):

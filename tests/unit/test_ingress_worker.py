@@ -1174,8 +1174,7 @@ def test_a_refused_record_stops_the_partition_at_it_until_retried(
         h.sink.refuse = {10}
         caplog.set_level(logging.INFO, logger="ingress")
         w = h.start()
-        h.wait(lambda: w.refused is not None and w.checkpointed == 6)
-        assert w.state is ReplayState.REFUSED
+        h.wait(lambda: w.state is ReplayState.REFUSED and w.checkpointed == 6)
         assert h.metric("replicator_ingress_partition_refused") == 1
         assert h.offsets() == list(range(7))
         assert w.refused is not None and w.refused.offset == 10
