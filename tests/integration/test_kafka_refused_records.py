@@ -15,6 +15,7 @@ resumes partition 1; the copy ends exact (exactly-once) or complete without a du
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import Counter
@@ -37,8 +38,10 @@ from tests.integration.pipeline import (
 pytestmark = pytest.mark.apache
 
 MiB = 1024**2
-PER_PARTITION = 2000
-AT = 1000
+PER_PARTITION = int(os.environ.get("REFUSED_RECORDS_PER_PARTITION", "2000"))
+"""Records per source partition (the environment variable reruns the scenario at another
+scale, e.g. 10000 with ``REFUSED_RECORDS_AT=5000``: 40,000 records)."""
+AT = int(os.environ.get("REFUSED_RECORDS_AT", "1000"))
 """Index of the large record in partitions 0 and 1."""
 BIG = {0: 2_000_000, 1: 8 * MiB}
 CLIENT_MAX = 4 * MiB
@@ -97,7 +100,7 @@ def test_records_of_2_mb_and_8_mib_stop_only_their_partitions_until_each_limit_i
             wait_for(lambda: pos(0) == pos(1) == AT - 1, 30,
                      "everything before each record checkpointed")
             why = ing.refused()
-            assert "source offset 1000" in why[(SOURCE_REGION, pipe.topic, 0)]
+            assert f"source offset {AT}" in why[(SOURCE_REGION, pipe.topic, 0)]
             assert "max.message.bytes=1048588" in why[(SOURCE_REGION, pipe.topic, 0)]
             assert f"message.max.bytes={CLIENT_MAX}" in why[(SOURCE_REGION, pipe.topic, 1)]
             assert ing.ready()

@@ -76,6 +76,13 @@ class Alo:
     refuse_times: dict[int, int]
     """Source offsets refused this many more times, then taken."""
 
+    def answer(self, offset: int) -> object:
+        """The broker's answer to the record at source ``offset``: ``None`` appends it."""
+        if self.refuse_times.get(offset, 0) > 0:
+            self.refuse_times[offset] -= 1
+            return too_large()
+        return too_large() if offset in self.refused else None
+
     def delivered(self) -> Counter[int]:
         out: Counter[int] = Counter()
         for c in self.clients:
@@ -114,13 +121,7 @@ def alo(last: int = 99, *, refused: set[int], big: set[int] = frozenset(),  # ty
             assert q.key is not None
             h.checkpoints.append(q.key.decode(), q.value)
             return None
-        if q.key is None:
-            return None
-        o = int(q.key)
-        if box[0].refuse_times.get(o, 0) > 0:
-            box[0].refuse_times[o] -= 1
-            return too_large()
-        return too_large() if o in box[0].refused else None
+        return None if q.key is None else box[0].answer(int(q.key))
 
     def make() -> Producer:
         import tests.unit.ingress_fakes as fakes
