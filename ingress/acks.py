@@ -14,11 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from ingress.limits import DestinationLimits, refused_record
+from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.ownership import TP
 from ingress.rows import Rows
-from ingress.sink import PURGE_WAIT, ReplaySink
+from ingress.sink import PURGE_WAIT, Interrupted, ReplaySink
 from ingress.throttle import ProduceThrottle, rows_bytes
+from replicator.core.batch_limits import DEFAULT_CLIENT_MAX
 from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,
@@ -103,14 +104,20 @@ class SharedAcks:
         previous chunk (of any sink: fan-in) has ended, so librdkafka never batches two
         together.
 
+        A worker stopping while its call waits for the throttle ends the wait
+        (``SharedAckSink.interrupt``): a revoke is never held up by the rate limit.
+
         Raises:
             KafkaFatalError: the sink was purged (its revoke deadline passed).
             KafkaRetriableError: the producer was purged for another sink, or a record of
                 this sink failed; redo from the checkpoint (``RecordRefused``: the
-                destination refused one for good).
+                destination, or the client itself, refused one for good).
+            Interrupted: the worker is stopping; nothing of ``rows`` was enqueued.
         """
-        if self.throttle is not None:
-            self.throttle.admit(rows_bytes(rows), sink.check)
+        if self.throttle is not None and \
+                not self.throttle.admit(rows_bytes(rows), sink.check, sink.interrupted):
+            raise Interrupted(f"{sink.where}: stopping while the produce waited for "
+                              "max_bytes_per_second")
         if self.limits is None or self.limits.room(sink.topic) is None:
             self._enqueue(sink, rows, None)
             return
@@ -146,7 +153,12 @@ class SharedAcks:
 
     def _enqueue(self, sink: SharedAckSink, rows: Rows, ended: threading.Event | None
                  ) -> Producer:
-        """Enqueue ``rows`` as one call; returns the producer that took them."""
+        """Enqueue ``rows`` as one call; returns the producer that took them.
+
+        A record the client itself refuses (larger than its own ``message.max.bytes``;
+        the worker sends such a record alone, ``ingress.limits``) is this sink's refusal:
+        only what was enqueued stays counted.
+        """
         with self.lock:
             sink.check()
             p = self.producer
@@ -161,6 +173,15 @@ class SharedAcks:
         except KafkaFatalError:
             sink.check()     # purged under the enqueue: say why (ours, or another sink's)
             raise
+        except RecordRefused as e:
+            client_max = DEFAULT_CLIENT_MAX if self.limits is None else self.limits.client_max
+            refused = client_refused(rows, e, client_max, sink.where)
+            if not e.enqueued:
+                sink.add_sent(-len(rows))   # nothing of the call is in the client
+            # Otherwise the records before it stay counted: their call never ends (its
+            # last record is not in the client), so closing the sink purges them.
+            sink.refused_locally(refused)
+            raise refused from e
         return p
 
     def produce_checkpoint(self, sink: SharedAckSink, topic: str, key: str,
@@ -262,6 +283,22 @@ class SharedAckSink(ReplaySink):
         self._sent = 0
         self._ended = 0
         self._lock = threading.Lock()
+        self.interrupted = threading.Event()
+        """Set when the worker stops: a produce waiting for the throttle gives up."""
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
+
+    def refused_locally(self, error: RecordRefused) -> None:
+        """The client refused a record of this sink when it was enqueued: the sink's
+        failure, like a refused delivery (no checkpoint follows it).
+        """
+        with self._lock:
+            self._failed += 1
+            if self._first_failure is None:
+                self._first_failure = DeliveryReport(self.topic, self.partition, -1, error,
+                                                     error.reason)
+                self._failed_rows = None
 
     def check(self) -> None:
         """Raise if this sink may not produce (purged, or its records were purged, or one
@@ -334,10 +371,12 @@ class SharedAckSink(ReplaySink):
             if isinstance(first.error, (KafkaFatalError, ProducerFenced)):
                 raise first.error
             if isinstance(first.error, RecordRefused):
+                if first.error.offset is not None:
+                    raise first.error           # names its record already
                 limits = self.shared.limits
                 raise refused_record(rows, first.error,
                                      None if limits is None else limits.limit(self.topic),
-                                     self.where)
+                                     self.where, first)
             raise KafkaRetriableError(f"{self.where}: {failed} record(s) failed: "
                                       f"{first.reason}")
 

@@ -42,8 +42,10 @@ from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import ReplaySink
 from ingress.throttle import ProduceThrottle
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
-from ingress.transactions import SharedTxnSink, TransactionLoop
-from ingress.worker import ReplayWorker, WorkerConfig
+from ingress.transactions import TransactionLoop
+from ingress.txn_sink import SharedTxnSink
+from ingress.worker import ReplayWorker
+from ingress.worker_config import WorkerConfig
 from replicator.core.batch_limits import message_limit
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ReplicatorError
@@ -466,7 +468,7 @@ class Ingress:
                            batch_size=self.cfg.batch_size,
                            batch_bytes=self.cfg.batch_bytes,
                            rescan_interval=self.cfg.rescan_interval,
-                           origin=origin_marker(self.cfg, src.region))
+                           origin=origin_marker(self.cfg, src.region), limits=self.limits)
         worker = ReplayWorker(cfg, store=self.store, checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
                               scheduler=self.scheduler, clock=self.clock,
@@ -548,13 +550,15 @@ class Ingress:
         return {wid: w.checkpointed for wid, w in self.workers.items()}
 
     def healthy(self) -> bool:
-        """/healthz: ``run`` has not failed, the SQS relay thread is alive and the
+        """/healthz: ``run`` has not failed, the SQS relay thread and every transaction
+        loop's thread are alive (a dead loop fails every batch handed to it) and the
         checkpoint reader has not failed (every load would fail until a restart).
         """
-        relay_ok = self._relay_thread is None or self._relay_thread.is_alive() or \
-            self._stopping.is_set()
+        stopping = self._stopping.is_set()
+        relay_ok = self._relay_thread is None or self._relay_thread.is_alive() or stopping
+        loops_ok = stopping or all(t.alive for t in self.transactions if t.started)
         reader_ok = self._checkpoint_reader is None or not self._checkpoint_reader.failed
-        return not self._failed and relay_ok and reader_ok
+        return not self._failed and relay_ok and loops_ok and reader_ok
 
     def ready(self) -> bool:
         """/readyz: started, healthy, placed in the group (subscribed), and no owned
@@ -572,7 +576,7 @@ class Ingress:
                 if w.refused is not None}
 
     def stalled(self) -> list[WorkerId]:
-        """Partitions whose replay is stalled (see ``ReplayWorker._fenced``)."""
+        """Partitions whose replay is stalled (see ``PartitionStatus.fenced``)."""
         return sorted(wid for wid, w in list(self.workers.items()) if w.stalled)
 
     @property

@@ -3,7 +3,7 @@
 The controller chooses one for the process from ``ingress.delivery`` (``delivery_for``);
 each worker session builds one over its sink. ``deliver`` runs the numbered steps of its
 class and nothing else in ingress produces checkpoints. The worker then moves its position
-(``ReplayWorker._deliver``); a failure raises, and the session restarts from the last
+(``Progress.deliver``); a failure raises, and the session restarts from the last
 committed checkpoint.
 """
 
@@ -54,8 +54,13 @@ class Delivery(ABC):
         self.on_aborted = on_aborted
 
     @abstractmethod
-    def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+    def deliver(self, rows: Rows | None, cp: Checkpoint, *, alone: bool = False) -> None:
         """Produce ``rows`` (if any) and, once they are durable, the checkpoint ``cp``.
+
+        ``alone``: ``rows`` is one record its destination may refuse (``ingress.limits``,
+        ``isolate``): it is produced only once everything before it is durable, and
+        returns only once it is durable itself, so a refusal raises with nothing after it
+        produced.
 
         Raises:
             ProducerFenced: another owner took the partition over.
@@ -73,10 +78,11 @@ class Delivery(ABC):
         """
         return False
 
-    def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None]) -> object:
+    def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None], *,
+               alone: bool = False) -> object:
         """``deliver`` without waiting: the steps run in a transaction of the process's
-        transaction loop with other partitions' batches; ``on_done`` is called once it
-        committed or failed, and ``collect`` tells which.
+        transaction loop with other partitions' batches (``alone``: in one of its own);
+        ``on_done`` is called once it committed or failed, and ``collect`` tells which.
         """
         raise NotImplementedError
 
@@ -124,7 +130,8 @@ class ExactlyOnce(Delivery):
             self.sink.abort()
             raise
 
-    def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+    def deliver(self, rows: Rows | None, cp: Checkpoint, *, alone: bool = False) -> None:
+        # One batch per transaction: ``alone`` changes nothing here.
         sink = self.sink
         with self._aborting():
             sink.begin()                            # Step 1
@@ -139,9 +146,10 @@ class ExactlyOnce(Delivery):
     def can_submit(self) -> bool:
         return self.sink.can_submit
 
-    def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None]) -> object:
-        with self._aborting():
-            return self.sink.submit(rows, self.key, cp, on_done)   # Steps 1-4, in the loop
+    def submit(self, rows: Rows | None, cp: Checkpoint, on_done: Callable[[], None], *,
+               alone: bool = False) -> object:
+        with self._aborting():                      # Steps 1-4, in the loop
+            return self.sink.submit(rows, self.key, cp, on_done, alone=alone)
 
     def collect(self, handle: object, cp: Checkpoint) -> bool:
         with self._aborting():
@@ -162,7 +170,9 @@ class AtLeastOnce(Delivery):
        acknowledged; it is flushed itself before the worker waits or stops (``settle``).
 
     A crash therefore repeats at most ``PIPELINE_DEPTH + 2`` batches: the pipelined ones, the
-    one being produced, and one whose checkpoint was in flight.
+    one being produced, and one whose checkpoint was in flight. A record delivered
+    ``alone`` (one its destination may refuse) waits for every batch before it and for
+    its own acknowledgement: when it is refused, nothing after it was produced.
     """
 
     def __init__(self, sink: ReplaySink, key: str, where: str, *,
@@ -173,12 +183,14 @@ class AtLeastOnce(Delivery):
         self._sent = 0
         self._unsettled: deque[tuple[int, Checkpoint]] = deque()
 
-    def deliver(self, rows: Rows | None, cp: Checkpoint) -> None:
+    def deliver(self, rows: Rows | None, cp: Checkpoint, *, alone: bool = False) -> None:
+        if alone:
+            self._settle(depth=0)                   # everything before it durable first
         if rows is not None:
             self.sink.produce(rows)                 # Step 2
             self._sent += len(rows)
         self._unsettled.append((self._sent, cp))
-        self._settle(depth=PIPELINE_DEPTH)          # Steps 3-4
+        self._settle(depth=0 if alone else PIPELINE_DEPTH)   # Steps 3-4
 
     def settle(self) -> None:
         self._settle(depth=0)

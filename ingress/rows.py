@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from formats.base import TIMESTAMP_NOT_AVAILABLE
+from replicator.core.batch_limits import HEADER_OVERHEAD, RECORD_OVERHEAD
 
 Header = tuple[str, bytes | None]
 
@@ -65,6 +66,19 @@ def record_bytes(batch: pa.RecordBatch) -> np.ndarray:
                 .to_numpy(zero_copy_only=False).astype(np.int64)
         parents = pc.list_parent_indices(hcol).to_numpy(zero_copy_only=False)
         sizes += np.bincount(parents, weights=per, minlength=n).astype(np.int64)
+    return sizes
+
+
+def wire_sizes(batch: pa.RecordBatch, origin: Header | None = None) -> np.ndarray:
+    """Each record of ``batch`` as a produce request counts it (``record_size``, an upper
+    bound): key, value, headers with their overheads, and the origin marker if one is
+    appended (``batch_rows``).
+    """
+    sizes = record_bytes(batch) + RECORD_OVERHEAD
+    sizes += HEADER_OVERHEAD * pc.list_value_length(batch.column("headers")) \
+        .fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if origin is not None:
+        sizes += HEADER_OVERHEAD + len(origin[0].encode()) + len(origin[1] or b"")
     return sizes
 
 

@@ -21,6 +21,7 @@ from replicator.core.errors import (
     ProducerFenced,
     RecordRefused,
     ReplicatorError,
+    RetriableError,
     TransactionAbortable,
 )
 from replicator.core.kafka import Producer
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 PURGE_WAIT = 10.0
 """Seconds a purged sink waits for requests already sent (acknowledged or failed) before it
 stops waiting (``ReplaySink.purge``)."""
+
+
+class Interrupted(RetriableError):
+    """A produce call gave up waiting (for the throttle) because its worker is stopping:
+    nothing of the call was enqueued.
+    """
+
 
 def transaction_timeout_ms(timeout: float) -> int:
     """``transaction.timeout.ms`` for a sink whose flush and commit may each take
@@ -108,15 +116,21 @@ class ReplaySink(ABC):
         later call raises ``KafkaFatalError``.
         """
 
+    def interrupt(self) -> None:  # noqa: B027 - nothing waits in most sinks
+        """The worker is stopping (any thread): a produce call waiting for the throttle
+        gives up (``Interrupted``) instead of waiting out its debt.
+        """
+
     can_submit: bool = False
     """True if ``submit``/``collect`` hand a batch over without waiting for its commit
     (the process's shared transaction loop, ``ingress.transactions``)."""
 
     def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
-               on_done: Callable[[], None]) -> object:
+               on_done: Callable[[], None], *, alone: bool = False) -> object:
         """Exactly-once without waiting: hand ``rows`` and their checkpoint to a
         transaction; ``on_done`` is called (any thread) once it committed or failed. The
-        handle returned is given to ``collect``. Only when ``can_submit``.
+        handle returned is given to ``collect``. Only when ``can_submit``. ``alone``: a
+        record its destination may refuse, committed in a transaction of its own.
         """
         raise NotImplementedError("this sink commits one batch at a time (commit)")
 

@@ -108,9 +108,10 @@ class ProduceThrottle:
         return out
 
     def admit(self, nbytes: int, check: Callable[[], None],
-              stop: threading.Event | None = None) -> None:
+              stop: threading.Event | None = None) -> bool:
         """Wait until the bytes of the calls admitted before are paid for, then take
-        ``nbytes``: calls go in the order they arrive.
+        ``nbytes``: calls go in the order they arrive. True once admitted; False when
+        ``stop`` was set while waiting (the worker is stopping: it must not produce).
 
         ``check`` runs between waits and may raise to give up (the sink was purged); the
         bytes then stay taken (a bounded overshoot of the wait, never of the rate).
@@ -121,12 +122,15 @@ class ProduceThrottle:
             delay = self.bucket.delay(now)
             self.bucket.take(nbytes, now)
         until = self.clock() + delay
-        while delay > 0 and not stop.is_set():
+        while delay > 0:
+            if stop.is_set():
+                return False
             check()
             pause = min(delay, WAIT_SLICE)
             self._wait(stop, pause)
             self._waited(pause)
             delay = until - self.clock()
+        return True
 
 
 def drain_all(pending: deque[B], throttle: ProduceThrottle | None) -> list[B]:

@@ -5,7 +5,7 @@
   (records + checkpoint) and park, holding no thread or replay slot, until the batch's
   callback wakes them; it puts every batch waiting into one transaction, fenced by the
   placement group's generation and by ``Ownership`` (``ingress.ownership``) (``_transact``).
-* ``SharedTxnSink``: a worker's ``ReplaySink`` over it.
+* ``SharedTxnSink`` (``ingress.txn_sink``): a worker's ``ReplaySink`` over it.
 
 Threads and producers no longer grow with the partition count: one producer (its
 librdkafka threads and connections) and one transaction thread per ``ingress.producers``.
@@ -18,16 +18,18 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import cast
 
-from ingress.limits import DestinationLimits, refused_record
+from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
 from ingress.ownership import TP, Ownership
 from ingress.rows import Rows
-from ingress.sink import ReplaySink, transaction_timeout_ms
+from ingress.sink import transaction_timeout_ms
 from ingress.throttle import ProduceThrottle, drain_all
+from ingress.txn_batches import Batch, PartitionRevoked, Refused, Revoked, shifted
+from replicator.core.batch_limits import DEFAULT_CLIENT_MAX
 from replicator.core.errors import (
     FatalError,
     GenerationFenced,
@@ -47,18 +49,22 @@ from replicator.core.kafka import (
 )
 from replicator.core.retry import Backoff
 from replicator.core.settings import KafkaSettings
-from replicator.core.wire import Checkpoint
+
+__all__ = ["Batch", "PartitionRevoked", "TransactionLoop"]
 
 log = logging.getLogger(__name__)
 
 WAIT_SLICE = 0.1
 """Seconds a worker waits for its transaction before checking that the loop still runs."""
 
+FLUSH_SLICE = 0.2
+"""Seconds of one wait of a transaction's flush before its delivery reports are looked at:
+a record refused for good puts the transaction in an abortable state in which the rest is
+never sent, so the flush would otherwise wait out its whole timeout (60 s) first."""
 
-class PartitionRevoked(RetriableError):
-    """The batch's destination partition was revoked before its transaction committed:
-    nothing of it was committed (the next owner replays it).
-    """
+Chunk = tuple[Batch, int, Rows, "Callable[[int, DeliveryReport], None] | None"]
+"""One produce call of a transaction: its batch, the index of its first record in the
+batch, its records, and the offset map's listener of the batch."""
 
 
 def producer_fenced_backoff() -> Backoff:
@@ -68,56 +74,6 @@ def producer_fenced_backoff() -> Backoff:
     """
     return Backoff(initial=timedelta(milliseconds=500), multiplier=2.0,
                    maximum=timedelta(seconds=30), jitter=0.2)
-
-
-@dataclass(eq=False)
-class Batch:
-    """One worker's batch: records of one destination partition and their checkpoint."""
-
-    topic: str
-    partition: int
-    epoch: int
-    rows: Rows | None
-    key: str
-    checkpoint: Checkpoint
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-    on_done: Callable[[], None] | None = None
-    """Called once the outcome is known (wakes the worker parked on it)."""
-
-    @property
-    def tp(self) -> TP:
-        """The destination partition."""
-        return (self.topic, self.partition)
-
-    def finish(self, error: BaseException | None = None) -> None:
-        """Hand the outcome to the waiting worker."""
-        self.error = error
-        self.done.set()
-        if self.on_done is not None:
-            self.on_done()
-
-
-class _Revoked(Exception):
-    """A partition of the transaction was revoked before the commit (internal)."""
-
-    def __init__(self, lost: frozenset[TP]) -> None:
-        super().__init__(", ".join(f"{t}[{p}]" for t, p in sorted(lost)))
-        self.lost = lost
-
-
-def _shifted(ends: Callable[[int, DeliveryReport], None], lo: int
-             ) -> Callable[[int, DeliveryReport], None]:
-    """``ends`` for a chunk starting at index ``lo`` of its batch."""
-    return lambda i, report: ends(lo + i, report)
-
-
-class _Refused(Exception):
-    """The destination refused records of these partitions for good (internal)."""
-
-    def __init__(self, refused: dict[TP, RecordRefused]) -> None:
-        super().__init__("; ".join(str(e) for e in refused.values()))
-        self.refused = refused
 
 
 class TransactionLoop:
@@ -180,6 +136,8 @@ class TransactionLoop:
         self._thread: threading.Thread | None = None
         self._backoff = producer_fenced_backoff()
         self._next_init = 0.0
+        self._paused_until = 0.0
+        """Monotonic time before which no transaction begins (``_failed_whole``)."""
         self.throttle: ProduceThrottle | None = None
         """``[ingress] max_bytes_per_second`` (``None``: unlimited; ``ingress.throttle``)."""
 
@@ -227,6 +185,11 @@ class TransactionLoop:
         """True while the transaction thread runs."""
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def started(self) -> bool:
+        """True once ``start`` started the thread (and until ``close``)."""
+        return self._thread is not None and not self._stopping.is_set()
+
     # --- worker side ------------------------------------------------------------------
 
     def submit(self, batch: Batch) -> None:
@@ -268,18 +231,22 @@ class TransactionLoop:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            if self.throttle is not None:
-                self.throttle.hold(self._stopping)
-            with self._cond:
-                if not self._pending:
-                    self._cond.wait(0.2)
-                if self._pending and self.linger > 0:
-                    self._gather()
-                batches = self._take()
-            if not batches:
-                continue
+            batches: list[Batch] = []
             try:
-                self._transact(batches)
+                pause = self._paused_until - time.monotonic()
+                if pause > 0:
+                    self._stopping.wait(pause)
+                    continue
+                if self.throttle is not None:
+                    self.throttle.hold(self._stopping)
+                with self._cond:
+                    if not self._pending:
+                        self._cond.wait(0.2)
+                    if self._pending and self.linger > 0:
+                        self._gather()
+                    batches = self._take()
+                if batches:
+                    self._transact(batches)
             except Exception as e:  # a bug or a client surprise must not end the loop
                 log.exception("transaction of %d batch(es) failed unexpectedly; the "
                               "producer is recreated", len(batches))
@@ -301,17 +268,21 @@ class TransactionLoop:
         self._cond.wait_for(gathered, self.linger)
 
     def _take(self) -> list[Batch]:
-        """The batches of the next transaction (under ``_cond``): every one waiting, but
-        one per partition set apart by a refusal (``_apart``), and no more than the
-        throttle's tokens cover; the others wait, in order.
+        """The batches of the next transaction (under ``_cond``): a batch that goes
+        ``alone`` (a record its destination may refuse) when it is first in line;
+        otherwise every other one waiting, but one per partition set apart by a refusal
+        (``_apart``), and no more than the throttle's tokens cover; the others wait, in
+        order.
         """
-        if not self._apart:
+        if self._pending and self._pending[0].alone:
+            return drain_all(deque([self._pending.popleft()]), self.throttle)
+        if not self._apart and not any(b.alone for b in self._pending):
             return drain_all(self._pending, self.throttle)
         candidates: deque[Batch] = deque()
         wait: deque[Batch] = deque()
         seen: set[TP] = set()
         for b in self._pending:
-            if b.tp in self._apart and b.tp in seen:
+            if b.alone or (b.tp in self._apart and b.tp in seen):
                 wait.append(b)
             else:
                 seen.add(b.tp)
@@ -361,10 +332,10 @@ class TransactionLoop:
             return
         try:
             self._steps(p, keep)
-        except _Revoked as r:
+        except Revoked as r:
             self._revoked(p, keep, r)
             return
-        except _Refused as f:
+        except Refused as f:
             self._refused(p, keep, f)
             return
         except (RetriableError, FatalError) as e:
@@ -384,12 +355,14 @@ class TransactionLoop:
         1. Begin the transaction.
         2. Produce the records of every batch to their destination partitions (a batch
            whose topic's ``max.message.bytes`` is below ``batch.size`` in chunks that fit
-           it, one chunk per round: steps 2-3 repeat until every chunk is in).
+           it, one chunk per partition per round, the batches of one partition one after
+           the other: steps 2-3 repeat until every chunk is in; ``_rounds``).
         3. Flush: the records are in the destination logs before any checkpoint is sent
            (``ExactlyOnce``'s reason: a broker that shows aborted records must never hold a
            checkpoint without its records). A record a destination refuses for good fails
-           only its partition's batch (``_Refused``): the others go into the next
-           transaction at once.
+           only its partition's batch (``Refused``): the others go into the next
+           transaction at once. The flush looks at the delivery reports every
+           ``FLUSH_SLICE``, so a refusal does not wait out its timeout.
         4. Produce every batch's checkpoint record, and its offset-map entries (where its
            records landed, learnt from the delivery reports of its first and last record),
            and wait for their delivery reports (acks=all): the checkpoints are in the log,
@@ -402,44 +375,70 @@ class TransactionLoop:
            (``GenerationFenced``). A member in no generation at all is refused here
            (the broker would accept its metadata unchecked).
         6. Check ownership again, under the lock the revoke callback takes; a revoked
-           partition aborts the transaction (``_Revoked``).
+           partition aborts the transaction (``Revoked``).
         7. Commit, still marked "committing" under that lock: ``revoke`` waits for it.
 
         Raises:
-            _Revoked / ProducerFenced / GenerationFenced / RetriableError / FatalError.
+            Revoked / Refused / ProducerFenced / GenerationFenced / RetriableError /
+            FatalError.
         """
         p.begin_transaction()                                           # Step 1
-        # Steps 2-3, in rounds: each batch's first chunk (the whole batch unless its topic's
-        # max.message.bytes is below batch.size) in the first round, then the next chunks
-        # of the cut ones, each round flushed before the next one is enqueued.
-        om = self.offset_map
-        cut = [(b, self._chunks(b), None if om is None else om.on_ends(b))
-               for b in keep if b.rows is not None]
-        rounds = max((len(parts) for _, parts, _ in cut), default=1)
-        for n in range(rounds):
-            for b, parts, ends in cut:                                  # Step 2
-                if n < len(parts):
-                    lo, rows = parts[n]
-                    self._produce(p, b, rows, None if ends is None else _shifted(ends, lo))
-            left = p.flush(self.timeout)                                # Step 3
-            if left:
-                raise KafkaRetriableError(f"{left} record(s) not acknowledged within "
-                                          f"{self.timeout:.0f}s")
-            self._check_deliveries(p)
+        for chunks in self._rounds(keep):
+            for b, lo, rows, ends in chunks:                            # Step 2
+                self._produce(p, b, rows, None if ends is None else shifted(ends, lo))
+            self._flush(p, "record(s)")                                 # Step 3
         for b in keep:                                                  # Step 4
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
-        if om is not None:
-            om.produce(keep, p.produce)
-        left = p.flush(self.timeout)
-        if left:
-            raise KafkaRetriableError(f"{left} checkpoint record(s) not acknowledged within "
-                                      f"{self.timeout:.0f}s")
-        self._check_deliveries(p)
+        if self.offset_map is not None:
+            self.offset_map.produce(keep, p.produce)
+        self._flush(p, "checkpoint record(s)")
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:
-                raise _Revoked(lost)
+                raise Revoked(lost)
             p.commit_transaction(self.timeout)                          # Step 7
+
+    def _rounds(self, keep: list[Batch]) -> list[list[Chunk]]:
+        """Steps 2-3's produce calls, round by round: every batch of a topic that needs no
+        cutting in the first round; a cut topic's partition gets one chunk per round, its
+        batches' chunks one after the other (fan-in: two sources' chunks never share a
+        round, where librdkafka could batch them into one request over the limit, nor
+        interleave, which would cost both batches their offset-map entries).
+        """
+        om = self.offset_map
+        rounds: list[list[Chunk]] = [[]]
+        lanes: dict[TP, int] = {}
+        for b in keep:
+            if b.rows is None:
+                continue
+            ends = None if om is None else om.on_ends(b)
+            parts = self._chunks(b)
+            if len(parts) == 1 and (self.limits is None
+                                    or self.limits.room(b.topic) is None):
+                rounds[0].append((b, 0, parts[0][1], ends))
+                continue
+            n = lanes.get(b.tp, 0)
+            for lo, rows in parts:
+                while len(rounds) <= n:
+                    rounds.append([])
+                rounds[n].append((b, lo, rows, ends))
+                n += 1
+            lanes[b.tp] = n
+        return rounds
+
+    def _flush(self, p: Producer, what: str) -> None:
+        """Wait until everything produced is acknowledged, raising a failed delivery as
+        soon as it is reported (``_check_deliveries``), within ``timeout``.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            left = p.flush(max(0.0, min(FLUSH_SLICE, deadline - time.monotonic())))
+            self._check_deliveries(p)
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                raise KafkaRetriableError(f"{left} {what} not acknowledged within "
+                                          f"{self.timeout:.0f}s")
 
     def _chunks(self, b: Batch) -> list[tuple[int, Rows]]:
         """``b``'s records as the chunks one produce request each may carry for its topic
@@ -454,37 +453,45 @@ class TransactionLoop:
             lo += len(part)
         return out
 
-    @staticmethod
-    def _produce(p: Producer, b: Batch, r: Rows,
+    def _produce(self, p: Producer, b: Batch, r: Rows,
                  ends: Callable[[int, DeliveryReport], None] | None) -> None:
         """Enqueue one chunk of ``b``; ``ends``: the offset map's listener (indexes of the
-        batch).
+        batch). A record the client itself refuses (larger than its own
+        ``message.max.bytes``) refuses the batch's partition like the broker's refusal.
         """
-        if ends is None:
-            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
-                           r.offsets)
-        else:
-            p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values, r.headers,
-                           r.offsets, on_ends=ends)
+        try:
+            if ends is None:
+                p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                               r.headers, r.offsets)
+            else:
+                p.produce_many(b.topic, b.partition, r.timestamps, r.keys, r.values,
+                               r.headers, r.offsets, on_ends=ends)
+        except RecordRefused as e:
+            client_max = DEFAULT_CLIENT_MAX if self.limits is None else self.limits.client_max
+            raise Refused({b.tp: client_refused(r, e, client_max,
+                                                f"{b.topic}[{b.partition}]")}) from e
 
     def _check_deliveries(self, p: Producer) -> None:
-        """Raise the failed deliveries: ``_Refused`` naming each partition whose record the
+        """Raise the failed deliveries: ``Refused`` naming each partition whose record the
         destination refused for good (the others' failures are the abort's collateral),
         else the first failure.
         """
         failures = p.take_failures()
         if not failures:
             return
-        refused = {(r.topic, r.partition): r.error for r in failures
-                   if isinstance(r.error, RecordRefused)}
-        if refused:
-            raise _Refused(refused)
+        reports: dict[TP, DeliveryReport] = {}
+        for r in failures:
+            if isinstance(r.error, RecordRefused):
+                reports.setdefault((r.topic, r.partition), r)
+        if reports:
+            raise Refused({tp: cast(RecordRefused, r.error) for tp, r in reports.items()},
+                          reports)
         first = failures[0].error
         assert first is not None
         raise type(first)(f"{self.transactional_id}: {len(failures)} record(s) failed: "
                           f"{first}")
 
-    def _revoked(self, p: Producer, keep: list[Batch], r: _Revoked) -> None:
+    def _revoked(self, p: Producer, keep: list[Batch], r: Revoked) -> None:
         """A partition of the transaction was revoked before the commit: abort; its batch
         fails, the others go into the next transaction.
         """
@@ -497,15 +504,20 @@ class TransactionLoop:
         with self._cond:
             self._pending.extendleft(reversed([b for b in keep if b.tp not in r.lost]))
 
-    def _refused(self, p: Producer, keep: list[Batch], r: _Refused) -> None:
+    def _refused(self, p: Producer, keep: list[Batch], r: Refused) -> None:
         """A destination refused records of some partitions for good: abort; those batches
         fail with ``RecordRefused`` naming the record (their workers stop at it), the
         others go into the next transaction at once. A refusing partition with batches of
         several sources (fan-in) cannot tell whose record it was: its batches are set
-        apart, one per transaction, until one commits, so only the refused one fails.
+        apart, one per transaction, until one commits, so only the refused one fails. A
+        refusal of a topic no batch writes (the checkpoint or offset-map topic) fails the
+        transaction as a whole (``_refused_whole``).
         """
         self._abort(p, r)
         self.metrics.transactions.labels(outcome="refused").inc()
+        if set(r.refused) - {b.tp for b in keep}:
+            self._refused_whole(keep, r)
+            return
         shared = {tp for tp, n in Counter(b.tp for b in keep).items() if n > 1}
         again = []
         for b in keep:
@@ -513,11 +525,29 @@ class TransactionLoop:
             if err is None or b.tp in shared:
                 again.append(b)
                 continue
-            limit = None if self.limits is None else self.limits.limit(b.topic)
-            b.finish(refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]"))
+            if err.offset is None:
+                limit = None if self.limits is None else self.limits.limit(b.topic)
+                err = refused_record(b.rows, err, limit, f"{b.topic}[{b.partition}]",
+                                     r.reports.get(b.tp))
+            b.finish(err)
         with self._cond:
             self._apart |= shared & set(r.refused)
             self._pending.extendleft(reversed(again))
+
+    def _refused_whole(self, keep: list[Batch], r: Refused) -> None:
+        """The checkpoint or offset-map topic refused a record (its write not allowed, its
+        ``max.message.bytes`` below a checkpoint): no batch can commit until that changes.
+        ERROR, every batch fails (its worker restarts on its backoff), and the loop waits
+        its own backoff before the next transaction: never a hot loop of aborts.
+        """
+        delay = self._backoff.next()
+        self._paused_until = time.monotonic() + delay
+        others = sorted(set(r.refused) - {b.tp for b in keep})
+        log.error("transactions of %s: %s refused a record of this transaction for good "
+                  "(%s); %d batch(es) failed, next transaction in %.1fs", self.transactional_id,
+                  ", ".join(f"{t}[{p}]" for t, p in others), r, len(keep), delay)
+        self._fail(keep, KafkaRetriableError(
+            f"the transaction was refused by {', '.join(t for t, _ in others)}: {r}"))
 
     def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
         if isinstance(e, ProducerFenced):
@@ -565,81 +595,3 @@ class TransactionLoop:
     def _fail(batches: list[Batch], e: BaseException) -> None:
         for b in batches:
             b.finish(e)
-
-
-class SharedTxnSink(ReplaySink):
-    """A worker's exactly-once sink: ``submit`` hands records + checkpoint to the
-    process's ``TransactionLoop`` (``collect`` tells the outcome once its callback ran);
-    ``commit`` does both and waits (checkpoints without records).
-    """
-
-    transactional = True
-
-    def __init__(self, loop: TransactionLoop, *, topic: str, partition: int,
-                 epoch: int) -> None:
-        self.loop = loop
-        self.topic = topic
-        self.partition = partition
-        self.epoch = epoch
-        self._rows: Rows | None = None
-        self._cp: tuple[str, Checkpoint] | None = None
-        self._purged = False
-
-    def _check(self) -> None:
-        if self._purged:
-            raise KafkaFatalError(f"{self.topic}[{self.partition}]: sink purged after the "
-                                  "revoke deadline")
-
-    def start(self) -> None:
-        self._check()  # the shared producer was initialised when the process started
-
-    def begin(self) -> None:
-        self._rows, self._cp = None, None
-
-    def produce(self, rows: Rows) -> None:
-        self._check()
-        self._rows = rows
-
-    def produce_checkpoint(self, key: str, checkpoint: Checkpoint) -> None:
-        self._check()
-        self._cp = (key, checkpoint)
-
-    def commit(self) -> None:
-        self._check()
-        assert self._cp is not None, "produce_checkpoint first"
-        key, cp = self._cp
-        batch = Batch(self.topic, self.partition, self.epoch, self._rows, key, cp)
-        self._rows, self._cp = None, None
-        self.loop.submit(batch)
-        self.loop.wait(batch)
-
-    can_submit = True
-
-    def submit(self, rows: Rows | None, key: str, checkpoint: Checkpoint,
-               on_done: Callable[[], None]) -> Batch:
-        self._check()
-        batch = Batch(self.topic, self.partition, self.epoch, rows, key, checkpoint,
-                      on_done=on_done)
-        self.loop.submit(batch)
-        return batch
-
-    def collect(self, handle: object) -> bool:
-        assert isinstance(handle, Batch)
-        return self.loop.check(handle)
-
-    def flush(self) -> None:
-        """Nothing to do: the transaction flushes records before checkpoints."""
-
-    def outstanding(self, timeout: float = 0.0) -> int:
-        return 0
-
-    def abort(self) -> None:
-        self._rows, self._cp = None, None
-
-    def close(self) -> None:
-        self._rows, self._cp = None, None
-
-    def purge(self) -> None:
-        # The revoke callback took the partition from ``Ownership`` already: no
-        # transaction with its batch commits any more. Later calls are refused.
-        self._purged = True

@@ -22,6 +22,10 @@ HEADER_OVERHEAD = 10
 DEFAULT_BATCH_SIZE = 1_000_000
 """librdkafka's ``batch.size`` unless ``kafka.config`` sets it."""
 
+DEFAULT_CLIENT_MAX = 64 * 1024**2
+"""The producers' own ``message.max.bytes`` unless ``kafka.config`` sets it (the Kafka
+seam's default): the client refuses a larger record when it is enqueued."""
+
 
 def record_size(key: bytes | None, value: bytes | None,
                 headers: list[tuple[str, bytes | None]] | None) -> int:
@@ -54,6 +58,14 @@ def producer_batch_size(config: Mapping[str, object]) -> int:
         return int(str(config.get("batch.size", DEFAULT_BATCH_SIZE)))
     except ValueError:
         return DEFAULT_BATCH_SIZE
+
+
+def client_message_max(config: Mapping[str, object]) -> int:
+    """The ``message.max.bytes`` of producers built from ``config`` (``kafka.config``)."""
+    try:
+        return int(str(config.get("message.max.bytes", DEFAULT_CLIENT_MAX)))
+    except ValueError:
+        return DEFAULT_CLIENT_MAX
 
 
 def batch_size_for(config: Mapping[str, object], limit: int | None) -> int | None:

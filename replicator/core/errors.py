@@ -132,12 +132,17 @@ class RecordRefused(KafkaRetriableError):
     """
 
     def __init__(self, message: str, *, offset: int | None = None, size: int | None = None,
-                 setting: str | None = None, reason: str = "") -> None:
+                 setting: str | None = None, reason: str = "",
+                 enqueued: int | None = None) -> None:
         super().__init__(message)
         self.offset = offset
         self.size = size
         self.setting = setting
         self.reason = reason
+        self.enqueued = enqueued
+        """Refused by the client itself when enqueued (larger than its own
+        ``message.max.bytes``): how many records of the call were enqueued before it
+        (``None``: refused by the broker, in a delivery report)."""
 
 
 class TopicError(FatalError):

@@ -29,8 +29,15 @@ Callback = Callable[[ck.KafkaError | None, Any], None]
 class Msg:
     """What a delivery callback receives (the fields the seam reads)."""
 
-    def __init__(self, topic: str, partition: int, offset: int, value: bytes | None) -> None:
-        self._t, self._p, self._o, self.value_ = topic, partition, offset, value
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes | None,
+                 key: bytes | None = None) -> None:
+        self._t, self._p, self._o, self.value_, self.key_ = topic, partition, offset, value, key
+
+    def key(self) -> bytes | None:
+        return self.key_
+
+    def value(self) -> bytes | None:
+        return self.value_
 
     def topic(self) -> str:
         return self._t
@@ -110,7 +117,7 @@ class FakeClient:
             if err is None:
                 offset = self.offsets.get(tp, 0)
                 self.offsets[tp] = offset + 1
-            q.cb(err, Msg(q.topic, q.partition, offset, q.value))
+            q.cb(err, Msg(q.topic, q.partition, offset, q.value, q.key))
         if not served and timeout:
             time.sleep(min(timeout, 0.01))
         return len(served)

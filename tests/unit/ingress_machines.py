@@ -4,19 +4,29 @@ the long one (``bench/ingress_stateful.py``).
 
 ``AtLeastOnceMachine``: sources replaying into one destination partition (fan-in) through
 the process's shared idempotent producer (``SharedAcks`` over the real Kafka seam and a
-fake client): records fail once at random, the broker answers late or not at all, sinks
-are released at their revoke deadline (the whole producer purged and replaced), sessions
-restart from their checkpoints. After every step: no checkpoint of a source covers a
-record of it that was not delivered; a source's checkpoints only move forward. At the end,
+fake client): records fail once at random or are refused for good (until the limit is
+raised), the broker answers late or not at all, sinks are released at their revoke
+deadline (the whole producer purged and replaced), sessions restart from their
+checkpoints and, after a refusal, replay the refused record alone as the worker does.
+After every step: no checkpoint of a source covers a record of it that was not delivered;
+a source's checkpoints only move forward; nothing of a released sink, nor of a sink whose
+record was refused, reaches the partition after its release or its close, and nothing
+after a record replayed alone is produced before that record is acknowledged. At the end,
 with the broker healthy, every source settles and checkpoints all it produced.
 
-``ExactlyOnceMachine``: workers of three sources (two into one destination partition)
-hand batches to the shared transaction loop (``TransactionLoop._transact``, run by the
-machine so a step is one transaction); grants, revokes, stops without a revoke (a zombie
-batch left waiting), retriable commit failures, fencing and generation refusals come at
-any step. After every step: each source's committed records are exactly its committed
-checkpoint's prefix, each once; every committed checkpoint was in the log before the
-generation check.
+``ExactlyOnceMachine``: workers of three sources (two into one destination partition, a
+topic whose limit cuts batches into chunks) hand batches to the shared transaction loop,
+which the machine runs one transaction a step through its real queueing (``_take``: the
+batches set apart after a fan-in refusal, records that go alone, the throttle's tokens);
+grants, revokes (also in the middle of a transaction), stops without a revoke (a zombie
+batch left waiting), retriable commit failures, fencing, generation refusals, a record
+refused by the destination or by the client, and the checkpoint topic refusing come at any
+step. After every step: each source's committed records are exactly its committed
+checkpoint's prefix, each once, each batch's records consecutive in its partition; every
+committed checkpoint was in the log before the generation check; no round of a
+transaction queued two chunks of one partition; a batch that goes alone was alone; a
+transaction the checkpoint topic refused ended all its batches. At the end every batch
+handed over has ended.
 
 ``STATS`` counts steps, faults injected and violations (an invariant that fails raises).
 """
@@ -33,9 +43,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ingress import delivery
 from ingress.acks import SharedAcks, SharedAckSink
 from ingress.delivery import AtLeastOnce
+from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
 from ingress.ownership import Ownership
 from ingress.rows import Rows
+from ingress.throttle import ProduceThrottle
 from ingress.transactions import Batch, PartitionRevoked, TransactionLoop
 from replicator.core.errors import (
     GenerationFenced,
@@ -72,11 +84,19 @@ def source_rows(src: int, lo: int, n: int) -> Rows:
 
 
 class _Session:
-    def __init__(self, shared: SharedAcks, src: int) -> None:
+    def __init__(self, shared: SharedAcks, src: int, gen: int) -> None:
+        self.gen = gen
         self.sink = SharedAckSink(shared, topic=DEST, partition=0, checkpoint_topic=CPS)
         self.sink.start()
         self.delivery = AtLeastOnce(self.sink, f"src-{src}", f"src-{src}",
                                     on_checkpointed=lambda c: None, on_aborted=lambda: None)
+
+
+def alo_rows(src: int, gen: int, lo: int, n: int) -> Rows:
+    """Records of ``src`` from ``lo``; the value names the session (``gen``) too."""
+    offs = list(range(lo, lo + n))
+    return Rows(offs, [1] * n, [b"%d" % src] * n, [b"%d:%d:%d" % (src, o, gen) for o in offs],
+                [None] * n)
 
 
 class AtLeastOnceMachine(RuleBasedStateMachine):
@@ -91,10 +111,18 @@ class AtLeastOnceMachine(RuleBasedStateMachine):
         self.clients: list[FakeClient] = []
         self.fail_once: set[tuple[int, int]] = set()
         self.failed: set[tuple[int, int]] = set()
+        self.refused_for_good: set[tuple[int, int]] = set()
+        """Records the destination refuses until the limit is raised (``raise_limit``)."""
+        self.refused_at: list[int | None] = [None] * self.SOURCES
+        """A source's record refused before: its sessions replay it alone."""
+        self.ended: dict[int, int] = {}
+        """Sessions released or closed after a refusal, with how many of their records the
+        partition held then: it never holds more."""
         self.shared = SharedAcks(KafkaSettings(brokers="fake:1"), timeout=0.05,
                                  make_producer=self._make)
         self.shared.start()
-        self.sessions = [_Session(self.shared, i) for i in range(self.SOURCES)]
+        self.gens = 0
+        self.sessions = [self._session(i) for i in range(self.SOURCES)]
         self.pos = [0] * self.SOURCES
 
     def _make(self) -> Producer:
@@ -103,54 +131,112 @@ class AtLeastOnceMachine(RuleBasedStateMachine):
         self.clients.append(c)
         return p
 
+    def _session(self, src: int) -> _Session:
+        self.gens += 1
+        return _Session(self.shared, src, self.gens)
+
     def _fail(self, q: Queued) -> object:
         if q.topic != DEST or q.value is None:
             return None
-        src, off = (int(x) for x in q.value.split(b":"))
+        src, off, _gen = (int(x) for x in q.value.split(b":"))
+        if (src, off) in self.refused_for_good:
+            return too_large()
         if (src, off) in self.fail_once and (src, off) not in self.failed:
             self.failed.add((src, off))
             return too_large()
         return None
+
+    def _logged(self) -> list[tuple[int, int, int]]:
+        out = []
+        for c in self.clients:
+            for q in c.log:
+                if q.topic == DEST and q.value is not None:
+                    src, off, gen = (int(x) for x in q.value.split(b":"))
+                    out.append((src, off, gen))
+        return out
+
+    def _queued(self) -> list[tuple[int, int, int]]:
+        out = []
+        for c in self.clients:
+            with c.lock:
+                for q in c.queued:
+                    if q.topic == DEST and q.value is not None:
+                        src, off, gen = (int(x) for x in q.value.split(b":"))
+                        out.append((src, off, gen))
+        return out
 
     @property
     def client(self) -> FakeClient:
         return self.clients[-1]
 
     def _delivered(self) -> set[tuple[int, int]]:
-        out = set()
-        for c in self.clients:
-            for q in c.log:
-                if q.topic == DEST and q.value is not None:
-                    src, off = (int(x) for x in q.value.split(b":"))
-                    out.add((src, off))
-        return out
+        return {(src, off) for src, off, _ in self._logged()}
 
     def _checkpoints(self, src: int) -> list[int]:
         key = b"src-%d" % src
         return [Checkpoint.decode(q.value).offset for c in self.clients for q in c.log
                 if q.topic == CPS and q.key == key and q.value is not None]
 
-    def _restart(self, src: int) -> None:
+    def _restart(self, src: int, refused: bool = False) -> None:
         STATS["restarts"] += 1
-        self.sessions[src].sink.close()
-        self.sessions[src] = _Session(self.shared, src)
+        old = self.sessions[src]
+        old.sink.close()
+        if refused:
+            # Closed after a refusal: what it produced has ended, nothing more arrives.
+            self.ended[old.gen] = sum(1 for _, _, g in self._logged() if g == old.gen)
+        self.sessions[src] = self._session(src)
         cps = self._checkpoints(src)
         self.pos[src] = cps[-1] + 1 if cps else 0
 
     @rule(src=st.integers(0, SOURCES - 1), n=st.integers(1, 6),
-          fails=st.sets(st.integers(0, 5), max_size=2))
-    def deliver(self, src: int, n: int, fails: set[int]) -> None:
+          fails=st.sets(st.integers(0, 5), max_size=2),
+          refuse=st.sampled_from([None, None, None, 0, 2, 5]))
+    def deliver(self, src: int, n: int, fails: set[int], refuse: int | None) -> None:
+        """One batch of the source, as its worker hands it over: a record refused before
+        (``refused_at``) alone, once everything before it is acknowledged."""
         STATS["steps"] += 1
         lo = self.pos[src]
         for f in fails:
             if f < n:
                 self.fail_once.add((src, lo + f))
                 STATS["faults"] += 1
+        if refuse is not None and refuse < n:
+            self.refused_for_good.add((src, lo + refuse))      # refused for good
+            STATS["faults"] += 1
+        s = self.sessions[src]
+        at = self.refused_at[src]
+        parts = self._parts(lo, n, at)
         try:
-            self.sessions[src].delivery.deliver(source_rows(src, lo, n), cp(lo + n - 1))
-            self.pos[src] = lo + n
+            for a, b, alone in parts:
+                s.delivery.deliver(alo_rows(src, s.gen, a, b), cp(a + b - 1), alone=alone)
+                self.pos[src] = a + b
+                if alone:
+                    self.refused_at[src] = None      # it passed
+        except RecordRefused as e:
+            if at is not None and self.refused_at[src] == at and e.offset == at:
+                after = [o for x, o, g in self._logged() + self._queued()
+                         if x == src and g == s.gen and o > at]
+                assert not after, f"source {src}: records after the refused {at}: {after}"
+            if e.offset is not None:
+                self.refused_at[src] = e.offset
+            self._restart(src, refused=True)
         except ReplicatorError:
             self._restart(src)
+
+    @staticmethod
+    def _parts(lo: int, n: int, at: int | None) -> list[tuple[int, int, bool]]:
+        """``lo``..``lo + n - 1`` as the worker hands them over: ``at`` alone."""
+        if at is None or not lo <= at < lo + n:
+            return [(lo, n, False)]
+        return [(a, b, alone) for a, b, alone in
+                ((lo, at - lo, False), (at, 1, True), (at + 1, lo + n - at - 1, False))
+                if b > 0]
+
+    @rule(src=st.integers(0, SOURCES - 1))
+    def raise_limit(self, src: int) -> None:
+        """The destination takes the source's refused records now."""
+        STATS["steps"] += 1
+        self.refused_for_good = {r for r in self.refused_for_good if r[0] != src}
 
     @rule(k=st.integers(0, 12))
     def broker_answers(self, k: int) -> None:
@@ -176,7 +262,9 @@ class AtLeastOnceMachine(RuleBasedStateMachine):
         """The source's worker missed its revoke deadline: released, then replaced."""
         STATS["steps"] += 1
         STATS["faults"] += 1
-        self.shared.release(self.sessions[src].sink)
+        s = self.sessions[src]
+        self.shared.release(s.sink)
+        self.ended[s.gen] = sum(1 for _, _, g in self._logged() if g == s.gen)
         self._restart(src)
 
     @invariant()
@@ -190,9 +278,17 @@ class AtLeastOnceMachine(RuleBasedStateMachine):
                 assert not missing, (f"source {src}: checkpoint {cps[-1]} covers records "
                                      f"never delivered: {missing}")
 
+    @invariant()
+    def nothing_of_an_ended_session_arrives_afterwards(self) -> None:
+        held = Counter(g for _, _, g in self._logged())
+        for gen, n in self.ended.items():
+            assert held[gen] == n, f"session {gen}: {held[gen] - n} record(s) arrived after " \
+                                   "its release or its close after a refusal"
+
     def teardown(self) -> None:
         try:
             self.fail_once.clear()
+            self.refused_for_good.clear()
             for src in range(self.SOURCES):
                 for _ in range(5):
                     for c in self.clients:
@@ -216,27 +312,39 @@ class AtLeastOnceMachine(RuleBasedStateMachine):
 
 class _TxnProducer:
     """A transactional producer: what a transaction produced becomes visible at its
-    commit; faults come from the machine."""
+    commit; faults come from the machine; each flush ends a round of produce calls."""
 
     def __init__(self, m: ExactlyOnceMachine) -> None:
         self.m = m
-        self.records: list[tuple[int, int]] = []
+        self.records: list[tuple[int, int, int]] = []
         self.cps: list[tuple[int, int]] = []
         self.undelivered = 0
+        self.parts: set[int] = set()
+        self.round: Counter[int] = Counter()
 
     def init_transactions(self, timeout: float) -> None:
-        pass
+        self.m.inits += 1
 
     def begin_transaction(self) -> None:
         self.records, self.cps, self.undelivered = [], [], 0
-        self.parts: set[int] = set()
+        self.parts = set()
+        self.round = Counter()
 
     def produce_many(self, topic: str, partition: int, timestamps: Any, keys: Any,
                      values: Any, headers: Any, ids: Any, **kw: Any) -> None:
-        self.records += [(int(k), o) for k, o in zip(keys, ids, strict=True)]
+        if self.m.fault == "client" and int(keys[0]) == self.m.client_refuses:
+            # The client refuses a record above its own message.max.bytes when enqueued.
+            self.m.fault = None
+            self.m.refused = partition
+            raise RecordRefused("injected: larger than message.max.bytes", enqueued=0,
+                                reason="Broker: Message size too large")
+        self.records += [(partition, int(k), o) for k, o in zip(keys, ids, strict=True)]
         self.parts.add(partition)
+        self.round[partition] += 1
 
     def flush(self, timeout: float) -> int:
+        self.m.rounds.append(self.round)
+        self.round = Counter()
         self.undelivered = 0
         return 0
 
@@ -244,7 +352,13 @@ class _TxnProducer:
         pass
 
     def take_failures(self) -> list[Any]:
-        """The destination refuses the records of one partition for good (``refused``)."""
+        """The destination refuses the records of one partition for good (``refused``),
+        or the checkpoint topic its records (``refused_cps``, once they were produced)."""
+        if self.m.fault == "refused_cps" and self.cps:
+            self.m.fault = None
+            self.m.cps_refused = True
+            return [DeliveryReport(CPS, 0, -1, RecordRefused(
+                "injected: refused", reason="Broker: Topic authorization failed"))]
         if self.m.fault != "refused" or not self.parts:
             return []
         self.m.fault = None
@@ -264,6 +378,10 @@ class _TxnProducer:
         if self.m.fault == "generation":
             self.m.fault = None
             raise GenerationFenced("injected: an older generation")
+        if self.m.fault == "revoke" and self.parts:
+            # The revoke callback runs between the generation check and the commit.
+            self.m.fault = None
+            self.m.revoke_partition(min(self.parts))
 
     def commit_transaction(self, timeout: float) -> None:
         fault, self.m.fault = self.m.fault, None
@@ -271,7 +389,8 @@ class _TxnProducer:
             raise KafkaRetriableError("injected: commit failed")
         if fault == "fenced":
             raise ProducerFenced("injected: fenced")
-        self.m.committed += self.records
+        self.m.committed += [(k, o) for _, k, o in self.records]
+        self.m.transactions.append(self.records)
         self.m.committed_cps += self.cps
         self.records, self.cps = [], []
 
@@ -292,6 +411,8 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
 
     PARTITION_OF = (0, 0, 1)
     """Source -> destination partition: sources 0 and 1 feed partition 0 (fan-in)."""
+    LIMIT = 250
+    """The destination topic's max.message.bytes: a chunk holds a few records."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -299,18 +420,27 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
         self.fault: str | None = None
         self.refused: int | None = None
         """The destination partition whose records the last transaction had refused."""
+        self.client_refuses: int | None = None
+        self.cps_refused = False
         self.committed: list[tuple[int, int]] = []
         self.committed_cps: list[tuple[int, int]] = []
+        self.transactions: list[list[tuple[int, int, int]]] = []
+        self.rounds: list[Counter[int]] = []
         self.undelivered_at_check: list[int] = []
+        self.inits = 0
+        self.handed: list[Batch] = []
+        limits = DestinationLimits()
+        limits.update(DEST, self.LIMIT)
+        self.now = 0.0
         self.loop = TransactionLoop(
             KafkaSettings(brokers="unused:1"), transactional_id="m", checkpoint_topic=CPS,
             ownership=self.ownership, group=lambda: IN_GENERATION,
             metrics=IngressMetrics.create(Metrics()), timeout=1,
-            make_producer=lambda: cast(Producer, _TxnProducer(self)))
+            make_producer=lambda: cast(Producer, _TxnProducer(self)), limits=limits)
+        self.loop.throttle = ProduceThrottle(40, clock=lambda: self.now)
         self.loop._stopping.set()    # a recreated producer does not wait its backoff here
         self.owned: set[int] = set()
         self.workers: dict[int, _Worker] = {}
-        self.pending: list[tuple[int, Batch]] = []
 
     def _tp(self, src: int) -> tuple[str, int]:
         return (DEST, self.PARTITION_OF[src])
@@ -318,6 +448,13 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
     def _checkpoint(self, src: int) -> int:
         mine = [o for s, o in self.committed_cps if s == src]
         return mine[-1] if mine else -1
+
+    def revoke_partition(self, p: int) -> None:
+        self.ownership.revoke([(DEST, p)], 0.0)
+        self.owned.discard(p)
+        for src, w in self.workers.items():
+            if self.PARTITION_OF[src] == p:
+                w.alive = False
 
     # Rules draw only among what they can act on (``st.data()``), so the search spends its
     # steps on transitions, not on no-ops.
@@ -335,12 +472,7 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
     def revoke(self, data: st.DataObject) -> None:
         STATS["steps"] += 1
         STATS["faults"] += 1
-        p = data.draw(st.sampled_from(sorted(self.owned)))
-        self.ownership.revoke([(DEST, p)], 0.0)
-        self.owned.discard(p)
-        for src, w in self.workers.items():
-            if self.PARTITION_OF[src] == p:
-                w.alive = False
+        self.revoke_partition(data.draw(st.sampled_from(sorted(self.owned))))
 
     def _startable(self) -> list[int]:
         return [s for s in range(3) if self.PARTITION_OF[s] in self.owned
@@ -373,15 +505,19 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
         return [s for s in self._alive() if self.workers[s].sent is None]
 
     @precondition(lambda self: bool(self._idle()))
-    @rule(data=st.data(), n=st.integers(1, 5))
-    def submit(self, data: st.DataObject, n: int) -> None:
+    @rule(data=st.data(), n=st.integers(1, 5), alone=st.booleans())
+    def submit(self, data: st.DataObject, n: int, alone: bool) -> None:
+        """A worker hands its next batch to the loop (``alone``: one record it isolated,
+        as a record its destination may refuse)."""
         STATS["steps"] += 1
         src = data.draw(st.sampled_from(self._idle()))
         w = self.workers[src]
+        n = 1 if alone else n
         b = Batch(DEST, self.PARTITION_OF[src], w.epoch, source_rows(src, w.pos, n),
-                  f"src-{src}", cp(w.pos + n - 1))
+                  f"src-{src}", cp(w.pos + n - 1), alone=alone)
         w.sent = b
-        self.pending.append((src, b))
+        self.handed.append(b)
+        self.loop.submit(b)
 
     @precondition(lambda self: bool(self._alive()))
     @rule(data=st.data())
@@ -391,37 +527,52 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
         self.stop_worker(data)
         self.start_worker(data)
 
-    @precondition(lambda self: bool(self.pending))
-    @rule(k=st.integers(1, 4),
-          fault=st.sampled_from([None, None, "retriable", "fenced", "generation",
-                                 "refused"]))
-    def transact(self, k: int, fault: str | None) -> None:
-        """One transaction of the loop with the first ``k`` waiting batches; ``fault``
-        is what its generation check or commit meets, or a destination refusing one
-        partition's records for good (``refused``): only that partition's batches fail,
-        the others wait for the next transaction."""
+    @rule(seconds=st.sampled_from([0.5, 2.0]))
+    def tick(self, seconds: float) -> None:
+        """Time passes: the throttle's tokens come back."""
+        self.now += seconds
+
+    @precondition(lambda self: bool(self.loop._pending))
+    @rule(fault=st.sampled_from([None, None, "retriable", "fenced", "generation",
+                                 "refused", "revoke", "client", "refused_cps"]))
+    def transact(self, fault: str | None) -> None:
+        """One transaction of the loop, of the batches its queue gives (``_take``); ``fault``
+        is what its generation check or commit meets, a revoke between the two, a
+        destination refusing one partition's records for good (``refused``) or the client
+        refusing one (``client``): only that partition's batches fail, the others wait
+        for the next transaction; the checkpoint topic refusing (``refused_cps``): every
+        batch of it fails."""
         STATS["steps"] += 1
         if fault is not None:
             STATS["faults"] += 1
         self.fault = fault
         self.refused = None
-        take, self.pending = self.pending[:k], self.pending[k:]
-        self.loop._transact([b for _, b in take])
+        self.cps_refused = False
+        with self.loop._cond:
+            take = self.loop._take()
+        first = take[0].rows
+        self.client_refuses = None if first is None else int(first.keys[0] or b"-1")
+        if any(b.alone for b in take):
+            assert len(take) == 1, "a batch that goes alone shared its transaction"
+        self.loop._transact(take)
         self.fault = None
         if self.refused is not None:
-            for _, b in take:
+            for b in take:
                 if b.partition != self.refused:
                     assert b.error is None or isinstance(b.error, PartitionRevoked), \
                         f"partition {b.partition} failed by another's refusal: {b.error!r}"
-        requeued = list(self.loop._pending)
-        self.loop._pending.clear()
-        self.pending = [(s, b) for s, b in take if b in requeued] + self.pending
-        for src, b in take:
-            if not b.done.is_set():
+        if self.cps_refused:
+            assert all(b.done.is_set() and b.error is not None for b in take), \
+                "a transaction the checkpoint topic refused left batches waiting"
+            self.loop._paused_until = 0.0
+        self._collect(take)
+
+    def _collect(self, take: list[Batch]) -> None:
+        """Each worker whose batch ended: its position moves, or its session restarts."""
+        for src, w in self.workers.items():
+            b = w.sent
+            if b is None or b not in take or not b.done.is_set():
                 continue
-            w = self.workers.get(src)
-            if w is None or w.sent is not b:
-                continue                      # a former worker's batch
             w.sent = None
             if b.error is None:
                 w.pos = b.checkpoint.offset + 1
@@ -439,5 +590,32 @@ class ExactlyOnceMachine(RuleBasedStateMachine):
                 f"source {src}: committed {mine}, checkpoint {self._checkpoint(src)}"
 
     @invariant()
+    def each_batch_consecutive_in_its_partition(self) -> None:
+        for records in self.transactions[-1:]:
+            for p in (0, 1):
+                srcs = [k for q, k, _ in records if q == p]
+                runs = sum(1 for i, k in enumerate(srcs) if i == 0 or srcs[i - 1] != k)
+                assert runs <= len(set(srcs)), \
+                    f"partition {p}: sources' records interleave in a transaction: {srcs}"
+
+    @invariant()
+    def one_chunk_of_a_partition_per_round(self) -> None:
+        assert all(n <= 1 for r in self.rounds[-8:] for n in r.values()), self.rounds[-8:]
+
+    @invariant()
     def checkpoints_in_the_log_before_the_generation_check(self) -> None:
         assert all(n == 0 for n in self.undelivered_at_check), self.undelivered_at_check
+
+    def teardown(self) -> None:
+        """With no more faults every batch handed over ends (committed, or failed: its
+        partition revoked, its worker stopped)."""
+        self.now += 1000.0
+        for _ in range(3 * len(self.handed) + 3):
+            if not self.loop._pending:
+                break
+            self.now += 1000.0
+            with self.loop._cond:
+                take = self.loop._take()
+            self.loop._transact(take)
+        left = [b for b in self.handed if not b.done.is_set()]
+        assert not left, f"{len(left)} batch(es) never ended"

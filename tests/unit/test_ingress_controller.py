@@ -124,9 +124,9 @@ def test_a_stalled_partition_makes_readyz_false() -> None:
         ing.assigned = {("t", 0)}
         ing._reconcile()
         assert ing.ready()
-        ing.workers[("us-east-1", "t", 0)].stalled = True
+        ing.workers[("us-east-1", "t", 0)].status.stalled = True
         assert not ing.ready() and ing.stalled() == [("us-east-1", "t", 0)]
-        ing.workers[("us-east-1", "t", 0)].stalled = False
+        ing.workers[("us-east-1", "t", 0)].status.stalled = False
         assert ing.ready()
     finally:
         ing.close()

@@ -22,8 +22,10 @@ from ingress.metrics import IngressMetrics
 from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.scheduler import Scheduler
-from ingress.transactions import SharedTxnSink, TransactionLoop
-from ingress.worker import ReplayWorker, WorkerConfig
+from ingress.transactions import TransactionLoop
+from ingress.txn_sink import SharedTxnSink
+from ingress.worker import ReplayWorker
+from ingress.worker_config import WorkerConfig
 from replicator.core.errors import KafkaRetriableError, StorageError
 from replicator.core.kafka import GroupMetadata, Producer, TopicPartition
 from replicator.core.keys import PartitionRef, SegmentKey
@@ -243,7 +245,7 @@ def test_decoded_bytes_stay_within_max_bytes_in_flight(procs: list[Process]) -> 
 def all_parked(proc: Process) -> bool:
     """Every worker's batch waits for a transaction and no step runs."""
     return proc.pool.running == 0 and all(
-        w._run is not None and w._run.sent is not None for w in proc.workers)
+        w.replay.run is not None and w.replay.run.sent is not None for w in proc.workers)
 
 
 def record_size() -> int:

@@ -25,10 +25,12 @@ from ingress.delivery import PIPELINE_DEPTH, delivery_for
 from ingress.events import SegmentEvent
 from ingress.metrics import IngressMetrics
 from ingress.permits import FifoPermits
+from ingress.replay_state import ReplayState
 from ingress.rows import Rows
 from ingress.scheduler import Scheduler
 from ingress.sink import MemorySink
-from ingress.worker import ReplayWorker, WorkerConfig
+from ingress.worker import ReplayWorker
+from ingress.worker_config import WorkerConfig
 from replicator.core.clock import utc_now
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
@@ -187,7 +189,7 @@ def test_transaction_timeout_covers_a_flush_and_a_commit() -> None:
 
 def test_repeated_fencing_is_reported_stalled_then_clears(
         caplog: pytest.LogCaptureFixture) -> None:
-    import ingress.worker as worker_module
+    import ingress.worker_config as worker_module
 
     h = Harness()
     h.sink.fence_on_commit = worker_module.FENCED_STALL
@@ -1156,29 +1158,36 @@ def test_the_declared_lost_range_of_the_resumed_checkpoint_is_watched_too(
 @pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
 def test_a_refused_record_stops_the_partition_at_it_until_retried(
         exactly_once: bool, caplog: pytest.LogCaptureFixture) -> None:
-    """The destination refuses record 10 for good: the partition stops right before the
-    batch holding it (nothing after it produced, nothing skipped), reported by the gauge,
-    the counter and in the checkpoint (``refused``, for ``replicator topics``) from the
-    next session; once the destination takes it (its configs changed), the partition goes
-    on by itself and the next checkpoint carries no refusal."""
+    """The destination refuses record 10 for good: the partition stops before the batch
+    holding it (nothing after it produced, nothing skipped), reported by the gauge, the
+    counter and in the checkpoint (``refused``, for ``replicator topics``) from the next
+    session, which replays what precedes the record, checkpoints it, and then the record
+    alone; once the destination takes it (its configs changed), the partition goes on by
+    itself and the next checkpoint carries no refusal.
+
+    Each wait is for a state the worker reaches by itself, never for a timer: was flaky
+    under load, when ``retry_refused`` came between the refusal's report and its backoff
+    being set, and was overwritten by the 10 s backoff (now a flag the state keeps)."""
     h = Harness(exactly_once=exactly_once, batch_size=7)
     try:
         write(h.store, key(0, 20))
         h.sink.refuse = {10}
-        caplog.set_level(logging.INFO, logger="ingress.worker")
+        caplog.set_level(logging.INFO, logger="ingress")
         w = h.start()
-        h.wait(lambda: w.refused is not None and w.checkpointed == 6)
+        h.wait(lambda: w.state is ReplayState.REFUSED and w.checkpointed == 6)
         assert h.metric("replicator_ingress_partition_refused") == 1
         assert h.offsets() == list(range(7))
         assert w.refused is not None and w.refused.offset == 10
         w.retry_refused()               # a session now: the refusal goes into the checkpoint
         h.wait(lambda: h.metric("replicator_ingress_records_refused_total") >= 2)
+        h.wait(lambda: w.state is ReplayState.REFUSED)
         cp = Checkpoint.decode(h.checkpoints.values[w.key][-1])
-        assert cp.offset == 6 and cp.refused is not None and cp.refused.offset == 10
-        # The checkpoint that records the refusal is no progress: still stopped.
+        # What precedes the record was replayed and checkpointed, then the record alone.
+        assert cp.offset == 9 and cp.refused is not None and cp.refused.offset == 10
+        # The checkpoints that record the refusal are no progress past it: still stopped.
         assert h.metric("replicator_ingress_partition_refused") == 1 and w.refused is not None
         assert not any("replicating again" in r.getMessage() for r in caplog.records)
-        assert h.offsets() == list(range(7))
+        assert h.offsets() == list(range(10))
         h.sink.refuse = set()
         w.retry_refused()
         h.wait(lambda: h.offsets()[-1:] == [20])

@@ -18,6 +18,7 @@ from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,
     ProducerFenced,
+    RecordRefused,
     TransactionAbortable,
 )
 from replicator.core.kafka import GroupMetadata, Producer, TopicPartition, group_generation
@@ -148,6 +149,12 @@ class Delivered:
 
     def offset(self) -> int:
         return self._o
+
+    def key(self) -> bytes | None:
+        return b"k"
+
+    def value(self) -> bytes | None:
+        return b"v%d" % self._p
 
 
 def test_delivery_failures_are_kept_per_partition_and_raised_as_one_error() -> None:
@@ -322,3 +329,29 @@ def test_a_calls_failures_go_to_its_own_listener_not_to_the_partition(
     assert mine == [0, 0, 0]
     assert len(p.take_failures("t", 0)) == 1
     assert p.done("t", 0) == 6
+
+
+def test_a_record_the_client_refuses_is_refused_with_what_was_enqueued_before_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record above the client's own ``message.max.bytes`` (librdkafka refuses it when
+    enqueued) is a ``RecordRefused`` saying how many records of the call went before it,
+    not a ``KafkaFatalError``: its partition stops at it, the client is fine."""
+    from tests.unit.ingress_fakes import FakeClient, fake_producer
+
+    class LocalSizeClient(FakeClient):
+        def produce(self, topic: str, value: bytes | None = None, *a: Any, **kw: Any) -> None:
+            if value is not None and len(value) > 100:
+                raise ck.KafkaException(ck.KafkaError(ck.KafkaError.MSG_SIZE_TOO_LARGE,
+                                                      "Unable to produce message"))
+            super().produce(topic, value, *a, **kw)
+
+    import tests.unit.ingress_fakes as fakes
+    monkeypatch.setattr(fakes, "FakeClient", LocalSizeClient)
+    for track, big in ((False, 2), (True, 0), (True, 2), (True, 4)):
+        p, c = fake_producer(monkeypatch, track_acks=track)
+        values = [b"v"] * 5
+        values[big] = b"x" * 200
+        with pytest.raises(RecordRefused) as e:
+            p.produce_many("t", 0, [1] * 5, [b"k"] * 5, values, [None] * 5, [10, 11, 12, 13, 14])
+        assert e.value.enqueued == big and len(c.queued) + len(c.log) == big
+        assert f"@{10 + big}" in str(e.value)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from replicator.core.batch_limits import DEFAULT_CLIENT_MAX
 from replicator.core.settings import KafkaSettings
 
 # Defaults that correctness depends on (``kafka.config`` and call-site overrides come after).
@@ -32,7 +33,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "linger.ms": 20,
     "batch.size": 1_000_000,
     # Records of up to the source's max.message.bytes must pass the client's own check.
-    "message.max.bytes": 64 * 1024**2,
+    "message.max.bytes": DEFAULT_CLIENT_MAX,
 }
 
 # ``kafka.config`` is shared by every client of a process, but librdkafka warns (CONFWARN)

@@ -124,6 +124,20 @@ def translate_offsets_error(e: BaseException, what: str) -> ReplicatorError:
     return translate(e, what)
 
 
+def produce_error(e: BaseException, what: str, enqueued: int) -> ReplicatorError:
+    """``translate`` for a record the client refused when enqueued: one larger than the
+    client's own ``message.max.bytes`` is a ``RecordRefused`` (its partition stops at it,
+    as for the broker's refusal), saying how many records of the call went before it.
+    """
+    err = client_error(e)
+    if err is not None and err.code() == ck.KafkaError.MSG_SIZE_TOO_LARGE:
+        return RecordRefused(f"{what}: refused by the client (larger than its "
+                             f"message.max.bytes): {err.str()}", reason=err.str(),
+                             setting="message.max.bytes of kafka.config",
+                             enqueued=enqueued)
+    return translate(e, what)
+
+
 def delivery_error(err: ck.KafkaError, what: str) -> ReplicatorError:
     """The error of a failed delivery report: fenced, refused (``RecordRefused``: the
     record's partition stops at it), fatal, or retriable (redo the batch).

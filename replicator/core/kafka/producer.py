@@ -25,7 +25,7 @@ from typing import Any, NewType, cast
 
 import confluent_kafka as ck
 
-from replicator.core.errors import KafkaFatalError
+from replicator.core.errors import KafkaFatalError, RecordRefused
 from replicator.core.kafka.config import (
     CLIENT_LOG,
     CONSUMER_ONLY,
@@ -35,6 +35,7 @@ from replicator.core.kafka.config import (
 from replicator.core.kafka.errors import (
     construct,
     delivery_error,
+    produce_error,
     translate,
     translate_offsets_error,
 )
@@ -49,6 +50,13 @@ QUEUE_FULL_WAIT = 0.05
 GroupMetadata = NewType("GroupMetadata", object)
 """A consumer's group metadata (``Consumer.group_metadata``), for
 ``send_offsets_to_transaction``."""
+
+
+def _failure(topic: str, partition: int, err: ck.KafkaError, msg: ck.Message
+             ) -> DeliveryReport:
+    """The report of a failed record (with its key and value, which name it in its call)."""
+    return DeliveryReport(topic, partition, -1, delivery_error(err, f"{topic}[{partition}]"),
+                          err.str(), msg.key(), msg.value())
 
 
 class Producer:
@@ -89,7 +97,7 @@ class Producer:
         self.transactional_id = transactional_id
         self.name = name or transactional_id or "producer"
         self._listener = on_delivery
-        self._failed: list[tuple[str, int, ck.KafkaError]] = []
+        self._failed: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
         self._track = track_acks
         self._done: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -116,7 +124,7 @@ class Producer:
         p = -1 if partition is None else partition
         if err is not None:
             with self._lock:
-                self._failed.append((topic, p, err))
+                self._failed.append((topic, p, err, msg))
         if self._listener is not None:
             offset = msg.offset()
             self._listener(DeliveryReport(
@@ -148,14 +156,13 @@ class Producer:
                       partition: int | None = None) -> list[DeliveryReport]:
         """Failed deliveries since the last check (of one topic/partition if given)."""
         with self._lock:
-            keep: list[tuple[str, int, ck.KafkaError]] = []
-            out: list[tuple[str, int, ck.KafkaError]] = []
-            for t, p, err in self._failed:
+            keep: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
+            out: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
+            for t, p, err, msg in self._failed:
                 mine = topic in (None, t) and partition in (None, p)
-                (out if mine else keep).append((t, p, err))
+                (out if mine else keep).append((t, p, err, msg))
             self._failed = keep
-        return [DeliveryReport(t, p, -1, delivery_error(err, f"{t}[{p}]"), err.str())
-                for t, p, err in out]
+        return [_failure(t, p, err, msg) for t, p, err, msg in out]
 
     # --- producing ----------------------------------------------------------------------
 
@@ -181,9 +188,11 @@ class Producer:
 
     def _produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int,
                  timestamp: int, headers: Headers | None,
-                 on_delivery: Callable[[ck.KafkaError | None, ck.Message], None] | None
-                 ) -> None:
-        """One record with the client's own callback (``None``: the producer-wide one)."""
+                 on_delivery: Callable[[ck.KafkaError | None, ck.Message], None] | None,
+                 what: str | None = None) -> None:
+        """One record with the client's own callback (``None``: the producer-wide one);
+        ``what`` names it in an error.
+        """
         p = self._p
         kw: dict[str, Any] = {} if on_delivery is None else {"on_delivery": on_delivery}
         with self._produce_lock:
@@ -196,7 +205,7 @@ class Producer:
                 except BufferError:
                     p.poll(QUEUE_FULL_WAIT)
                 except ck.KafkaException as e:
-                    raise translate(e, f"produce to {topic}") from e
+                    raise produce_error(e, what or f"produce to {topic}", 0) from e
 
     def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int,
              on_failure: Callable[[DeliveryReport], None] | None = None
@@ -209,8 +218,7 @@ class Producer:
             topic, partition = msg.topic() or "", msg.partition()
             p = -1 if partition is None else partition
             if err is not None and on_failure is not None:
-                on_failure(DeliveryReport(topic, p, -1, delivery_error(err, f"{topic}[{p}]"),
-                                          err.str()))
+                on_failure(_failure(topic, p, err, msg))
             else:
                 self._delivered(err, msg)
             if count:
@@ -247,6 +255,9 @@ class Producer:
         partition (each record of the call has its own callback then).
 
         Raises:
+            RecordRefused: the client refused a record larger than its own
+                ``message.max.bytes``; ``enqueued`` records of the call went before it
+                (callers isolate such records first: ``ingress.limits``).
             KafkaRetriableError / KafkaFatalError: the client refused a record.
         """
         n = len(ids)
@@ -262,18 +273,24 @@ class Producer:
             def end(i: int, count: int) -> None:
                 listener = None if on_ends is None else (lambda report: on_ends(i, report))
                 self._produce(topic, values[i], keys[i], partition, timestamps[i],
-                              headers[i], self._one(listener, count, on_failure))
+                              headers[i], self._one(listener, count, on_failure),
+                              f"produce to {topic}[{partition}]@{ids[i]}")
 
             with self._produce_lock:    # the batch stays contiguous in the partition
                 lo = 0
-                if on_ends is not None and n > 1:
-                    end(0, 0)
-                    lo = 1
-                if n - 1 > lo:
-                    mid = slice(lo, n - 1)
-                    self._produce_run(topic, partition, timestamps[mid], keys[mid],
-                                      values[mid], headers[mid], ids[mid], mid_cb)
-                end(n - 1, tally)
+                try:
+                    if on_ends is not None and n > 1:
+                        end(0, 0)
+                        lo = 1
+                    if n - 1 > lo:
+                        mid = slice(lo, n - 1)
+                        self._produce_run(topic, partition, timestamps[mid], keys[mid],
+                                          values[mid], headers[mid], ids[mid], mid_cb)
+                        lo = n - 1
+                    end(n - 1, tally)
+                except RecordRefused as e:
+                    e.enqueued = lo + (e.enqueued or 0)
+                    raise
             return
         self._produce_run(topic, partition, timestamps, keys, values, headers, ids, mid_cb)
 
@@ -286,9 +303,7 @@ class Producer:
             if err is None:
                 return
             topic, partition = msg.topic() or "", msg.partition()
-            p = -1 if partition is None else partition
-            on_failure(DeliveryReport(topic, p, -1, delivery_error(err, f"{topic}[{p}]"),
-                                      err.str()))
+            on_failure(_failure(topic, -1 if partition is None else partition, err, msg))
         return delivered
 
     def _produce_run(self, topic: str, partition: int, timestamps: Sequence[int],
@@ -325,11 +340,16 @@ class Producer:
                 except BufferError:
                     i = n - length_hint(values_it) - 1
                     p.poll(QUEUE_FULL_WAIT)
-                    self._produce(topic, values[i], keys[i], partition, timestamps[i],
-                                  headers[i], on_delivery)
+                    try:
+                        self._produce(topic, values[i], keys[i], partition, timestamps[i],
+                                      headers[i], on_delivery)
+                    except RecordRefused as e:
+                        e.enqueued = i
+                        raise
                 except ck.KafkaException as e:
                     i = n - length_hint(values_it) - 1
-                    raise translate(e, f"produce to {topic}[{partition}]@{ids[i]}") from e
+                    raise produce_error(e, f"produce to {topic}[{partition}]@{ids[i]}",
+                                        i) from e
         p.poll(0)
 
     def poll(self, timeout: float = 0.0) -> int:

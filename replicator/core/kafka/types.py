@@ -111,7 +111,8 @@ class DeliveryReport:
     """The outcome of one produced record.
 
     ``offset`` is where the record landed (``-1`` when it failed); ``error`` is the
-    translated failure, ``reason`` the client's text for it.
+    translated failure, ``reason`` the client's text for it; a failed record's ``key`` and
+    ``value`` name it among the records of its call (``ingress.limits.refused_record``).
     """
 
     topic: str
@@ -119,3 +120,5 @@ class DeliveryReport:
     offset: int
     error: ReplicatorError | None = None
     reason: str = ""
+    key: bytes | None = None
+    value: bytes | None = None
