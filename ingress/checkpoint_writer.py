@@ -59,6 +59,14 @@ class CheckpointWriter:
         """
         self.progress.deliver(None, Checkpoint(newest.end, newest.to_key(), self.clock()))
 
+    def history_begins(self, first: int) -> None:
+        """``start = "latest"`` found no history to skip: the partition is replayed from
+        its first position ``first`` (> 0), checkpointed at once as "replayed through the
+        position before it", so a restart keeps that choice instead of skipping what
+        arrived meanwhile.
+        """
+        self.progress.deliver(None, Checkpoint(first - 1, "", self.clock(), origin=first))
+
     def upgrade(self, cp: Checkpoint) -> None:
         """A checkpoint of an earlier version (no destination in its key) is written under
         the key with the destination (the legacy key is read only until then).

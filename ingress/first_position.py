@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Final, Literal
 
 from replicator.core.keys import PartitionRef
@@ -45,6 +46,8 @@ class FirstPosition:
         self._monotonic = monotonic
         self._known: Known | None = None
         self._read_at = float("-inf")
+        self.written_at: datetime | None = None
+        """``updated_at`` of the ``_topic.json`` read last (``None``: none, or not said)."""
 
     def get(self) -> Known:
         """What is known now (reads ``_topic.json`` at most every ``RECHECK`` s).
@@ -62,6 +65,7 @@ class FirstPosition:
         self._read_at = now
         ref = self.ref
         meta = read_topic_meta(self.store, ref.prefix, ref.region, ref.topic)
+        self.written_at = None if meta is None else meta.updated_at
         known: Known
         if meta is None or meta.first_positions is None:
             known = NOT_RECORDED

@@ -87,9 +87,9 @@ class IngressMetrics:
                 "ingress_first_position_waiting",
                 "1 while a partition without a checkpoint has segments but egress has not "
                 "recorded where its history begins (first_positions in _topic.json): nothing "
-                "is replayed meanwhile, for at most first_segment_delay from the first "
-                "segment's arrival (then ERROR, and the replay starts at the earliest "
-                "segment known).", PART),
+                "is replayed meanwhile (then ERROR, and the replay starts at the earliest "
+                "segment known: docs/configuration.md, \"Where replication starts\").",
+                PART),
             segments_late=m.gauge("ingress_segments_late",
                                   "Positions of the gap currently waited for (0: none).", PART),
             late_gaps=m.counter("ingress_late_gaps_total",

@@ -11,11 +11,13 @@ import logging
 from datetime import datetime
 from typing import Literal
 
+from formats.segment_io import read_footer
 from ingress.checkpoint_writer import CheckpointWriter
 from ingress.first_position import PENDING, FirstPosition
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.progress import Progress
+from replicator.core.errors import ReplicatorError
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import IngressSourceSettings
 
@@ -41,10 +43,16 @@ class StartPoint:
         self.latest_pending = source.start == "latest"
         """``start = "latest"``, no checkpoint, and the bucket's history not looked at yet
         (``plan_from``): decided once per worker, at its first plan."""
+        self.latest_decision: SegmentKey | int | None = None
+        """What that decision checkpoints until it is durable (a later session of the
+        worker delivers it again): the newest segment skipped, or the first position
+        replayed from when there was nothing to skip."""
         self.history_skipped = source.start == "latest"
         """Positions below ``origin`` were skipped by choice (``start = "latest"``), not
         missed: ``report_below_origin`` leaves them alone."""
         self.pending_logged = False
+        self.meta_older_logged = False
+        self._created: dict[SegmentKey, datetime | None] = {}
 
     def plan_from(self, usable: set[SegmentKey], now: datetime
                   ) -> int | Literal["pending"] | None:
@@ -59,16 +67,8 @@ class StartPoint:
         partition is replayed from its first position like any other.
         """
         progress = self.progress
-        if self.latest_pending:
-            self.latest_pending = False
-            if progress.position is None and usable:
-                self._start_latest(usable)
-            elif progress.position is None:
-                # Nothing in the bucket yet: there is no history to skip, and everything
-                # that arrives from now on is replayed from the partition's first position.
-                log.info("%s: start = latest: the bucket holds no segment of the partition "
-                         "yet; replay starts at its first position", self.where)
-                self.history_skipped = False
+        if progress.position is None and self.source.start == "latest":
+            self._decide_latest(usable)
         if progress.position is not None:
             return progress.position
         first = self.first.get()
@@ -77,8 +77,36 @@ class StartPoint:
         if isinstance(first, int):
             if progress.origin is None:
                 progress.origin = first
+            if self.source.start == "latest" and not self.history_skipped and first > 0:
+                # Nothing was there to skip: keep that choice across restarts.
+                self.latest_decision = first
+                self.writer.history_begins(first)
+                return progress.position
             return first - 1
         return None
+
+    def _decide_latest(self, usable: set[SegmentKey]) -> None:
+        """``start = "latest"`` without a checkpoint: decided at the worker's first plan,
+        and delivered again by a later session until its checkpoint is durable (a failed
+        transaction must not turn the skip into a replay).
+        """
+        decided = self.latest_decision
+        if isinstance(decided, SegmentKey):
+            self.progress.origin = decided.end + 1
+            self.writer.latest_start(decided)
+        elif isinstance(decided, int):
+            self.writer.history_begins(decided)
+        elif self.latest_pending:
+            self.latest_pending = False
+            if usable:
+                self._start_latest(usable)
+            else:
+                # Nothing in the bucket yet: there is no history to skip, and everything
+                # that arrives from now on is replayed from the partition's first position
+                # (checkpointed once it is known: ``plan_from``).
+                log.info("%s: start = latest: the bucket holds no segment of the partition "
+                         "yet; replay starts at its first position", self.where)
+                self.history_skipped = False
 
     def _start_latest(self, usable: set[SegmentKey]) -> None:
         """``start = "latest"``, no checkpoint: skip the history the bucket holds now (an
@@ -87,11 +115,17 @@ class StartPoint:
         """
         newest = max(usable, key=lambda s: (s.end, -s.start))
         first = min(s.start for s in usable)
+        recorded = self.first.get()
+        if isinstance(recorded, int):
+            # Segments of the history still replicating (below the earliest one here) are
+            # skipped too: counted from where egress's history begins.
+            first = min(first, recorded)
         log.warning("%s: start = latest: positions %d-%d (%d) already in the bucket are "
                     "skipped; replay starts at %d", self.where, first, newest.end,
                     newest.end - first + 1, newest.end + 1)
         self.metrics.messages_skipped.labels(**self.labels).inc(newest.end - first + 1)
         self.progress.origin = newest.end + 1
+        self.latest_decision = newest
         self.writer.latest_start(newest)
 
     def _first_position_overdue(self, usable: set[SegmentKey], now: datetime) -> bool:
@@ -110,6 +144,8 @@ class StartPoint:
         delay = self.source.first_segment_delay
         if now < since + delay:
             return False
+        if now < since + self.source.lost_segment_timeout and self._meta_predates(usable):
+            return False
         first = min(s.start for s in usable)
         log.error("%s: egress has not recorded where this partition's history begins "
                   "(first_positions in _topic.json) although its segments have been in the "
@@ -119,6 +155,36 @@ class StartPoint:
         self.first.give_up()
         self.first_seen = since
         self.pending_logged = False
+        return True
+
+    def _meta_predates(self, usable: set[SegmentKey]) -> bool:
+        """Whether the ``_topic.json`` read last was written before the partition's first
+        segment known here was created: it cannot hold the entry yet (S3 replication keeps
+        no order, so a newer version may still be on its way), and the wait goes on, up to
+        ``lost_segment_timeout``. A file written after it without the entry means egress
+        did not record it.
+        """
+        written = self.first.written_at
+        level0 = [s for s in usable if s.level == 0]
+        if written is None or not level0:
+            return False
+        seg = min(level0, key=lambda s: s.start)
+        if seg not in self._created:
+            try:
+                self._created[seg] = read_footer(self.first.store, seg).created_at
+            except ReplicatorError as e:
+                log.warning("%s: the footer of %s could not be read: %s", self.where,
+                            seg.to_key(), e)
+                return False
+        created = self._created[seg]
+        if created is None or written >= created:
+            return False
+        if not self.meta_older_logged:
+            log.warning("%s: the _topic.json here was written at %s, before segment %s (%s): "
+                        "waiting for a newer one with the partition's first position (at "
+                        "most lost_segment_timeout, %s)", self.where, written.isoformat(),
+                        seg.to_key(), created.isoformat(), self.source.lost_segment_timeout)
+            self.meta_older_logged = True
         return True
 
     def log_pending(self, usable: set[SegmentKey]) -> None:

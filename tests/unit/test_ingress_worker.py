@@ -36,7 +36,7 @@ from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import MemoryObjectStore, RangeReader
-from replicator.core.wire import Checkpoint
+from replicator.core.wire import Checkpoint, rfc3339
 
 FMT = get_format("parquet")
 REF = PartitionRef("data", "us-east-1", "t", 3)
@@ -447,10 +447,13 @@ def test_late_gap_clock_is_kept_in_the_checkpoint_and_spans_restarts(
         h.stop()
 
 
-def topic_json(store: MemoryObjectStore, first_positions: dict[str, int] | None) -> None:
+def topic_json(store: MemoryObjectStore, first_positions: dict[str, int] | None, *,
+               updated_at: datetime | None = None) -> None:
     body: dict[str, Any] = {"partitions": 4}
     if first_positions is not None:
         body["first_positions"] = first_positions
+    if updated_at is not None:
+        body["updated_at"] = rfc3339(updated_at)
     store.put("data/us-east-1/t/_topic.json", json.dumps(body).encode())
 
 
@@ -510,7 +513,7 @@ def test_a_first_position_never_recorded_is_waited_for_first_segment_delay_only(
             h.wait(lambda: h.metric("replicator_ingress_first_position_waiting") == 1)
             time.sleep(0.3)
             assert h.offsets() == []
-            now[0] = t0 + timedelta(minutes=5, seconds=1)
+            now[0] = t0 + timedelta(minutes=10)     # well past the delay, however slow the writes
             w.offer(SegmentEvent("created", key(2550, 2599)))     # wakes the worker
             h.wait(lambda: w.checkpointed == 2599, timeout=10)
         assert h.offsets() == list(range(2500, 2600))

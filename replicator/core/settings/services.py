@@ -347,10 +347,11 @@ class IngressSourceSettings(Model):
     first_segment_delay: Duration = Field(
         timedelta(minutes=5), description="Without a checkpoint: how long to wait for "
         "earlier segments when egress records no first positions (or start = "
-        "\"earliest-available\"), and, when it does, the longest wait for a partition's "
-        "entry once its segments are in the bucket (then ERROR naming the partition, and "
-        "the replay starts at the earliest segment known; gauge "
-        "replicator_ingress_first_position_waiting meanwhile).")
+        "\"earliest-available\"), and, when it does, how long a partition's missing entry is "
+        "waited for once its segments are in the bucket and a _topic.json written after "
+        "them still lacks it (then ERROR naming the partition, and the replay starts at "
+        "the earliest segment known; gauge replicator_ingress_first_position_waiting "
+        "meanwhile; docs/configuration.md, \"Where replication starts\").")
     start: Literal["first-position", "earliest-available", "latest"] = Field(
         "first-position", description="Without a checkpoint: start at the partition's first "
                                       "position recorded by egress in _topic.json, waiting "
