@@ -481,6 +481,8 @@ class Egress:
                 topic_id=topic_ids.get(tp.topic), resumed=position is not None and not chosen)
             if key in fixed:
                 self._writers[key].commit_start()
+            else:
+                self._writers[key].record_resumed()
             log.info("%s[%d]: assigned, %s %s%s", tp.topic, tp.partition,
                      "starting at its first position" if chosen else "resuming at",
                      position if position is not None else "the first available offset "

@@ -259,22 +259,47 @@ class PartitionWriter:
         if self.cancel.is_set() or self.broken.is_set():
             return
         # Step 1: the first position, before the commit that makes it the resume point.
-        record = self.ctx.first_positions
-        if record is not None and not self._first_recorded:
-            try:
-                _, label = self._incarnation_of(self.epoch)
-                if label == BASE_INCARNATION:
-                    self._retry(lambda: record(self.ref, position, resumed=False),
-                                f"{self.name}: record the first position {position}")
-                    self._first_recorded = True
-            except (Cancelled, EncodeCancelled):
-                return
-            except ReplicatorError as e:
-                log.warning("%s: the first position %d is not in _topic.json yet (the first "
-                            "segment records it before it is visible): %s",
-                            self.name, position, e)
+        if not self._record_now(position, resumed=False):
+            return
         # Step 2: commit the start, marked as chosen here.
         self._commit_position(position, position, "its start", first=True)
+
+    def record_resumed(self) -> None:
+        """A partition resumed from a commit (poll thread, at assignment): make sure
+        ``_topic.json`` says where its history begins now, not only at its next segment,
+        so ingress does not wait for an idle partition's entry (segments written by an
+        egress that did not record first positions). Nothing is done when the entry is
+        known already (the usual case: ``_topic.json`` was read at start).
+        """
+        pos = self.expected
+        if pos is not None and self.resumed and not self._first_recorded \
+                and self.ctx.first_positions is not None:
+            self.queue.submit(lambda: self._record_resumed_task(pos))
+
+    def _record_resumed_task(self, position: int) -> None:
+        self._record_now(position, resumed=True)
+
+    def _record_now(self, position: int, *, resumed: bool) -> bool:
+        """Record the first position ahead of the first segment (base incarnation only:
+        a later one records where it begins when its first segment is named); False when
+        cancelled. A failure is a WARNING: the first segment records it before it is
+        visible in any case.
+        """
+        record = self.ctx.first_positions
+        if record is None or self._first_recorded or self.cancel.is_set():
+            return not self.cancel.is_set()
+        try:
+            _, label = self._incarnation_of(self.epoch)
+            if label == BASE_INCARNATION:
+                self._retry(lambda: record(self.ref, position, resumed=resumed),
+                            f"{self.name}: record the first position {position}")
+                self._first_recorded = True
+        except (Cancelled, EncodeCancelled):
+            return False
+        except ReplicatorError as e:
+            log.warning("%s: the first position is not in _topic.json yet (the first segment "
+                        "records it before it is visible): %s", self.name, e)
+        return True
 
     def _commit_position(self, position: int, start: int, why: str, *,
                          first: bool = False) -> None:

@@ -446,3 +446,21 @@ def test_rows_become_a_batch_at_the_flush_size() -> None:
         assert seg.count == 10
     finally:
         h.close()
+
+
+def test_a_resumed_partition_records_its_first_position_at_assignment() -> None:
+    # Segments written by an egress that did not record first positions: an idle
+    # partition would only record its entry at its next segment, and ingress would wait
+    # for it meanwhile.
+    h = make(expected=300)
+    calls = with_recorder(h)
+    try:
+        h.writer.record_resumed()
+        h.settle()
+        assert calls == [(300, True)] and h.commits == []
+        h.writer.append(messages(records(range(300, 303))), now=0.0)
+        h.writer.close(CloseReason.COUNT)
+        h.settle()
+        assert calls == [(300, True)]              # not again at the first segment
+    finally:
+        h.close()
