@@ -265,14 +265,36 @@ class _GroupsClient:
     def __init__(self, answers: list[list[Any]]) -> None:
         self.answers = answers
         self.calls = 0
+        self.readers_closed = 0
 
     def _answer(self, group: str) -> dict[str, _Done]:
         from types import SimpleNamespace
         self.calls += 1
         return {group: _Done(SimpleNamespace(topic_partitions=self.answers.pop(0)))}
 
-    def list_consumer_group_offsets(self, requests: list[Any], **_: Any) -> dict[str, _Done]:
-        return self._answer(requests[0].group_id)
+    def list_topics(self, **_: Any) -> Any:
+        from types import SimpleNamespace
+        return SimpleNamespace(topics={
+            "t": SimpleNamespace(error=None, partitions={0: None, 1: None}),
+            "__consumer_offsets": SimpleNamespace(error=None, partitions={0: None})})
+
+    def reader(self, conf: dict[str, Any]) -> Any:
+        """The consumer ``group_offsets`` reads with: never joins (no subscribe)."""
+        client = self
+        assert conf["group.id"] == "g" and not conf["enable.auto.commit"]
+
+        class Reader:
+            closed = False
+
+            def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+                assert [(p.topic, p.partition) for p in partitions] == [("t", 0), ("t", 1)]
+                client.calls += 1
+                return client.answers.pop(0)
+
+            def close(self) -> None:
+                client.readers_closed += 1
+
+        return Reader()
 
     def alter_consumer_group_offsets(self, requests: list[Any], **_: Any) -> dict[str, _Done]:
         return self._answer(requests[0].group_id)
@@ -284,18 +306,22 @@ def _admin_with(answers: list[list[Any]]) -> tuple[Any, _GroupsClient]:
     admin = Admin(KAFKA, timeout=5)
     client = _GroupsClient(answers)
     admin._admin = client  # type: ignore[assignment]
+    admin._group_reader = client.reader
     return admin, client
 
 
 def test_group_offsets_never_answers_with_a_partition_left_out() -> None:
     """A partition whose committed offset could not be read (an open transaction's offsets,
-    a coordinator loading) fails the read: left out, it would be exported as "no commit"."""
+    a coordinator loading) fails the read: left out, it would be exported as "no commit".
+    The read goes through a consumer of the group (the admin API's OffsetFetch crashes the
+    process when the coordinator moved), for every partition but internal topics'."""
     unstable = ck.KafkaError(ck.KafkaError.UNSTABLE_OFFSET_COMMIT)
-    admin, _ = _admin_with([[_partition("t", 0, 7), _partition("t", 1, -1001, unstable)],
-                            [_partition("t", 0, 7), _partition("t", 1, -1001)]])
+    admin, client = _admin_with([[_partition("t", 0, 7), _partition("t", 1, -1001, unstable)],
+                                 [_partition("t", 0, 7), _partition("t", 1, -1001)]])
     with pytest.raises(KafkaRetriableError, match=r"t\[1\]"):
         admin.group_offsets("g")
     assert admin.group_offsets("g") == {("t", 0): 7}   # no commit for t[1]: absent
+    assert client.readers_closed == 2                  # never left open, error or not
 
 
 def test_altering_offsets_retries_a_coordinator_that_is_still_loading() -> None:

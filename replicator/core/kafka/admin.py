@@ -6,7 +6,7 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,12 @@ class ClusterInfo:
     broker_ids: tuple[int, ...]
 
 
+_MEMBERSHIP = frozenset({"group.id", "group.instance.id", "group.protocol",
+                         "group.remote.assignor", "partition.assignment.strategy"})
+"""Settings of a consumer's group membership: the consumer ``group_offsets`` reads with
+never joins a group, and must not claim the process's static member id."""
+
+
 class Admin:
     """Topic administration of one cluster.
 
@@ -71,6 +77,15 @@ class Admin:
                  collect_errors: bool = False) -> None:
         conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
+        self._offsets_conf = {**client_config(kafka, {}, overrides,
+                                              drop=PRODUCER_ONLY | _MEMBERSHIP),
+                              "enable.auto.commit": False, "logger": CLIENT_LOG,
+                              # OffsetFetch with RequireStable: an offset an open
+                              # transaction commits is never read as the group's.
+                              "isolation.level": "read_committed"}
+        """A consumer's settings for reading a group's committed offsets (``group_offsets``)."""
+        self._group_reader: Callable[[dict[str, Any]], Any] = \
+            lambda c: construct("consumer", ck.Consumer, c)
         if collect_errors:
             # Only on request: with an error callback the client queues every error event
             # until something polls, and a long-lived admin (egress's) never polls.
@@ -422,16 +437,31 @@ class Admin:
     def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
         """The committed offsets of ``group``: ``(topic, partition) -> offset`` (the next
         record the group would read). Partitions without a commit are absent.
+
+        Read by a consumer of the group that never joins it (no subscription; its
+        ``committed``), not by the admin API's ListConsumerGroupOffsets: librdkafka handles
+        a coordinator that moved (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE: a broker
+        restarting, a new cluster's offsets topic being created) in that API by
+        dereferencing the consumer-group handle an admin client does not have, and the
+        process dies of a segmentation fault. The consumer's group handle asks for the
+        new coordinator and retries instead. Asked for every partition of every topic but
+        the cluster's internal ones (one OffsetFetch request).
         """
-        fut = self._admin.list_consumer_group_offsets(
-            [ConsumerGroupTopicPartitions(group)], require_stable=True,
-            request_timeout=self.timeout)[group]
+        md = self._metadata().topics
+        partitions = [CkTopicPartition(name, p) for name, t in sorted(md.items())
+                      if t.error is None and not name.startswith("__")
+                      for p in sorted(t.partitions)]
+        if not partitions:
+            return {}
+        consumer = self._group_reader({**self._offsets_conf, "group.id": group})
         try:
-            result = fut.result(timeout=self.timeout)
+            result = consumer.committed(partitions, timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"committed offsets of group {group!r}") from e
+        finally:
+            consumer.close()
         out: dict[tuple[str, int], int] = {}
-        for tp in result.topic_partitions or []:
+        for tp in result:
             if tp.error is not None:
                 # Never a partial answer: a partition left out would read as "no commit".
                 raise classify(tp.error, f"committed offset of group {group!r} "
