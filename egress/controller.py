@@ -102,7 +102,7 @@ class Egress:
         self.config: EgressSettings = settings.require("egress")
         self.region = settings.region
         self.metrics = metrics or Metrics()
-        self.m = EgressMetrics(self.metrics)
+        self.m = EgressMetrics(self.metrics, settings.region)
         self.fmt = get_format(settings.format.name)
         self.store = store
         self.clock = clock

@@ -16,7 +16,7 @@ _SIZE_BUCKETS = [2.0**p for p in range(12, 34, 2)]
 class EgressMetrics:
     """Every metric the egress exports, created once per controller."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, home_region: str = "") -> None:
         self.registry = metrics
         self.messages = metrics.counter(
             "egress_messages_total", "Messages consumed from the source.", _PART)
@@ -100,7 +100,7 @@ class EgressMetrics:
             ("region",))
         self.open_segments = metrics.gauge(
             "egress_open_segments", "Segments open or closing.", ("region",))
-        self.build_info = build_info(metrics, "egress")
+        self.build_info = build_info(metrics, "egress", home_region)
         self.heartbeats = metrics.counter(
             "egress_heartbeats_total", "Heartbeat objects written ([egress.topics] "
             "heartbeat_interval; docs/architecture.md, \"Heartbeats\").", ("region", "topic"))

@@ -17,6 +17,7 @@ idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -100,7 +101,7 @@ class Ingress:
         self.store = store
         self.queue = queue
         self.metrics = metrics or Metrics()
-        self.m = IngressMetrics.create(self.metrics)
+        self.m = IngressMetrics.create(self.metrics, settings.region)
         self.events = events
         self.checkpoints = checkpoints
         self.admin = admin
@@ -345,11 +346,15 @@ class Ingress:
         for key in found.withdrawn:   # refused now: the same on every instance (topic_sets)
             self._stop_workers([w for w in self.workers if w[:2] == key])
             del self.sources[key]
+            with contextlib.suppress(KeyError):
+                self.m.source_not_started.remove(*key)
         for src in found.added:
             self.sources[(src.region, src.name)] = SourceState(src)
         ready = check_sources(self.sources.values(), self.store, self.admin,
                               self.settings.s3.prefix, self.m,
                               align=self.cfg.align_destination_configs)
+        for (region, topic), st in self.sources.items():
+            self.m.source_not_started.labels(region, topic).set(int(st.partitions is None))
         if ready != self.subscribed:
             assert self.consumer is not None
             log.info("subscribing to destination topics %s", sorted(ready))

@@ -25,6 +25,7 @@ class IngressMetrics:
     replication_lag: Any
     last_progress: Any
     checkpoint_offset: Any
+    source_not_started: Any
     segments_waiting: Any
     segments_late: Any
     first_position_waiting: Any
@@ -63,7 +64,7 @@ class IngressMetrics:
     that ends after its successor started (a missed revoke deadline) leaves them alone."""
 
     @classmethod
-    def create(cls, m: Metrics) -> IngressMetrics:
+    def create(cls, m: Metrics, home_region: str = "") -> IngressMetrics:
         """Register every ingress metric in ``m``."""
         return cls(
             messages_produced=m.counter("ingress_messages_produced_total",
@@ -79,6 +80,12 @@ class IngressMetrics:
                 "ingress_last_progress_timestamp_seconds",
                 "When the partition's replay position last moved (or its worker started), "
                 "seconds since the epoch.", PART),
+            source_not_started=m.gauge(
+                "ingress_source_not_started",
+                "1 while a source topic has no _topic.json in this region's bucket (egress "
+                "never wrote one, or bucket replication does not bring it: a replication "
+                "rule's filter, a KMS key it cannot use), 0 once it has; exported for every "
+                "source from ingress's start, before any record arrives.", SOURCE),
             checkpoint_offset=m.gauge("ingress_checkpoint_offset",
                                       "Last source offset checkpointed.", PART),
             segments_waiting=m.gauge("ingress_segments_waiting",
@@ -179,7 +186,7 @@ class IngressMetrics:
                 "Batches whose records did not land at consecutive destination offsets: no "
                 "map entry, so consumer groups cannot be translated in that range.",
                 ("topic",)),
-            build_info=build_info(m, "ingress"),
+            build_info=build_info(m, "ingress", home_region),
             heartbeat_age=m.gauge(
                 "ingress_heartbeat_age_seconds",
                 "Now (at the scrape) minus the newest egress heartbeat of a source topic "

@@ -3,8 +3,9 @@
 It knows the subset the instant rules of deploy/prometheus use: selectors with ``{k="v"}``
 matchers, numbers, ``time()``, ``absent(...)``, ``max``/``min``/``sum`` ``by (...)``,
 ``+ - * /``, the comparisons (as filters), and ``and``/``or``/``unless`` with an optional
-``on (...)``. Range vectors (``increase(x[15m])``) are refused: a rule using them is not
-evaluated from one scrape. ``metric_names`` lists the metrics any rule expression reads.
+``on (...)``. Rules over time (``increase(x[15m])``, ``changes``, ``rate``, ``x offset 1h``)
+are evaluated over a ``History`` of scrapes (``evaluate_at``/``fires_at``); from one scrape
+they are refused. ``metric_names`` lists the metrics any rule expression reads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import operator
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,7 +28,8 @@ _TOKEN = re.compile(r'\s*(?:(?P<dur>\d+[smhdwy](?![a-zA-Z0-9_]))'
                     r'|(?P<str>"[^"]*")|(?P<op>>=|<=|==|!=|[-+*/><(){},=\[\]]))')
 _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "bool", "offset"}
 _FUNCTIONS = {"time", "absent", "max", "min", "sum", "count", "avg", "increase", "rate",
-              "deriv", "changes", "delta", "vector", "scalar", "abs", "clamp_min"}
+              "deriv", "changes", "delta", "vector", "scalar", "abs", "clamp_min",
+              "max_over_time"}
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le,
     "==": operator.eq, "!=": operator.ne}
@@ -87,11 +90,41 @@ def scrape(text: str) -> dict[str, Vector]:
     return out
 
 
+Scrape = dict[str, Vector]
+History = list[tuple[float, Scrape]]
+"""Scrapes with their times (seconds since the epoch), oldest first."""
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_RANGE_FUNCTIONS = {"increase", "changes", "rate", "max_over_time"}
+
+
+def _seconds(duration: str) -> float:
+    return float(duration[:-1]) * _UNITS[duration[-1]]
+
+
+def _at(history: History, t: float) -> Scrape:
+    """The newest scrape at or before ``t`` (Prometheus' 5-minute staleness ignored)."""
+    out: Scrape = {}
+    for when, scrape_ in history:
+        if when <= t:
+            out = scrape_
+    return out
+
+
+def _increase(points: list[float]) -> float:
+    """Increase of a counter over its points, counter resets counted as from zero."""
+    total = 0.0
+    for a, b in pairwise(points):
+        total += b - a if b >= a else b
+    return total
+
+
 @dataclass
 class _Parser:
     toks: list[tuple[str, str]]
     samples: dict[str, Vector]
     now: float
+    history: History | None = None
     pos: int = 0
 
     def peek(self) -> str:
@@ -144,6 +177,15 @@ class _Parser:
             return {} if v else {frozenset(): 1.0}
         if text in _AGG:
             return self.aggregate(text)
+        if text in _RANGE_FUNCTIONS and self.history is not None:
+            return self.over_range(text)
+        if text == "count":
+            by = self.labels() if self.peek() == "by" and self.take() else ()
+            groups: dict[Labels, int] = {}
+            for lab in self.call():
+                g = frozenset((k, w) for k, w in lab if k in by)
+                groups[g] = groups.get(g, 0) + 1
+            return {lab: float(n) for lab, n in groups.items()}
         if text in _FUNCTIONS:
             raise ValueError(f"{text}() is not evaluated from one scrape")
         return self.selector(text)
@@ -162,7 +204,7 @@ class _Parser:
             groups.setdefault(frozenset((k, w) for k, w in lab if k in by), []).append(x)
         return {lab: _AGG[fn](xs) for lab, xs in groups.items()}
 
-    def selector(self, name: str) -> Vector:
+    def matchers(self) -> dict[str, str]:
         matchers: dict[str, str] = {}
         if self.peek() == "{":
             self.take()
@@ -173,10 +215,51 @@ class _Parser:
                 if self.peek() == ",":
                     self.take()
             self.take("}")
+        return matchers
+
+    def selector(self, name: str) -> Vector:
+        matchers = self.matchers()
         if self.peek() == "[":
             raise ValueError(f"range vector of {name} is not evaluated from one scrape")
-        return {lab: x for lab, x in self.samples.get(name, {}).items()
-                if all((k, w) in lab for k, w in matchers.items())}
+        samples = self.samples
+        if self.peek() == "offset":
+            self.take()
+            if self.history is None:
+                raise ValueError(f"{name} offset ... is not evaluated from one scrape")
+            samples = _at(self.history, self.now - _seconds(self.take()))
+        return _select(samples, name, matchers)
+
+    def over_range(self, fn: str) -> Vector:
+        """``increase``/``changes``/``rate``/``max_over_time`` of ``name{...}[range]``
+        over the history."""
+        assert self.history is not None
+        self.take("(")
+        name = self.take()
+        matchers = self.matchers()
+        self.take("[")
+        window = _seconds(self.take())
+        self.take("]")
+        self.take(")")
+        series: dict[Labels, list[float]] = {}
+        for when, scrape_ in self.history:
+            if self.now - window <= when <= self.now:
+                for lab, x in _select(scrape_, name, matchers).items():
+                    series.setdefault(lab, []).append(x)
+        out: Vector = {}
+        for lab, points in series.items():
+            if fn == "max_over_time":
+                out[lab] = max(points)
+            elif fn == "changes":
+                out[lab] = float(sum(a != b for a, b in pairwise(points)))
+            elif len(points) >= 2:
+                inc = _increase(points)
+                out[lab] = inc / window if fn == "rate" else inc
+        return out
+
+
+def _select(samples: Scrape, name: str, matchers: dict[str, str]) -> Vector:
+    return {lab: x for lab, x in samples.get(name, {}).items()
+            if all((k, w) in lab for k, w in matchers.items())}
 
 
 def _key(lab: Labels, on: tuple[str, ...] | None) -> Labels:
@@ -226,3 +309,17 @@ def fires(expr: str, samples: dict[str, Vector], now: float) -> bool:
     """True when ``expr`` gives a non-empty vector (an alert's condition holds)."""
     v = evaluate(expr, samples, now)
     return bool(v)
+
+
+def evaluate_at(expr: str, history: History, now: float) -> Value:
+    """The value of ``expr`` at ``now`` over scrapes taken until then (oldest first)."""
+    p = _Parser(_tokens(expr), _at(history, now), now, history)
+    v = p.expr()
+    if p.pos != len(p.toks):
+        raise ValueError(f"unread rest of {expr!r}: {p.toks[p.pos:]}")
+    return v
+
+
+def fires_at(expr: str, history: History, now: float) -> bool:
+    """True when ``expr`` over ``history`` gives a non-empty vector at ``now``."""
+    return bool(evaluate_at(expr, history, now))

@@ -4,7 +4,7 @@ out of a table, the time of the last step that brought a table up to date.
 
 from __future__ import annotations
 
-from replicator.core.metrics import Metrics
+from replicator.core.metrics import Metrics, build_info
 
 
 class ArchiveMetrics:
@@ -39,3 +39,4 @@ class ArchiveMetrics:
             "archive_last_sync_timestamp_seconds",
             "Unix time of the last step that brought the table up to date with the bucket.",
             ["region", "topic"])
+        self.build_info = build_info(m, "archive")

@@ -87,9 +87,11 @@ class Metrics:
         return total
 
 
-def build_info(metrics: Metrics, controller: str) -> Any:
-    """``replicator_{controller}_build_info{version}``, set to 1 at once: a series every
-    running process exports from its start, for ``absent()`` alerts.
+def build_info(metrics: Metrics, controller: str, home_region: str = "") -> Any:
+    """``replicator_{controller}_build_info{version,home_region}``, set to 1 at once: a
+    series every running process exports from its start, for ``absent()`` alerts and, with
+    the process's own region in ``home_region``, for rules that see one region's
+    controllers vanish on a Prometheus that scrapes both regions.
     """
     try:
         version = importlib.metadata.version("kafka-s3-replicator")
@@ -97,8 +99,8 @@ def build_info(metrics: Metrics, controller: str) -> Any:
         version = "unknown"
     gauge = metrics.gauge(f"{controller}_build_info",
                           f"1 while the {controller} process runs (label: its version); "
-                          "absent() of it means none is scraped.", ("version",))
-    gauge.labels(version=version).set(1)
+                          "absent() of it means none is scraped.", ("version", "home_region"))
+    gauge.labels(version=version, home_region=home_region).set(1)
     return gauge
 
 

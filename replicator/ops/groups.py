@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import read_to_end
 from replicator.core.keys import group_exports_prefix, parse_group_export_key
-from replicator.core.metrics import Metrics
+from replicator.core.metrics import Metrics, build_info
 from replicator.core.offset_map import (
     MapPartition,
     OffsetMapEntry,
@@ -389,23 +389,33 @@ class GroupMetrics:
         self.registry = metrics
         self.not_synced = metrics.gauge(
             "groups_not_synced", "Partitions of an exported group whose destination offset "
-            "is not at its translation (waiting for data, active, unmapped, several "
-            "sources), after the last sync round.", ("group",))
+            "is not at its translation (waiting for data, unmapped, several sources), after "
+            "the last sync round; partitions the group consumes in the destination are "
+            "counted in groups_active_in_destination instead.", ("group",))
+        self.active = metrics.gauge(
+            "groups_active_in_destination", "Partitions of an exported group that the "
+            "group consumes in the destination too (members there), so sync leaves them "
+            "alone: a group id used in both regions ([egress.group_export] exclude).",
+            ("group",))
         self.lag = metrics.gauge(
             "groups_translation_lag", "Source positions a group has committed beyond what "
             "its destination offset stands for (0 when synced).",
             ("group", "region", "topic", "partition"))
         self.rounds = metrics.counter(
             "groups_sync_rounds_total", "Sync rounds, by outcome (ok, failed).", ("outcome",))
+        self.build_info = build_info(metrics, "groups_sync")
 
     def observe(self, rows: Sequence[GroupRow]) -> None:
         """Set the gauges from the rows of a plan made after the round's commits."""
         behind: dict[str, int] = defaultdict(int)
+        active: dict[str, int] = defaultdict(int)
         for r in rows:
-            behind[r.group] += r.state != SYNCED
+            behind[r.group] += r.state not in (SYNCED, ACTIVE)
+            active[r.group] += r.state == ACTIVE
             covered = r.source_committed if r.state == SYNCED else (
                 r.replicated_to if r.state == WAITING and r.replicated_to is not None else 0)
             self.lag.labels(r.group, r.region, r.topic, str(r.partition)).set(
                 max(0, r.source_committed - covered))
         for group, n in behind.items():
             self.not_synced.labels(group).set(n)
+            self.active.labels(group).set(active[group])

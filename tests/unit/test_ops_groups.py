@@ -129,7 +129,9 @@ def test_metrics_count_partitions_not_synced_and_their_lag() -> None:
             GroupRow("b", "eu", "orders", 0, "orders", 9, 9, 100, None, ACTIVE)]
     m.observe(rows)
     assert m.registry.value("groups_not_synced", {"group": "a"}) == 1
-    assert m.registry.value("groups_not_synced", {"group": "b"}) == 1
+    # Group b consumes in the destination: counted as active, not as "not synced".
+    assert m.registry.value("groups_not_synced", {"group": "b"}) == 0
+    assert m.registry.value("groups_active_in_destination", {"group": "b"}) == 1
     lag = {"group": "a", "region": "eu", "topic": "orders"}
     assert m.registry.value("groups_translation_lag", {**lag, "partition": "0"}) == 0
     assert m.registry.value("groups_translation_lag", {**lag, "partition": "1"}) == 40
