@@ -1,3 +1,3 @@
 """Compaction: merges level-N segments of a region into level N+1 (docs/architecture.md,
-"The pipeline"; the README's "Compaction").
+"The pipeline"; docs/services.md, "Compaction").
 """

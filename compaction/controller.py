@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 class ArchiveHook(Protocol):
     """Keeps the topics' Iceberg tables in step with compaction's deletes
-    (``replicator.archive.committer.ArchiveCommitter``; README, "The archive as tables").
+    (``replicator.archive.committer.ArchiveCommitter``; docs/archive.md).
     """
 
     def swap(self, region: str, topic: str, deleting: list[SegmentKey]) -> Any:

@@ -93,7 +93,7 @@ class EgressMetrics:
         self.buffered_peak = metrics.gauge(
             "egress_buffered_bytes_peak", "The most egress_buffered_bytes has been since "
             "the process started (with what encodes reserved between two counts); compare "
-            "with [egress] max_buffered_bytes (README, Egress, \"Memory\").", ("region",))
+            "with [egress] max_buffered_bytes (docs/services.md, \"Egress memory\").", ("region",))
         self.encode_reserved = metrics.gauge(
             "egress_encode_reserved_bytes", "Working memory reserved by the encodes running "
             "now; an encode waits while segments and reservations fill the budget.",

@@ -1,5 +1,5 @@
 """Segments that arrive after their range was declared lost: reported with the command that
-brings their records back (README, "Restoring from the archive").
+brings their records back (docs/restore.md).
 
 Replay only moves forward, so a range declared lost after ``lost_segment_timeout`` is
 never replayed by ingress, even when its segment reaches the bucket later (S3 replication

@@ -1,5 +1,5 @@
 """Topics of ``[[ingress.sources]]`` entries that give ``topic_pattern``: found in the bucket
-while ingress runs, then replicated exactly like a named source (README, "Topologies").
+while ingress runs, then replicated exactly like a named source (docs/topologies.md).
 
 * Every ``topic_check_interval`` one LIST with a delimiter per source region
   (``{prefix}/{region}/``) names the region's topics (their ``_topic.json`` and segments);

@@ -1,5 +1,5 @@
 """The archive as Apache Iceberg tables: one table per replicated topic whose data files are
-the segments themselves (README, "The archive as tables").
+the segments themselves (docs/archive.md).
 
 Modules: ``naming`` (table identity and name), ``plan`` (which segments a table lists:
 pure), ``footers`` (Parquet footers read from the bucket), ``committer`` (keeps tables in

@@ -1,5 +1,5 @@
-"""The Apache Iceberg seam: the only module that imports pyiceberg (README, "The archive as
-tables"; docs/architecture.md, "The archive as Iceberg tables").
+"""The Apache Iceberg seam: the only module that imports pyiceberg (docs/archive.md;
+docs/architecture.md, "The archive as Iceberg tables").
 
 A table's data files **are** segments: they are registered as they are (``DataFile``
 entries built from each segment's Parquet footer), never rewritten. Segments carry no field

@@ -1,5 +1,5 @@
 """The segments a snapshot of a topic's Iceberg table lists: ``replicator restore
---snapshot`` (README, "The archive as tables"). Needs ``[catalog]`` and the ``archive`` extra.
+--snapshot`` (docs/archive.md). Needs ``[catalog]`` and the ``archive`` extra.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""``replicator archive``: the archive as Apache Iceberg tables (README, "The archive as
-tables"): list and inspect the tables, query them with SQL, keep them in step.
+"""``replicator archive``: the archive as Apache Iceberg tables (docs/archive.md):
+list and inspect the tables, query them with SQL, keep them in step.
 """
 
 from __future__ import annotations

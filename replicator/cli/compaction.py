@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
                                               "(implies --once).")
 def main(config: Path, once: bool, topic: str | None, partition: int | None,
          min_level: int | None, max_level: int | None, dry_run: bool) -> None:
-    """Merge small segments of this region into higher levels (see the README's "Compaction")."""
+    """Merge small segments of this region into higher levels (docs/services.md, "Compaction")."""
     from compaction.controller import Compaction
     from compaction.report import RunScope
     from replicator.cli.archive import archive_factory

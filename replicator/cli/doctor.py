@@ -1,5 +1,5 @@
 """``replicator doctor``: check everything a region's config depends on, before a service
-starts (README, "Operator commands"; the checks live in ``replicator.ops.doctor``).
+starts (docs/operator-commands.md; the checks live in ``replicator.ops.doctor``).
 """
 
 from __future__ import annotations

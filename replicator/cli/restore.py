@@ -1,6 +1,4 @@
-"""``replicator restore``: replay a range of the archive into a topic (README, "Restoring
-from the archive").
-"""
+"""``replicator restore``: replay a range of the archive into a topic (docs/restore.md)."""
 
 from __future__ import annotations
 
@@ -173,7 +171,7 @@ class _Bar:
               help="Restore what this snapshot of the topic's archive table lists (a restore "
                    "point; needs [catalog]): exactly its segments, within the other bounds. "
                    "Refused (exit 2) when a segment it lists is no longer in the bucket, "
-                   "unless --allow-gaps (README, \"The archive as tables\").")
+                   "unless --allow-gaps (docs/restore.md).")
 @click.option("--incarnation", default=None,
               help="Topic id of the incarnation to read when the source topic was deleted "
                    "and created again (default: the live one; docs/architecture.md, "

@@ -2,16 +2,17 @@
 region exist in the bucket, and which of them each entry replicates (pure).
 
 Ingress discovers them (``ingress/discovery.py``); the operator tools list them the same
-way. The rule (docs/configuration.md, ``destination_topic``; README, "Topologies"): an
+way. The rule (docs/configuration.md, ``destination_topic``; docs/topologies.md): an
 entry with ``topic`` wins over patterns; among patterns the first entry of the region that
 matches; topics *of one region* whose destination is the same are all refused (aggregation
 is several regions into one topic, never two topics of one region). ``discover`` decides
 from the set of names alone, so every ingress instance, and every restart, decides alike.
 
 Which names a pattern may select at all is one rule for egress (``[egress.select]``,
-``egress/selection.py``) and ingress (``topic_pattern``): ``is_internal`` (README,
-"Egress"). A topic egress archives because a pattern selected it is a topic an ingress
-pattern can find; an internal topic is replicated only where both sides name it.
+``egress/selection.py``) and ingress (``topic_pattern``): ``is_internal``
+(docs/topologies.md, "Egress topic sets"). A topic egress archives because a pattern
+selected it is a topic an ingress pattern can find; an internal topic is replicated only
+where both sides name it.
 """
 
 from __future__ import annotations

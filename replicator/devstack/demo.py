@@ -200,7 +200,7 @@ class Demo:
                 "min_segment_count": 2, "min_segment_size": 1, "max_segment_count": 1000,
                 "max_segment_size": "1GiB", "batch_size": 10_000, "delete": True}}
             if self._archive_available():
-                # The archive as an Iceberg table (README, "The archive as tables").
+                # The archive as an Iceberg table (docs/archive.md).
                 raw["catalog"] = {
                     "enabled": True, "namespace": "demo", "table_name": "{topic}",
                     "topics": [topic],

@@ -1,5 +1,5 @@
 """``replicator restore``: replay a range of the archive into a topic, exactly once
-(README, "Restoring from the archive"; docs/architecture.md, "Checkpoints" and
+(docs/restore.md; docs/architecture.md, "Checkpoints" and
 "Durability").
 
 The plan comes from ``replicator.ops.restore_plan`` (pure); this module lists the archive,

@@ -1,7 +1,7 @@
 """The restore planner: which segments a restore reads, and what it refuses (pure).
 
 ``plan(segments, request)`` picks, per partition, the fewest segments of any level that
-cover the requested offset range (README, "Restoring from the archive"):
+cover the requested offset range (docs/restore.md):
 
 * **Cover.** From the first position of the range, take among the segments that contain
   it the one reaching furthest (a compacted, higher-level segment replaces the level-0
@@ -21,7 +21,7 @@ cover the requested offset range (README, "Restoring from the archive"):
   over a hole is refused unless gaps are allowed, or the offset bounds leave the hole out.
 
 * **A snapshot.** With ``listed`` (the data files a snapshot of the topic's Iceberg table
-  lists, README "The archive as tables"), only those segments are read; a listed segment
+  lists, docs/archive.md), only those segments are read; a listed segment
   no longer in the bucket is ``missing``: refused (the snapshot is older than the objects
   kept) unless gaps are allowed, when its positions are gaps like any other.
 

@@ -1,5 +1,5 @@
 """The topic a restore writes: the configs it is created with, and what an existing one's
-configs would do to the restored records (pure; README, "Restoring from the archive").
+configs would do to the restored records (pure; docs/restore.md).
 
 Restored records are usually old (the reason to restore), and a restore that exits 0 must
 leave them in the topic as they were archived. So a topic the restore creates keeps them

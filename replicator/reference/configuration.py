@@ -57,7 +57,7 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
     ("[compaction]", CompactionSettings, "The compaction job (per region)."),
     ('[compaction.topics."NAME"]', CompactionTopicSettings, "Compaction thresholds per topic."),
     ("[catalog]", CatalogSettings,
-     "The archive as Apache Iceberg tables (README, \"The archive as tables\")."),
+     "The archive as Apache Iceberg tables (docs/archive.md)."),
 ]
 
 # Where a nested model is documented: the first section that shows its keys.

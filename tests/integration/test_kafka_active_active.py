@@ -1,5 +1,5 @@
 """Active-active with the origin marker: regions A and B both produce to one topic name and
-replicate it both ways (docs/architecture.md, "Origin marker"; README, "Topologies").
+replicate it both ways (docs/architecture.md, "Origin marker"; docs/topologies.md).
 
 Region A is the session's source broker, region B its destination broker; each region has
 its bucket and queue. Each egress writes its segments straight into the other region's

@@ -246,7 +246,7 @@ def test_a_group_of_a_compacted_source_resumes_exactly(pipe: Pipeline, tmp_path:
                  == len(commits), 60, "the group exports")
         rows = _plan(pipe, ingress_settings)
         assert {r.state for r in rows} == {TO_SYNC}, rows
-        # The operator command, as the README's runbook runs it.
+        # The operator command, as docs/failover.md's runbook runs it.
         config = _config(pipe, tmp_path)
         res = CliRunner().invoke(main, ["groups", "sync", "--config", str(config)])
         assert res.exit_code == 0, res.output

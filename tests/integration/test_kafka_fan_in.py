@@ -1,5 +1,5 @@
-"""Aggregation (N→1): two source regions replicated into one destination topic (README,
-"Topologies", fan-in).
+"""Aggregation (N→1): two source regions replicated into one destination topic (docs/topologies.md,
+fan-in).
 
 Regions ``us-east-1`` and ``eu-west-1`` run an egress each (on the session's source broker,
 each with its own topic and group) into one bucket; ingress in ``us-west-1`` replays both

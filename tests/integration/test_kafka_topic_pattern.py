@@ -1,7 +1,7 @@
 """Ingress sources named by pattern on Apache Kafka: egress selects ``<base>.sensor.*``,
 ingress replays ``topic_pattern = "<base>\\.sensor\\..*"`` into ``"{topic}.copy"``. A topic
 created while both run appears in the destination as ``<topic>.copy`` without a restart,
-an exact copy (README, "Topologies"; docs/architecture.md, "Topic metadata").
+an exact copy (docs/topologies.md; docs/architecture.md, "Topic metadata").
 
 Topic names carry a unique prefix (the session's brokers are shared).
 """

@@ -1,4 +1,4 @@
-"""``[catalog]``: the archive as Apache Iceberg tables (README, "The archive as tables")."""
+"""``[catalog]``: the archive as Apache Iceberg tables (docs/archive.md)."""
 
 from __future__ import annotations
 

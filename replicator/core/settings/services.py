@@ -197,8 +197,8 @@ class EgressSettings(Model):
                                    "librdkafka's prefetch gets 1/32 of it (at least 2 MiB), "
                                    "1/8 (at most 32 MiB) is kept for memory nothing counts, "
                                    "open and closing segments and Arrow's allocations (the "
-                                   "Parquet encoders) get the rest (README, Egress, "
-                                   "\"Memory\").")
+                                   "Parquet encoders) get the rest (docs/services.md, "
+                                   "\"Egress memory\").")
     shutdown_timeout: Duration = Field(
         timedelta(seconds=30), description="On revoke/SIGTERM, open segments that cannot be made "
                                            "durable within this time are aborted (at least "
@@ -239,7 +239,7 @@ class EgressSettings(Model):
         default_factory=list, description="Regions whose replicated records egress does not "
         "copy: a record is skipped when one of its origin_header headers names one of them "
         "(active-active without loops: list the regions this region's ingress replays "
-        "from, with [ingress] mark_origin = true there; README, \"Topologies\"). A skipped "
+        "from, with [ingress] mark_origin = true there; docs/topologies.md). A skipped "
         "record is a hole in position space, like a transaction marker, never loss. Empty: "
         "every record is copied and headers are not looked at.")
     origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
@@ -333,7 +333,7 @@ class IngressSourceSettings(Model):
         "finds are refused, with an ERROR and replicator_ingress_sources_refused_total, "
         "when an entry with topic of their region feeds that destination, and all of "
         "them when several share it (decided from the topics in the bucket alone, the same "
-        "on every instance; README, \"Topologies\").")
+        "on every instance; docs/topologies.md).")
     lost_segment_timeout: Duration = Field(
         timedelta(hours=24), description="How long a gap waits before it is declared lost. "
         "The default outlasts a regional incident: S3 replicates what was pending once the "
@@ -523,7 +523,7 @@ class IngressSettings(Model):
         False, description="Append a header origin_header = the source region's name "
         "(UTF-8) to every replayed record, after its own headers, so the egress of this "
         "region can skip it (skip_origins) and active-active replication never loops "
-        "(README, \"Topologies\"). Off: records are copied byte for byte.")
+        "(docs/topologies.md). Off: records are copied byte for byte.")
     origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
     producers: int = Field(
         1, ge=1, le=16, description="Exactly-once: transactional producers of this process "
@@ -609,7 +609,7 @@ class IngressSettings(Model):
     def _one_topic_per_destination(cls, v: list[IngressSourceSettings]
                                    ) -> list[IngressSourceSettings]:
         # Two topics of one region in one destination topic would interleave with no
-        # common order (README, "Topologies"); several regions into one topic is fan-in.
+        # common order (docs/topologies.md); several regions into one topic is fan-in.
         # Pattern entries are decided when their topics are found (core/topic_sets.py).
         feeds: dict[tuple[str, str], tuple[int, IngressSourceSettings]] = {}
         for i, s in enumerate(v):

@@ -1,5 +1,5 @@
 """``replicator doctor``: everything a region's config depends on, checked before a service
-starts (README, "Operator commands").
+starts (docs/operator-commands.md).
 
 One module per dependency (``kafka``, ``s3``, ``sqs``, ``compaction``, and ``sources``:
 ingress's sources in the bucket against their destination topics); each has pure
