@@ -9,7 +9,7 @@ export AWS_EC2_METADATA_DISABLED := true
 export SPARK_LOCAL_IP := 127.0.0.1
 
 .PHONY: help lint typecheck spell check test-fast test-integration test-chaos test \
-        bench-quick docs docs-check tag
+        bench-quick docs docs-check tag constraints base-image-digest
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
@@ -51,3 +51,11 @@ tag:  ## tag the version in pyproject.toml (after its CHANGELOG.md entry is writ
 	@v=$$($(PY) -c "import tomllib; print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])"); \
 	grep -q "^## \[$$v\]" CHANGELOG.md || { echo "CHANGELOG.md has no entry for $$v"; exit 1; }; \
 	git tag -a "v$$v" -m "kafka-s3-replicator $$v" && echo "tagged v$$v"
+
+constraints:  ## pin deploy/constraints.txt to the versions installed in the venv (what the tests ran with)
+	@{ sed -n '1,3p' deploy/constraints.txt; $(PY) -m pip freeze --all --exclude-editable \
+	  | grep -v -e '^kafka-s3-replicator' -e '^setuptools==' -e '^wheel=='; } > deploy/constraints.txt.new \
+	  && mv deploy/constraints.txt.new deploy/constraints.txt && echo "deploy/constraints.txt updated"
+
+base-image-digest:  ## print the digest of the Dockerfile's base image tag (needs registry access)
+	docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}'

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 
 @click.command(name="replicator-compaction")
+@click.version_option(package_name="kafka-s3-replicator")
 @config_option
 @click.option("--once", is_flag=True, help="Run one pass now and exit (instead of the "
                                            "schedule).")

@@ -23,6 +23,7 @@ def _build(settings: Settings) -> object:
 
 
 @click.command(name="replicator-egress")
+@click.version_option(package_name="kafka-s3-replicator")
 @config_option
 def main(config: Path) -> None:
     """Run the egress controller until SIGTERM (which drains and exits 0)."""

@@ -17,6 +17,7 @@ def _build(settings: Settings) -> Controller:
 
 
 @click.command(name="replicator-ingress")
+@click.version_option(package_name="kafka-s3-replicator")
 @config_option
 def main(config: Path) -> None:
     """Run the ingress controller until SIGTERM (drains and exits 0)."""

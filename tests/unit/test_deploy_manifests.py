@@ -584,6 +584,27 @@ def _req_name(req: str) -> str:
     return re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0].lower()
 
 
+def test_images_install_exactly_the_tested_versions() -> None:
+    """Every pip install of the image build is constrained by deploy/constraints.txt, which
+    pins (==) every dependency the images install and what they pull in."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    installs = re.findall(r"pip install ([^\n&]+)", dockerfile)
+    assert installs and all("-c /src/constraints.txt" in i for i in installs), installs
+    assert "COPY deploy/constraints.txt /src/constraints.txt" in dockerfile
+    assert "!deploy/constraints.txt" in (ROOT / ".dockerignore").read_text()
+    pins = {}
+    for line in (DEPLOY / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin"
+            pins[name.lower().replace("_", "-")] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    optional = project["optional-dependencies"]
+    for req in [*project["dependencies"], *optional["compaction"], *optional["archive"]]:
+        assert _req_name(req) in pins, f"{req} is not pinned in deploy/constraints.txt"
+    assert "pip" in pins
+
+
 def test_images_install_everything_but_the_embedded_stack() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     deps = {_req_name(r) for r in project["dependencies"]}
