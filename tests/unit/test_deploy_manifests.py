@@ -1121,6 +1121,44 @@ def test_bucket_settings_apply_and_notify_only_for_segments(aws_region: Any) -> 
     assert got["Destination"]["Bucket"] == f"arn:aws:s3:::{AWS_VALUES['PEER_BUCKET']}"
 
 
+def _bucket_policy_denies(action: str, key: str, principal: str) -> bool:
+    """The shipped bucket policy's Deny statements (over TLS) for ``principal``'s role."""
+    arn = f"arn:aws:s3:::{AWS_VALUES['BUCKET']}/{key}"
+    for st in _statements(_aws("s3/bucket-policy.json")):
+        if st["Effect"] != "Deny" or "SecureTransport" in json.dumps(st.get("Condition", {})):
+            continue
+        if not any(fnmatch.fnmatchcase(action, a) for a in _as_list(st["Action"])):
+            continue
+        if not any(fnmatch.fnmatchcase(arn, r) for r in _as_list(st["Resource"])):
+            continue
+        exempt = st.get("Condition", {}).get("ArnNotLike", {}).get("aws:PrincipalArn", [])
+        if not any(fnmatch.fnmatchcase(principal, e) for e in _as_list(exempt)):
+            return True
+    return False
+
+
+def test_a_mass_delete_of_segments_is_refused_to_everyone_but_compaction() -> None:
+    """A delete in the bucket replicates its marker to the other region: only compaction,
+    which deletes the inputs it compacted, may delete under the segment prefix (and the
+    archive committer, whose IAM policy allows only its lease there), and no one deletes a
+    version for good (the lifecycle rule expires replaced versions)."""
+    role = f"arn:aws:iam::{AWS_VALUES['ACCOUNT_ID']}:role/replicator-{AWS_VALUES['REGION']}"
+    seg = "data/us-east-1/orders/0/0/00000000000000000000-00000000000000000009"
+    admin = f"arn:aws:iam::{AWS_VALUES['ACCOUNT_ID']}:role/Admin"
+    for who in (admin, f"{role}-egress", f"{role}-ingress"):
+        assert _bucket_policy_denies("s3:DeleteObject", seg, who), who
+    for who in (f"{role}-compaction", f"{role}-compaction-driver", f"{role}-archive"):
+        assert not _bucket_policy_denies("s3:DeleteObject", seg, who), who
+        assert _bucket_policy_denies("s3:DeleteObjectVersion", seg, who), who
+    # Egress deletes its own temporary objects, outside the segment prefix.
+    assert not _bucket_policy_denies("s3:DeleteObject", "temp/0b7f3c2e", f"{role}-egress")
+    # Every role the exemption names is one setup-region.sh creates.
+    script = (AWS / "setup-region.sh").read_text()
+    assert "compaction compaction-driver archive" in script
+    archive = Policy(_aws("iam/archive.json"))
+    assert not archive.allows("s3:DeleteObject", f"arn:aws:s3:::{AWS_VALUES['BUCKET']}/{seg}")
+
+
 def test_notification_feeds_the_queue_in_the_config() -> None:
     for overlay in OVERLAYS:
         s = _overlay_settings(overlay)
