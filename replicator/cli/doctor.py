@@ -82,14 +82,32 @@ def permission_checks(admin: Admin, settings: Settings,
                       init_transactions=init_transactions)
 
 
+CONTROLLERS = ("egress", "ingress", "compaction")
+
+
+def only_controller(settings: Settings, controller: str) -> Settings:
+    """``settings`` with the sections of the other controllers taken out, so the checks
+    (permissions included) are those of ``controller`` alone: what its own credentials
+    must pass where the region's one config file holds every section.
+
+    Raises:
+        ConfigError: the config has no ``[controller]`` section.
+    """
+    if getattr(settings, controller) is None:
+        raise ConfigError("--only", f"the config has no [{controller}] section")
+    return settings.model_copy(update={c: None for c in CONTROLLERS if c != controller})
+
+
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
-    """Every check of ``settings``: Kafka, S3, ingress's sources (their ``_topic.json``
-    against the destination topics) and SQS (with ``[ingress]``), compaction (with
-    ``[compaction]``).
+    """Every check of ``settings``: Kafka (unless the config is compaction's alone, which
+    uses no Kafka), S3, ingress's sources (their ``_topic.json`` against the destination
+    topics) and SQS (with ``[ingress]``), compaction (with ``[compaction]``).
 
     Raises:
         ConfigError: a client refuses the configuration (``kafka.config``).
     """
+    if settings.egress is None and settings.ingress is None:
+        return _s3_and_compaction(settings, timeout)
     admin = Admin(settings.kafka, timeout=timeout, collect_errors=True)
 
     def selected(topics: Sequence[str]) -> frozenset[str]:
@@ -131,6 +149,16 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
     return checks
 
 
+def _s3_and_compaction(settings: Settings, timeout: float) -> list[Check]:
+    """The checks of a config without egress and ingress: the bucket, and Spark."""
+    store = S3ObjectStore.from_settings(settings)
+    checks = s3_checks(store, store, settings, queue=None)
+    if settings.compaction is not None:
+        checks += compaction_checks(settings.compaction, java_home=os.environ.get("JAVA_HOME"),
+                                    timeout=timeout)
+    return checks
+
+
 SEEN_WIDTH = 60
 FIX_WIDTH = 60
 """Columns the seen and fix texts are wrapped to, so the table stays readable in a
@@ -155,7 +183,13 @@ def table_rows(checks: Sequence[Check]) -> list[list[str]]:
 @click.option("--timeout", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
               help="Seconds each dependency may take to answer (a broker that does not "
                    "answer within it is reported unreachable).")
-def doctor(config: Path, output: str, timeout: float) -> None:
+@click.option("--only", type=click.Choice(CONTROLLERS), default=None,
+              help="Check only what this controller depends on, permissions included, "
+                   "with that controller's credentials where the config holds every "
+                   "section: in its pod, e.g. `kubectl exec deploy/replicator-egress -- "
+                   "replicator doctor --only egress --config /etc/replicator/config.toml` "
+                   "(docs/operations.md).")
+def doctor(config: Path, output: str, timeout: float, only: str | None) -> None:
     """Check what a region's config depends on: Kafka, S3, SQS, Spark.
 
     Kafka: the brokers answer (or why not, per bootstrap address), the cluster id, the
@@ -175,6 +209,8 @@ def doctor(config: Path, output: str, timeout: float) -> None:
     """
     settings = load_or_exit(config)
     try:
+        if only is not None:
+            settings = only_controller(settings, only)
         checks = run_checks(settings, timeout)
     except ConfigError as e:
         fail(str(e), EXIT_USAGE)

@@ -564,3 +564,49 @@ def test_a_partition_stopped_at_a_refused_record_fails_naming_it() -> None:
     assert c.seen == ("us-east-1/t[0] -> t.copy: offset 10 (150040 bytes; destination "
                       "max.message.bytes=100000): Broker: Message size too large")
     assert "max.message.bytes" in c.fix
+
+
+# --- one controller's checks ---------------------------------------------------------------
+
+def test_only_one_controller_checks_what_its_own_credentials_need() -> None:
+    from replicator.cli.doctor import only_controller
+    from replicator.ops.doctor.acls import needs
+    full = settings(egress={"topics": {"orders": {}}}, ingress=INGRESS,
+                    compaction={"topics": {"orders": {}}})
+    egress = only_controller(full, "egress")
+    assert egress.ingress is None and egress.compaction is None and egress.egress is not None
+    assert {n.why for n in needs(egress, ["orders"])} == {"egress reads it",
+                                                             "egress's consumer group"}
+    ingress = only_controller(full, "ingress")
+    assert ingress.egress is None and not any(
+        n.why.startswith("egress") for n in needs(ingress, ["orders"]))
+    with pytest.raises(ConfigError, match=r"--only.*\[compaction\]"):
+        only_controller(settings(ingress=INGRESS), "compaction")
+
+
+def test_only_compaction_asks_nothing_of_kafka(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction uses no Kafka: its doctor never builds a Kafka client (it would report
+    brokers compaction's credentials need not reach)."""
+    import replicator.cli.doctor as doctor_cli
+
+    def no_kafka(*_: Any, **__: Any) -> Any:
+        raise AssertionError("compaction's doctor built a Kafka client")
+
+    monkeypatch.setattr(doctor_cli, "Admin", no_kafka)
+    monkeypatch.setattr(doctor_cli, "s3_checks", lambda *a, **k: [Check("bucket", P, "", "")])
+    monkeypatch.setattr(doctor_cli, "compaction_checks",
+                        lambda *a, **k: [Check("spark master", P, "", "")])
+    full = settings(egress={"topics": {"orders": {}}}, compaction={"topics": {"orders": {}}})
+    checks = doctor_cli.run_checks(doctor_cli.only_controller(full, "compaction"), 1.0)
+    assert [c.name for c in checks] == ["bucket", "spark master"]
+
+
+def test_only_names_a_section_the_config_lacks_with_exit_code_2(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('region = "r"\n[kafka]\nbrokers = "k:9092"\n[s3]\nbucket = "b"\n'
+                   '[egress.topics."t"]\n')
+    result = CliRunner().invoke(main, ["doctor", "--config", str(cfg), "--only", "ingress"])
+    assert result.exit_code == 2, result.output
+    assert "[ingress]" in result.output
