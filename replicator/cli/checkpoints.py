@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ingress.checkpoints import KafkaCheckpointStore
-from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
+from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail, timeout_option
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
 from replicator.core.errors import ReplicatorError
@@ -23,9 +23,10 @@ def checkpoints() -> None:
 
 @checkpoints.command("show")
 @config_option
+@timeout_option
 @click.option("--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-def show(config: Path, output: str) -> None:
+def show(config: Path, output: str, timeout: float) -> None:
     """Every checkpoint field, newest segment end and lag of each source partition.
 
     Reads the checkpoint topic of the ingress config's Kafka cluster and lists the
@@ -39,7 +40,7 @@ def show(config: Path, output: str) -> None:
         fail("ingress: section [ingress] is required by this command", 2)
     try:
         cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
-                                   timeout=30).load_all()
+                                   timeout=timeout).load_all()
         rows = checkpoint_report(ingress, settings.s3.prefix, store, cps)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)

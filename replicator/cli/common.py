@@ -181,3 +181,11 @@ def echo_json(data: Any) -> None:
 config_option = click.option(
     "--config", "config", type=click.Path(path_type=Path, dir_okay=False), required=True,
     envvar="REPLICATOR_CONFIG", help="TOML settings file (keys: docs/configuration.md).")
+
+READ_TIMEOUT = 30.0
+"""Seconds a read command waits for each Kafka request by default (``--timeout``)."""
+
+timeout_option = click.option(
+    "--timeout", "timeout", type=click.FloatRange(min=0.5), default=READ_TIMEOUT,
+    show_default=True, help="Seconds each request to Kafka may take; a cluster that does "
+                            "not answer within it fails the command (exit 1) naming it.")

@@ -12,7 +12,14 @@ from pathlib import Path
 import click
 
 from ingress.checkpoints import KafkaCheckpointStore
-from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
+from replicator.cli.common import (
+    EXIT_FAILURE,
+    READ_TIMEOUT,
+    config_option,
+    echo_json,
+    fail,
+    timeout_option,
+)
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
 from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
@@ -53,27 +60,27 @@ class Planned:
     entries: dict[MapPartition, list[OffsetMapEntry]]
 
 
-def _rows(config: Path) -> list[GroupRow]:
+def _rows(config: Path, timeout: float = READ_TIMEOUT) -> list[GroupRow]:
     """The plan; fails the command (exit 1) when the stores cannot be read."""
     try:
-        return _plan(config).rows
+        return _plan(config, timeout).rows
     except (ReplicatorError, ValueError) as e:
         fail(str(e), EXIT_FAILURE)
 
 
-def _plan(config: Path) -> Planned:
+def _plan(config: Path, timeout: float = READ_TIMEOUT) -> Planned:
     """Read exports, offset map and checkpoints; plan every group (raises on failure)."""
     settings, store = settings_store(config)
     ingress: IngressSettings | None = settings.ingress
     if ingress is None:
         fail("ingress: section [ingress] is required by this command", 2)
-    admin = Admin(settings.kafka)
+    admin = Admin(settings.kafka, timeout=timeout)
     exports = read_exports(store, settings.s3.prefix, ingress)
     # The checkpoints before the map: ingress writes both in one transaction, so the map
     # read afterwards covers at least what these checkpoints say is replicated (read the
     # other way round, a running replication could move the checkpoints past the map's end).
     cps = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
-                               timeout=30).load_all()
+                               timeout=timeout).load_all()
     try:
         entries = read_offset_map(settings.kafka, ingress.offset_map_topic)
     except TopicError:
@@ -139,9 +146,10 @@ def _report(done: Mapping[str, int | ReplicatorError], pruned: int | None) -> li
 
 @groups.command("show")
 @config_option
+@timeout_option
 @click.option("--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-def show_cmd(config: Path, output: str) -> None:
+def show_cmd(config: Path, output: str, timeout: float) -> None:
     """Per group and source partition: the offset the group committed in the source, its
     translation into the destination, how far the partition is replicated, what the group
     has committed in the destination, and the state (synced, to sync, waiting for data,
@@ -150,7 +158,7 @@ def show_cmd(config: Path, output: str) -> None:
     Reads the exported groups in the destination bucket, the offset map and checkpoint
     topics and the destination cluster's groups (an ingress config).
     """
-    rows = _rows(config)
+    rows = _rows(config, timeout)
     if output == "json":
         echo_json([r.as_dict() for r in rows])
     else:
@@ -159,6 +167,7 @@ def show_cmd(config: Path, output: str) -> None:
 
 @groups.command("sync")
 @config_option
+@timeout_option
 @click.option("--every", "every", default=None, metavar="DURATION",
               help="Sync again at this interval until interrupted (e.g. 30s), so groups "
                    "waiting for data follow replication.")
@@ -171,7 +180,8 @@ def show_cmd(config: Path, output: str) -> None:
               help="With --every: serve /metrics on this port (0: off); "
                    "replicator_groups_not_synced and replicator_groups_translation_lag "
                    "(docs/metrics.md).")
-def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) -> None:
+def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int,
+             timeout: float) -> None:
     """Commit the translated offsets in the destination cluster, once (or --every).
 
     Only for groups with no members there, only forward, only as far as the data is
@@ -194,7 +204,7 @@ def sync_cmd(config: Path, every: str | None, prune: bool, metrics_port: int) ->
                       ready=lambda: True).start()
     while True:
         try:
-            planned = _plan(config)
+            planned = _plan(config, timeout)
             done = sync(planned.rows, planned.admin)
             after = after_sync(planned.rows, done)
             pruned = _prune(planned) if prune else 0

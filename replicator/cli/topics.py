@@ -9,7 +9,7 @@ import click
 
 from egress.selection import select
 from ingress.checkpoints import KafkaCheckpointStore
-from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail
+from replicator.cli.common import EXIT_FAILURE, config_option, echo_json, fail, timeout_option
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
 from replicator.core.clock import utc_now
@@ -31,9 +31,10 @@ def own_topics(settings: Settings) -> set[str]:
 
 @click.command()
 @config_option
+@timeout_option
 @click.option("--output", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-def topics(config: Path, output: str) -> None:
+def topics(config: Path, output: str, timeout: float) -> None:
     """The topics a config replicates: [egress] and/or [ingress].
 
     Egress: the selected topics (tables and what [egress.select] matches now), partition
@@ -53,13 +54,15 @@ def topics(config: Path, output: str) -> None:
     try:
         if settings.egress is not None:
             eg = settings.egress
-            selected = select(Admin(settings.kafka).list_topics(), eg.select.include,
-                              eg.select.exclude, eg.topics, own_topics(settings))
-            erows = egress_report(settings.region, settings.kafka, eg.group_id, sorted(selected))
+            selected = select(Admin(settings.kafka, timeout=timeout).list_topics(),
+                              eg.select.include, eg.select.exclude, eg.topics,
+                              own_topics(settings))
+            erows = egress_report(settings.region, settings.kafka, eg.group_id, sorted(selected),
+                                  timeout=timeout)
             out["egress"] = [r.as_dict() for r in erows]
         if settings.ingress is not None:
             cps = KafkaCheckpointStore(settings.kafka, settings.ingress.checkpoint_topic,
-                                       Metrics(), timeout=30).load_all()
+                                       Metrics(), timeout=timeout).load_all()
             irows = ingress_report(settings.ingress, settings.s3.prefix, store, cps)
             out["ingress"] = [r.as_dict() for r in irows]
     except ReplicatorError as e:

@@ -95,7 +95,7 @@ def egress_report(region: str, kafka: KafkaSettings, group_id: str,
     Raises:
         ReplicatorError: the cluster cannot be reached.
     """
-    admin = Admin(kafka)
+    admin = Admin(kafka, timeout=timeout)
     rows = [EgressTopic(region, t, admin.partition_count(t)) for t in sorted(selected)]
     tps = [TopicPartition(r.topic, p) for r in rows for p in range(r.partitions or 0)]
     if not tps:
