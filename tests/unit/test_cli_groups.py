@@ -23,7 +23,7 @@ def test_sync_every_goes_on_after_a_failed_round(monkeypatch: pytest.MonkeyPatch
                                                  tmp_path: Path) -> None:
     rounds: list[int] = []
 
-    def plan(config: Path) -> cli.Planned:
+    def plan(config: Path, timeout: float = 30) -> cli.Planned:
         rounds.append(1)
         if len(rounds) == 1:
             raise KafkaRetriableError("destination cluster unreachable")
@@ -66,7 +66,7 @@ def test_sync_reports_every_refused_group_and_exits_1(monkeypatch: pytest.Monkey
     rows = [GroupRow(g, "eu", "orders", 0, "orders", 5, 5, 10, None, TO_SYNC, 5)
             for g in ("a", "b", "c")]
     admin = Admin()
-    monkeypatch.setattr(cli, "_plan", lambda config: cli.Planned(
+    monkeypatch.setattr(cli, "_plan", lambda config, timeout=30: cli.Planned(
         rows, cast(Any, admin), KafkaSettings(brokers="unused:9092"), "map", [], {}))
     res = CliRunner().invoke(main, ["groups", "sync", "--config", str(tmp_path / "x.toml")])
     assert res.exit_code == 1
@@ -99,7 +99,7 @@ def test_the_checkpoints_are_read_before_the_map(monkeypatch: pytest.MonkeyPatch
         return {}
 
     monkeypatch.setattr(cli, "settings_store", lambda config: (settings, cast(Any, None)))
-    monkeypatch.setattr(cli, "Admin", lambda kafka: cast(Any, None))
+    monkeypatch.setattr(cli, "Admin", lambda kafka, timeout=30: cast(Any, None))
     monkeypatch.setattr(cli, "read_exports", lambda *a: [])
     monkeypatch.setattr(cli, "KafkaCheckpointStore", Store)
     monkeypatch.setattr(cli, "read_offset_map", read_map)
