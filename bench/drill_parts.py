@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replicator.core.errors import ObjectNotFound
+from replicator.core.keys import SegmentKey
 from replicator.core.storage import ObjectStore
 from replicator.ops.sync import is_replicated_key
 
@@ -48,8 +49,12 @@ class DelayedReplication:
         self.prefix = prefix
         self.delay = delay
         self.poll = poll
-        self.due: dict[tuple[str, str], float] = {}    # (key, etag) -> when to copy
-        self.copied: set[tuple[str, str]] = set()
+        # (key, etag) -> (when to copy, the version's bytes). A rewritten object's bytes
+        # are read when the version is first seen (S3 replicates each version of a
+        # versioned bucket: a later rewrite does not hold back the earlier version's copy);
+        # a segment's (never rewritten) when it is copied.
+        self.due: dict[tuple[str, str], tuple[float, bytes | None]] = {}
+        self.seen: set[tuple[str, str]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="replication")
 
@@ -66,21 +71,23 @@ class DelayedReplication:
         """Copy everything the source bucket holds and the destination lacks, at once;
         return the keys copied (those pending when the copier halted)."""
         self._scan(time.monotonic())
-        keys = [item[0] for item in sorted(self.due, key=self.due.__getitem__)
-                if self._copy(*item)]
+        keys = [item[0] for item in self._in_order(float("inf")) if self._copy(item)]
         self.due.clear()
         return keys
+
+    def _in_order(self, now: float) -> list[tuple[str, str]]:
+        return sorted((i for i, (t, _) in self.due.items() if t <= now),
+                      key=lambda i: self.due[i][0])
 
     def _run(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
             try:
                 self._scan(now)
-                for item in sorted((i for i, t in self.due.items() if t <= now),
-                                   key=self.due.__getitem__):
+                for item in self._in_order(now):
                     if self._stop.is_set():
                         return
-                    self._copy(*item)
+                    self._copy(item)
                     del self.due[item]
             except Exception as e:  # noqa: BLE001 - the moto server went away at the end
                 log.warning("replication pass failed: %s", e)
@@ -89,22 +96,28 @@ class DelayedReplication:
     def _scan(self, now: float) -> None:
         for info in self.source.list(self.prefix + "/"):
             item = (info.key, info.etag)
-            if is_replicated_key(info.key, self.prefix) and item not in self.copied \
-                    and item not in self.due:
-                self.due[item] = now + self.delay
+            if item in self.seen or not is_replicated_key(info.key, self.prefix):
+                continue
+            self.seen.add(item)
+            data = None
+            if SegmentKey.try_parse(info.key) is None:
+                try:
+                    data, etag = self.source.get_with_etag(info.key)
+                except ObjectNotFound:
+                    continue
+                self.seen.add((info.key, etag))
+            self.due[item] = (now + self.delay, data)
 
-    def _copy(self, key: str, etag: str) -> int:
-        """Copy one version; 0 when the object changed or went since it was listed (the
-        newer version has its own entry)."""
-        self.copied.add((key, etag))
-        try:
-            data, now_etag = self.source.get_with_etag(key)
-        except ObjectNotFound:
-            return 0
-        if now_etag != etag:
-            return 0
-        self.destination.put(key, data)
-        return 1
+    def _copy(self, item: tuple[str, str]) -> bool:
+        """Copy one version; False when a segment went since it was listed."""
+        data = self.due[item][1]
+        if data is None:
+            try:
+                data = self.source.get(item[0])
+            except ObjectNotFound:
+                return False
+        self.destination.put(item[0], data)
+        return True
 
 
 @dataclass

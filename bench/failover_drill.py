@@ -127,7 +127,7 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         dst_kafka = KafkaSettings(brokers=stack.dest_kafka)
         Admin(src_kafka).create_topic(TOPIC, parts)
         eg = stack.raw_config("egress")
-        eg["log"]["level"] = "WARNING"
+        eg["log"]["level"] = "INFO"
         eg["metrics"]["port"] = 0
         eg["egress"]["group_id"] = "drill-egress"
         eg["egress"]["topics"] = {TOPIC: dict(profile.topic)}
