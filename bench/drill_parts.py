@@ -55,6 +55,8 @@ class DelayedReplication:
         # a segment's (never rewritten) when it is copied.
         self.due: dict[tuple[str, str], tuple[float, bytes | None]] = {}
         self.seen: set[tuple[str, str]] = set()
+        self.late: list[float] = []
+        """Per object copied on schedule: seconds past its due time (a loaded machine)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="replication")
 
@@ -88,7 +90,7 @@ class DelayedReplication:
                     if self._stop.is_set():
                         return
                     self._copy(item)
-                    del self.due[item]
+                    self.late.append(time.monotonic() - self.due.pop(item)[0])
             except Exception as e:  # noqa: BLE001 - the moto server went away at the end
                 log.warning("replication pass failed: %s", e)
             self._stop.wait(self.poll)

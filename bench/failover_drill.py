@@ -218,6 +218,8 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         "rpo_records_bucket_kept": bucket_kept["missing"],
         "rpo_seconds_bucket_kept": bucket_kept["seconds"],
         "objects_pending_replication": len(late),
+        "replication_late_s": {"p50": percentile(sorted(copier.late), 50),
+                               "max": max(copier.late, default=0.0)},
         "segments_pending_replication": sum(1 for k in late if "/_" not in k),
         "holes": max(region_lost["holes"], bucket_kept["holes"]),
         "duplicates": max(region_lost["duplicates"], bucket_kept["duplicates"]),
@@ -320,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['rpo_seconds_bucket_kept']:.1f}s); RTO {r['rto_s']:.1f}s "
                       f"(catch-up {r['catch_up_s']:.1f}, groups sync {r['groups_sync_s']:.1f}"
                       f", consumer {r['consumer_s']:.1f}); resume {r['resume']}; holes "
-                      f"{r['holes']}, duplicates {r['duplicates']}", flush=True)
+                      f"{r['holes']}, duplicates {r['duplicates']}; copies past their due "
+                      f"time p50 {r['replication_late_s']['p50']:.2f}s max "
+                      f"{r['replication_late_s']['max']:.2f}s", flush=True)
             results["profiles"][name] = {"summary": summarize(runs), "runs": runs}
     load = os.getloadavg()[0]
     print(f"\nfailover drill, replication delay {args.replication_delay:g}s, {args.rate:g} "
