@@ -38,22 +38,27 @@ class DelayedReplication:
     version appeared. The destination bucket's notifications turn each PUT into the S3
     event ingress reads from its queue, as a replica written by S3 replication does.
 
+    With ``mirror``, each object is copied twice: at once (standing in for egress copying
+    each segment into the destination bucket itself, docs/sizing.md, "Low-RPO mode") and
+    again ``delay`` after it appeared (S3 replication, kept as the backstop, writing the
+    same key and bytes once more: a second S3 event for the same segment).
+
     ``halt()`` is the region going down with its bucket: nothing pending is copied.
     ``drain()`` is the bucket surviving (or coming back): everything it holds is copied now.
     """
 
     def __init__(self, source: ObjectStore, destination: ObjectStore, prefix: str,
-                 delay: float, poll: float = 0.2) -> None:
+                 delay: float, poll: float = 0.2, *, mirror: bool = False) -> None:
         self.source = source
         self.destination = destination
         self.prefix = prefix
-        self.delay = delay
+        self.delays = (0.0, delay) if mirror else (delay,)
         self.poll = poll
-        # (key, etag) -> (when to copy, the version's bytes). A rewritten object's bytes
-        # are read when the version is first seen (S3 replicates each version of a
+        # (key, etag, copy number) -> (when to copy, the version's bytes). A rewritten
+        # object's bytes are read when the version is first seen (S3 replicates each version of a
         # versioned bucket: a later rewrite does not hold back the earlier version's copy);
         # a segment's (never rewritten) when it is copied.
-        self.due: dict[tuple[str, str], tuple[float, bytes | None]] = {}
+        self.due: dict[tuple[str, str, int], tuple[float, bytes | None]] = {}
         self.seen: set[tuple[str, str]] = set()
         self.late: list[float] = []
         """Per object copied on schedule: seconds past its due time (a loaded machine)."""
@@ -71,13 +76,15 @@ class DelayedReplication:
 
     def drain(self) -> list[str]:
         """Copy everything the source bucket holds and the destination lacks, at once;
-        return the keys copied (those pending when the copier halted)."""
+        return the keys copied (those whose first copy was pending when the copier halted;
+        with ``mirror``, the backstop's second copies are made too)."""
         self._scan(time.monotonic())
-        keys = [item[0] for item in self._in_order(float("inf")) if self._copy(item)]
+        keys = [item[0] for item in self._in_order(float("inf"))
+                if self._copy(item) and item[2] == 0]
         self.due.clear()
         return keys
 
-    def _in_order(self, now: float) -> list[tuple[str, str]]:
+    def _in_order(self, now: float) -> list[tuple[str, str, int]]:
         return sorted((i for i, (t, _) in self.due.items() if t <= now),
                       key=lambda i: self.due[i][0])
 
@@ -108,9 +115,10 @@ class DelayedReplication:
                 except ObjectNotFound:
                     continue
                 self.seen.add((info.key, etag))
-            self.due[item] = (now + self.delay, data)
+            for n, delay in enumerate(self.delays):
+                self.due[(*item, n)] = (now + delay, data)
 
-    def _copy(self, item: tuple[str, str]) -> bool:
+    def _copy(self, item: tuple[str, str, int]) -> bool:
         """Copy one version; False when a segment went since it was listed."""
         data = self.due[item][1]
         if data is None:

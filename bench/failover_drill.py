@@ -43,8 +43,11 @@ Profiles: ``defaults`` (the shipped segment thresholds: 5 min, 100 MiB, 1M recor
 group export every 30 s) and ``low-latency`` (1 s segments of at most 4 MiB, group export
 every 5 s). Ingress runs with its shipped defaults in both. ``--replication-delay 0``
 stands for egress writing straight into the destination region's bucket (plus this
-copier's listing interval, 0.2 s). AWS adds its own replication time instead of the
-stated delay: see docs/runbooks.md, "Measured: a drill".
+copier's listing interval, 0.2 s); ``--mirror`` copies each object at once and again after
+the delay (the designed low-RPO mode with S3 replication kept as the backstop: the second
+copy gives ingress a second event for a segment it has replayed). AWS adds its own
+replication time instead of the stated delay: see docs/runbooks.md, "Measured: an
+unplanned failover, drilled".
 """
 
 from __future__ import annotations
@@ -147,8 +150,8 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         src_store = stack.store(validate_settings(eg))
         dst_store = stack.store(ing_settings)
 
-        copier = DelayedReplication(src_store, dst_store, "data",
-                                    args.replication_delay).start()
+        copier = DelayedReplication(src_store, dst_store, "data", args.replication_delay,
+                                    mirror=args.mirror).start()
         egress = _spawn("egress", eg_path, workdir)
         procs.append(egress)
         wait_until(lambda: any(o.key.endswith("/_topic.json")
@@ -211,6 +214,7 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
               .splitlines() if " ERROR " in line or line.startswith("ERROR")]
     return {
         "profile": profile.name, "replication_delay_s": args.replication_delay,
+        "mirror": args.mirror,
         "rate": args.rate, "partitions": parts, "kill_after_s": round(kill_after, 2),
         "produced": producer.produced, "acked": len(acked), "failed": producer.failed,
         "source_commits": app.commits,
@@ -286,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replication-delay", type=float, default=5.0,
                     help="seconds from an object's appearance in the source bucket to its "
                          "copy in the destination bucket")
+    ap.add_argument("--mirror", action="store_true",
+                    help="stand in for the designed low-RPO mode: each object is copied at "
+                         "once (egress writing into the destination bucket) and again after "
+                         "the replication delay (S3 replication as the backstop)")
     ap.add_argument("--rate", type=float, default=200.0, help="records per second")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--consumer-window", type=float, default=4.0,
@@ -305,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rng = random.Random(args.seed)
     results: dict[str, Any] = {"replication_delay_s": args.replication_delay,
+                               "mirror": args.mirror,
                                "rate": args.rate, "partitions": args.partitions,
                                "profiles": {}}
     with tempfile.TemporaryDirectory(prefix="failover-drill-") as tmp:
@@ -327,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['replication_late_s']['max']:.2f}s", flush=True)
             results["profiles"][name] = {"summary": summarize(runs), "runs": runs}
     load = os.getloadavg()[0]
-    print(f"\nfailover drill, replication delay {args.replication_delay:g}s, {args.rate:g} "
+    mirror = ", segments also copied at once (--mirror)" if args.mirror else ""
+    print(f"\nfailover drill, replication delay {args.replication_delay:g}s{mirror}, "
+          f"{args.rate:g} "
           f"records/s over {args.partitions} partitions (load {load:.1f}):")
     print(f"{'profile':<12} {'runs':>4}  {'RPO records p50/max':>20}  {'RPO s p50/max':>14}  "
           f"{'bucket kept s':>14}  {'RTO s p50/max':>14}")
