@@ -251,7 +251,7 @@ def read_all(brokers: str, topic: str, partitions: int, timeout: float = 60
     c = Consumer({"bootstrap.servers": brokers, "group.id": "drill-reader",
                   "enable.auto.commit": False, "isolation.level": "read_committed", **QUIET})
     try:
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), 60)[1]
                 for p in range(partitions)}
         # read_committed stops at the last stable offset; with no open transaction (ingress
         # idle after catch-up) that is the high watermark, whose last position may be a

@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                                "mirror": args.mirror,
                                "rate": args.rate, "partitions": args.partitions,
                                "profiles": {}}
+    failed: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="failover-drill-") as tmp:
         base = args.keep or Path(tmp)
         for name in names:
@@ -323,7 +324,12 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.runs):
                 workdir = base / f"{name}-{i}"
                 workdir.mkdir(parents=True, exist_ok=True)
-                r = one_run(workdir, PROFILES[name], args, rng)
+                try:
+                    r = one_run(workdir, PROFILES[name], args, rng)
+                except Exception as e:  # noqa: BLE001 - report it, keep the other runs
+                    print(f"{name} run {i + 1} FAILED: {e!r}", flush=True)
+                    failed.append({"profile": name, "run": i + 1, "error": repr(e)})
+                    continue
                 runs.append(r)
                 print(f"{name} run {i + 1}: killed after {r['kill_after_s']:.1f}s; RPO "
                       f"{r['rpo_records']} records / {r['rpo_seconds']:.1f}s "
@@ -334,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['holes']}, duplicates {r['duplicates']}; copies past their due "
                       f"time p50 {r['replication_late_s']['p50']:.2f}s max "
                       f"{r['replication_late_s']['max']:.2f}s", flush=True)
-            results["profiles"][name] = {"summary": summarize(runs), "runs": runs}
+            if runs:
+                results["profiles"][name] = {"summary": summarize(runs), "runs": runs}
+    results["failed_runs"] = failed
     load = os.getloadavg()[0]
     mirror = ", segments also copied at once (--mirror)" if args.mirror else ""
     print(f"\nfailover drill, replication delay {args.replication_delay:g}s{mirror}, "
@@ -352,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{pm('rpo_seconds', '.1f'):>14}  {pm('rpo_seconds_bucket_kept', '.1f'):>14}  "
               f"{pm('rto_s', '.1f'):>14}   holes {s['holes']}, duplicates "
               f"{s['duplicates']}, skips {s['skips']}")
+    if failed:
+        print(f"{len(failed)} run(s) failed: {failed}")
     if args.json:
         args.json.write_text(json.dumps({**results, "load": load}, indent=2))
     return 0
