@@ -83,3 +83,22 @@ def test_a_failed_read_of_topic_json_fails_the_step_and_never_swaps_incarnations
     assert committer.metrics.value("replicator_archive_step_failures_total",
                                    {"region": "r1", "topic": "t"}) == 1
     assert committer.catalog.tables(("replicator",)) == [current(committer).identifier]
+
+
+# --- a segment format tables cannot list --------------------------------------------------
+
+def test_arrow_segments_with_catalog_are_refused_at_start_naming_the_key(
+        tmp_path: Path) -> None:
+    from replicator.core.errors import ConfigErrors
+    from replicator.core.settings import load_settings
+
+    data: dict[str, Any] = {
+        "region": "r1", "s3": {"bucket": "b", "region": "us-east-1"},
+        "kafka": {"brokers": "127.0.0.1:1"}, "format": {"name": "arrow"},
+        "catalog": {"enabled": True,
+                    "properties": {"uri": f"sqlite:///{tmp_path}/catalog.db"}}}
+    with pytest.raises(ConfigErrors, match=r"format\.name") as e:
+        load_settings(data=data, environ={})
+    assert [x.key for x in e.value.errors] == ["format.name"]   # the CLI exits 2
+    load_settings(data=data | {"catalog": {"enabled": False}}, environ={})
+    load_settings(data=data | {"format": {"name": "parquet"}}, environ={})

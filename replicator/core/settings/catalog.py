@@ -23,7 +23,8 @@ class CatalogSettings(Model):
     """The Iceberg catalog that lists the segments as tables (``[catalog]``)."""
 
     enabled: bool = Field(False, description="Keep an Iceberg table per replicated topic "
-                                             "over the segment files.")
+                                             "over the segment files (needs format.name = "
+                                             "\"parquet\": refused otherwise).")
     type: str = Field("sql", description="pyiceberg catalog type: sql, glue, rest, hive, "
                                          "dynamodb, ... (only sql is tested here).")
     properties: dict[str, str] = Field(

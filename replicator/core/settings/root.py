@@ -61,6 +61,19 @@ class Settings(Model):
         return self
 
     @model_validator(mode="after")
+    def _tables_can_list_the_segments(self) -> Settings:
+        # An Iceberg table lists Parquet segments only: with Arrow outputs a compaction
+        # swap would take its inputs out of the table and put nothing in.
+        if self.catalog.enabled and self.format.name != "parquet":
+            raise KeyedValueError(
+                "format.name",
+                f"{self.format.name!r} segments cannot be Iceberg data files, and "
+                "[catalog] enabled = true lists segments as tables: compaction would take "
+                "the records it merges out of the tables; use \"parquet\" or disable "
+                "[catalog]")
+        return self
+
+    @model_validator(mode="after")
     def _segments_fit_in_parts(self) -> Settings:
         # A segment streams into one multipart upload of at most MAX_PARTS parts of
         # s3.part_size bytes (egress writes it, compaction writes its outputs).
