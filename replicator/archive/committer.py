@@ -23,7 +23,6 @@ from datetime import timedelta
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
-    INCARNATION_PROPERTY,
     CatalogError,
     CommitConflict,
     IcebergCatalog,
@@ -37,9 +36,10 @@ from replicator.archive.naming import (
     read_incarnation,
     table_identifier,
 )
+from replicator.archive.ownership import ForeignTable, Source, check_owner, collisions
 from replicator.archive.plan import TablePlan, plan_table
 from replicator.core.clock import Clock, utc_now
-from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentCorrupt
+from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
@@ -135,16 +135,63 @@ class ArchiveCommitter:
                     out.append((region, name))
         return sorted(out)
 
+    def source(self, ident: TableIdentity) -> Source:
+        """What the table of ``ident`` lists (its stamp, ``archive.ownership``)."""
+        return Source(self._bucket, self.settings.s3.prefix, ident.region, ident.topic,
+                      ident.incarnation)
+
     def table(self, region: str, topic: str, *, create: bool = True) -> IcebergTable | None:
-        """The topic's table (created when missing, unless ``create`` is false)."""
+        """The topic's table (created when missing, unless ``create`` is false), checked to
+        be this source's.
+
+        Raises:
+            ForeignTable: the identifier holds a table stamped for another source.
+        """
         ident = self.identity(region, topic)
         identifier = self.identifier(ident)
-        if not create:
-            return self.catalog.load(identifier)
-        props = {"replicator.region": region, "replicator.topic": topic}
-        if ident.incarnation:
-            props[INCARNATION_PROPERTY] = ident.incarnation
-        return self.catalog.create(identifier, props)
+        source = self.source(ident)
+        table = (self.catalog.create(identifier, source.stamp()) if create
+                 else self.catalog.load(identifier))
+        if table is None:
+            return None
+        try:
+            updates = check_owner(table.properties, source,
+                                  per_incarnation="{incarnation}" in self.cfg.table_name)
+        except ForeignTable as e:
+            self.m.foreign.labels(region, topic).inc()
+            log.error("%s/%s: table %s refused: %s", region, topic, table.name, e)
+            raise ForeignTable(f"{region}/{topic}: table {table.name}: {e}") from e
+        if updates and create:
+            table.set_properties(updates)
+        return table
+
+    def check_mapping(self) -> None:
+        """At start: every source has a table of its own (the identifier mapping is
+        one-to-one, and no existing table is stamped for another source).
+
+        Raises:
+            ConfigError: naming both sources (key ``catalog.table_name``).
+        """
+        idents = [self.identity(region, topic) for region, topic in self.topics()]
+        pairs = [(self.source(i), self.identifier(i)) for i in idents]
+        clashes = collisions(pairs)
+        if clashes:
+            a, b, ident = clashes[0]
+            raise ConfigError("catalog.table_name", (
+                f"{a} and {b} both map to table {'.'.join(ident)} (names are lowercased "
+                "and characters outside [a-z0-9_] become _): name {region} in the template "
+                "or list one of them in catalog.topics") + (
+                f"; {len(clashes) - 1} more such pair(s)" if len(clashes) > 1 else ""))
+        for source, ident in pairs:
+            table = self.catalog.load(ident)
+            if table is None:
+                continue
+            try:
+                check_owner(table.properties, source,
+                            per_incarnation="{incarnation}" in self.cfg.table_name)
+            except ForeignTable as e:
+                raise ConfigError("catalog.table_name",
+                                  f"table {'.'.join(ident)} for {source}: {e}") from e
 
     # --- one step -----------------------------------------------------------------------
 

@@ -90,9 +90,6 @@ SEGMENT_PARTITION_SPEC = PartitionSpec(
                    name="partition"))
 """One segment holds one source partition: ``partition = 3`` prunes files in the manifests."""
 
-INCARNATION_PROPERTY = "replicator.incarnation"
-"""Table property: the source topic's incarnation (its topic id) the table is about."""
-
 _TABLE_PROPERTIES = {
     # Conflicts are re-planned by the caller (module docstring).
     "commit.retry.num-retries": "0",
@@ -294,6 +291,14 @@ class IcebergTable:
         except Exception as e:
             raise _wrap(f"reading the manifest lists of {self.name}", e) from e
         return used
+
+    def set_properties(self, props: Mapping[str, str]) -> None:
+        """Set table properties (one metadata commit)."""
+        try:
+            with self._table.transaction() as tx:
+                tx.set_properties(dict(props))
+        except Exception as e:
+            raise _wrap(f"setting properties {sorted(props)} of {self.name}", e) from e
 
     def refresh(self) -> None:
         """Load the catalog's current state of the table."""

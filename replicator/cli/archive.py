@@ -41,14 +41,17 @@ def archive_factory(settings: Settings, store: ObjectStore, metrics: Metrics) ->
     """Compaction's hook into the archive tables (``[catalog]`` enabled).
 
     Raises:
-        ConfigError: the ``archive`` extra is not installed.
+        ConfigError: the ``archive`` extra is not installed, or two sources map to one
+            table.
     """
     try:
         from replicator.archive.committer import ArchiveCommitter
     except ImportError as e:
         raise ConfigError("catalog.enabled", f"needs the 'archive' extra (pip install "
                           f"'kafka-s3-replicator[archive]'): {e}") from e
-    return ArchiveCommitter(settings, store, metrics=metrics)
+    committer = ArchiveCommitter(settings, store, metrics=metrics)
+    committer.check_mapping()
+    return committer
 
 
 def _committer(config: Path) -> tuple[Settings, ArchiveCommitter]:
@@ -191,6 +194,12 @@ def sync(config: Path, output: str) -> None:
     every catalog.commit_interval). Idempotent.
     """
     _, committer = _committer(config)
+    try:
+        committer.check_mapping()
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
+    except ReplicatorError as e:
+        fail(str(e), EXIT_FAILURE)
     results = committer.sync_all()
     _print_results(results, output)
     if len(results) < len(committer.topics()):

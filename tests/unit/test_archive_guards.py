@@ -102,3 +102,97 @@ def test_arrow_segments_with_catalog_are_refused_at_start_naming_the_key(
     assert [x.key for x in e.value.errors] == ["format.name"]   # the CLI exits 2
     load_settings(data=data | {"catalog": {"enabled": False}}, environ={})
     load_settings(data=data | {"format": {"name": "parquet"}}, environ={})
+
+
+# --- two sources, one table ---------------------------------------------------------------
+
+def put(store: MemoryObjectStore, start: int, end: int, *, topic: str = "t",
+        region: str = "r1") -> SegmentKey:
+    key = k(0, start, end, topic=topic, region=region)
+    write_segment(store, key, make_records(start, end))
+    return key
+
+
+def test_two_regions_rendered_to_one_table_are_refused_at_start_and_at_each_step(
+        tmp_path: Path) -> None:
+    from replicator.archive.ownership import ForeignTable
+    from replicator.core.errors import ConfigError
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(
+        catalog_settings(tmp_path, table_name="{topic}", regions=["r1", "r2"]), store)
+    mine = put(store, 0, 9, region="r1")
+    put(store, 0, 19, region="r2")
+    with pytest.raises(ConfigError, match=r"r1/t.* and .*r2/t.*replicator\.t") as e:
+        committer.check_mapping()
+    assert e.value.key == "catalog.table_name"
+    from replicator.cli.archive_follow import ArchiveFollower
+
+    settings = committer.settings.model_copy(update={"metrics": committer.settings.metrics
+                                                     .model_copy(update={"port": 0})})
+    with pytest.raises(ConfigError, match=r"catalog\.table_name"):   # `archive follow` exits 2
+        ArchiveFollower(settings, store=store, committer=committer).start()
+    for _ in range(2):   # was: each region's step removed the other's files as "gone"
+        results = committer.sync_all()
+        assert [r.table for r in results] == ["replicator.t"]
+        table = current(committer)
+        assert listed(table) == [mine] and len(table.snapshots()) == 1
+    assert committer.metrics.value("replicator_archive_foreign_tables_total",
+                                   {"region": "r2", "topic": "t"}) == 2
+    with pytest.raises(ForeignTable, match="r1/t"):
+        committer.sync("r2", "t")
+
+
+def test_topic_names_that_sanitize_alike_are_refused_at_start_naming_both(
+        tmp_path: Path) -> None:
+    from replicator.core.errors import ConfigError
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(
+        catalog_settings(tmp_path, topics=["orders.v1", "orders_v1"]), store)
+    with pytest.raises(ConfigError, match=r"orders\.v1.* and .*orders_v1"):
+        committer.check_mapping()
+    first = put(store, 0, 9, topic="orders.v1")
+    put(store, 0, 4, topic="orders_v1")
+    committer.sync_all()
+    committer.sync_all()
+    table = committer.table("r1", "orders.v1", create=False)
+    assert table is not None
+    assert sorted(table.files()) == [f"s3://b/{first}"]
+
+
+def test_a_second_bucket_following_the_same_catalog_is_refused(tmp_path: Path) -> None:
+    from replicator.archive.ownership import BUCKET, ForeignTable
+    from replicator.core.errors import ConfigError
+
+    src, dst = MemoryObjectStore("src"), MemoryObjectStore("dst")
+    for store in (src, dst):   # S3 replication: the same keys in both buckets
+        seed(store, [(0, 99), (100, 199)])
+    a = ArchiveCommitter(catalog_settings(tmp_path), src)
+    b = ArchiveCommitter(catalog_settings(tmp_path), dst)
+    a.check_mapping()
+    a.sync("r1", "t")
+    assert current(a).properties[BUCKET] == "src"
+    with pytest.raises(ConfigError, match=r"s3://src/data/r1/t.*not s3://dst/data/r1/t"):
+        b.check_mapping()
+    with pytest.raises(ForeignTable):   # was: the table listed every record twice
+        b.sync("r1", "t")
+    files = current(a).files()
+    assert len(files) == 2 and all(p.startswith("s3://src/") for p in files)
+
+
+def test_a_table_of_an_earlier_release_is_stamped_and_follows_the_live_incarnation(
+        tmp_path: Path) -> None:
+    from replicator.archive.ownership import BUCKET, INCARNATION, PREFIX
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    seed(store, [(0, 9)])
+    committer.catalog.create(("replicator", "r1", "t"),
+                             {"replicator.region": "r1", "replicator.topic": "t"})
+    committer.sync("r1", "t")
+    props = current(committer).properties
+    assert (props[BUCKET], props[PREFIX]) == ("b", "data") and INCARNATION not in props
+    recreated_topic(store)
+    committer.sync("r1", "t")
+    assert current(committer).properties[INCARNATION] == "newid"
