@@ -140,7 +140,8 @@ class ArchiveCommitter:
         return Source(self._bucket, self.settings.s3.prefix, ident.region, ident.topic,
                       ident.incarnation)
 
-    def table(self, region: str, topic: str, *, create: bool = True) -> IcebergTable | None:
+    def table(self, region: str, topic: str, *, create: bool = True,
+              over_metadata: bool = False) -> IcebergTable | None:
         """The topic's table (created when missing, unless ``create`` is false), checked to
         be this source's.
 
@@ -150,8 +151,8 @@ class ArchiveCommitter:
         ident = self.identity(region, topic)
         identifier = self.identifier(ident)
         source = self.source(ident)
-        table = (self.catalog.create(identifier, source.stamp()) if create
-                 else self.catalog.load(identifier))
+        table = (self.catalog.create(identifier, source.stamp(), over_metadata=over_metadata)
+                 if create else self.catalog.load(identifier))
         if table is None:
             return None
         try:
@@ -407,10 +408,17 @@ class ArchiveCommitter:
                 log.error("%s/%s: table not updated this time: %s", region, topic, e)
         return out
 
-    def rebuild(self, region: str, topic: str, *, drop: bool = False) -> SyncResult:
+    def rebuild(self, region: str, topic: str, *, drop: bool = False,
+                register: str | None = None) -> SyncResult:
         """The table from the bucket's segments (idempotent: ``sync``); with ``drop``, the
-        catalog entry is dropped first (never a data file) and created again.
+        catalog entry is dropped first (never a data file) and created again over the old
+        metadata; with ``register``, the table is first registered from that
+        ``metadata.json`` (a catalog lost: its history comes back), then brought up to date.
         """
+        identifier = self.identifier(self.identity(region, topic))
         if drop:
-            self.catalog.drop(self.identifier(self.identity(region, topic)))
+            self.catalog.drop(identifier)
+            self.table(region, topic, over_metadata=True)
+        if register is not None:
+            self.catalog.register(identifier, register)
         return self.sync(region, topic)

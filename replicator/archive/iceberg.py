@@ -39,6 +39,7 @@ from pyiceberg.expressions import (
     LessThan,
     LessThanOrEqual,
 )
+from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
@@ -62,7 +63,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from replicator.core.errors import ReplicatorError, RetriableError
+from replicator.core.errors import FatalError, ReplicatorError, RetriableError
 from replicator.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,10 @@ _TABLE_PROPERTIES = {
 
 class CatalogError(RetriableError):
     """The catalog or the table's metadata could not be read or written."""
+
+
+class TableLocationInUse(FatalError):
+    """A table would be created where another catalog's table metadata already is."""
 
 
 class CommitConflict(CatalogError):
@@ -192,9 +197,14 @@ class IcebergCatalog:
         except Exception as e:
             raise _wrap(f"loading table {'.'.join(identifier)}", e) from e
 
-    def create(self, identifier: tuple[str, ...],
-               properties: Mapping[str, str]) -> IcebergTable:
-        """Create the table (and its namespace) unless it exists; return it."""
+    def create(self, identifier: tuple[str, ...], properties: Mapping[str, str], *,
+               over_metadata: bool = False) -> IcebergTable:
+        """Create the table (and its namespace) unless it exists; return it.
+
+        Raises:
+            TableLocationInUse: the table's location already holds metadata (another
+                catalog's table, or a lost one: ``register``), unless ``over_metadata``.
+        """
         table = self.load(identifier)
         if table is not None:
             return table
@@ -205,6 +215,13 @@ class IcebergCatalog:
             except NamespaceAlreadyExistsError:
                 pass
             location = "/".join((self._warehouse, *identifier))
+            if not over_metadata and self._has_metadata(location):
+                raise TableLocationInUse(
+                    f"{'.'.join(identifier)}: {location}/metadata/ already holds table "
+                    "metadata that this catalog does not list (another catalog over the same "
+                    "warehouse, or a catalog that was lost): not created over it. Point "
+                    "[catalog] at the catalog that owns it, or register its newest "
+                    "metadata.json (replicator archive rebuild --register), or remove it")
             props = _TABLE_PROPERTIES | {
                 "schema.name-mapping.default":
                     create_mapping_from_schema(SEGMENT_TABLE_SCHEMA).model_dump_json(),
@@ -214,12 +231,35 @@ class IcebergCatalog:
                 partition_spec=SEGMENT_PARTITION_SPEC, properties=props)
             log.info("created Iceberg table %s at %s", ".".join(identifier), location)
             return IcebergTable(created)
+        except TableLocationInUse:
+            raise
         except TableAlreadyExistsError:   # created meanwhile by another process
             again = self.load(identifier)
             assert again is not None
             return again
         except Exception as e:
             raise _wrap(f"creating table {'.'.join(identifier)}", e) from e
+
+    def _has_metadata(self, location: str) -> bool:
+        try:
+            io = load_file_io(dict(self._catalog.properties), location)
+            return io.new_input(f"{location}/metadata").exists()
+        except Exception as e:
+            raise _wrap(f"checking {location}/metadata", e) from e
+
+    def register(self, identifier: tuple[str, ...], metadata_location: str) -> IcebergTable:
+        """Register an existing table from its ``metadata.json`` (repair after a catalog
+        loss: the table, its snapshots and history come back as they were).
+        """
+        try:
+            try:
+                self._catalog.create_namespace(identifier[:-1])
+            except NamespaceAlreadyExistsError:
+                pass
+            return IcebergTable(self._catalog.register_table(identifier, metadata_location))
+        except Exception as e:
+            raise _wrap(f"registering {'.'.join(identifier)} from {metadata_location}",
+                        e) from e
 
     def drop(self, identifier: tuple[str, ...]) -> bool:
         """Drop the table from the catalog (never its data files); ``False`` if absent."""

@@ -196,3 +196,69 @@ def test_a_table_of_an_earlier_release_is_stamped_and_follows_the_live_incarnati
     recreated_topic(store)
     committer.sync("r1", "t")
     assert current(committer).properties[INCARNATION] == "newid"
+
+
+# --- catalogs and warehouses --------------------------------------------------------------
+
+def settings_data(tmp: Path, **catalog: Any) -> dict[str, Any]:
+    return {"region": "r1", "s3": {"bucket": "b", "region": "us-east-1"},
+            "kafka": {"brokers": "127.0.0.1:1"},
+            "catalog": {"enabled": True,
+                        "properties": {"uri": f"sqlite:///{tmp}/catalog.db"}} | catalog}
+
+
+@pytest.mark.parametrize(("catalog", "key"), [
+    ({"properties": {}}, "catalog.properties.uri"),   # the default: a relative path
+    ({"properties": {"uri": "sqlite:///catalog.db"}}, "catalog.properties.uri"),
+    ({"properties": {"uri": "sqlite://"}}, "catalog.properties.uri"),
+    ({"warehouse": "s3://b/data/iceberg"}, "catalog.warehouse"),
+    ({"warehouse": "s3://b/data"}, "catalog.warehouse"),
+    ({"type": "dynamodb", "properties": {}}, "catalog.type"),
+])
+def test_unsafe_catalog_settings_are_refused_naming_the_key(
+        tmp_path: Path, catalog: dict[str, Any], key: str) -> None:
+    from replicator.core.errors import ConfigErrors
+    from replicator.core.settings import load_settings
+
+    data = settings_data(tmp_path, **catalog)
+    if catalog.get("properties") == {}:
+        del data["catalog"]["properties"]
+    with pytest.raises(ConfigErrors) as e:
+        load_settings(data=data, environ={})
+    assert [x.key for x in e.value.errors] == [key]   # the CLI exits 2
+
+
+def test_safe_catalog_settings_load(tmp_path: Path) -> None:
+    from replicator.core.settings import load_settings
+
+    for catalog in ({}, {"warehouse": "s3://b/iceberg"}, {"warehouse": "s3://b/database"},
+                    {"warehouse": "s3://other/data/iceberg"},
+                    {"type": "glue", "properties": {"glue.id": "1"}}):
+        load_settings(data=settings_data(tmp_path, **catalog), environ={})
+    data = settings_data(tmp_path)
+    data["catalog"] = {"enabled": False}   # the default URI is only refused when used
+    load_settings(data=data, environ={})
+
+
+def test_a_second_catalog_over_the_same_warehouse_is_refused_and_register_repairs(
+        tmp_path: Path) -> None:
+    from replicator.archive.iceberg import TableLocationInUse
+
+    store = MemoryObjectStore("b")
+    seed(store, [(0, 9), (10, 19)])
+    first = ArchiveCommitter(catalog_settings(tmp_path), store)
+    first.sync("r1", "t")
+    history = [s.snapshot_id for s in current(first).snapshots()]
+    metadata = current(first).metadata_location
+    other = catalog_settings(tmp_path, properties={"uri": f"sqlite:///{tmp_path}/other.db"})
+    second = ArchiveCommitter(other, store)   # its own catalog, the same warehouse
+    with pytest.raises(TableLocationInUse, match="register"):
+        second.sync("r1", "t")
+    assert second.catalog.load(("replicator", "r1", "t")) is None
+    # The catalog lost: the table comes back with its history from its metadata.json.
+    seed(store, [(20, 29)])
+    r = second.rebuild("r1", "t", register=metadata)
+    assert r.added == 1
+    assert [s.snapshot_id for s in current(second).snapshots()][:len(history)] == history
+    # A damaged entry dropped and created again over its own metadata.
+    assert second.rebuild("r1", "t", drop=True).added == 3

@@ -25,15 +25,19 @@ class CatalogSettings(Model):
     enabled: bool = Field(False, description="Keep an Iceberg table per replicated topic "
                                              "over the segment files (needs format.name = "
                                              "\"parquet\": refused otherwise).")
-    type: str = Field("sql", description="pyiceberg catalog type: sql, glue, rest, hive, "
-                                         "dynamodb, ... (only sql is tested here).")
+    type: str = Field("sql", description="pyiceberg catalog type: sql, glue, rest, hive "
+                                         "(only sql is tested here; dynamodb is refused: "
+                                         "pyiceberg cannot commit to it).")
     properties: dict[str, str] = Field(
         default_factory=lambda: {"uri": "sqlite:///replicator-catalog.sqlite"},
         description="pyiceberg catalog properties (uri, warehouse, credentials, ...). The "
-                    "S3 FileIO properties (s3.endpoint, s3.region, keys) default to [s3]'s.")
+                    "S3 FileIO properties (s3.endpoint, s3.region, keys) default to [s3]'s. "
+                    "With type sql, a SQLite uri must be an absolute path "
+                    "(sqlite:////var/lib/replicator/catalog.db): the relative default is "
+                    "refused when enabled, as each process would get a catalog of its own.")
     warehouse: str | None = Field(
         None, description="Where table metadata (metadata.json, manifests) is written "
-                          "(default: s3://{s3.bucket}/iceberg). Never under s3.prefix.")
+                          "(default: s3://{s3.bucket}/iceberg). Refused under s3.prefix.")
     namespace: str = Field("replicator", description="Namespace of the tables "
                                                      "(dot-separated levels).")
     table_name: str = Field(
