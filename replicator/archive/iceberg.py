@@ -65,6 +65,7 @@ from pyiceberg.types import (
 
 from replicator.core.errors import FatalError, ReplicatorError, RetriableError
 from replicator.core.settings import Settings
+from replicator.core.settings.catalog import redact_urls
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,10 @@ def warehouse(settings: Settings) -> str:
 
 
 def _wrap(what: str, e: Exception) -> CatalogError:
+    # Drivers may quote the connection URL (and its password) in their messages.
     if isinstance(e, CommitFailedException):
-        return CommitConflict(f"{what}: {e}")
-    return CatalogError(f"{what}: {type(e).__name__}: {e}")
+        return CommitConflict(redact_urls(f"{what}: {e}"))
+    return CatalogError(redact_urls(f"{what}: {type(e).__name__}: {e}"))
 
 
 class IcebergCatalog:

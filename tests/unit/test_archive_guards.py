@@ -262,3 +262,67 @@ def test_a_second_catalog_over_the_same_warehouse_is_refused_and_register_repair
     assert [s.snapshot_id for s in current(second).snapshots()][:len(history)] == history
     # A damaged entry dropped and created again over its own metadata.
     assert second.rebuild("r1", "t", drop=True).added == 3
+
+
+# --- secrets and the SQL sandbox ----------------------------------------------------------
+
+def test_catalog_secrets_are_masked_in_what_is_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from replicator.archive.iceberg import _wrap
+    from replicator.core.settings.catalog import CatalogSettings
+
+    rest = CatalogSettings(enabled=True, type="rest", properties={
+        "uri": "https://polaris.example.com/api/catalog", "credential": "cid:CLIENT-SECRET",
+        "warehouse": "prod", "s3.secret-access-key": "AWS-SECRET"})
+    sql = CatalogSettings(enabled=True, type="sql", properties={
+        "uri": "postgresql+psycopg2://iceberg:DB-PASSWORD@db.internal:5432/catalog"})
+    shown = f"{rest.masked_properties()} {sql.masked_properties()}"
+    assert "CLIENT-SECRET" not in shown and "AWS-SECRET" not in shown
+    assert "DB-PASSWORD" not in shown and "iceberg:***@db.internal" in shown
+    assert "https://polaris.example.com/api/catalog" in shown   # no password: as it is
+    err = _wrap("loading the sql catalog", RuntimeError(
+        "could not connect to postgresql://iceberg:DB-PASSWORD@db.internal/catalog"))
+    assert "DB-PASSWORD" not in str(err)
+    # What `archive follow` and every service log at start.
+    from replicator.cli.archive_follow import ArchiveFollower
+
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    settings = settings.model_copy(update={
+        "metrics": settings.metrics.model_copy(update={"port": 0}),
+        "catalog": settings.catalog.model_copy(update={"properties": {
+            **settings.catalog.properties, "credential": "cid:CLIENT-SECRET"}})})
+    with caplog.at_level(logging.INFO):
+        ArchiveFollower(settings, store=store,
+                        committer=ArchiveCommitter(catalog_settings(tmp_path), store)).start()
+    assert "archive committer" in caplog.text and "CLIENT-SECRET" not in caplog.text
+    assert "CLIENT-SECRET" not in str(settings.masked())
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT content FROM read_text('{secret}')",
+    "COPY (SELECT 42 AS answer) TO '{out}'",
+    "ATTACH '{out}' AS other",
+    "INSTALL httpfs",
+    "SET enable_external_access = true",
+    "SELECT * FROM read_parquet('s3://any-bucket/any.parquet')",
+])
+def test_archive_sql_reads_its_tables_and_nothing_else(tmp_path: Path, sql: str) -> None:
+    import pyarrow as pa
+
+    from replicator.archive.duckdb_sql import QueryError, run_sql
+
+    secret = tmp_path / "config.toml"
+    secret.write_text('credential = "cid:CLIENT-SECRET"\n')
+    out = tmp_path / "out.csv"
+    rows = pa.table({"a": [1, 2, 3]})
+
+    def reader() -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches())
+
+    assert run_sql("SELECT sum(a) FROM t", {"t": reader}).rows == [(6,)]
+    with pytest.raises(QueryError):
+        run_sql(sql.format(secret=secret, out=out), {"t": reader})
+    assert not out.exists()

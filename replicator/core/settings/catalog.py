@@ -16,7 +16,14 @@ TEMPLATE_FIELDS = frozenset({"region", "topic", "incarnation"})
 """The placeholders ``table_name`` may use."""
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
+"""The password of ``scheme://user:password@host`` (a SQL catalog's ``uri``)."""
 _NAMESPACE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` masked."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
 
 
 class CatalogSettings(Model):
@@ -100,5 +107,10 @@ class CatalogSettings(Model):
         """``properties`` with secret values masked, for logs."""
         from replicator.core.settings.fields import is_secret_setting
 
-        return {k: ("***" if is_secret_setting(k) or "key" in k.lower() else v)
-                for k, v in self.properties.items()}
+        def mask(name: str, value: str) -> str:
+            n = name.lower()
+            if is_secret_setting(n) or "key" in n or "credential" in n:
+                return "***"
+            return redact_urls(value)
+
+        return {k: mask(k, v) for k, v in self.properties.items()}
