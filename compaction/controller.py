@@ -469,18 +469,23 @@ class Compaction:
             ready.extend((p, reason, output, keys) for reason, output, keys in batches
                          if self._replicated(output, len(keys), report))
         swapped = self._swap_tables(ready, report)
-        for p, reason, output, keys in ready:
-            if p.partition.topic not in swapped:
-                continue
-            if lock is not None and not lock.confirm():
-                raise _LockLost(f"region lock {lock.key} lost before deleting "
-                                f"{len(keys)} segments of {p.partition}; they stay")
-            self.store.delete_many(keys)
-            report.deleted.extend(keys)
-            self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
-            log.info("%s[%d]: deleted %d %s segments (into %s)", p.partition.topic,
-                     p.partition.partition, len(keys), reason, output)
-        self._expire_tables(swapped)
+        attempted: set[str] = set()
+        try:
+            for p, reason, output, keys in ready:
+                if p.partition.topic not in swapped:
+                    continue
+                if lock is not None and not lock.confirm():
+                    raise _LockLost(f"region lock {lock.key} lost before deleting "
+                                    f"{len(keys)} segments of {p.partition}; they stay")
+                attempted.add(p.partition.topic)
+                self.store.delete_many(keys)
+                report.deleted.extend(keys)
+                self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
+                log.info("%s[%d]: deleted %d %s segments (into %s)", p.partition.topic,
+                         p.partition.partition, len(keys), reason, output)
+        finally:
+            # Whatever stopped the deletes, no snapshot may keep listing what was deleted.
+            self._expire_tables({t: s for t, s in swapped.items() if t in attempted})
 
     def _swap_tables(self, ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]],
                      report: RunReport) -> dict[str, Any]:

@@ -71,6 +71,8 @@ class SyncResult:
     conflicts: int = 0
     not_parquet: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
+    deleting: list[str] = field(default_factory=list)
+    """Table paths of the segments about to be deleted (a compaction swap)."""
 
     @property
     def committed(self) -> bool:
@@ -259,7 +261,7 @@ class ArchiveCommitter:
         deleting = frozenset(deleting)
         table = self.table(region, topic)
         assert table is not None
-        result = SyncResult(table.name)
+        result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         for _attempt in range(MAX_ATTEMPTS):
             files = table.files()
             paths = list(files)
@@ -331,14 +333,17 @@ class ArchiveCommitter:
         return snapshot
 
     def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the snapshots older than ``snapshot`` (they may list deleted files), then
-        delete the metadata files no kept snapshot refers to (``clean_metadata``).
+        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
+        the metadata files no kept snapshot refers to (``clean_metadata``).
         """
+        return self._expire_ids(table, table.ancestors(snapshot))
+
+    def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
         try:
-            n = table.expire_before(snapshot)
+            n = table.expire(ids)
         except CommitConflict as e:
-            # A newer commit exists; it expires what is older than itself when it removes
-            # files, and older snapshots listing deleted files are expired by the next one.
+            # A newer commit exists; the snapshots listing deleted files are expired by the
+            # next expiry, which selects them by lineage.
             log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
             return 0
         if n:
@@ -390,12 +395,23 @@ class ArchiveCommitter:
         return self.sync(region, topic, deleting=deleting, expire=False)
 
     def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
-        """Expire the snapshots older than the swap (they list the deleted inputs)."""
-        if swap.snapshot_id is None:
+        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
+        newest of the table's lineage that lists one, and all its ancestors. Selected by
+        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
+        committed before it died (its deletes done by this run) are expired too.
+        """
+        if not swap.deleting:
             return 0
         table = self.table(region, topic)
         assert table is not None
-        return self.expire(table, swap.snapshot_id)
+        newest = table.newest_listing(swap.deleting)
+        if newest is None:
+            return 0
+        if newest == table.snapshot_id:
+            log.error("%s: the current snapshot lists segments deleted by compaction; the "
+                      "next step removes them", table.name)
+            return self._expire_ids(table, table.ancestors(newest))
+        return self._expire_ids(table, [newest, *table.ancestors(newest)])
 
     def sync_all(self) -> list[SyncResult]:
         """One step for every topic; a topic that fails is logged and the others go on."""

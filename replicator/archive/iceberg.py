@@ -16,7 +16,7 @@ per table (``commit.retry.num-retries = 0``): a caller re-plans from the new sna
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -422,23 +422,62 @@ class IcebergTable:
                         f"{self.name}", e) from e
         return self.snapshot_id
 
-    def expire_before(self, snapshot_id: int) -> int:
-        """Expire every snapshot older than ``snapshot_id`` (which stays); their count."""
+    def ancestors(self, snapshot_id: int) -> list[int]:
+        """The snapshots ``snapshot_id`` descends from (parent first), as the metadata keeps
+        them: the lineage, not timestamps (clocks of writers differ).
+        """
         meta = self._table.metadata
-        keep = meta.snapshot_by_id(snapshot_id)
-        if keep is None:
+        out: list[int] = []
+        snap = meta.snapshot_by_id(snapshot_id)
+        while snap is not None and snap.parent_snapshot_id is not None:
+            snap = meta.snapshot_by_id(snap.parent_snapshot_id)
+            if snap is None or snap.snapshot_id in out:
+                break
+            out.append(snap.snapshot_id)
+        return out
+
+    def expire_before(self, snapshot_id: int) -> int:
+        """Expire every ancestor of ``snapshot_id`` (which stays); their count."""
+        return self.expire(self.ancestors(snapshot_id))
+
+    def newest_listing(self, paths: Iterable[str]) -> int | None:
+        """The newest snapshot of the current lineage that lists one of ``paths`` (the
+        current snapshot included), or ``None``.
+        """
+        wanted = set(paths)
+        current = self.snapshot_id
+        if current is None or not wanted:
+            return None
+        for sid in (current, *self.ancestors(current)):
+            if wanted & self.files(sid).keys():
+                return sid
+        return None
+
+    def expire(self, ids: Sequence[int]) -> int:
+        """Expire the snapshots ``ids`` (never the current one); a tag or a branch (other
+        than ``main``) on one of them is removed first, with a WARNING: the files it lists
+        are being deleted, so it could only fail its readers. Their count.
+        """
+        current = self.snapshot_id
+        ids = [i for i in dict.fromkeys(ids) if i != current]
+        if not ids:
             return 0
-        old = [s.snapshot_id for s in meta.snapshots if s.timestamp_ms < keep.timestamp_ms
-               or (s.timestamp_ms == keep.timestamp_ms and s.snapshot_id != snapshot_id
-                   and s.sequence_number is not None and keep.sequence_number is not None
-                   and s.sequence_number < keep.sequence_number)]
-        if not old:
-            return 0
+        refs = {name: ref for name, ref in self._table.metadata.refs.items()
+                if ref.snapshot_id in ids and name != "main"}
         try:
-            self._table.maintenance.expire_snapshots().by_ids(old).commit()
+            if refs:
+                manage = self._table.manage_snapshots()
+                for name, ref in refs.items():
+                    log.warning("%s: %s %s points at snapshot %d, which lists segments being "
+                                "deleted: removed (a table's history is bounded by "
+                                "compaction and catalog.snapshot_retention)", self.name,
+                                ref.snapshot_ref_type.value, name, ref.snapshot_id)
+                    manage = manage.remove_tag(name)   # removes a branch alike
+                manage.commit()
+            self._table.maintenance.expire_snapshots().by_ids(ids).commit()
         except Exception as e:
-            raise _wrap(f"expiring {len(old)} snapshots of {self.name}", e) from e
-        return len(old)
+            raise _wrap(f"expiring {len(ids)} snapshots of {self.name}", e) from e
+        return len(ids)
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Every snapshot the metadata keeps, oldest first."""

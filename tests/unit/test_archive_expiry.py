@@ -1,0 +1,136 @@
+"""Snapshot expiry of the archive tables: no snapshot a table keeps lists a deleted
+segment, whatever stopped a compaction run between its swap and its deletes, and whatever
+tags or branches another engine put on the table. pyiceberg's SQL catalog (SQLite) over a
+MemoryObjectStore; each test fails without its guard.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compaction.controller import Compaction
+from replicator.archive.committer import ArchiveCommitter
+from replicator.archive.iceberg import IcebergTable
+from replicator.core.errors import StorageError
+from replicator.core.settings import Settings
+from replicator.core.storage import MemoryObjectStore
+from tests.unit.test_archive_committer import catalog_settings
+from tests.unit.test_compaction_controller import clock, k
+from tests.unit.test_compaction_helpers import compaction_settings, make_records, write_segment
+
+
+class Killed(BaseException):
+    """Stands for kill -9 or an OOM of the compaction driver."""
+
+
+def put(store: MemoryObjectStore, start: int, end: int, topic: str = "t",
+        partition: int = 0) -> None:
+    write_segment(store, k(0, start, end, partition, topic=topic), make_records(start, end))
+
+
+def dangling(committer: ArchiveCommitter, store: MemoryObjectStore,
+             table: IcebergTable) -> list[tuple[int, str]]:
+    """(snapshot, path) of every kept snapshot's file that is not in the bucket."""
+    table.refresh()
+    keys = set(store.keys())
+    return [(s.snapshot_id, p) for s in table.snapshots()
+            for p in table.files(s.snapshot_id) if p.removeprefix("s3://b/") not in keys]
+
+
+def table_of(committer: ArchiveCommitter, topic: str = "t") -> IcebergTable:
+    table = committer.table("r1", topic, create=False)
+    assert table is not None
+    return table
+
+
+def run(settings: Settings, store: MemoryObjectStore, committer: ArchiveCommitter) -> Any:
+    return Compaction(settings, store=store, clock=clock,
+                      archive_factory=lambda *_: committer).run_once()
+
+
+def test_a_run_killed_between_swap_and_delete_leaves_no_snapshot_listing_deleted_segments(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    committer = ArchiveCommitter(settings, store)
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    put(store, 20, 29)
+    committer.sync("r1", "t")
+
+    def die(keys: Any) -> None:
+        raise Killed
+
+    monkeypatch.setattr(store, "delete_many", die)
+    with pytest.raises(Killed):
+        run(settings, store, committer)
+    monkeypatch.undo()
+    committer.sync("r1", "t")   # the follower: nothing to do
+    report = run(settings, store, committer)
+    assert len(report.deleted) == 3
+    for _ in range(2):
+        committer.sync("r1", "t")
+    table = table_of(committer)
+    assert dangling(committer, store, table) == []   # was: 3 snapshots listing them
+    assert [p.removeprefix("s3://b/") for p in table.files()] == [k(1, 0, 29).to_key()]
+
+
+def test_a_failed_delete_of_one_topic_still_expires_the_others(tmp_path: Path) -> None:
+    topic_cfg = {"min_segment_age": "1h", "min_segment_count": 2, "min_segment_size": 1,
+                 "max_segment_count": 100, "max_segment_size": "1GiB"}
+    base = compaction_settings(topics={"t": topic_cfg, "u": topic_cfg})
+    settings = base.model_copy(update={"catalog": catalog_settings(tmp_path).catalog})
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(settings, store)
+    for topic in ("t", "u"):
+        put(store, 0, 9, topic)
+        put(store, 10, 19, topic)
+        committer.sync("r1", topic)
+    real_delete = store.delete_many
+
+    def flaky_delete(keys: Any) -> None:
+        keys = list(keys)
+        if any("/u/" in x for x in keys):
+            raise StorageError("delete_many: InternalError (500)")
+        real_delete(keys)
+
+    store.delete_many = flaky_delete  # type: ignore[method-assign]
+    report = run(settings, store, committer)
+    store.delete_many = real_delete  # type: ignore[method-assign]
+    assert report.outcome != "success"
+    assert next(iter(store.list(k(0, 0, 9, topic="t").to_key())), None) is None   # deleted
+    assert dangling(committer, store, table_of(committer, "t")) == []
+    assert dangling(committer, store, table_of(committer, "u")) == []
+
+
+def test_a_tag_neither_blocks_expiry_nor_fails_later_steps(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    committer = ArchiveCommitter(settings, store)
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    table = table_of(committer)
+    tagged = table.snapshot_id
+    assert tagged is not None
+    # Another engine's restore point (ALTER TABLE ... CREATE TAG) and a branch.
+    table._table.manage_snapshots().create_tag(tagged, "audit").commit()
+    table._table.manage_snapshots().create_branch(tagged, "etl").commit()
+    with caplog.at_level(logging.WARNING):
+        report = run(settings, store, committer)
+    assert report.outcome == "success" and len(report.deleted) == 2
+    assert dangling(committer, store, table) == []
+    assert "tag audit points at snapshot" in caplog.text
+    assert set(table._table.metadata.refs) == {"main"}
+    # A lifecycle delete later: the step commits and expires, it does not raise.
+    put(store, 100, 109, partition=1)
+    committer.sync("r1", "t")
+    store.delete(k(0, 100, 109, 1).to_key())
+    assert committer.sync("r1", "t").removed_gone == 1
+    assert dangling(committer, store, table) == []
