@@ -327,7 +327,17 @@ class ArchiveCommitter:
                    "replicator.removed-covered": str(len(plan.remove_covered)),
                    "replicator.removed-gone": str(len(plan.remove_gone)),
                    "replicator.reason": "compaction" if deleting else "sync"}
-        snapshot = table.commit(new, plan.remove, summary)
+        # A new file that covers a removed one is its replacement (a compaction output):
+        # both go in one `replace`; other new files are an `append`, files that left the
+        # bucket a `delete` (streaming readers read appends and skip the rest).
+        removed = [k for p in plan.remove_covered if (k := self.key_of(p)) is not None]
+        swap_in = [f for f in new if (k := self.key_of(f.path)) is not None
+                   and any(k.partition_ref == r.partition_ref and k.covers(r)
+                           for r in removed)]
+        swapped = {f.path for f in swap_in}
+        append = [f for f in new if f.path not in swapped]
+        snapshot = table.commit(append, plan.remove_gone, summary,
+                                replace=(swap_in, plan.remove_covered))
         log.info("%s: snapshot %s: +%d files, -%d covered, -%d gone", table.name, snapshot,
                  len(new), len(plan.remove_covered), len(plan.remove_gone))
         return snapshot

@@ -49,9 +49,11 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.typedef import Record
+from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import (
     BinaryType,
     IntegerType,
@@ -379,21 +381,27 @@ class IcebergTable:
             spec_id=meta.default_spec_id, equality_ids=None, key_metadata=None,
             **stats.to_serialized_dict())
 
-    def commit(self, add: Sequence[NewFile], remove: Sequence[str],
-               summary: Mapping[str, str] | None = None) -> int | None:
-        """One snapshot that adds ``add`` and removes the files at ``remove``, planned on
-        the state this object holds; returns its id (``None``: nothing to commit).
+    def commit(self, add: Sequence[NewFile] = (), remove: Sequence[str] = (),
+               summary: Mapping[str, str] | None = None, *,
+               replace: tuple[Sequence[NewFile], Sequence[str]] = ((), ())) -> int | None:
+        """Snapshots, committed at once, planned on the state this object holds: an
+        ``append`` of ``add``, a ``replace`` that lists ``replace[0]`` instead of the files
+        at ``replace[1]`` (the same records: a compaction swap), a ``delete`` of the files at
+        ``remove``. Streaming readers read appends and skip replaces (Spark's Iceberg
+        source fails on an ``overwrite``). Returns the new current snapshot (``None``:
+        nothing to commit).
 
         Raises:
             CommitConflict: the table changed since it was loaded (refresh and re-plan).
             CatalogError: the commit failed otherwise (its outcome is then unknown: re-plan
                 from a refreshed state, which shows whether it landed).
         """
-        if not add and not remove:
+        swap_in, swap_out = replace
+        if not add and not remove and not swap_in and not swap_out:
             return None
         by_path = {}
-        if remove:
-            gone = set(remove)
+        if remove or swap_out:
+            gone = {*remove, *swap_out}
             by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
                        if t.file.file_path in gone}
             missing = gone - by_path.keys()
@@ -403,23 +411,28 @@ class IcebergTable:
         props = dict(summary or {})
         try:
             with self._table.transaction() as tx:
-                if remove:
-                    producer = tx.update_snapshot(snapshot_properties=props).overwrite()
-                    with producer as op:
-                        for df in by_path.values():
-                            op.delete_data_file(df)
-                        for f in add:
-                            op.append_data_file(self._data_file(f))
-                else:
+                if add:
                     # Merging: manifests are merged as they pile up (one per commit).
                     with tx.update_snapshot(snapshot_properties=props).merge_append() as app:
                         for f in add:
                             app.append_data_file(self._data_file(f))
+                if swap_in or swap_out:
+                    with _ReplaceFiles(operation=Operation.OVERWRITE, transaction=tx,
+                                       io=self._table.io, snapshot_properties=props) as op:
+                        for path in swap_out:
+                            op.delete_data_file(by_path[path])
+                        for f in swap_in:
+                            op.append_data_file(self._data_file(f))
+                if remove:
+                    with _OverwriteFiles(operation=Operation.DELETE, transaction=tx,
+                                         io=self._table.io, snapshot_properties=props) as op:
+                        for path in remove:
+                            op.delete_data_file(by_path[path])
         except ReplicatorError:
             raise
         except Exception as e:
-            raise _wrap(f"committing {len(add)} added and {len(remove)} removed files to "
-                        f"{self.name}", e) from e
+            raise _wrap(f"committing {len(add) + len(swap_in)} added and "
+                        f"{len(remove) + len(swap_out)} removed files to {self.name}", e) from e
         return self.snapshot_id
 
     def ancestors(self, snapshot_id: int) -> list[int]:
@@ -511,6 +524,16 @@ class IcebergTable:
             return sorted(t.file.file_path for t in scan.plan_files())
         except Exception as e:
             raise _wrap(f"planning a scan of {self.name}", e) from e
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """A snapshot of operation ``replace``: files swapped for files holding the same
+    records (pyiceberg writes ``overwrite`` only; the summary totals are computed alike).
+    """
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        summary = super()._summary(snapshot_properties)
+        return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,35 @@ def test_a_tag_neither_blocks_expiry_nor_fails_later_steps(
     store.delete(k(0, 100, 109, 1).to_key())
     assert committer.sync("r1", "t").removed_gone == 1
     assert dangling(committer, store, table) == []
+
+
+def test_swaps_commit_replace_removals_delete_and_new_segments_append(
+        tmp_path: Path) -> None:
+    """Spark's Iceberg streaming source reads `append`, skips `replace` (and `delete` with
+    streaming-skip-delete-snapshots) and fails on `overwrite`."""
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    table = table_of(committer)
+    first = table.snapshot_id
+    # A compaction output and a new segment landed; one segment of partition 1 went.
+    put(store, 100, 109, partition=1)
+    committer.sync("r1", "t")
+    write_segment(store, k(1, 0, 19), make_records(0, 19))
+    put(store, 20, 29)
+    store.delete(k(0, 100, 109, 1).to_key())
+    r = committer.swap("r1", "t", [k(0, 0, 9), k(0, 10, 19)])
+    assert (r.added, r.removed_covered, r.removed_gone) == (2, 2, 1)
+    table.refresh()
+    snaps = {s.snapshot_id: s for s in table.snapshots()}
+    lineage = [table.snapshot_id, *table.ancestors(table.snapshot_id or 0)]
+    ops = [snaps[i].operation for i in reversed(lineage) if i in snaps]
+    assert ops[-3:] == ["append", "replace", "delete"] and "overwrite" not in ops
+    assert first in snaps
+    replace = next(s for s in snaps.values() if s.operation == "replace")
+    assert table.files(replace.snapshot_id).keys() >= {f"s3://b/{k(1, 0, 19)}",
+                                                        f"s3://b/{k(0, 20, 29)}"}
+    assert sorted(table.files()) == sorted(
+        f"s3://b/{x}" for x in (k(1, 0, 19), k(0, 20, 29)))
