@@ -49,9 +49,9 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
-from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import (
@@ -399,15 +399,7 @@ class IcebergTable:
         swap_in, swap_out = replace
         if not add and not remove and not swap_in and not swap_out:
             return None
-        by_path = {}
-        if remove or swap_out:
-            gone = {*remove, *swap_out}
-            by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
-                       if t.file.file_path in gone}
-            missing = gone - by_path.keys()
-            if missing:
-                raise CatalogError(f"{self.name}: cannot remove files it does not list: "
-                                   f"{sorted(missing)[:3]}")
+        by_path = self._listed({*remove, *swap_out})
         props = dict(summary or {})
         try:
             with self._table.transaction() as tx:
@@ -417,23 +409,43 @@ class IcebergTable:
                         for f in add:
                             app.append_data_file(self._data_file(f))
                 if swap_in or swap_out:
-                    with _ReplaceFiles(operation=Operation.OVERWRITE, transaction=tx,
-                                       io=self._table.io, snapshot_properties=props) as op:
-                        for path in swap_out:
-                            op.delete_data_file(by_path[path])
-                        for f in swap_in:
-                            op.append_data_file(self._data_file(f))
+                    self._swap(_ReplaceFiles(operation=Operation.OVERWRITE, transaction=tx,
+                                             io=self._table.io, snapshot_properties=props),
+                               [by_path[p] for p in swap_out], swap_in)
                 if remove:
-                    with _OverwriteFiles(operation=Operation.DELETE, transaction=tx,
-                                         io=self._table.io, snapshot_properties=props) as op:
-                        for path in remove:
-                            op.delete_data_file(by_path[path])
+                    self._swap(_OverwriteFiles(operation=Operation.DELETE, transaction=tx,
+                                               io=self._table.io, snapshot_properties=props),
+                               [by_path[p] for p in remove], ())
         except ReplicatorError:
             raise
         except Exception as e:
             raise _wrap(f"committing {len(add) + len(swap_in)} added and "
                         f"{len(remove) + len(swap_out)} removed files to {self.name}", e) from e
         return self.snapshot_id
+
+    def _swap(self, producer: _OverwriteFiles, remove: Sequence[DataFile],
+              add: Sequence[NewFile]) -> None:
+        with producer as op:
+            for df in remove:
+                op.delete_data_file(df)
+            for f in add:
+                op.append_data_file(self._data_file(f))
+
+    def _listed(self, paths: set[str]) -> dict[str, DataFile]:
+        """The current snapshot's data files at ``paths``.
+
+        Raises:
+            CatalogError: one of ``paths`` is not listed.
+        """
+        if not paths:
+            return {}
+        by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
+                   if t.file.file_path in paths}
+        missing = paths - by_path.keys()
+        if missing:
+            raise CatalogError(f"{self.name}: cannot remove files it does not list: "
+                               f"{sorted(missing)[:3]}")
+        return by_path
 
     def ancestors(self, snapshot_id: int) -> list[int]:
         """The snapshots ``snapshot_id`` descends from (parent first), as the metadata keeps
