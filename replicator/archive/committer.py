@@ -36,7 +36,13 @@ from replicator.archive.naming import (
     read_incarnation,
     table_identifier,
 )
-from replicator.archive.ownership import ForeignTable, Source, check_owner, collisions
+from replicator.archive.ownership import (
+    ForeignTable,
+    ForeignWrites,
+    Source,
+    check_owner,
+    collisions,
+)
 from replicator.archive.plan import TablePlan, plan_table
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
@@ -161,12 +167,48 @@ class ArchiveCommitter:
             updates = check_owner(table.properties, source,
                                   per_incarnation="{incarnation}" in self.cfg.table_name)
         except ForeignTable as e:
-            self.m.foreign.labels(region, topic).inc()
+            self.m.refused.labels(region, topic, "foreign-table").inc()
             log.error("%s/%s: table %s refused: %s", region, topic, table.name, e)
             raise ForeignTable(f"{region}/{topic}: table {table.name}: {e}") from e
+        if create and table.properties.get("gc.enabled") != "false":
+            # Engines must never delete segments (expire_snapshots, remove_orphan_files,
+            # VACUUM): re-asserted at every step, whoever changed it.
+            if "gc.enabled" in table.properties:
+                log.warning("%s: gc.enabled was %r; set to false again (segments are "
+                            "deleted by compaction and lifecycle rules only)", table.name,
+                            table.properties["gc.enabled"])
+            updates["gc.enabled"] = "false"
         if updates and create:
             table.set_properties(updates)
         return table
+
+    def check_authored(self, table: IcebergTable, region: str, topic: str,
+                       files: Iterable[str]) -> None:
+        """Refuse a table another engine committed to: a snapshot since the newest of this
+        replicator's, or a file that is not a segment of the topic (a row-level DELETE,
+        OPTIMIZE, an append). Re-planning would undo the write (rows deleted come back, rows
+        kept are listed twice); the table is left as it is for an operator.
+
+        Raises:
+            ForeignWrites: with the snapshots and files, logged at ERROR and counted.
+        """
+        snaps = table.foreign_snapshots()
+        odd = sorted(p for p in files if not self._own_path(p, region, topic))
+        if not snaps and not odd:
+            return
+        self.m.refused.labels(region, topic, "foreign-write").inc()
+        what = ", ".join(f"{s.snapshot_id} ({s.operation})" for s in snaps[:5])
+        msg = (f"{table.name}: written by another engine (snapshots {what or 'none'}; files "
+               f"that are not segments of {region}/{topic}: {odd[:5] or 'none'}); left as "
+               "it is: tables are read-only to other engines. Roll the table back to its "
+               "last replicator snapshot, or rebuild it (replicator archive rebuild --drop)")
+        log.error("%s", msg)
+        raise ForeignWrites(msg)
+
+    def _own_path(self, path: str, region: str, topic: str) -> bool:
+        k = self.key_of(path)
+        return k is not None and (k.prefix, k.region, k.topic) == (
+            self.settings.s3.prefix, region, topic)
 
     def check_mapping(self) -> None:
         """At start: every source has a table of its own (the identifier mapping is
@@ -264,6 +306,7 @@ class ArchiveCommitter:
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         for _attempt in range(MAX_ATTEMPTS):
             files = table.files()
+            self.check_authored(table, region, topic, files)
             paths = list(files)
             if partition is not None:
                 paths = [p for p in paths

@@ -97,6 +97,9 @@ SEGMENT_PARTITION_SPEC = PartitionSpec(
 _TABLE_PROPERTIES = {
     # Conflicts are re-planned by the caller (module docstring).
     "commit.retry.num-retries": "0",
+    # Segments are deleted by compaction and lifecycle rules only: engines' snapshot expiry,
+    # orphan-file removal and VACUUM must not delete what they see removed.
+    "gc.enabled": "false",
     # Bounds for what prunes (offsets, times); none for keys and values, whose segments
     # carry no statistics (formats/parquet.py).
     "write.metadata.metrics.default": "none",
@@ -503,6 +506,22 @@ class IcebergTable:
         except Exception as e:
             raise _wrap(f"expiring {len(ids)} snapshots of {self.name}", e) from e
         return len(ids)
+
+    def foreign_snapshots(self) -> list[SnapshotInfo]:
+        """The snapshots of the current lineage newer than the newest one the replicator
+        committed (its summaries carry ``replicator.reason``), newest first.
+        """
+        current = self.snapshot_id
+        if current is None:
+            return []
+        by_id = {s.snapshot_id: s for s in self.snapshots()}
+        out = []
+        for sid in (current, *self.ancestors(current)):
+            snap = by_id.get(sid)
+            if snap is None or "replicator.reason" in snap.summary:
+                break
+            out.append(snap)
+        return out
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Every snapshot the metadata keeps, oldest first."""

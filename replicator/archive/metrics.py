@@ -32,11 +32,11 @@ class ArchiveMetrics:
             "archive_segments_not_in_table_total",
             "Segments a table cannot list (not Parquet, or an unreadable footer); logged "
             "with their key.", ["region", "topic", "reason"])
-        self.foreign = m.counter(
-            "archive_foreign_tables_total",
-            "Steps refused because the topic's table is stamped for another source (two "
-            "sources mapped to one identifier, two buckets following one catalog).",
-            ["region", "topic"])
+        self.refused = m.counter(
+            "archive_refused_steps_total",
+            "Steps that refused to touch a table, by reason (foreign-table: stamped for "
+            "another source; foreign-write: another engine committed to it); logged at "
+            "ERROR, the table left as it is.", ["region", "topic", "reason"])
         self.failures = m.counter(
             "archive_step_failures_total",
             "Steps that left a table as it was (catalog or bucket errors).", ["region", "topic"])

@@ -26,6 +26,10 @@ class ForeignTable(FatalError):
     """The table is stamped for another source (or not stamped by the replicator)."""
 
 
+class ForeignWrites(FatalError):
+    """Another engine committed to the table (the tables are read-only to others)."""
+
+
 @dataclass(frozen=True, order=True)
 class Source:
     """What a table lists: one topic of one region in one bucket (and key prefix)."""

@@ -166,3 +166,65 @@ def test_swaps_commit_replace_removals_delete_and_new_segments_append(
                                                         f"s3://b/{k(0, 20, 29)}"}
     assert sorted(table.files()) == sorted(
         f"s3://b/{x}" for x in (k(1, 0, 19), k(0, 20, 29)))
+
+
+# --- other engines ------------------------------------------------------------------------
+
+def test_tables_keep_gc_disabled_and_a_foreign_write_stops_the_steps(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from replicator.archive.iceberg import NewFile
+    from replicator.archive.ownership import ForeignWrites
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    table = table_of(committer)
+    assert table.properties["gc.enabled"] == "false"
+    table.set_properties({"gc.enabled": "true"})   # an engine's ALTER TABLE
+    committer.sync("r1", "t")
+    assert table_of(committer).properties["gc.enabled"] == "false"
+    # An engine's row-level DELETE (copy-on-write): a rewritten file replaces a segment.
+    seg_path = f"s3://b/{k(0, 0, 9)}"
+    table.refresh()
+    from replicator.archive.footers import read_parquet_footer
+
+    key = k(0, 0, 9).to_key()
+    footer = read_parquet_footer(store, key, len(store.get(key)))
+    assert footer is not None
+    rewritten = NewFile(f"{table.location}/data/00000-rewritten.parquet", 100, 0, footer)
+    table.commit(replace=([rewritten], [seg_path]), summary={"engine": "spark"})
+    before = sorted(table.files())
+    with caplog.at_level(logging.ERROR), pytest.raises(ForeignWrites, match="another engine"):
+        committer.sync("r1", "t")   # was: the segment added back, its rows listed twice
+    assert "read-only to other engines" in caplog.text
+    assert committer.sync_all() == []
+    table.refresh()
+    assert sorted(table.files()) == before
+    assert committer.metrics.value("replicator_archive_refused_steps_total",
+                                   {"region": "r1", "topic": "t",
+                                    "reason": "foreign-write"}) == 2
+    # Compaction keeps the inputs of a table it cannot swap.
+    report = run(catalog_settings(tmp_path), store, committer)
+    assert report.deleted == [] and any("swap failed" in e for e in report.errors)
+    # The operator rebuilds the table from the bucket (the output now hides its inputs).
+    assert committer.rebuild("r1", "t", drop=True).added == 1
+    assert sorted(table_of(committer).files()) == [f"s3://b/{k(1, 0, 19)}"]
+    assert not committer.sync("r1", "t").committed
+
+
+def test_an_engines_delete_of_a_segment_is_not_undone(tmp_path: Path) -> None:
+    from replicator.archive.ownership import ForeignWrites
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    table = table_of(committer)
+    table.commit(remove=[f"s3://b/{k(0, 0, 9)}"], summary={})   # DELETE WHERE offset < 10
+    with pytest.raises(ForeignWrites):
+        committer.sync("r1", "t")
+    table.refresh()
+    assert sorted(table.files()) == [f"s3://b/{k(0, 10, 19)}"]

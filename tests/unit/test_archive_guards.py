@@ -137,8 +137,8 @@ def test_two_regions_rendered_to_one_table_are_refused_at_start_and_at_each_step
         assert [r.table for r in results] == ["replicator.t"]
         table = current(committer)
         assert listed(table) == [mine] and len(table.snapshots()) == 1
-    assert committer.metrics.value("replicator_archive_foreign_tables_total",
-                                   {"region": "r2", "topic": "t"}) == 2
+    assert committer.metrics.value("replicator_archive_refused_steps_total",
+                                   {"region": "r2", "topic": "t", "reason": "foreign-table"}) == 2
     with pytest.raises(ForeignTable, match="r1/t"):
         committer.sync("r2", "t")
 
