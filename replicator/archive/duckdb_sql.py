@@ -58,7 +58,7 @@ def parse_sql(sql: str) -> dict[str, Any]:
     return tree
 
 
-def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader]]
+def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader | pa.Table]]
             ) -> QueryResult:
     """Run ``sql`` with each of ``tables`` registered under its name (the reader is built
     only for the names the query mentions, and streamed). Times are in UTC.

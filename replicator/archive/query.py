@@ -6,12 +6,15 @@ table, the comparisons of ``partition``, ``offset``, ``timestamp`` and ``timesta
 with constants that its ``WHERE`` requires (its top-level ``AND`` terms) go to the scan:
 files whose manifest entries rule them out (partition value, offset and time bounds) are
 never read. DuckDB then applies the whole query, so pruning only ever skips records the
-query would drop. Anything else (joins, ``OR``, subqueries) scans every file.
+query would drop. Anything else (joins, ``OR``, subqueries) scans every file. A table the
+query scans more than once (named twice, or in a ``WITH``) is read into memory first: a
+stream can be scanned once only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -163,9 +166,20 @@ def query_tables(committer: ArchiveCommitter) -> dict[str, IcebergTable]:
     return out
 
 
-def _reader(table: IcebergTable, bounds: list[Bound], snapshot_id: int | None
-            ) -> Callable[[], pa.RecordBatchReader]:
-    return lambda: table.reader(bounds, snapshot_id)
+def has_cte(tree: dict[str, Any]) -> bool:
+    """True when the statement defines a common table expression (``WITH``)."""
+    return any(isinstance(cte := n.get("cte_map"), dict) and cte.get("map")
+               for n in _walk(tree))
+
+
+def _reader(table: IcebergTable, bounds: list[Bound], snapshot_id: int | None, *,
+            once: bool) -> Callable[[], pa.RecordBatchReader | pa.Table]:
+    """The table's records for DuckDB: a stream when the query scans the table once, else
+    read into memory (a stream cannot be scanned twice: DuckDB 2 fails, 1.x answers wrong).
+    """
+    if once:
+        return lambda: table.reader(bounds, snapshot_id)
+    return lambda: table.reader(bounds, snapshot_id).read_all()
 
 
 def run_query(committer: ArchiveCommitter, sql: str, *,
@@ -177,14 +191,19 @@ def run_query(committer: ArchiveCommitter, sql: str, *,
         CatalogError: a table could not be read.
     """
     tree = parse_sql(sql)
-    mentioned = set(table_refs(tree))
+    mentions = Counter(table_refs(tree))
+    mentioned = set(mentions)
+    # A table named twice (self-join, subquery, UNION) or inside a WITH (which DuckDB may
+    # inline at each use) is scanned more than once.
+    cte = has_cte(tree)
     tables = {n: t for n, t in query_tables(committer).items() if n in mentioned}
     scans: list[TableScan] = []
-    readers: dict[str, Callable[[], pa.RecordBatchReader]] = {}
+    readers: dict[str, Callable[[], pa.RecordBatchReader | pa.Table]] = {}
     for name, table in tables.items():
         bounds = pruning_bounds(tree, name)
         read = table.planned_files(bounds, snapshot_id)
         total = len(table.planned_files((), snapshot_id)) if bounds else len(read)
         scans.append(TableScan(name, table.name, bounds, total, len(read)))
-        readers[name] = _reader(table, bounds, snapshot_id)
+        readers[name] = _reader(table, bounds, snapshot_id,
+                                once=mentions[name] == 1 and not cte)
     return SqlAnswer(run_sql(sql, readers), scans)
