@@ -474,6 +474,12 @@ class Compaction:
             for p, reason, output, keys in ready:
                 if p.partition.topic not in swapped:
                     continue
+                kept = set(getattr(swapped[p.partition.topic], "kept", ()) or ())
+                if kept & set(keys):
+                    # The table still lists them: their output could not be listed.
+                    report.errors.append(f"{p.partition}: {len(kept & set(keys))} inputs "
+                                         "kept: the table cannot list their output")
+                    continue
                 if lock is not None and not lock.confirm():
                     raise _LockLost(f"region lock {lock.key} lost before deleting "
                                     f"{len(keys)} segments of {p.partition}; they stay")

@@ -79,6 +79,10 @@ class SyncResult:
     unreadable: list[str] = field(default_factory=list)
     deleting: list[str] = field(default_factory=list)
     """Table paths of the segments about to be deleted (a compaction swap)."""
+    quarantined: list[str] = field(default_factory=list)
+    """Keys of Parquet objects the table's schema cannot list (ERROR, metric)."""
+    kept: list[str] = field(default_factory=list)
+    """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
 
     @property
     def committed(self) -> bool:
@@ -107,6 +111,7 @@ class ArchiveCommitter:
         self.store = store
         self.catalog = catalog or IcebergCatalog(settings)
         self._not_parquet: set[SegmentKey] = set()
+        self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
         self._bucket = getattr(store, "bucket", "bucket")
 
@@ -256,9 +261,11 @@ class ArchiveCommitter:
                 self._sizes[k] = info.size
         return keys
 
-    def _new_files(self, keys: list[SegmentKey], result: SyncResult
+    def _new_files(self, table: IcebergTable, keys: list[SegmentKey], result: SyncResult
                    ) -> tuple[list[NewFile], set[SegmentKey]]:
-        """Footers of ``keys``; the keys that cannot be data files are returned apart."""
+        """Footers of ``keys``; the keys that cannot be data files of ``table`` are
+        returned apart (quarantined one by one: the others are committed).
+        """
         files, skipped = [], set()
         for k in keys:
             try:
@@ -281,7 +288,18 @@ class ArchiveCommitter:
                 result.not_parquet.append(k.to_key())
                 skipped.add(k)
                 continue
-            files.append(NewFile(self.url(k), self._sizes[k], k.partition, footer))
+            f = NewFile(self.url(k), self._sizes[k], k.partition, footer)
+            problem = table.unfit(f)
+            if problem is not None:
+                if k not in self._quarantined:
+                    self.m.not_in_table.labels(k.region, k.topic, "schema").inc()
+                log.error("%s: quarantined, not added to the table (its records are not in "
+                          "it; the others are): %s", k, problem)
+                self._quarantined.add(k)
+                result.quarantined.append(k.to_key())
+                skipped.add(k)
+                continue
+            files.append(f)
         return files, skipped
 
     def sync(self, region: str, topic: str, *, partition: int | None = None,
@@ -312,16 +330,9 @@ class ArchiveCommitter:
                 paths = [p for p in paths
                          if (k := self.key_of(p)) is not None and k.partition == partition]
             listed = self._listing(region, topic, partition)
-            unaddable = set(self._not_parquet)
-            while True:
-                plan = plan_table(paths, listed, url=self.url, key_of=self.key_of,
-                                  unaddable=unaddable, deleting=deleting)
-                new, skipped = self._new_files(plan.add, result)
-                if not skipped:
-                    break
-                unaddable |= skipped
+            plan, new, removing = self._plan(table, paths, listed, deleting, result)
             try:
-                snapshot = self._commit(table, plan, new, deleting)
+                snapshot = self._commit(table, plan, new, frozenset(removing))
             except CommitConflict as e:
                 result.conflicts += 1
                 self.m.conflicts.labels(region, topic).inc()
@@ -351,6 +362,47 @@ class ArchiveCommitter:
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
+
+    def _plan(self, table: IcebergTable, paths: list[str], listed: list[SegmentKey],
+              deleting: frozenset[SegmentKey], result: SyncResult
+              ) -> tuple[TablePlan, list[NewFile], set[SegmentKey]]:
+        """The commit, the files it adds, and the segments of ``deleting`` it removes (a
+        segment no file the table lists afterwards covers is kept: ``result.kept``).
+        """
+        unaddable = set(self._not_parquet)
+        removing = set(deleting)
+        while True:
+            plan = plan_table(paths, listed, url=self.url, key_of=self.key_of,
+                              unaddable=unaddable, deleting=removing)
+            new, skipped = self._new_files(table, plan.add, result)
+            unaddable |= skipped
+            uncovered = self._uncovered(removing - unaddable, paths, plan)
+            removing -= uncovered
+            if not skipped and not uncovered:
+                break
+        kept = sorted(k.to_key() for k in deleting - removing)
+        if kept:
+            log.error("%s: %d segments compaction is about to delete are not covered by a "
+                      "file the table lists (their output is quarantined or not Parquet): "
+                      "they stay in the table and must not be deleted: %s", table.name,
+                      len(kept), ", ".join(kept[:5]))
+        result.kept = kept
+        return plan, new, removing
+
+    def _uncovered(self, removing: set[SegmentKey], paths: list[str],
+                   plan: TablePlan) -> set[SegmentKey]:
+        """The segments of ``removing`` no file the table lists after ``plan`` covers
+        (segments that cannot be data files are left out by the caller: no table lists
+        them either way).
+        """
+        if not removing:
+            return set()
+        gone = set(plan.remove)
+        after = {k for p in paths if p not in gone and (k := self.key_of(p)) is not None}
+        after |= set(plan.add)
+        return {d for d in removing
+                if not any(a != d and a.partition_ref == d.partition_ref and a.covers(d)
+                           for a in after)}
 
     def _count(self, region: str, topic: str, plan: TablePlan,
                deleting: frozenset[SegmentKey], snapshot: int | None) -> None:

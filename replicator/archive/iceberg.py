@@ -371,6 +371,20 @@ class IcebergTable:
         except Exception as e:
             raise _wrap(f"reading the manifests of {self.name}", e) from e
 
+    def unfit(self, f: NewFile) -> str | None:
+        """Why ``f`` cannot be a data file of this table (``None``: it can): a column the
+        table's schema does not have, or statistics the schema cannot map.
+        """
+        names = {field.name for field in self._table.metadata.schema().fields}
+        extra = [n for n in f.footer.schema.to_arrow_schema().names if n not in names]
+        if extra:
+            return f"columns {extra} are not in the table's schema"
+        try:
+            self._data_file(f)
+        except Exception as e:  # noqa: BLE001 - pyiceberg's statistics raise KeyError, ValueError...
+            return f"its footer does not map to the table's schema: {type(e).__name__}: {e}"
+        return None
+
     def _data_file(self, f: NewFile) -> DataFile:
         meta = self._table.metadata
         schema = meta.schema()

@@ -326,3 +326,72 @@ def test_archive_sql_reads_its_tables_and_nothing_else(tmp_path: Path, sql: str)
     with pytest.raises(QueryError):
         run_sql(sql.format(secret=secret, out=out), {"t": reader})
     assert not out.exists()
+
+
+# --- one odd file ---------------------------------------------------------------------------
+
+def odd_segment(store: MemoryObjectStore, key: SegmentKey) -> None:
+    """Parquet at a segment key with one more column than the table (a future format)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from formats.base import SEGMENT_SCHEMA
+
+    schema = SEGMENT_SCHEMA.append(pa.field("leader_epoch", pa.int32()))
+    rows = pa.Table.from_pylist([
+        {"offset": o, "timestamp": 1_700_000_000_000 + o, "timestamp_type": 1, "key": None,
+         "value": b"v", "headers": [], "leader_epoch": 3}
+        for o in range(key.start, key.end + 1)], schema=schema)
+    buf = io.BytesIO()
+    pq.write_table(rows, buf)
+    store.put(key.to_key(), buf.getvalue())
+
+
+def test_one_odd_file_is_quarantined_and_the_others_are_committed(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    seed(store, [(0, 9)])
+    committer.sync("r1", "t")
+    odd_segment(store, k(0, 10, 19))
+    for i in range(2):
+        seed(store, [(20 + 10 * i, 29 + 10 * i)])
+        r = committer.sync("r1", "t")   # was: CatalogError for the whole commit, each step
+        assert r.added == 1 and r.quarantined == [k(0, 10, 19).to_key()]
+    assert listed(current(committer)) == [k(0, 0, 9), k(0, 20, 29), k(0, 30, 39)]
+    assert committer.metrics.value("replicator_archive_segments_not_in_table_total",
+                                   {"region": "r1", "topic": "t", "reason": "schema"}) == 1
+
+
+def test_a_swap_keeps_the_inputs_whose_output_is_quarantined(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    inputs = seed(store, [(0, 9), (10, 19)]) + seed(store, [(0, 9), (10, 19)], partition=1)
+    committer.sync("r1", "t")
+    odd_segment(store, k(1, 0, 19))                  # partition 0's output: odd
+    seed(store, [(0, 19)], level=1, partition=1)     # partition 1's output: fine
+    r = committer.swap("r1", "t", inputs)
+    assert r.kept == [x.to_key() for x in inputs[:2]]
+    assert listed(current(committer)) == [*inputs[:2], k(1, 0, 19, partition=1)]
+    # A compaction run deletes only what the swap did not keep.
+    from tests.unit.test_archive_expiry import run
+
+    (tmp_path / "2").mkdir()
+    settings = catalog_settings(tmp_path / "2")
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(settings, store)
+    inputs = seed(store, [(0, 9), (10, 19)]) + seed(store, [(0, 9), (10, 19)], partition=1)
+    committer.sync("r1", "t")
+    real_swap = committer.swap
+
+    def swap(region: str, topic: str, deleting: Any) -> Any:
+        odd_segment(store, k(1, 0, 19))   # partition 0's output turns out odd
+        return real_swap(region, topic, deleting)
+
+    committer.swap = swap  # type: ignore[method-assign]
+    report = run(settings, store, committer)
+    assert sorted(report.deleted) == sorted(x.to_key() for x in inputs[2:])
+    kept = set(store.keys())
+    assert {x.to_key() for x in inputs[:2]} <= kept
+    assert listed(current(committer)) == [*inputs[:2], k(1, 0, 19, partition=1)]
