@@ -354,7 +354,10 @@ class ArchiveCommitter:
                             table.name, len(plan.remove_gone),
                             ", ".join(plan.remove_gone[:5]))
             if snapshot is not None and expire:
-                if plan.remove_covered or plan.remove_gone:
+                # Files gone from the bucket: no snapshot may list them any more. Files
+                # only covered are still there: their snapshots wait for compaction's
+                # deletes (``deletable``, catalog.snapshot_retention).
+                if plan.remove_gone:
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)
@@ -498,6 +501,51 @@ class ArchiveCommitter:
             CatalogError / StorageError: the swap did not commit; delete nothing.
         """
         return self.sync(region, topic, deleting=deleting, expire=False)
+
+    def deletable(self, region: str, topic: str, swap: SyncResult) -> set[str]:
+        """The keys of the swap's ``deleting`` compaction may delete now: no snapshot of
+        the table lists them, or the snapshot that took them out of the table is older than
+        ``catalog.snapshot_retention``. The snapshots listing those are expired first
+        (Iceberg's order: a snapshot never outlives a file it lists).
+        """
+        head = f"s3://{self._bucket}/"
+        kept = set(swap.kept)
+        keys = {p[len(head):]: p for p in swap.deleting if p[len(head):] not in kept}
+        if not keys:
+            return set()
+        table = self.table(region, topic)
+        assert table is not None
+        removals = table.removals(keys.values())
+        cutoff = self.clock() - self.cfg.snapshot_retention
+        ok = set()
+        listing: set[int] = set()
+        waiting = 0
+        for key, path in keys.items():
+            if path not in removals:
+                ok.add(key)
+                continue
+            sid, left = removals[path]
+            if left is None or left > cutoff:
+                waiting += 1
+                continue
+            ok.add(key)
+            listing.add(sid)
+        current = table.snapshot_id
+        lineage = [] if current is None else [current, *table.ancestors(current)]
+        # The newest snapshot listing a key to delete: it and all older ones go.
+        expire_from = next((sid for sid in lineage if sid in listing), None)
+        if waiting:
+            log.info("%s: %d segments swapped out of the table stay until their snapshots "
+                     "are older than catalog.snapshot_retention (%s)", table.name, waiting,
+                     self.cfg.snapshot_retention)
+        if expire_from is not None:
+            try:
+                table.expire([expire_from, *table.ancestors(expire_from)])
+            except CatalogError as e:
+                log.warning("%s: snapshots listing segments to delete not expired (%s); they "
+                            "are deleted by a later run", table.name, e)
+                return {k for k in ok if keys[k] not in removals}
+        return ok
 
     def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
         """Expire every snapshot that lists a segment of the swap's ``deleting``: the

@@ -495,6 +495,34 @@ class IcebergTable:
                 return sid
         return None
 
+    def removals(self, paths: Iterable[str]) -> dict[str, tuple[int, datetime | None]]:
+        """For each of ``paths`` a snapshot of the current lineage lists: the newest such
+        snapshot, and when the file left the lineage (the commit time of that snapshot's
+        child; ``None``: the current snapshot lists it). Paths no snapshot lists are left
+        out.
+        """
+        wanted = set(paths)
+        current = self.snapshot_id
+        if current is None or not wanted:
+            return {}
+        meta = self._table.metadata
+        out: dict[str, tuple[int, datetime | None]] = {}
+        child: int | None = None
+        for sid in (current, *self.ancestors(current)):
+            found = wanted & self.files(sid).keys()
+            if found:
+                left = None
+                if child is not None:
+                    snap = meta.snapshot_by_id(child)
+                    assert snap is not None
+                    left = datetime.fromtimestamp(snap.timestamp_ms / 1000, UTC)
+                out.update(dict.fromkeys(found, (sid, left)))
+                wanted -= found
+                if not wanted:
+                    break
+            child = sid
+        return out
+
     def expire(self, ids: Sequence[int]) -> int:
         """Expire the snapshots ``ids`` (never the current one); a tag or a branch (other
         than ``main``) on one of them is removed first, with a WARNING: the files it lists

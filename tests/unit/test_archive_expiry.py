@@ -55,7 +55,7 @@ def run(settings: Settings, store: MemoryObjectStore, committer: ArchiveCommitte
 def test_a_run_killed_between_swap_and_delete_leaves_no_snapshot_listing_deleted_segments(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = MemoryObjectStore("b")
-    settings = catalog_settings(tmp_path)
+    settings = catalog_settings(tmp_path, snapshot_retention="0s")
     committer = ArchiveCommitter(settings, store)
     put(store, 0, 9)
     put(store, 10, 19)
@@ -84,7 +84,8 @@ def test_a_failed_delete_of_one_topic_still_expires_the_others(tmp_path: Path) -
     topic_cfg = {"min_segment_age": "1h", "min_segment_count": 2, "min_segment_size": 1,
                  "max_segment_count": 100, "max_segment_size": "1GiB"}
     base = compaction_settings(topics={"t": topic_cfg, "u": topic_cfg})
-    settings = base.model_copy(update={"catalog": catalog_settings(tmp_path).catalog})
+    catalog = catalog_settings(tmp_path, snapshot_retention="0s").catalog
+    settings = base.model_copy(update={"catalog": catalog})
     store = MemoryObjectStore("b")
     committer = ArchiveCommitter(settings, store)
     for topic in ("t", "u"):
@@ -111,7 +112,7 @@ def test_a_failed_delete_of_one_topic_still_expires_the_others(tmp_path: Path) -
 def test_a_tag_neither_blocks_expiry_nor_fails_later_steps(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = MemoryObjectStore("b")
-    settings = catalog_settings(tmp_path)
+    settings = catalog_settings(tmp_path, snapshot_retention="0s")
     committer = ArchiveCommitter(settings, store)
     put(store, 0, 9)
     put(store, 10, 19)
@@ -141,7 +142,7 @@ def test_swaps_commit_replace_removals_delete_and_new_segments_append(
     """Spark's Iceberg streaming source reads `append`, skips `replace` (and `delete` with
     streaming-skip-delete-snapshots) and fails on `overwrite`."""
     store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    committer = ArchiveCommitter(catalog_settings(tmp_path, snapshot_retention="0s"), store)
     put(store, 0, 9)
     put(store, 10, 19)
     committer.sync("r1", "t")
@@ -176,7 +177,7 @@ def test_tables_keep_gc_disabled_and_a_foreign_write_stops_the_steps(
     from replicator.archive.ownership import ForeignWrites
 
     store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    committer = ArchiveCommitter(catalog_settings(tmp_path, snapshot_retention="0s"), store)
     put(store, 0, 9)
     put(store, 10, 19)
     committer.sync("r1", "t")
@@ -206,7 +207,7 @@ def test_tables_keep_gc_disabled_and_a_foreign_write_stops_the_steps(
                                    {"region": "r1", "topic": "t",
                                     "reason": "foreign-write"}) == 2
     # Compaction keeps the inputs of a table it cannot swap.
-    report = run(catalog_settings(tmp_path), store, committer)
+    report = run(catalog_settings(tmp_path, snapshot_retention="0s"), store, committer)
     assert report.deleted == [] and any("swap failed" in e for e in report.errors)
     # The operator rebuilds the table from the bucket (the output now hides its inputs).
     assert committer.rebuild("r1", "t", drop=True).added == 1
@@ -218,7 +219,7 @@ def test_an_engines_delete_of_a_segment_is_not_undone(tmp_path: Path) -> None:
     from replicator.archive.ownership import ForeignWrites
 
     store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    committer = ArchiveCommitter(catalog_settings(tmp_path, snapshot_retention="0s"), store)
     put(store, 0, 9)
     put(store, 10, 19)
     committer.sync("r1", "t")
@@ -228,3 +229,40 @@ def test_an_engines_delete_of_a_segment_is_not_undone(tmp_path: Path) -> None:
         committer.sync("r1", "t")
     table.refresh()
     assert sorted(table.files()) == [f"s3://b/{k(0, 10, 19)}"]
+
+
+# --- snapshot retention ---------------------------------------------------------------------
+
+def test_swapped_out_inputs_stay_readable_for_the_snapshot_retention(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from replicator.archive.restore_snapshot import snapshot_segments
+
+    now = [datetime.now(UTC)]
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path, snapshot_retention="1h")
+    committer = ArchiveCommitter(settings, store, clock=lambda: now[0])
+    for s in (0, 10, 20):
+        put(store, s, s + 9)
+    committer.sync("r1", "t")
+    table = table_of(committer)
+    before = table.snapshot_id
+    assert before is not None
+    report = run(settings, store, committer)
+    assert report.outcome == "success" and report.deleted == []   # was: deleted at once
+    table.refresh()
+    assert sorted(table.files()) == [f"s3://b/{k(1, 0, 29)}"]
+    # A reader of the snapshot before the swap (a query planned then, time travel,
+    # restore --snapshot) finds every file it lists.
+    assert dangling(committer, store, table) == []
+    assert snapshot_segments(settings, store, "r1", "t", before) == {
+        k(0, 0, 9), k(0, 10, 19), k(0, 20, 29)}
+    committer.sync("r1", "t")
+    assert table.has_snapshot(before)
+    # Past the retention the next run expires those snapshots, then deletes the inputs.
+    now[0] += timedelta(hours=2)
+    report = run(settings, store, committer)
+    assert sorted(report.deleted) == [k(0, s, s + 9).to_key() for s in (0, 10, 20)]
+    table.refresh()
+    assert not table.has_snapshot(before)
+    assert dangling(committer, store, table) == []

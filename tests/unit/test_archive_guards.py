@@ -378,7 +378,7 @@ def test_a_swap_keeps_the_inputs_whose_output_is_quarantined(tmp_path: Path) -> 
     from tests.unit.test_archive_expiry import run
 
     (tmp_path / "2").mkdir()
-    settings = catalog_settings(tmp_path / "2")
+    settings = catalog_settings(tmp_path / "2", snapshot_retention="0s")
     store = MemoryObjectStore("b")
     committer = ArchiveCommitter(settings, store)
     inputs = seed(store, [(0, 9), (10, 19)]) + seed(store, [(0, 9), (10, 19)], partition=1)

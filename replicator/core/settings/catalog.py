@@ -68,6 +68,20 @@ class CatalogSettings(Model):
         timedelta(minutes=2),
         description="Expiry of the committer's lease ({prefix}/{region}/_archive.lock).")
 
+    snapshot_retention: Duration = Field(
+        timedelta(hours=1),
+        description="How long a segment compaction swapped out of a table stays in the "
+                    "bucket (with the snapshots that list it) before compaction deletes it: "
+                    "queries planned before the swap, time travel, streaming readers and "
+                    "`restore --snapshot` within it keep working. 0s deletes at once.")
+
+    @field_validator("snapshot_retention")
+    @classmethod
+    def _not_negative(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError("must not be negative")
+        return v
+
     @field_validator("namespace")
     @classmethod
     def _namespace_ok(cls, v: str) -> str:
