@@ -23,6 +23,7 @@ from datetime import timedelta
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
+    ENFORCED_PROPERTIES,
     CatalogError,
     CommitConflict,
     IcebergCatalog,
@@ -175,14 +176,15 @@ class ArchiveCommitter:
             self.m.refused.labels(region, topic, "foreign-table").inc()
             log.error("%s/%s: table %s refused: %s", region, topic, table.name, e)
             raise ForeignTable(f"{region}/{topic}: table {table.name}: {e}") from e
-        if create and table.properties.get("gc.enabled") != "false":
+        for name, value in ENFORCED_PROPERTIES.items() if create else ():
             # Engines must never delete segments (expire_snapshots, remove_orphan_files,
-            # VACUUM): re-asserted at every step, whoever changed it.
-            if "gc.enabled" in table.properties:
-                log.warning("%s: gc.enabled was %r; set to false again (segments are "
-                            "deleted by compaction and lifecycle rules only)", table.name,
-                            table.properties["gc.enabled"])
-            updates["gc.enabled"] = "false"
+            # VACUUM), nor read old segments vectorized: re-asserted at every step.
+            have = table.properties.get(name)
+            if have != value:
+                if have is not None:
+                    log.warning("%s: %s was %r; set to %r again (iceberg.py, table "
+                                "properties)", table.name, name, have, value)
+                updates[name] = value
         if updates and create:
             table.set_properties(updates)
         return table

@@ -100,6 +100,10 @@ _TABLE_PROPERTIES = {
     # Segments are deleted by compaction and lifecycle rules only: engines' snapshot expiry,
     # orphan-file removal and VACUUM must not delete what they see removed.
     "gc.enabled": "false",
+    # Segments of footer format_version 1 store TIMESTAMP(MILLIS) and no field ids, which
+    # Spark's vectorized Iceberg reader (<= 1.10) refuses: row-based reads until they are
+    # compacted into version-2 outputs.
+    "read.parquet.vectorization.enabled": "false",
     # Bounds for what prunes (offsets, times); none for keys and values, whose segments
     # carry no statistics (formats/parquet.py).
     "write.metadata.metrics.default": "none",
@@ -110,6 +114,11 @@ _TABLE_PROPERTIES = {
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "10",
 }
+
+
+ENFORCED_PROPERTIES = {k: _TABLE_PROPERTIES[k]
+                       for k in ("gc.enabled", "read.parquet.vectorization.enabled")}
+"""Table properties every step sets again when someone changed them."""
 
 
 class CatalogError(RetriableError):
