@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
@@ -112,6 +112,7 @@ class ArchiveCommitter:
         self.store = store
         self.catalog = catalog or IcebergCatalog(settings)
         self._not_parquet: set[SegmentKey] = set()
+        self._landed: dict[SegmentKey, datetime] = {}
         self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
         self._bucket = getattr(store, "bucket", "bucket")
@@ -261,6 +262,7 @@ class ArchiveCommitter:
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
                 self._sizes[k] = info.size
+                self._landed[k] = info.last_modified
         return keys
 
     def _new_files(self, table: IcebergTable, keys: list[SegmentKey], result: SyncResult
@@ -364,6 +366,7 @@ class ArchiveCommitter:
                 else:
                     result.expired = self._expire_beyond(table)
             self._sizes.clear()
+            self._landed.clear()
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
@@ -417,7 +420,13 @@ class ArchiveCommitter:
             self.m.files_added.labels(region, topic).inc(len(plan.add))
             self.m.files_removed.labels(region, topic, "covered").inc(len(plan.remove_covered))
             self.m.files_removed.labels(region, topic, "gone").inc(len(plan.remove_gone))
-        self.m.last_sync.labels(region, topic).set(self.clock().timestamp())
+        now = self.clock()
+        self.m.last_sync.labels(region, topic).set(now.timestamp())
+        # How late the table was: the oldest segment this step brought in had waited so
+        # long since it landed in the bucket (0: the table was up to date).
+        landed = [self._landed[k] for k in plan.add if k in self._landed]
+        lag = max(0.0, (now - min(landed)).total_seconds()) if landed and snapshot else 0.0
+        self.m.lag.labels(region, topic).set(lag)
 
     def _commit(self, table: IcebergTable, plan: TablePlan, new: list[NewFile],
                 deleting: frozenset[SegmentKey]) -> int | None:

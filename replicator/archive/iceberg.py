@@ -104,6 +104,10 @@ _TABLE_PROPERTIES = {
     # Spark's vectorized Iceberg reader (<= 1.10) refuses: row-based reads until they are
     # compacted into version-2 outputs.
     "read.parquet.vectorization.enabled": "false",
+    # One manifest per add-only commit would pile up: every step and every query plan
+    # reads them all (pyiceberg merges only when this is set).
+    "commit.manifest-merge.enabled": "true",
+    "commit.manifest.min-count-to-merge": "16",
     # Bounds for what prunes (offsets, times); none for keys and values, whose segments
     # carry no statistics (formats/parquet.py).
     "write.metadata.metrics.default": "none",
@@ -117,7 +121,9 @@ _TABLE_PROPERTIES = {
 
 
 ENFORCED_PROPERTIES = {k: _TABLE_PROPERTIES[k]
-                       for k in ("gc.enabled", "read.parquet.vectorization.enabled")}
+                       for k in ("gc.enabled", "read.parquet.vectorization.enabled",
+                                 "commit.manifest-merge.enabled",
+                                 "commit.manifest.min-count-to-merge")}
 """Table properties every step sets again when someone changed them."""
 
 
@@ -430,7 +436,7 @@ class IcebergTable:
         try:
             with self._table.transaction() as tx:
                 if add:
-                    # Merging: manifests are merged as they pile up (one per commit).
+                    # Merged once 16 pile up (commit.manifest-merge.enabled).
                     with tx.update_snapshot(snapshot_properties=props).merge_append() as app:
                         for f in add:
                             app.append_data_file(self._data_file(f))

@@ -40,6 +40,11 @@ class ArchiveMetrics:
         self.failures = m.counter(
             "archive_step_failures_total",
             "Steps that left a table as it was (catalog or bucket errors).", ["region", "topic"])
+        self.lag = m.gauge(
+            "archive_table_lag_seconds",
+            "At the last step that brought the table up to date: how long the oldest "
+            "segment it added had been in the bucket (0: nothing was waiting).",
+            ["region", "topic"])
         self.last_sync = m.gauge(
             "archive_last_sync_timestamp_seconds",
             "Unix time of the last step that brought the table up to date with the bucket.",

@@ -150,14 +150,20 @@ class SqlAnswer:
     scans: list[TableScan] = field(default_factory=list)
 
 
-def query_tables(committer: ArchiveCommitter) -> dict[str, IcebergTable]:
-    """The tables a query can name: the last part of each identifier."""
+def query_tables(committer: ArchiveCommitter, names: set[str] | None = None
+                 ) -> dict[str, IcebergTable]:
+    """The tables a query can name: the last part of each identifier (only ``names``, when
+    given: the others are never loaded, so a query reads the metadata of what it names).
+    """
     out: dict[str, IcebergTable] = {}
     for region, topic in committer.topics():
+        ident = committer.identity(region, topic)
+        name = committer.identifier(ident)[-1]
+        if names is not None and name not in names:
+            continue
         table = committer.table(region, topic, create=False)
         if table is None:
             continue
-        name = table.identifier[-1]
         if name in out:
             log.warning("two tables end in %s (%s, %s): the query sees the first", name,
                         out[name].name, table.name)
@@ -196,7 +202,7 @@ def run_query(committer: ArchiveCommitter, sql: str, *,
     # A table named twice (self-join, subquery, UNION) or inside a WITH (which DuckDB may
     # inline at each use) is scanned more than once.
     cte = has_cte(tree)
-    tables = {n: t for n, t in query_tables(committer).items() if n in mentioned}
+    tables = query_tables(committer, mentioned)
     scans: list[TableScan] = []
     readers: dict[str, Callable[[], pa.RecordBatchReader | pa.Table]] = {}
     for name, table in tables.items():
