@@ -84,6 +84,8 @@ class SyncResult:
     """Keys of Parquet objects the table's schema cannot list (ERROR, metric)."""
     kept: list[str] = field(default_factory=list)
     """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
+    allowed: list[str] | None = None
+    """Keys of ``deleting`` that ``deletable`` let go (``None``: not asked)."""
 
     @property
     def committed(self) -> bool:
@@ -174,8 +176,8 @@ class ArchiveCommitter:
             updates = check_owner(table.properties, source,
                                   per_incarnation="{incarnation}" in self.cfg.table_name)
         except ForeignTable as e:
+            # Logged at ERROR by the caller (sync_all, compaction's swap, the CLI).
             self.m.refused.labels(region, topic, "foreign-table").inc()
-            log.error("%s/%s: table %s refused: %s", region, topic, table.name, e)
             raise ForeignTable(f"{region}/{topic}: table {table.name}: {e}") from e
         for name, value in ENFORCED_PROPERTIES.items() if create else ():
             # Engines must never delete segments (expire_snapshots, remove_orphan_files,
@@ -198,7 +200,7 @@ class ArchiveCommitter:
         kept are listed twice); the table is left as it is for an operator.
 
         Raises:
-            ForeignWrites: with the snapshots and files, logged at ERROR and counted.
+            ForeignWrites: with the snapshots and files (counted here).
         """
         snaps = table.foreign_snapshots()
         odd = sorted(p for p in files if not self._own_path(p, region, topic))
@@ -210,8 +212,7 @@ class ArchiveCommitter:
                f"that are not segments of {region}/{topic}: {odd[:5] or 'none'}); left as "
                "it is: tables are read-only to other engines. Roll the table back to its "
                "last replicator snapshot, or rebuild it (replicator archive rebuild --drop)")
-        log.error("%s", msg)
-        raise ForeignWrites(msg)
+        raise ForeignWrites(msg)   # logged at ERROR by the caller
 
     def _own_path(self, path: str, region: str, topic: str) -> bool:
         k = self.key_of(path)
@@ -555,7 +556,8 @@ class ArchiveCommitter:
             except CatalogError as e:
                 log.warning("%s: snapshots listing segments to delete not expired (%s); they "
                             "are deleted by a later run", table.name, e)
-                return {k for k in ok if keys[k] not in removals}
+                ok = {k for k in ok if keys[k] not in removals}
+        swap.allowed = sorted(ok)
         return ok
 
     def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
@@ -564,11 +566,13 @@ class ArchiveCommitter:
         lineage and by what the snapshots list, so the snapshots of a swap an earlier run
         committed before it died (its deletes done by this run) are expired too.
         """
-        if not swap.deleting:
+        paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
+                                                            for key in swap.allowed]
+        if not paths:   # (segments held for catalog.snapshot_retention keep their history)
             return 0
         table = self.table(region, topic)
         assert table is not None
-        newest = table.newest_listing(swap.deleting)
+        newest = table.newest_listing(paths)
         if newest is None:
             return 0
         if newest == table.snapshot_id:
