@@ -360,9 +360,11 @@ class ArchiveCommitter:
                             ", ".join(plan.remove_gone[:5]))
             if snapshot is not None and expire:
                 # Files gone from the bucket: no snapshot may list them any more. Files
-                # only covered are still there: their snapshots wait for compaction's
-                # deletes (``deletable``, catalog.snapshot_retention).
-                if plan.remove_gone:
+                # covered here (not by a swap: an output replicated from the region that
+                # compacted) are deleted there, and their deletes may reach this bucket
+                # without any step of this table seeing them: expire at once too.
+                # Compaction's own swaps keep history (``deletable``, the retention).
+                if plan.remove_gone or plan.remove_covered:
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)

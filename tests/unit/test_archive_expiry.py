@@ -298,3 +298,20 @@ def test_segments_held_for_the_retention_keep_their_snapshots_when_others_are_de
     table.refresh()
     assert fresh is not None and table.has_snapshot(fresh)   # was: expired by after_delete
     assert dangling(committer, store, table) == []
+
+
+def test_a_replicated_output_expires_at_once_since_its_inputs_vanish_unseen(
+        tmp_path: Path) -> None:
+    """The replica bucket: the other region's compaction output arrives, then the deletes of
+    its inputs (S3 replication of delete markers, `replicator sync`); no step of this table
+    sees them go, so the step that swaps the output in expires the older snapshots."""
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)   # retention 1h
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    write_segment(store, k(1, 0, 19), make_records(0, 19))
+    assert committer.sync("r1", "t").removed_covered == 2
+    store.delete_many([k(0, 0, 9).to_key(), k(0, 10, 19).to_key()])
+    assert not committer.sync("r1", "t").committed
+    assert dangling(committer, store, table_of(committer)) == []
