@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow.fs import FileSelector, FileType
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -41,6 +42,7 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -48,6 +50,7 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Operation, Summary
@@ -263,9 +266,24 @@ class IcebergCatalog:
             raise _wrap(f"creating table {'.'.join(identifier)}", e) from e
 
     def _has_metadata(self, location: str) -> bool:
+        """True when ``{location}/metadata/`` holds a table with history: any file but the
+        one ``metadata.json`` of a create that failed after writing it (version 00000, no
+        snapshot: nothing to lose, and refusing it would wedge the table for good).
+        """
         try:
             io = load_file_io(dict(self._catalog.properties), location)
-            return io.new_input(f"{location}/metadata").exists()
+            if not io.new_input(f"{location}/metadata").exists():
+                return False
+            if not isinstance(io, PyArrowFileIO):
+                return True   # cannot list: refuse
+            scheme, netloc, path = PyArrowFileIO.parse_location(f"{location}/metadata")
+            fs = io.fs_by_scheme(scheme, netloc)
+            files = fs.get_file_info(FileSelector(path, recursive=True))
+            names = [f.path.rsplit("/", 1)[-1] for f in files if f.type == FileType.File]
+            if len(names) != 1 or not names[0].startswith("00000-"):
+                return True
+            meta = FromInputFile.table_metadata(io.new_input(f"{location}/metadata/{names[0]}"))
+            return bool(meta.snapshots)
         except Exception as e:
             raise _wrap(f"checking {location}/metadata", e) from e
 

@@ -395,3 +395,15 @@ def test_a_swap_keeps_the_inputs_whose_output_is_quarantined(tmp_path: Path) -> 
     kept = set(store.keys())
     assert {x.to_key() for x in inputs[:2]} <= kept
     assert listed(current(committer)) == [*inputs[:2], k(1, 0, 19, partition=1)]
+
+
+def test_the_metadata_of_a_create_that_never_committed_does_not_wedge_the_table(
+        tmp_path: Path) -> None:
+    """A create that wrote its metadata.json and then failed (or a catalog lost before the
+    first commit): nothing to lose, so the table is created over it."""
+    store = MemoryObjectStore("b")
+    seed(store, [(0, 9)])
+    first = ArchiveCommitter(catalog_settings(tmp_path), store)
+    assert first.table("r1", "t") is not None   # created, never committed
+    lost = catalog_settings(tmp_path, properties={"uri": f"sqlite:///{tmp_path}/new.db"})
+    assert ArchiveCommitter(lost, store).sync("r1", "t").added == 1
