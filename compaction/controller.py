@@ -72,6 +72,11 @@ class ArchiveHook(Protocol):
         ``ReplicatorError`` if it did not commit (then nothing may be deleted).
         """
 
+    def deletable(self, region: str, topic: str, swap: Any) -> set[str]:
+        """The keys of ``swap``'s segments that may be deleted now (their snapshots are
+        older than the table's retention, and expired).
+        """
+
     def after_delete(self, region: str, topic: str, swap: Any) -> int:
         """Expire the snapshots older than ``swap`` (they list deleted objects)."""
 
@@ -469,18 +474,24 @@ class Compaction:
             ready.extend((p, reason, output, keys) for reason, output, keys in batches
                          if self._replicated(output, len(keys), report))
         swapped = self._swap_tables(ready, report)
-        for p, reason, output, keys in ready:
-            if p.partition.topic not in swapped:
-                continue
-            if lock is not None and not lock.confirm():
-                raise _LockLost(f"region lock {lock.key} lost before deleting "
-                                f"{len(keys)} segments of {p.partition}; they stay")
-            self.store.delete_many(keys)
-            report.deleted.extend(keys)
-            self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
-            log.info("%s[%d]: deleted %d %s segments (into %s)", p.partition.topic,
-                     p.partition.partition, len(keys), reason, output)
-        self._expire_tables(swapped)
+        allowed = self._deletable(swapped, report)
+        attempted: set[str] = set()
+        try:
+            for p, reason, output, keys in ready:
+                if not self._may_delete(p, keys, swapped, allowed, report):
+                    continue
+                if lock is not None and not lock.confirm():
+                    raise _LockLost(f"region lock {lock.key} lost before deleting "
+                                    f"{len(keys)} segments of {p.partition}; they stay")
+                attempted.add(p.partition.topic)
+                self.store.delete_many(keys)
+                report.deleted.extend(keys)
+                self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
+                log.info("%s[%d]: deleted %d %s segments (into %s)", p.partition.topic,
+                         p.partition.partition, len(keys), reason, output)
+        finally:
+            # Whatever stopped the deletes, no snapshot may keep listing what was deleted.
+            self._expire_tables({t: s for t, s in swapped.items() if t in attempted})
 
     def _swap_tables(self, ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]],
                      report: RunReport) -> dict[str, Any]:
@@ -503,6 +514,43 @@ class Compaction:
                           "instead of their %d inputs (%s); the inputs stay until a run "
                           "swaps them", topic, len(keys), e)
                 report.errors.append(f"{topic}: table swap failed: {e}")
+        return out
+
+    @staticmethod
+    def _may_delete(p: PartitionPlan, keys: list[str], swapped: dict[str, Any],
+                    allowed: dict[str, set[str]], report: RunReport) -> bool:
+        """Whether a batch of ``p`` may be deleted now: its topic's table was swapped (or
+        has none), still lists none of it, and lets it go (catalog.snapshot_retention).
+        """
+        topic = p.partition.topic
+        if topic not in swapped:
+            return False
+        kept = set(getattr(swapped[topic], "kept", ()) or ()) & set(keys)
+        if kept:
+            # The table still lists them: their output could not be listed.
+            report.errors.append(f"{p.partition}: {len(kept)} inputs kept: the table "
+                                 "cannot list their output")
+            return False
+        may = allowed.get(topic)
+        # Within catalog.snapshot_retention: a later run deletes them.
+        return may is None or set(keys) <= may
+
+    def _deletable(self, swapped: dict[str, Any], report: RunReport
+                   ) -> dict[str, set[str]]:
+        """Per swapped topic, the keys the table lets go now (``ArchiveHook.deletable``)."""
+        out: dict[str, set[str]] = {}
+        if self.archive is None:
+            return out
+        for topic, swap in swapped.items():
+            if swap is None:
+                continue
+            try:
+                out[topic] = self.archive.deletable(self.settings.region, topic, swap)
+            except ReplicatorError as e:
+                log.error("%s: could not tell which swapped-out segments may be deleted (%s); "
+                          "they stay until a later run", topic, e)
+                report.errors.append(f"{topic}: table retention check failed: {e}")
+                out[topic] = set()
         return out
 
     def _expire_tables(self, swapped: dict[str, Any]) -> None:

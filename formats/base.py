@@ -21,7 +21,10 @@ from replicator.core.keys import SegmentKey, incarnation_label
 from replicator.core.settings import FormatSettings
 from replicator.core.wire import parse_rfc3339, rfc3339
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest footer ``format_version`` readers know: 2 for Parquet segments with
+microsecond timestamps and field ids (``formats.parquet.PARQUET_SCHEMA``); what else a
+segment holds is the same in 1 and 2."""
 
 HEADER_TYPE = pa.struct([
     pa.field("key", pa.string(), nullable=False),
@@ -68,7 +71,7 @@ class SegmentMetadata:
     end_offset: int
     message_count: int
     created_at: datetime
-    format_version: int = FORMAT_VERSION
+    format_version: int = 1
     created_by: str = ""
     min_timestamp: int | None = None
     """Smallest record timestamp (ms since the epoch) in the segment; ``None`` in segments
@@ -86,8 +89,8 @@ class SegmentMetadata:
                 ) -> SegmentMetadata:
         """The footer a segment stored under ``key`` must carry."""
         return cls(key.region, key.topic, key.partition, key.level, key.start, key.end,
-                   message_count, created_at or datetime.now(UTC), FORMAT_VERSION, created_by,
-                   topic_id=topic_id)
+                   message_count, created_at or datetime.now(UTC), 1, created_by,
+                   topic_id=topic_id)   # the Parquet writer records its own version
 
     def to_footer(self) -> dict[str, str]:
         """Footer key/value pairs (all strings; the time range only when known)."""

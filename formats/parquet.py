@@ -8,6 +8,7 @@ Reading streams record batches row group by row group.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -42,6 +43,32 @@ PARQUET_MAGIC = b"PAR1"
 segments are never written so)."""
 
 PARQUET_CODECS = frozenset({"snappy", "gzip", "brotli", "lz4", "zstd"})
+
+
+def _id(f: pa.Field, field_id: int) -> pa.Field:
+    return f.with_metadata({b"PARQUET:field_id": str(field_id).encode()})
+
+
+PARQUET_SCHEMA = pa.schema([
+    _id(pa.field("offset", pa.int64(), nullable=False), 2),
+    _id(pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False), 3),
+    _id(pa.field("timestamp_type", pa.int8(), nullable=False), 4),
+    _id(pa.field("key", pa.binary(), nullable=True), 5),
+    _id(pa.field("value", pa.binary(), nullable=True), 6),
+    _id(pa.field("headers", pa.list_(_id(pa.field("item", pa.struct([
+        _id(pa.field("key", pa.string(), nullable=False), 9),
+        _id(pa.field("value", pa.binary(), nullable=True), 10),
+    ]), nullable=False), 8)), nullable=False), 7),
+])
+"""``SEGMENT_SCHEMA`` as Parquet segments store it since footer ``format_version`` 2:
+timestamps in microseconds (``TIMESTAMP(MICROS, UTC)``, what the Iceberg spec wants for
+``timestamptz``) and Parquet field ids equal to the archive table's
+(``replicator/archive/iceberg.py``, ``SEGMENT_TABLE_SCHEMA``), so engines without name
+mapping read them. Readers get ``SEGMENT_SCHEMA`` (milliseconds) from either layout."""
+
+PARQUET_FIELD_IDS_VERSION = 2
+"""The footer ``format_version`` of Parquet segments written with ``PARQUET_SCHEMA``
+(earlier ones: milliseconds, no field ids; both are read)."""
 
 # Min/max statistics only where they help a reader skip data (offset and time ranges);
 # statistics of binary keys/values would copy up to 5 MiB values into the footer.
@@ -107,7 +134,7 @@ class ParquetSegmentWriter(SegmentWriter):
         self._buffer = GroupBuffer(options.row_group_size)
         # The stream is wrapped, not owned: closing the Parquet writer leaves it open.
         self._writer = pq.ParquetWriter(
-            pa.PythonFile(stream, mode="w"), SEGMENT_SCHEMA,
+            pa.PythonFile(stream, mode="w"), PARQUET_SCHEMA,
             compression=codec, compression_level=level,
             use_dictionary=_DICTIONARY_COLUMNS,
             write_statistics=_STATISTICS_COLUMNS,
@@ -130,7 +157,8 @@ class ParquetSegmentWriter(SegmentWriter):
     def _write_group(self, batches: list[pa.RecordBatch]) -> None:
         if not batches:
             return
-        table = pa.Table.from_batches(batches, schema=SEGMENT_SCHEMA)
+        # Milliseconds to microseconds is exact; the field ids come with the schema.
+        table = pa.Table.from_batches(batches, schema=SEGMENT_SCHEMA).cast(PARQUET_SCHEMA)
         # While the group is encoded it is still held (GroupBuffer has let go of it): an
         # uncounted 32 MiB group per encoding thread was much of egress's RSS beyond its
         # budget (bench/RESULTS.md, "Memory").
@@ -151,6 +179,8 @@ class ParquetSegmentWriter(SegmentWriter):
         if self._finished:
             return
         self._write_group(self._buffer.take())
+        metadata = replace(metadata, format_version=max(metadata.format_version,
+                                                        PARQUET_FIELD_IDS_VERSION))
         self._writer.add_key_value_metadata(metadata.to_footer())
         self._writer.close()
         self._finished = True
@@ -176,7 +206,8 @@ class ParquetSegmentReader(SegmentReader):
                                         page_checksum_verification=True)
             footer = self._file.metadata.metadata or {}
             schema = self._file.schema_arrow
-        check_read_schema(schema, where)
+        if not schema.equals(PARQUET_SCHEMA, check_metadata=False):
+            check_read_schema(schema, where)   # else: milliseconds, no field ids
         pairs = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
                  for k, v in footer.items() if k != b"ARROW:schema"}
         self._metadata = SegmentMetadata.from_footer(pairs, where=describe(where))

@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
-    INCARNATION_PROPERTY,
+    ENFORCED_PROPERTIES,
     CatalogError,
     CommitConflict,
     IcebergCatalog,
@@ -37,9 +37,16 @@ from replicator.archive.naming import (
     read_incarnation,
     table_identifier,
 )
+from replicator.archive.ownership import (
+    ForeignTable,
+    ForeignWrites,
+    Source,
+    check_owner,
+    collisions,
+)
 from replicator.archive.plan import TablePlan, plan_table
 from replicator.core.clock import Clock, utc_now
-from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentCorrupt
+from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
@@ -71,6 +78,14 @@ class SyncResult:
     conflicts: int = 0
     not_parquet: list[str] = field(default_factory=list)
     unreadable: list[str] = field(default_factory=list)
+    deleting: list[str] = field(default_factory=list)
+    """Table paths of the segments about to be deleted (a compaction swap)."""
+    quarantined: list[str] = field(default_factory=list)
+    """Keys of Parquet objects the table's schema cannot list (ERROR, metric)."""
+    kept: list[str] = field(default_factory=list)
+    """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
+    allowed: list[str] | None = None
+    """Keys of ``deleting`` that ``deletable`` let go (``None``: not asked)."""
 
     @property
     def committed(self) -> bool:
@@ -99,6 +114,8 @@ class ArchiveCommitter:
         self.store = store
         self.catalog = catalog or IcebergCatalog(settings)
         self._not_parquet: set[SegmentKey] = set()
+        self._landed: dict[SegmentKey, datetime] = {}
+        self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
         self._bucket = getattr(store, "bucket", "bucket")
 
@@ -135,16 +152,100 @@ class ArchiveCommitter:
                     out.append((region, name))
         return sorted(out)
 
-    def table(self, region: str, topic: str, *, create: bool = True) -> IcebergTable | None:
-        """The topic's table (created when missing, unless ``create`` is false)."""
+    def source(self, ident: TableIdentity) -> Source:
+        """What the table of ``ident`` lists (its stamp, ``archive.ownership``)."""
+        return Source(self._bucket, self.settings.s3.prefix, ident.region, ident.topic,
+                      ident.incarnation)
+
+    def table(self, region: str, topic: str, *, create: bool = True,
+              over_metadata: bool = False) -> IcebergTable | None:
+        """The topic's table (created when missing, unless ``create`` is false), checked to
+        be this source's.
+
+        Raises:
+            ForeignTable: the identifier holds a table stamped for another source.
+        """
         ident = self.identity(region, topic)
         identifier = self.identifier(ident)
-        if not create:
-            return self.catalog.load(identifier)
-        props = {"replicator.region": region, "replicator.topic": topic}
-        if ident.incarnation:
-            props[INCARNATION_PROPERTY] = ident.incarnation
-        return self.catalog.create(identifier, props)
+        source = self.source(ident)
+        table = (self.catalog.create(identifier, source.stamp(), over_metadata=over_metadata)
+                 if create else self.catalog.load(identifier))
+        if table is None:
+            return None
+        try:
+            updates = check_owner(table.properties, source,
+                                  per_incarnation="{incarnation}" in self.cfg.table_name)
+        except ForeignTable as e:
+            # Logged at ERROR by the caller (sync_all, compaction's swap, the CLI).
+            self.m.refused.labels(region, topic, "foreign-table").inc()
+            raise ForeignTable(f"{region}/{topic}: table {table.name}: {e}") from e
+        for name, value in ENFORCED_PROPERTIES.items() if create else ():
+            # Engines must never delete segments (expire_snapshots, remove_orphan_files,
+            # VACUUM), nor read old segments vectorized: re-asserted at every step.
+            have = table.properties.get(name)
+            if have != value:
+                if have is not None:
+                    log.warning("%s: %s was %r; set to %r again (iceberg.py, table "
+                                "properties)", table.name, name, have, value)
+                updates[name] = value
+        if updates and create:
+            table.set_properties(updates)
+        return table
+
+    def check_authored(self, table: IcebergTable, region: str, topic: str,
+                       files: Iterable[str]) -> None:
+        """Refuse a table another engine committed to: a snapshot since the newest of this
+        replicator's, or a file that is not a segment of the topic (a row-level DELETE,
+        OPTIMIZE, an append). Re-planning would undo the write (rows deleted come back, rows
+        kept are listed twice); the table is left as it is for an operator.
+
+        Raises:
+            ForeignWrites: with the snapshots and files (counted here).
+        """
+        snaps = table.foreign_snapshots()
+        odd = sorted(p for p in files if not self._own_path(p, region, topic))
+        if not snaps and not odd:
+            return
+        self.m.refused.labels(region, topic, "foreign-write").inc()
+        what = ", ".join(f"{s.snapshot_id} ({s.operation})" for s in snaps[:5])
+        msg = (f"{table.name}: written by another engine (snapshots {what or 'none'}; files "
+               f"that are not segments of {region}/{topic}: {odd[:5] or 'none'}); left as "
+               "it is: tables are read-only to other engines. Roll the table back to its "
+               "last replicator snapshot, or rebuild it (replicator archive rebuild --drop)")
+        raise ForeignWrites(msg)   # logged at ERROR by the caller
+
+    def _own_path(self, path: str, region: str, topic: str) -> bool:
+        k = self.key_of(path)
+        return k is not None and (k.prefix, k.region, k.topic) == (
+            self.settings.s3.prefix, region, topic)
+
+    def check_mapping(self) -> None:
+        """At start: every source has a table of its own (the identifier mapping is
+        one-to-one, and no existing table is stamped for another source).
+
+        Raises:
+            ConfigError: naming both sources (key ``catalog.table_name``).
+        """
+        idents = [self.identity(region, topic) for region, topic in self.topics()]
+        pairs = [(self.source(i), self.identifier(i)) for i in idents]
+        clashes = collisions(pairs)
+        if clashes:
+            a, b, ident = clashes[0]
+            raise ConfigError("catalog.table_name", (
+                f"{a} and {b} both map to table {'.'.join(ident)} (names are lowercased "
+                "and characters outside [a-z0-9_] become _): name {region} in the template "
+                "or list one of them in catalog.topics") + (
+                f"; {len(clashes) - 1} more such pair(s)" if len(clashes) > 1 else ""))
+        for source, ident in pairs:
+            table = self.catalog.load(ident)
+            if table is None:
+                continue
+            try:
+                check_owner(table.properties, source,
+                            per_incarnation="{incarnation}" in self.cfg.table_name)
+            except ForeignTable as e:
+                raise ConfigError("catalog.table_name",
+                                  f"table {'.'.join(ident)} for {source}: {e}") from e
 
     # --- one step -----------------------------------------------------------------------
 
@@ -162,11 +263,14 @@ class ArchiveCommitter:
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
                 self._sizes[k] = info.size
+                self._landed[k] = info.last_modified
         return keys
 
-    def _new_files(self, keys: list[SegmentKey], result: SyncResult
+    def _new_files(self, table: IcebergTable, keys: list[SegmentKey], result: SyncResult
                    ) -> tuple[list[NewFile], set[SegmentKey]]:
-        """Footers of ``keys``; the keys that cannot be data files are returned apart."""
+        """Footers of ``keys``; the keys that cannot be data files of ``table`` are
+        returned apart (quarantined one by one: the others are committed).
+        """
         files, skipped = [], set()
         for k in keys:
             try:
@@ -189,7 +293,18 @@ class ArchiveCommitter:
                 result.not_parquet.append(k.to_key())
                 skipped.add(k)
                 continue
-            files.append(NewFile(self.url(k), self._sizes[k], k.partition, footer))
+            f = NewFile(self.url(k), self._sizes[k], k.partition, footer)
+            problem = table.unfit(f)
+            if problem is not None:
+                if k not in self._quarantined:
+                    self.m.not_in_table.labels(k.region, k.topic, "schema").inc()
+                log.error("%s: quarantined, not added to the table (its records are not in "
+                          "it; the others are): %s", k, problem)
+                self._quarantined.add(k)
+                result.quarantined.append(k.to_key())
+                skipped.add(k)
+                continue
+            files.append(f)
         return files, skipped
 
     def sync(self, region: str, topic: str, *, partition: int | None = None,
@@ -211,24 +326,18 @@ class ArchiveCommitter:
         deleting = frozenset(deleting)
         table = self.table(region, topic)
         assert table is not None
-        result = SyncResult(table.name)
+        result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         for _attempt in range(MAX_ATTEMPTS):
             files = table.files()
+            self.check_authored(table, region, topic, files)
             paths = list(files)
             if partition is not None:
                 paths = [p for p in paths
                          if (k := self.key_of(p)) is not None and k.partition == partition]
             listed = self._listing(region, topic, partition)
-            unaddable = set(self._not_parquet)
-            while True:
-                plan = plan_table(paths, listed, url=self.url, key_of=self.key_of,
-                                  unaddable=unaddable, deleting=deleting)
-                new, skipped = self._new_files(plan.add, result)
-                if not skipped:
-                    break
-                unaddable |= skipped
+            plan, new, removing = self._plan(table, paths, listed, deleting, result)
             try:
-                snapshot = self._commit(table, plan, new, deleting)
+                snapshot = self._commit(table, plan, new, frozenset(removing))
             except CommitConflict as e:
                 result.conflicts += 1
                 self.m.conflicts.labels(region, topic).inc()
@@ -250,14 +359,61 @@ class ArchiveCommitter:
                             table.name, len(plan.remove_gone),
                             ", ".join(plan.remove_gone[:5]))
             if snapshot is not None and expire:
-                if plan.remove_covered or plan.remove_gone:
+                # Files gone from the bucket: no snapshot may list them any more. Files
+                # covered here (not by a swap: an output replicated from the region that
+                # compacted) are deleted there, and their deletes may reach this bucket
+                # without any step of this table seeing them: expire at once too.
+                # Compaction's own swaps keep history (``deletable``, the retention).
+                if plan.remove_gone or plan.remove_covered:
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)
             self._sizes.clear()
+            self._landed.clear()
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
+
+    def _plan(self, table: IcebergTable, paths: list[str], listed: list[SegmentKey],
+              deleting: frozenset[SegmentKey], result: SyncResult
+              ) -> tuple[TablePlan, list[NewFile], set[SegmentKey]]:
+        """The commit, the files it adds, and the segments of ``deleting`` it removes (a
+        segment no file the table lists afterwards covers is kept: ``result.kept``).
+        """
+        unaddable = set(self._not_parquet)
+        removing = set(deleting)
+        while True:
+            plan = plan_table(paths, listed, url=self.url, key_of=self.key_of,
+                              unaddable=unaddable, deleting=removing)
+            new, skipped = self._new_files(table, plan.add, result)
+            unaddable |= skipped
+            uncovered = self._uncovered(removing - unaddable, paths, plan)
+            removing -= uncovered
+            if not skipped and not uncovered:
+                break
+        kept = sorted(k.to_key() for k in deleting - removing)
+        if kept:
+            log.error("%s: %d segments compaction is about to delete are not covered by a "
+                      "file the table lists (their output is quarantined or not Parquet): "
+                      "they stay in the table and must not be deleted: %s", table.name,
+                      len(kept), ", ".join(kept[:5]))
+        result.kept = kept
+        return plan, new, removing
+
+    def _uncovered(self, removing: set[SegmentKey], paths: list[str],
+                   plan: TablePlan) -> set[SegmentKey]:
+        """The segments of ``removing`` no file the table lists after ``plan`` covers
+        (segments that cannot be data files are left out by the caller: no table lists
+        them either way).
+        """
+        if not removing:
+            return set()
+        gone = set(plan.remove)
+        after = {k for p in paths if p not in gone and (k := self.key_of(p)) is not None}
+        after |= set(plan.add)
+        return {d for d in removing
+                if not any(a != d and a.partition_ref == d.partition_ref and a.covers(d)
+                           for a in after)}
 
     def _count(self, region: str, topic: str, plan: TablePlan,
                deleting: frozenset[SegmentKey], snapshot: int | None) -> None:
@@ -267,7 +423,13 @@ class ArchiveCommitter:
             self.m.files_added.labels(region, topic).inc(len(plan.add))
             self.m.files_removed.labels(region, topic, "covered").inc(len(plan.remove_covered))
             self.m.files_removed.labels(region, topic, "gone").inc(len(plan.remove_gone))
-        self.m.last_sync.labels(region, topic).set(self.clock().timestamp())
+        now = self.clock()
+        self.m.last_sync.labels(region, topic).set(now.timestamp())
+        # How late the table was: the oldest segment this step brought in had waited so
+        # long since it landed in the bucket (0: the table was up to date).
+        landed = [self._landed[k] for k in plan.add if k in self._landed]
+        lag = max(0.0, (now - min(landed)).total_seconds()) if landed and snapshot else 0.0
+        self.m.lag.labels(region, topic).set(lag)
 
     def _commit(self, table: IcebergTable, plan: TablePlan, new: list[NewFile],
                 deleting: frozenset[SegmentKey]) -> int | None:
@@ -277,20 +439,33 @@ class ArchiveCommitter:
                    "replicator.removed-covered": str(len(plan.remove_covered)),
                    "replicator.removed-gone": str(len(plan.remove_gone)),
                    "replicator.reason": "compaction" if deleting else "sync"}
-        snapshot = table.commit(new, plan.remove, summary)
+        # A new file that covers a removed one is its replacement (a compaction output):
+        # both go in one `replace`; other new files are an `append`, files that left the
+        # bucket a `delete` (streaming readers read appends and skip the rest).
+        removed = [k for p in plan.remove_covered if (k := self.key_of(p)) is not None]
+        swap_in = [f for f in new if (k := self.key_of(f.path)) is not None
+                   and any(k.partition_ref == r.partition_ref and k.covers(r)
+                           for r in removed)]
+        swapped = {f.path for f in swap_in}
+        append = [f for f in new if f.path not in swapped]
+        snapshot = table.commit(append, plan.remove_gone, summary,
+                                replace=(swap_in, plan.remove_covered))
         log.info("%s: snapshot %s: +%d files, -%d covered, -%d gone", table.name, snapshot,
                  len(new), len(plan.remove_covered), len(plan.remove_gone))
         return snapshot
 
     def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the snapshots older than ``snapshot`` (they may list deleted files), then
-        delete the metadata files no kept snapshot refers to (``clean_metadata``).
+        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
+        the metadata files no kept snapshot refers to (``clean_metadata``).
         """
+        return self._expire_ids(table, table.ancestors(snapshot))
+
+    def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
         try:
-            n = table.expire_before(snapshot)
+            n = table.expire(ids)
         except CommitConflict as e:
-            # A newer commit exists; it expires what is older than itself when it removes
-            # files, and older snapshots listing deleted files are expired by the next one.
+            # A newer commit exists; the snapshots listing deleted files are expired by the
+            # next expiry, which selects them by lineage.
             log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
             return 0
         if n:
@@ -341,13 +516,72 @@ class ArchiveCommitter:
         """
         return self.sync(region, topic, deleting=deleting, expire=False)
 
+    def deletable(self, region: str, topic: str, swap: SyncResult) -> set[str]:
+        """The keys of the swap's ``deleting`` compaction may delete now: no snapshot of
+        the table lists them, or the snapshot that took them out of the table is older than
+        ``catalog.snapshot_retention``. The snapshots listing those are expired first
+        (Iceberg's order: a snapshot never outlives a file it lists).
+        """
+        head = f"s3://{self._bucket}/"
+        kept = set(swap.kept)
+        keys = {p[len(head):]: p for p in swap.deleting if p[len(head):] not in kept}
+        if not keys:
+            return set()
+        table = self.table(region, topic)
+        assert table is not None
+        removals = table.removals(keys.values())
+        cutoff = self.clock() - self.cfg.snapshot_retention
+        ok = set()
+        listing: set[int] = set()
+        waiting = 0
+        for key, path in keys.items():
+            if path not in removals:
+                ok.add(key)
+                continue
+            sid, left = removals[path]
+            if left is None or left > cutoff:
+                waiting += 1
+                continue
+            ok.add(key)
+            listing.add(sid)
+        current = table.snapshot_id
+        lineage = [] if current is None else [current, *table.ancestors(current)]
+        # The newest snapshot listing a key to delete: it and all older ones go.
+        expire_from = next((sid for sid in lineage if sid in listing), None)
+        if waiting:
+            log.info("%s: %d segments swapped out of the table stay until their snapshots "
+                     "are older than catalog.snapshot_retention (%s)", table.name, waiting,
+                     self.cfg.snapshot_retention)
+        if expire_from is not None:
+            try:
+                table.expire([expire_from, *table.ancestors(expire_from)])
+            except CatalogError as e:
+                log.warning("%s: snapshots listing segments to delete not expired (%s); they "
+                            "are deleted by a later run", table.name, e)
+                ok = {k for k in ok if keys[k] not in removals}
+        swap.allowed = sorted(ok)
+        return ok
+
     def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
-        """Expire the snapshots older than the swap (they list the deleted inputs)."""
-        if swap.snapshot_id is None:
+        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
+        newest of the table's lineage that lists one, and all its ancestors. Selected by
+        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
+        committed before it died (its deletes done by this run) are expired too.
+        """
+        paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
+                                                            for key in swap.allowed]
+        if not paths:   # (segments held for catalog.snapshot_retention keep their history)
             return 0
         table = self.table(region, topic)
         assert table is not None
-        return self.expire(table, swap.snapshot_id)
+        newest = table.newest_listing(paths)
+        if newest is None:
+            return 0
+        if newest == table.snapshot_id:
+            log.error("%s: the current snapshot lists segments deleted by compaction; the "
+                      "next step removes them", table.name)
+            return self._expire_ids(table, table.ancestors(newest))
+        return self._expire_ids(table, [newest, *table.ancestors(newest)])
 
     def sync_all(self) -> list[SyncResult]:
         """One step for every topic; a topic that fails is logged and the others go on."""
@@ -360,10 +594,17 @@ class ArchiveCommitter:
                 log.error("%s/%s: table not updated this time: %s", region, topic, e)
         return out
 
-    def rebuild(self, region: str, topic: str, *, drop: bool = False) -> SyncResult:
+    def rebuild(self, region: str, topic: str, *, drop: bool = False,
+                register: str | None = None) -> SyncResult:
         """The table from the bucket's segments (idempotent: ``sync``); with ``drop``, the
-        catalog entry is dropped first (never a data file) and created again.
+        catalog entry is dropped first (never a data file) and created again over the old
+        metadata; with ``register``, the table is first registered from that
+        ``metadata.json`` (a catalog lost: its history comes back), then brought up to date.
         """
+        identifier = self.identifier(self.identity(region, topic))
         if drop:
-            self.catalog.drop(self.identifier(self.identity(region, topic)))
+            self.catalog.drop(identifier)
+            self.table(region, topic, over_metadata=True)
+        if register is not None:
+            self.catalog.register(identifier, register)
         return self.sync(region, topic)

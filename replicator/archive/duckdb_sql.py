@@ -1,4 +1,7 @@
-"""The DuckDB seam: the only module that imports duckdb (``replicator archive sql``)."""
+"""The DuckDB seam: the only module that imports duckdb (``replicator archive sql``).
+
+Queries run locked down (``lock_down``): they read the registered tables and nothing else.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +28,17 @@ class QueryResult:
     rows: list[tuple[Any, ...]]
 
 
+def lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """No files, network, extensions or attached databases for the query: only the tables
+    registered so far (a query is text a wrapper may forward from anyone). Locked, so the
+    query cannot switch it back.
+    """
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
 def parse_sql(sql: str) -> dict[str, Any]:
     """DuckDB's parse tree of ``sql`` (``json_serialize_sql``).
 
@@ -33,6 +47,7 @@ def parse_sql(sql: str) -> dict[str, Any]:
     """
     con = duckdb.connect()
     try:
+        lock_down(con)
         text = con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0]
     finally:
         con.close()
@@ -43,7 +58,7 @@ def parse_sql(sql: str) -> dict[str, Any]:
     return tree
 
 
-def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader]]
+def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader | pa.Table]]
             ) -> QueryResult:
     """Run ``sql`` with each of ``tables`` registered under its name (the reader is built
     only for the names the query mentions, and streamed). Times are in UTC.
@@ -56,6 +71,7 @@ def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader]]
         con.execute("SET TimeZone = 'UTC'")
         for name, reader in tables.items():
             con.register(name, reader())
+        lock_down(con)
         cur = con.execute(sql)
         columns = [d[0] for d in cur.description or []]
         return QueryResult(columns, [tuple(r) for r in cur.fetchall()])

@@ -16,12 +16,13 @@ per table (``commit.retry.num-retries = 0``): a caller re-plans from the new sna
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyarrow.fs import FileSelector, FileType
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -39,7 +40,9 @@ from pyiceberg.expressions import (
     LessThan,
     LessThanOrEqual,
 )
+from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -47,10 +50,13 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import create_mapping_from_schema
+from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.typedef import Record
+from pyiceberg.typedef import EMPTY_DICT, Record
 from pyiceberg.types import (
     BinaryType,
     IntegerType,
@@ -62,8 +68,9 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from replicator.core.errors import ReplicatorError, RetriableError
+from replicator.core.errors import FatalError, ReplicatorError, RetriableError
 from replicator.core.settings import Settings
+from replicator.core.settings.catalog import redact_urls
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +97,20 @@ SEGMENT_PARTITION_SPEC = PartitionSpec(
                    name="partition"))
 """One segment holds one source partition: ``partition = 3`` prunes files in the manifests."""
 
-INCARNATION_PROPERTY = "replicator.incarnation"
-"""Table property: the source topic's incarnation (its topic id) the table is about."""
-
 _TABLE_PROPERTIES = {
     # Conflicts are re-planned by the caller (module docstring).
     "commit.retry.num-retries": "0",
+    # Segments are deleted by compaction and lifecycle rules only: engines' snapshot expiry,
+    # orphan-file removal and VACUUM must not delete what they see removed.
+    "gc.enabled": "false",
+    # Segments of footer format_version 1 store TIMESTAMP(MILLIS) and no field ids, which
+    # Spark's vectorized Iceberg reader (<= 1.10) refuses: row-based reads until they are
+    # compacted into version-2 outputs.
+    "read.parquet.vectorization.enabled": "false",
+    # One manifest per add-only commit would pile up: every step and every query plan
+    # reads them all (pyiceberg merges only when this is set).
+    "commit.manifest-merge.enabled": "true",
+    "commit.manifest.min-count-to-merge": "16",
     # Bounds for what prunes (offsets, times); none for keys and values, whose segments
     # carry no statistics (formats/parquet.py).
     "write.metadata.metrics.default": "none",
@@ -108,8 +123,19 @@ _TABLE_PROPERTIES = {
 }
 
 
+ENFORCED_PROPERTIES = {k: _TABLE_PROPERTIES[k]
+                       for k in ("gc.enabled", "read.parquet.vectorization.enabled",
+                                 "commit.manifest-merge.enabled",
+                                 "commit.manifest.min-count-to-merge")}
+"""Table properties every step sets again when someone changed them."""
+
+
 class CatalogError(RetriableError):
     """The catalog or the table's metadata could not be read or written."""
+
+
+class TableLocationInUse(FatalError):
+    """A table would be created where another catalog's table metadata already is."""
 
 
 class CommitConflict(CatalogError):
@@ -166,9 +192,10 @@ def warehouse(settings: Settings) -> str:
 
 
 def _wrap(what: str, e: Exception) -> CatalogError:
+    # Drivers may quote the connection URL (and its password) in their messages.
     if isinstance(e, CommitFailedException):
-        return CommitConflict(f"{what}: {e}")
-    return CatalogError(f"{what}: {type(e).__name__}: {e}")
+        return CommitConflict(redact_urls(f"{what}: {e}"))
+    return CatalogError(redact_urls(f"{what}: {type(e).__name__}: {e}"))
 
 
 class IcebergCatalog:
@@ -195,9 +222,14 @@ class IcebergCatalog:
         except Exception as e:
             raise _wrap(f"loading table {'.'.join(identifier)}", e) from e
 
-    def create(self, identifier: tuple[str, ...],
-               properties: Mapping[str, str]) -> IcebergTable:
-        """Create the table (and its namespace) unless it exists; return it."""
+    def create(self, identifier: tuple[str, ...], properties: Mapping[str, str], *,
+               over_metadata: bool = False) -> IcebergTable:
+        """Create the table (and its namespace) unless it exists; return it.
+
+        Raises:
+            TableLocationInUse: the table's location already holds metadata (another
+                catalog's table, or a lost one: ``register``), unless ``over_metadata``.
+        """
         table = self.load(identifier)
         if table is not None:
             return table
@@ -208,6 +240,13 @@ class IcebergCatalog:
             except NamespaceAlreadyExistsError:
                 pass
             location = "/".join((self._warehouse, *identifier))
+            if not over_metadata and self._has_metadata(location):
+                raise TableLocationInUse(
+                    f"{'.'.join(identifier)}: {location}/metadata/ already holds table "
+                    "metadata that this catalog does not list (another catalog over the same "
+                    "warehouse, or a catalog that was lost): not created over it. Point "
+                    "[catalog] at the catalog that owns it, or register its newest "
+                    "metadata.json (replicator archive rebuild --register), or remove it")
             props = _TABLE_PROPERTIES | {
                 "schema.name-mapping.default":
                     create_mapping_from_schema(SEGMENT_TABLE_SCHEMA).model_dump_json(),
@@ -217,12 +256,50 @@ class IcebergCatalog:
                 partition_spec=SEGMENT_PARTITION_SPEC, properties=props)
             log.info("created Iceberg table %s at %s", ".".join(identifier), location)
             return IcebergTable(created)
+        except TableLocationInUse:
+            raise
         except TableAlreadyExistsError:   # created meanwhile by another process
             again = self.load(identifier)
             assert again is not None
             return again
         except Exception as e:
             raise _wrap(f"creating table {'.'.join(identifier)}", e) from e
+
+    def _has_metadata(self, location: str) -> bool:
+        """True when ``{location}/metadata/`` holds a table with history: any file but the
+        one ``metadata.json`` of a create that failed after writing it (version 00000, no
+        snapshot: nothing to lose, and refusing it would wedge the table for good).
+        """
+        try:
+            io = load_file_io(dict(self._catalog.properties), location)
+            if not io.new_input(f"{location}/metadata").exists():
+                return False
+            if not isinstance(io, PyArrowFileIO):
+                return True   # cannot list: refuse
+            scheme, netloc, path = PyArrowFileIO.parse_location(f"{location}/metadata")
+            fs = io.fs_by_scheme(scheme, netloc)
+            files = fs.get_file_info(FileSelector(path, recursive=True))
+            names = [f.path.rsplit("/", 1)[-1] for f in files if f.type == FileType.File]
+            if len(names) != 1 or not names[0].startswith("00000-"):
+                return True
+            meta = FromInputFile.table_metadata(io.new_input(f"{location}/metadata/{names[0]}"))
+            return bool(meta.snapshots)
+        except Exception as e:
+            raise _wrap(f"checking {location}/metadata", e) from e
+
+    def register(self, identifier: tuple[str, ...], metadata_location: str) -> IcebergTable:
+        """Register an existing table from its ``metadata.json`` (repair after a catalog
+        loss: the table, its snapshots and history come back as they were).
+        """
+        try:
+            try:
+                self._catalog.create_namespace(identifier[:-1])
+            except NamespaceAlreadyExistsError:
+                pass
+            return IcebergTable(self._catalog.register_table(identifier, metadata_location))
+        except Exception as e:
+            raise _wrap(f"registering {'.'.join(identifier)} from {metadata_location}",
+                        e) from e
 
     def drop(self, identifier: tuple[str, ...]) -> bool:
         """Drop the table from the catalog (never its data files); ``False`` if absent."""
@@ -295,6 +372,14 @@ class IcebergTable:
             raise _wrap(f"reading the manifest lists of {self.name}", e) from e
         return used
 
+    def set_properties(self, props: Mapping[str, str]) -> None:
+        """Set table properties (one metadata commit)."""
+        try:
+            with self._table.transaction() as tx:
+                tx.set_properties(dict(props))
+        except Exception as e:
+            raise _wrap(f"setting properties {sorted(props)} of {self.name}", e) from e
+
     def refresh(self) -> None:
         """Load the catalog's current state of the table."""
         try:
@@ -319,6 +404,20 @@ class IcebergTable:
         except Exception as e:
             raise _wrap(f"reading the manifests of {self.name}", e) from e
 
+    def unfit(self, f: NewFile) -> str | None:
+        """Why ``f`` cannot be a data file of this table (``None``: it can): a column the
+        table's schema does not have, or statistics the schema cannot map.
+        """
+        names = {field.name for field in self._table.metadata.schema().fields}
+        extra = [n for n in f.footer.schema.to_arrow_schema().names if n not in names]
+        if extra:
+            return f"columns {extra} are not in the table's schema"
+        try:
+            self._data_file(f)
+        except Exception as e:  # noqa: BLE001 - pyiceberg's statistics raise KeyError, ValueError...
+            return f"its footer does not map to the table's schema: {type(e).__name__}: {e}"
+        return None
+
     def _data_file(self, f: NewFile) -> DataFile:
         meta = self._table.metadata
         schema = meta.schema()
@@ -332,66 +431,172 @@ class IcebergTable:
             spec_id=meta.default_spec_id, equality_ids=None, key_metadata=None,
             **stats.to_serialized_dict())
 
-    def commit(self, add: Sequence[NewFile], remove: Sequence[str],
-               summary: Mapping[str, str] | None = None) -> int | None:
-        """One snapshot that adds ``add`` and removes the files at ``remove``, planned on
-        the state this object holds; returns its id (``None``: nothing to commit).
+    def commit(self, add: Sequence[NewFile] = (), remove: Sequence[str] = (),
+               summary: Mapping[str, str] | None = None, *,
+               replace: tuple[Sequence[NewFile], Sequence[str]] = ((), ())) -> int | None:
+        """Snapshots, committed at once, planned on the state this object holds: an
+        ``append`` of ``add``, a ``replace`` that lists ``replace[0]`` instead of the files
+        at ``replace[1]`` (the same records: a compaction swap), a ``delete`` of the files at
+        ``remove``. Streaming readers read appends and skip replaces (Spark's Iceberg
+        source fails on an ``overwrite``). Returns the new current snapshot (``None``:
+        nothing to commit).
 
         Raises:
             CommitConflict: the table changed since it was loaded (refresh and re-plan).
             CatalogError: the commit failed otherwise (its outcome is then unknown: re-plan
                 from a refreshed state, which shows whether it landed).
         """
-        if not add and not remove:
+        swap_in, swap_out = replace
+        if not add and not remove and not swap_in and not swap_out:
             return None
-        by_path = {}
-        if remove:
-            gone = set(remove)
-            by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
-                       if t.file.file_path in gone}
-            missing = gone - by_path.keys()
-            if missing:
-                raise CatalogError(f"{self.name}: cannot remove files it does not list: "
-                                   f"{sorted(missing)[:3]}")
+        by_path = self._listed({*remove, *swap_out})
         props = dict(summary or {})
         try:
             with self._table.transaction() as tx:
-                if remove:
-                    producer = tx.update_snapshot(snapshot_properties=props).overwrite()
-                    with producer as op:
-                        for df in by_path.values():
-                            op.delete_data_file(df)
-                        for f in add:
-                            op.append_data_file(self._data_file(f))
-                else:
-                    # Merging: manifests are merged as they pile up (one per commit).
+                if add:
+                    # Merged once 16 pile up (commit.manifest-merge.enabled).
                     with tx.update_snapshot(snapshot_properties=props).merge_append() as app:
                         for f in add:
                             app.append_data_file(self._data_file(f))
+                if swap_in or swap_out:
+                    self._swap(_ReplaceFiles(operation=Operation.OVERWRITE, transaction=tx,
+                                             io=self._table.io, snapshot_properties=props),
+                               [by_path[p] for p in swap_out], swap_in)
+                if remove:
+                    self._swap(_OverwriteFiles(operation=Operation.DELETE, transaction=tx,
+                                               io=self._table.io, snapshot_properties=props),
+                               [by_path[p] for p in remove], ())
         except ReplicatorError:
             raise
         except Exception as e:
-            raise _wrap(f"committing {len(add)} added and {len(remove)} removed files to "
-                        f"{self.name}", e) from e
+            raise _wrap(f"committing {len(add) + len(swap_in)} added and "
+                        f"{len(remove) + len(swap_out)} removed files to {self.name}", e) from e
         return self.snapshot_id
 
-    def expire_before(self, snapshot_id: int) -> int:
-        """Expire every snapshot older than ``snapshot_id`` (which stays); their count."""
+    def _swap(self, producer: _OverwriteFiles, remove: Sequence[DataFile],
+              add: Sequence[NewFile]) -> None:
+        with producer as op:
+            for df in remove:
+                op.delete_data_file(df)
+            for f in add:
+                op.append_data_file(self._data_file(f))
+
+    def _listed(self, paths: set[str]) -> dict[str, DataFile]:
+        """The current snapshot's data files at ``paths``.
+
+        Raises:
+            CatalogError: one of ``paths`` is not listed.
+        """
+        if not paths:
+            return {}
+        by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
+                   if t.file.file_path in paths}
+        missing = paths - by_path.keys()
+        if missing:
+            raise CatalogError(f"{self.name}: cannot remove files it does not list: "
+                               f"{sorted(missing)[:3]}")
+        return by_path
+
+    def ancestors(self, snapshot_id: int) -> list[int]:
+        """The snapshots ``snapshot_id`` descends from (parent first), as the metadata keeps
+        them: the lineage, not timestamps (clocks of writers differ).
+        """
         meta = self._table.metadata
-        keep = meta.snapshot_by_id(snapshot_id)
-        if keep is None:
+        out: list[int] = []
+        snap = meta.snapshot_by_id(snapshot_id)
+        while snap is not None and snap.parent_snapshot_id is not None:
+            snap = meta.snapshot_by_id(snap.parent_snapshot_id)
+            if snap is None or snap.snapshot_id in out:
+                break
+            out.append(snap.snapshot_id)
+        return out
+
+    def expire_before(self, snapshot_id: int) -> int:
+        """Expire every ancestor of ``snapshot_id`` (which stays); their count."""
+        return self.expire(self.ancestors(snapshot_id))
+
+    def newest_listing(self, paths: Iterable[str]) -> int | None:
+        """The newest snapshot of the current lineage that lists one of ``paths`` (the
+        current snapshot included), or ``None``.
+        """
+        wanted = set(paths)
+        current = self.snapshot_id
+        if current is None or not wanted:
+            return None
+        for sid in (current, *self.ancestors(current)):
+            if wanted & self.files(sid).keys():
+                return sid
+        return None
+
+    def removals(self, paths: Iterable[str]) -> dict[str, tuple[int, datetime | None]]:
+        """For each of ``paths`` a snapshot of the current lineage lists: the newest such
+        snapshot, and when the file left the lineage (the commit time of that snapshot's
+        child; ``None``: the current snapshot lists it). Paths no snapshot lists are left
+        out.
+        """
+        wanted = set(paths)
+        current = self.snapshot_id
+        if current is None or not wanted:
+            return {}
+        meta = self._table.metadata
+        out: dict[str, tuple[int, datetime | None]] = {}
+        child: int | None = None
+        for sid in (current, *self.ancestors(current)):
+            found = wanted & self.files(sid).keys()
+            if found:
+                left = None
+                if child is not None:
+                    snap = meta.snapshot_by_id(child)
+                    assert snap is not None
+                    left = datetime.fromtimestamp(snap.timestamp_ms / 1000, UTC)
+                out.update(dict.fromkeys(found, (sid, left)))
+                wanted -= found
+                if not wanted:
+                    break
+            child = sid
+        return out
+
+    def expire(self, ids: Sequence[int]) -> int:
+        """Expire the snapshots ``ids`` (never the current one); a tag or a branch (other
+        than ``main``) on one of them is removed first, with a WARNING: the files it lists
+        are being deleted, so it could only fail its readers. Their count.
+        """
+        current = self.snapshot_id
+        ids = [i for i in dict.fromkeys(ids) if i != current]
+        if not ids:
             return 0
-        old = [s.snapshot_id for s in meta.snapshots if s.timestamp_ms < keep.timestamp_ms
-               or (s.timestamp_ms == keep.timestamp_ms and s.snapshot_id != snapshot_id
-                   and s.sequence_number is not None and keep.sequence_number is not None
-                   and s.sequence_number < keep.sequence_number)]
-        if not old:
-            return 0
+        refs = {name: ref for name, ref in self._table.metadata.refs.items()
+                if ref.snapshot_id in ids and name != "main"}
         try:
-            self._table.maintenance.expire_snapshots().by_ids(old).commit()
+            if refs:
+                manage = self._table.manage_snapshots()
+                for name, ref in refs.items():
+                    log.warning("%s: %s %s points at snapshot %d, which lists segments being "
+                                "deleted: removed (a table's history is bounded by "
+                                "compaction and catalog.snapshot_retention)", self.name,
+                                ref.snapshot_ref_type.value, name, ref.snapshot_id)
+                    manage = manage.remove_tag(name)   # removes a branch alike
+                manage.commit()
+            self._table.maintenance.expire_snapshots().by_ids(ids).commit()
         except Exception as e:
-            raise _wrap(f"expiring {len(old)} snapshots of {self.name}", e) from e
-        return len(old)
+            raise _wrap(f"expiring {len(ids)} snapshots of {self.name}", e) from e
+        return len(ids)
+
+    def foreign_snapshots(self) -> list[SnapshotInfo]:
+        """The snapshots of the current lineage newer than the newest one the replicator
+        committed (its summaries carry ``replicator.reason``), newest first.
+        """
+        current = self.snapshot_id
+        if current is None:
+            return []
+        by_id = {s.snapshot_id: s for s in self.snapshots()}
+        out = []
+        for sid in (current, *self.ancestors(current)):
+            snap = by_id.get(sid)
+            if snap is None or "replicator.reason" in snap.summary:
+                break
+            out.append(snap)
+        return out
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Every snapshot the metadata keeps, oldest first."""
@@ -425,6 +630,16 @@ class IcebergTable:
             return sorted(t.file.file_path for t in scan.plan_files())
         except Exception as e:
             raise _wrap(f"planning a scan of {self.name}", e) from e
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """A snapshot of operation ``replace``: files swapped for files holding the same
+    records (pyiceberg writes ``overwrite`` only; the summary totals are computed alike).
+    """
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        summary = super()._summary(snapshot_properties)
+        return Summary(operation=Operation.REPLACE, **summary.additional_properties)
 
 
 @dataclass(frozen=True)

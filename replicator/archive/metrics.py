@@ -32,9 +32,19 @@ class ArchiveMetrics:
             "archive_segments_not_in_table_total",
             "Segments a table cannot list (not Parquet, or an unreadable footer); logged "
             "with their key.", ["region", "topic", "reason"])
+        self.refused = m.counter(
+            "archive_refused_steps_total",
+            "Steps that refused to touch a table, by reason (foreign-table: stamped for "
+            "another source; foreign-write: another engine committed to it); logged at "
+            "ERROR, the table left as it is.", ["region", "topic", "reason"])
         self.failures = m.counter(
             "archive_step_failures_total",
             "Steps that left a table as it was (catalog or bucket errors).", ["region", "topic"])
+        self.lag = m.gauge(
+            "archive_table_lag_seconds",
+            "At the last step that brought the table up to date: how long the oldest "
+            "segment it added had been in the bucket (0: nothing was waiting).",
+            ["region", "topic"])
         self.last_sync = m.gauge(
             "archive_last_sync_timestamp_seconds",
             "Unix time of the last step that brought the table up to date with the bucket.",

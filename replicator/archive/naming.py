@@ -6,13 +6,17 @@ import json
 import re
 from dataclasses import dataclass
 
-from replicator.core.errors import ObjectNotFound, ReplicatorError
+from replicator.core.errors import ObjectNotFound, RetriableError
 from replicator.core.keys import BASE_INCARNATION, topic_meta_key
 from replicator.core.settings import CatalogSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
 
 _NOT_NAME = re.compile(r"[^a-z0-9_]")
+
+
+class TopicMetaUnreadable(RetriableError):
+    """``_topic.json`` exists but is not a document this version reads."""
 
 
 @dataclass(frozen=True, order=True)
@@ -46,13 +50,21 @@ def table_identifier(cfg: CatalogSettings, ident: TableIdentity) -> tuple[str, .
 
 
 def read_incarnation(store: ObjectStore, prefix: str, region: str, topic: str) -> str | None:
-    """The source topic id ``_topic.json`` records (key ``topic_id``), if any."""
+    """The source topic id ``_topic.json`` records (key ``topic_id``), if any.
+
+    Raises:
+        StorageError / ReplicatorError: ``_topic.json`` could not be read (any error but
+            not-found): the caller's step fails and changes nothing, never guesses.
+    """
+    key = topic_meta_key(prefix, region, topic)
     try:
-        doc = json.loads(store.get(topic_meta_key(prefix, region, topic)))
-    except (ObjectNotFound, ValueError):
+        data = store.get(key)
+    except ObjectNotFound:
         return None
-    except ReplicatorError:
-        return None
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise TopicMetaUnreadable(f"s3://{store.bucket}/{key} is not JSON: {e}") from e
     value = doc.get("topic_id") if isinstance(doc, dict) else None
     return str(value) if value else None
 
@@ -61,10 +73,12 @@ def live_location(store: ObjectStore, prefix: str, region: str, topic: str) -> s
     """The label of the location of the topic's live incarnation: ``""`` (the documented
     key shape) unless ``_topic.json`` records a later incarnation (a topic deleted and
     created again, under ``_incarnations/{label}/``).
+
+    Raises:
+        StorageError / ReplicatorError: ``_topic.json`` exists but could not be read or
+            parsed: answering the base location then would swap the table to another
+            incarnation, so the step fails instead.
     """
-    try:
-        meta = read_topic_meta(store, prefix, region, topic)
-    except ReplicatorError:
-        return BASE_INCARNATION
+    meta = read_topic_meta(store, prefix, region, topic)
     live = None if meta is None else meta.live
     return BASE_INCARNATION if live is None else live.label

@@ -6,12 +6,15 @@ table, the comparisons of ``partition``, ``offset``, ``timestamp`` and ``timesta
 with constants that its ``WHERE`` requires (its top-level ``AND`` terms) go to the scan:
 files whose manifest entries rule them out (partition value, offset and time bounds) are
 never read. DuckDB then applies the whole query, so pruning only ever skips records the
-query would drop. Anything else (joins, ``OR``, subqueries) scans every file.
+query would drop. Anything else (joins, ``OR``, subqueries) scans every file. A table the
+query scans more than once (named twice, or in a ``WITH``) is read into memory first: a
+stream can be scanned once only.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -147,14 +150,20 @@ class SqlAnswer:
     scans: list[TableScan] = field(default_factory=list)
 
 
-def query_tables(committer: ArchiveCommitter) -> dict[str, IcebergTable]:
-    """The tables a query can name: the last part of each identifier."""
+def query_tables(committer: ArchiveCommitter, names: set[str] | None = None
+                 ) -> dict[str, IcebergTable]:
+    """The tables a query can name: the last part of each identifier (only ``names``, when
+    given: the others are never loaded, so a query reads the metadata of what it names).
+    """
     out: dict[str, IcebergTable] = {}
     for region, topic in committer.topics():
+        ident = committer.identity(region, topic)
+        name = committer.identifier(ident)[-1]
+        if names is not None and name not in names:
+            continue
         table = committer.table(region, topic, create=False)
         if table is None:
             continue
-        name = table.identifier[-1]
         if name in out:
             log.warning("two tables end in %s (%s, %s): the query sees the first", name,
                         out[name].name, table.name)
@@ -163,9 +172,20 @@ def query_tables(committer: ArchiveCommitter) -> dict[str, IcebergTable]:
     return out
 
 
-def _reader(table: IcebergTable, bounds: list[Bound], snapshot_id: int | None
-            ) -> Callable[[], pa.RecordBatchReader]:
-    return lambda: table.reader(bounds, snapshot_id)
+def has_cte(tree: dict[str, Any]) -> bool:
+    """True when the statement defines a common table expression (``WITH``)."""
+    return any(isinstance(cte := n.get("cte_map"), dict) and cte.get("map")
+               for n in _walk(tree))
+
+
+def _reader(table: IcebergTable, bounds: list[Bound], snapshot_id: int | None, *,
+            once: bool) -> Callable[[], pa.RecordBatchReader | pa.Table]:
+    """The table's records for DuckDB: a stream when the query scans the table once, else
+    read into memory (a stream cannot be scanned twice: DuckDB 2 fails, 1.x answers wrong).
+    """
+    if once:
+        return lambda: table.reader(bounds, snapshot_id)
+    return lambda: table.reader(bounds, snapshot_id).read_all()
 
 
 def run_query(committer: ArchiveCommitter, sql: str, *,
@@ -177,14 +197,19 @@ def run_query(committer: ArchiveCommitter, sql: str, *,
         CatalogError: a table could not be read.
     """
     tree = parse_sql(sql)
-    mentioned = set(table_refs(tree))
-    tables = {n: t for n, t in query_tables(committer).items() if n in mentioned}
+    mentions = Counter(table_refs(tree))
+    mentioned = set(mentions)
+    # A table named twice (self-join, subquery, UNION) or inside a WITH (which DuckDB may
+    # inline at each use) is scanned more than once.
+    cte = has_cte(tree)
+    tables = query_tables(committer, mentioned)
     scans: list[TableScan] = []
-    readers: dict[str, Callable[[], pa.RecordBatchReader]] = {}
+    readers: dict[str, Callable[[], pa.RecordBatchReader | pa.Table]] = {}
     for name, table in tables.items():
         bounds = pruning_bounds(tree, name)
         read = table.planned_files(bounds, snapshot_id)
         total = len(table.planned_files((), snapshot_id)) if bounds else len(read)
         scans.append(TableScan(name, table.name, bounds, total, len(read)))
-        readers[name] = _reader(table, bounds, snapshot_id)
+        readers[name] = _reader(table, bounds, snapshot_id,
+                                once=mentions[name] == 1 and not cte)
     return SqlAnswer(run_sql(sql, readers), scans)

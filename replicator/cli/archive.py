@@ -41,14 +41,17 @@ def archive_factory(settings: Settings, store: ObjectStore, metrics: Metrics) ->
     """Compaction's hook into the archive tables (``[catalog]`` enabled).
 
     Raises:
-        ConfigError: the ``archive`` extra is not installed.
+        ConfigError: the ``archive`` extra is not installed, or two sources map to one
+            table.
     """
     try:
         from replicator.archive.committer import ArchiveCommitter
     except ImportError as e:
         raise ConfigError("catalog.enabled", f"needs the 'archive' extra (pip install "
                           f"'kafka-s3-replicator[archive]'): {e}") from e
-    return ArchiveCommitter(settings, store, metrics=metrics)
+    committer = ArchiveCommitter(settings, store, metrics=metrics)
+    committer.check_mapping()
+    return committer
 
 
 def _committer(config: Path) -> tuple[Settings, ArchiveCommitter]:
@@ -191,6 +194,12 @@ def sync(config: Path, output: str) -> None:
     every catalog.commit_interval). Idempotent.
     """
     _, committer = _committer(config)
+    try:
+        committer.check_mapping()
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
+    except ReplicatorError as e:
+        fail(str(e), EXIT_FAILURE)
     results = committer.sync_all()
     _print_results(results, output)
     if len(results) < len(committer.topics()):
@@ -203,13 +212,20 @@ def sync(config: Path, output: str) -> None:
 @click.option("--region", default=None, help="Source region (default: this region).")
 @click.option("--drop", is_flag=True,
               help="Drop the catalog entry first (never a data file) and create it again: "
-                   "the repair after a catalog loss or damage.")
+                   "the repair of a damaged entry (its snapshot history is lost).")
+@click.option("--register", "metadata", default=None, metavar="METADATA_JSON",
+              help="Register the table from this metadata.json first (the newest one under "
+                   "the table's metadata/): the repair after a catalog loss, history kept.")
 @output_option
-def rebuild(config: Path, topic: str, region: str | None, drop: bool, output: str) -> None:
+def rebuild(config: Path, topic: str, region: str | None, drop: bool, metadata: str | None,
+            output: str) -> None:
     """A table from the bucket's segments (idempotent)."""
     settings, committer = _committer(config)
+    if drop and metadata:
+        fail("--drop and --register exclude each other", EXIT_USAGE)
     try:
-        result = committer.rebuild(region or settings.region, topic, drop=drop)
+        result = committer.rebuild(region or settings.region, topic, drop=drop,
+                                   register=metadata)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
     _print_results([result], output)

@@ -61,6 +61,7 @@ class ArchiveFollower:
 
         Raises:
             CatalogError: the catalog cannot be loaded.
+            ConfigError: two sources map to one table (``ArchiveCommitter.check_mapping``).
         """
         if self.store is None:
             from replicator.core.s3 import S3ObjectStore
@@ -68,6 +69,7 @@ class ArchiveFollower:
             self.store = S3ObjectStore.from_settings(self.settings)
         if self.committer is None:
             self.committer = ArchiveCommitter(self.settings, self.store)
+        self.committer.check_mapping()
         if self.settings.metrics.port and self._server is None:
             self._server = MetricsServer(self.committer.metrics, self.settings.metrics.host,
                                          self.settings.metrics.port, healthy=lambda: True,

@@ -204,6 +204,8 @@ class Demo:
                 raw["catalog"] = {
                     "enabled": True, "namespace": "demo", "table_name": "{topic}",
                     "topics": [topic],
+                    # No reader pinned to an older snapshot here: inputs go at once.
+                    "snapshot_retention": "0s",
                     "properties": {"uri": f"sqlite:///{stack.dir.absolute()}/catalog.sqlite"}}
         return validate_settings(raw)
 

@@ -64,7 +64,7 @@ def test_sync_adds_each_segment_once_with_its_partition_and_record_count(
 def test_a_compaction_run_swaps_its_outputs_in_before_deleting_and_expires_older_snapshots(
         tmp_path: Path) -> None:
     store = MemoryObjectStore("b")
-    settings = catalog_settings(tmp_path)
+    settings = catalog_settings(tmp_path, snapshot_retention="0s")   # deleted at once
     committer = ArchiveCommitter(settings, store)
     inputs = seed(store, [(0, 9), (10, 19), (20, 29)])
     committer.sync("r1", "t")

@@ -569,11 +569,11 @@ def test_slim_image_has_no_spark_and_compaction_image_has_java() -> None:
     assert "/src[" not in build
     # The compaction extra, plus the archive extra only when asked (COMPACTION_EXTRAS).
     assert "ARG COMPACTION_EXTRAS=compaction" in build_compaction
-    assert 'pip install "/src[${COMPACTION_EXTRAS}]"' in build_compaction
+    assert 'pip install -c /src/constraints.txt "/src[${COMPACTION_EXTRAS}]"' in build_compaction
     # The archive committer: the archive extra (pyiceberg), no Spark, no JRE.
     archive = " ".join(_stage_chain(stages, "archive"))
     assert "--from=build-archive " in archive and "openjdk" not in archive
-    assert "pip install '/src[archive]'" in " ".join(_stage_chain(stages, "build-archive"))
+    assert "pip install -c /src/constraints.txt '/src[archive]'" in " ".join(_stage_chain(stages, "build-archive"))
     # The package with its own dependencies only: no extra but compaction, ever.
     assert "pip install /src" in build
     assert not re.search(r"\[(?:local|dev)", build_compaction)

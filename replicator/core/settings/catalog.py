@@ -16,23 +16,35 @@ TEMPLATE_FIELDS = frozenset({"region", "topic", "incarnation"})
 """The placeholders ``table_name`` may use."""
 
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
+"""The password of ``scheme://user:password@host`` (a SQL catalog's ``uri``)."""
 _NAMESPACE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)*")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` masked."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
 
 
 class CatalogSettings(Model):
     """The Iceberg catalog that lists the segments as tables (``[catalog]``)."""
 
     enabled: bool = Field(False, description="Keep an Iceberg table per replicated topic "
-                                             "over the segment files.")
-    type: str = Field("sql", description="pyiceberg catalog type: sql, glue, rest, hive, "
-                                         "dynamodb, ... (only sql is tested here).")
+                                             "over the segment files (needs format.name = "
+                                             "\"parquet\": refused otherwise).")
+    type: str = Field("sql", description="pyiceberg catalog type: sql, glue, rest, hive "
+                                         "(only sql is tested here; dynamodb is refused: "
+                                         "pyiceberg cannot commit to it).")
     properties: dict[str, str] = Field(
         default_factory=lambda: {"uri": "sqlite:///replicator-catalog.sqlite"},
         description="pyiceberg catalog properties (uri, warehouse, credentials, ...). The "
-                    "S3 FileIO properties (s3.endpoint, s3.region, keys) default to [s3]'s.")
+                    "S3 FileIO properties (s3.endpoint, s3.region, keys) default to [s3]'s. "
+                    "With type sql, a SQLite uri must be an absolute path "
+                    "(sqlite:////var/lib/replicator/catalog.db): the relative default is "
+                    "refused when enabled, as each process would get a catalog of its own.")
     warehouse: str | None = Field(
         None, description="Where table metadata (metadata.json, manifests) is written "
-                          "(default: s3://{s3.bucket}/iceberg). Never under s3.prefix.")
+                          "(default: s3://{s3.bucket}/iceberg). Refused under s3.prefix.")
     namespace: str = Field("replicator", description="Namespace of the tables "
                                                      "(dot-separated levels).")
     table_name: str = Field(
@@ -55,6 +67,20 @@ class CatalogSettings(Model):
     lock_ttl: Duration = Field(
         timedelta(minutes=2),
         description="Expiry of the committer's lease ({prefix}/{region}/_archive.lock).")
+
+    snapshot_retention: Duration = Field(
+        timedelta(hours=1),
+        description="How long a segment compaction swapped out of a table stays in the "
+                    "bucket (with the snapshots that list it) before compaction deletes it: "
+                    "queries planned before the swap, time travel, streaming readers and "
+                    "`restore --snapshot` within it keep working. 0s deletes at once.")
+
+    @field_validator("snapshot_retention")
+    @classmethod
+    def _not_negative(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError("must not be negative")
+        return v
 
     @field_validator("namespace")
     @classmethod
@@ -95,5 +121,10 @@ class CatalogSettings(Model):
         """``properties`` with secret values masked, for logs."""
         from replicator.core.settings.fields import is_secret_setting
 
-        return {k: ("***" if is_secret_setting(k) or "key" in k.lower() else v)
-                for k, v in self.properties.items()}
+        def mask(name: str, value: str) -> str:
+            n = name.lower()
+            if is_secret_setting(n) or "key" in n or "credential" in n:
+                return "***"
+            return redact_urls(value)
+
+        return {k: mask(k, v) for k, v in self.properties.items()}

@@ -61,6 +61,52 @@ class Settings(Model):
         return self
 
     @model_validator(mode="after")
+    def _tables_can_list_the_segments(self) -> Settings:
+        # An Iceberg table lists Parquet segments only: with Arrow outputs a compaction
+        # swap would take its inputs out of the table and put nothing in.
+        if self.catalog.enabled and self.format.name != "parquet":
+            raise KeyedValueError(
+                "format.name",
+                f"{self.format.name!r} segments cannot be Iceberg data files, and "
+                "[catalog] enabled = true lists segments as tables: compaction would take "
+                "the records it merges out of the tables; use \"parquet\" or disable "
+                "[catalog]")
+        return self
+
+    @model_validator(mode="after")
+    def _catalog_safe(self) -> Settings:
+        cat = self.catalog
+        if not cat.enabled:
+            return self
+        if cat.type == "dynamodb":
+            raise KeyedValueError(
+                "catalog.type", "pyiceberg cannot commit to a DynamoDB catalog (its "
+                "commit_table is not implemented): every step would fail; use glue, rest, "
+                "hive or sql")
+        uri = cat.properties.get("uri", "")
+        if cat.type == "sql" and uri.startswith("sqlite:"):
+            path = uri.removeprefix("sqlite:").removeprefix("///")
+            if not uri.startswith("sqlite:///") or not path.startswith("/"):
+                raise KeyedValueError(
+                    "catalog.properties.uri",
+                    f"{uri!r} is not an absolute SQLite path (sqlite:////abs/path.db): a "
+                    "relative path gives each process (follower, compaction) a catalog of "
+                    "its own over one warehouse, and each deletes the other's metadata")
+        bucket_url = f"s3://{self.s3.bucket}/"
+        for key, where in (("catalog.warehouse", cat.warehouse),
+                           ("catalog.properties.warehouse", cat.properties.get("warehouse"))):
+            if where is None or not where.startswith(bucket_url):
+                continue
+            path = where.removeprefix(bucket_url).strip("/")
+            prefix = self.s3.prefix.strip("/")
+            if not prefix or path == prefix or path.startswith(prefix + "/"):
+                raise KeyedValueError(
+                    key, f"{where!r} is under the segments' prefix (s3.prefix = "
+                    f"{self.s3.prefix!r}): table metadata there would be taken for topics "
+                    "and segments; put it beside it (s3://{bucket}/iceberg)")
+        return self
+
+    @model_validator(mode="after")
     def _segments_fit_in_parts(self) -> Settings:
         # A segment streams into one multipart upload of at most MAX_PARTS parts of
         # s3.part_size bytes (egress writes it, compaction writes its outputs).
