@@ -575,7 +575,7 @@ def test_slim_image_has_no_spark_and_compaction_image_has_java() -> None:
     assert "--from=build-archive " in archive and "openjdk" not in archive
     assert "pip install -c /src/constraints.txt '/src[archive]'" in " ".join(_stage_chain(stages, "build-archive"))
     # The package with its own dependencies only: no extra but compaction, ever.
-    assert "pip install /src" in build
+    assert "pip install -c /src/constraints.txt /src" in build
     assert not re.search(r"\[(?:local|dev)", build_compaction)
     assert "/src[compaction" not in " ".join(_stage_chain(stages, "build-archive"))
 
