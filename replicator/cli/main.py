@@ -6,6 +6,7 @@ import click
 
 from replicator.cli.archive import archive
 from replicator.cli.checkpoints import checkpoints
+from replicator.cli.cutover import cutover
 from replicator.cli.demo import demo
 from replicator.cli.doctor import doctor
 from replicator.cli.groups import groups
@@ -33,6 +34,7 @@ main.add_command(sync)
 main.add_command(segments)
 main.add_command(verify)
 main.add_command(checkpoints)
+main.add_command(cutover)
 main.add_command(restore)
 main.add_command(topics)
 main.add_command(groups)
