@@ -14,10 +14,10 @@ Pure: no I/O. The rules, each a refusal (``AlignmentError``) rather than a guess
 * a record is placed by content alone only when the records after it confirm the place (the
   next ``confirm`` destination records equal the source records after the candidate): two
   places that both fit is ambiguous;
-* once aligned, every destination record must be a source record of the segments: one that
-  is not (another producer writes the destination topic, or a segment is missing) stops;
-* destination records before the first aligned one are older than the segments (MM2 copied
-  them before egress started): they count as ``head``, they are not an error;
+* destination records that are not in the segments are older than them (MM2 copied them
+  before egress started, or sent them again after a restart) or another producer's: they
+  count as ``head`` (before the first aligned record) or ``unplaced`` (after it), never
+  as an offset;
 * the last destination record must be aligned: otherwise the segments do not reach MM2's
   last copy yet (egress has not archived it) and the start cannot be known.
 
@@ -61,23 +61,25 @@ class Alignment:
     rewinds: int = 0
     skipped: list[tuple[int, int]] = field(default_factory=list)
     """Source offset ranges (first, last) MM2 never wrote between two aligned records."""
+    unplaced: int = 0
+    """Records after the first aligned one that are not in the segments (MM2 went back to
+    before them, or another producer wrote them); the records after them are placed as
+    usual."""
 
     @property
     def aligned(self) -> bool:
         return bool(self.pairs)
 
 
-def _place(cands: Sequence[int], dest: Sequence[Row], i: int, source: Sequence[Row],
-           confirm: int) -> list[int]:
-    """The candidates ``c`` where the destination records from ``i`` on equal the source
-    records from ``c`` on, for up to ``confirm`` records (fewer at either end).
+def _run(c: int, dest: Sequence[Row], i: int, source: Sequence[Row], confirm: int) -> int:
+    """How many destination records from ``i`` on equal the source records from ``c`` on
+    (up to ``confirm``).
     """
-    fits = []
-    for c in cands:
-        n = min(confirm, len(dest) - i, len(source) - c)
-        if all(dest[i + k][1] == source[c + k][1] for k in range(n)):
-            fits.append(c)
-    return fits
+    n = 0
+    while n < confirm and i + n < len(dest) and c + n < len(source) \
+            and dest[i + n][1] == source[c + n][1]:
+        n += 1
+    return n
 
 
 def align(dest: Sequence[Row], source: Sequence[Row], *, confirm: int = CONFIRM,
@@ -86,25 +88,29 @@ def align(dest: Sequence[Row], source: Sequence[Row], *, confirm: int = CONFIRM,
     order, one segment cover: no offset twice).
 
     Raises:
-        AlignmentError: a record placed ambiguously, a destination record that is not in the
-            segments after the alignment began, or a last record not aligned.
+        AlignmentError: a record placed ambiguously, or a last record not aligned.
     """
     index: dict[Digest, list[int]] = {}
     for k, (_, dg) in enumerate(source):
         index.setdefault(dg, []).append(k)
     pairs: list[tuple[int, int]] = []
     skipped: list[tuple[int, int]] = []
-    head = rewinds = 0
+    head = rewinds = unplaced = 0
     pos: int | None = None          # the source index expected next
     for i, (d_off, dg) in enumerate(dest):
         if pos is not None and pos < len(source) and source[pos][1] == dg:
             pairs.append((pos, d_off))
             pos += 1
             continue
-        if pos is None and dg not in index:
-            head += 1               # copied before the segments begin
+        if dg not in index:
+            # Copied before the segments begin (before the first aligned record, or sent
+            # again by MM2 from there), or written by another producer: not placed.
+            if pos is None:
+                head += 1
+            else:
+                unplaced += 1
             continue
-        c = _jump(index.get(dg, []), dest, i, source, pos, confirm, where)
+        c = _jump(index[dg], dest, i, source, confirm, where)
         if pos is not None:
             if c < pos:
                 rewinds += 1
@@ -117,31 +123,29 @@ def align(dest: Sequence[Row], source: Sequence[Row], *, confirm: int = CONFIRM,
             f"{where}none of the destination's last records is in the segments: egress has "
             "not archived MirrorMaker 2's last copy yet (wait until the segments reach past "
             "the source's end when MM2 stopped), or egress started after it")
-    return Alignment(pairs, head, rewinds, skipped)
+    return Alignment(pairs, head, rewinds, skipped, unplaced)
 
 
 def _jump(cands: Sequence[int], dest: Sequence[Row], i: int, source: Sequence[Row],
-          pos: int | None, confirm: int, where: str) -> int:
-    """The one source index where destination record ``i`` sits when it is not the one
-    expected (``pos``): the first record aligned, a rewind or a gap of MM2.
+          confirm: int, where: str) -> int:
+    """The one source index among ``cands`` (the records of its content) where destination
+    record ``i`` sits when it is not the one expected: the first record aligned, a rewind or
+    a gap of MM2.
 
     Raises:
-        AlignmentError: it is not in the segments, or more than one place fits.
+        AlignmentError: more than one place fits.
     """
     d_off = dest[i][0]
-    if not cands:
-        after = ("the end of the segments" if pos is None or pos >= len(source)
-                 else f"source offset {source[pos][0]}")
-        raise AlignmentError(
-            f"{where}destination offset {d_off}: the record is not in the segments "
-            f"(expected {after}): another producer writes the destination topic, a "
-            "segment is missing, or the records' timestamps were not kept")
-    fits = _place(cands, dest, i, source, confirm)
+    # The place whose run of equal records after it is the longest (MM2 may go back or
+    # on right after the record, so a short run alone refuses nothing); a tie is a guess.
+    runs = {c: _run(c, dest, i, source, confirm) for c in cands}
+    best = max(runs.values())
+    fits = [c for c, n in runs.items() if n == best]
     if len(fits) != 1:
         offsets = [source[c][0] for c in (fits or cands)[:5]]
         raise AlignmentError(
             f"{where}destination offset {d_off}: the record fits "
-            f"{'several places' if fits else 'no place'} of the source (source offsets "
+            f"several places of the source (source offsets "
             f"{offsets}) when the {confirm} records after it are compared: cannot place "
             "it without a guess")
     return fits[0]
