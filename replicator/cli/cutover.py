@@ -11,7 +11,7 @@ from ingress.checkpoints import KafkaCheckpointStore
 from replicator.cli.common import EXIT_FAILURE, EXIT_USAGE, config_option, echo_json, fail
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
-from replicator.core.errors import ReplicatorError
+from replicator.core.errors import ReplicatorError, TopicError
 from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSettings
 from replicator.core.units import parse_duration
@@ -58,8 +58,11 @@ def from_mm2(config: Path, lookback: str, dry_run: bool, force: bool, output: st
         fail("--lookback: must not be negative", EXIT_USAGE)
     try:
         plan = plan_cutover(settings.kafka, ingress, settings.s3.prefix, store, lookback=back)
-        existing = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic, Metrics(),
-                                        timeout=30).load_all()
+        try:
+            existing = KafkaCheckpointStore(settings.kafka, ingress.checkpoint_topic,
+                                            Metrics(), timeout=30).load_all()
+        except TopicError:
+            existing = {}        # no checkpoint topic yet: ingress never ran here
         taken = refused(plan, existing)
         if taken and not force:
             fail("ingress already has checkpoints (it replays these partitions; --force "

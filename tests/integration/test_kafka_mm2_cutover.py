@@ -67,6 +67,7 @@ def _mm2_properties(pipe: Pipeline, group: str) -> str:
         "sync.topic.acls.enabled = false",
         "offset.flush.interval.ms = 1000",
         "tasks.max = 1",
+        "plugin.discovery = service_load",
         "replication.factor = 1",
         "checkpoints.topic.replication.factor = 1",
         "heartbeats.topic.replication.factor = 1",
@@ -91,6 +92,10 @@ def _mirrormaker(pipe: Pipeline, group: str, work: Path) -> Iterator[subprocess.
                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         yield proc
+    except BaseException:
+        lines = (work / "mm2.log").read_text(errors="replace").splitlines()
+        print("\n".join(lines[-60:]))
+        raise
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -223,7 +228,7 @@ def test_ingress_continues_where_mirrormaker_2_stopped(pipe: Pipeline, tmp_path:
                                                  for p, o in mm2_part.items()})
         with _mirrormaker(pipe, group, tmp_path) as mm2:
             wait_for(lambda: dest in dest_admin.list_topics()
-                     and min(_ends(pipe.dest_kafka, dest).values()) >= 100, 60,
+                     and min(_ends(pipe.dest_kafka, dest).values()) >= 100, 120,
                      "MirrorMaker 2 copying")
             wait_for(lambda: len(dest_admin.group_offsets(group)) == PARTITIONS, 40,
                      "MirrorMaker 2 syncing the group into the destination")
