@@ -9,6 +9,7 @@ from replicator.cli.checkpoints import checkpoints
 from replicator.cli.cutover import cutover
 from replicator.cli.demo import demo
 from replicator.cli.doctor import doctor
+from replicator.cli.failback import failback
 from replicator.cli.groups import groups
 from replicator.cli.local import local
 from replicator.cli.logs import setup_command_logging
@@ -39,4 +40,5 @@ main.add_command(restore)
 main.add_command(topics)
 main.add_command(groups)
 main.add_command(doctor)
+main.add_command(failback)
 main.add_command(archive)
