@@ -82,7 +82,9 @@ def destination_starts(kafka: KafkaSettings, ingress: IngressSettings, prefix: s
 
 def _high_watermarks(kafka: KafkaSettings, parts: Sequence[tuple[str, int]], timeout: float
                      ) -> dict[tuple[str, int], int]:
-    c = Consumer(kafka, f"replicator-failback-{uuid.uuid4().hex[:12]}")
+    # read_uncommitted: the high watermark (read_committed answers the last stable offset).
+    c = Consumer(kafka, f"replicator-failback-{uuid.uuid4().hex[:12]}",
+                 {"isolation.level": "read_uncommitted"})
     try:
         return {(t, p): c.watermarks(TopicPartition(t, p), timeout=timeout)[1]
                 for t, p in parts}
