@@ -83,7 +83,7 @@ def destination_starts(kafka: KafkaSettings, ingress: IngressSettings, prefix: s
 def _high_watermarks(kafka: KafkaSettings, parts: Sequence[tuple[str, int]], timeout: float
                      ) -> dict[tuple[str, int], int]:
     # read_uncommitted: the high watermark (read_committed answers the last stable offset).
-    c = Consumer(kafka, f"replicator-failback-{uuid.uuid4().hex[:12]}",
+    c = Consumer(kafka, f"replicator.reader.failback-{uuid.uuid4().hex[:12]}",
                  {"isolation.level": "read_uncommitted"})
     try:
         return {(t, p): c.watermarks(TopicPartition(t, p), timeout=timeout)[1]

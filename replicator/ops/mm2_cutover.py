@@ -145,7 +145,7 @@ def destination_rows(kafka: KafkaSettings, topic: str, partition: int, *,
     Raises:
         KafkaRetriableError: the end was not reached within ``timeout`` seconds.
     """
-    c = Consumer(kafka, f"replicator-cutover-{uuid.uuid4().hex[:12]}",
+    c = Consumer(kafka, f"replicator.reader.cutover-{uuid.uuid4().hex[:12]}",
                  {"enable.partition.eof": True, "isolation.level": "read_committed",
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})
     try:
