@@ -2,11 +2,13 @@
 (docs/migrating-from-mirrormaker.md): records are produced throughout; MM2 copies them into
 ``primary.<topic>`` while egress archives the source; MM2 is stopped mid-stream;
 ``replicator cutover from-mm2`` writes ingress's checkpoints; ingress continues into the same
-topic. The destination is then the source record for record (read_committed: no gap, no
-duplicate), and a group MM2 synced resumes at exactly the right record after the cutover,
-both at an offset MM2 copied and at one ingress copied.
+topic. MM2 is killed (SIGKILL): its own stored offsets may lag behind what it wrote, which
+the cutover does not use. The destination is then the source record for record
+(read_committed: no gap, no duplicate), and a group MM2 synced resumes at exactly the right
+record after the cutover, both at an offset MM2 copied and at one ingress copied.
 
-Cost: one MirrorMaker 2 JVM (about 10 s to start) and about 40 s in all.
+Cost: one MirrorMaker 2 JVM; 107 s measured at a load average of 12 on 2 cores (most of it
+MM2's start-up and first copy).
 """
 
 from __future__ import annotations
@@ -232,8 +234,10 @@ def test_ingress_continues_where_mirrormaker_2_stopped(pipe: Pipeline, tmp_path:
                      "MirrorMaker 2 copying")
             wait_for(lambda: len(dest_admin.group_offsets(group)) == PARTITIONS, 40,
                      "MirrorMaker 2 syncing the group into the destination")
-            # Stopped mid-stream: the source goes on.
-            mm2.send_signal(signal.SIGTERM)
+            # Killed mid-stream (the harder stop: its last source offsets may not be
+            # committed, and records it wrote after them are in the destination); the
+            # source goes on.
+            os.killpg(mm2.pid, signal.SIGKILL)
             assert mm2.wait(60) is not None
         copied_by_mm2 = _ends(pipe.dest_kafka, dest)
         stopped_at = _ends(pipe.source_kafka, pipe.topic)
@@ -248,8 +252,9 @@ def test_ingress_continues_where_mirrormaker_2_stopped(pipe: Pipeline, tmp_path:
         for p in range(PARTITIONS):
             assert plan[p]["destination_end"] == copied_by_mm2[p]
             assert plan[p]["aligned_records"] == copied_by_mm2[p]     # egress from the start
-            # MM2's own record of where it stopped agrees (a graceful stop commits it).
-            assert plan[p]["resume_at"] == mm2_stored[p] + 1, (plan[p], mm2_stored)
+            # MM2's own stored offset is at or behind what it really wrote (it is
+            # equal after a graceful stop): the cutover never relies on it.
+            assert plan[p]["resume_at"] >= mm2_stored.get(p, -1) + 1, (plan[p], mm2_stored)
         # Run again: refused, ingress's checkpoints exist.
         again = CliRunner().invoke(main, ["cutover", "from-mm2", "--config",
                                           str(_config(pipe, tmp_path))])
