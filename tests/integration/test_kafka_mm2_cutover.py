@@ -27,6 +27,7 @@ from click.testing import CliRunner
 
 from egress.controller import Egress
 from replicator.cli.main import main
+from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, Consumer, Producer, TopicPartition, read_to_end
 from replicator.core.keys import SegmentKey, topic_prefix
 from replicator.core.settings import KafkaSettings
@@ -138,7 +139,12 @@ class Trickle:
 
 
 def _ends(kafka: KafkaSettings, topic: str) -> dict[int, int]:
-    ends = Admin(kafka).log_ends([(topic, p) for p in range(PARTITIONS)], timeout=10)
+    """The partitions' ends; -1 while the broker cannot say yet (a topic MM2 just created
+    answers UNKNOWN_LEADER_EPOCH for a moment)."""
+    try:
+        ends = Admin(kafka).log_ends([(topic, p) for p in range(PARTITIONS)], timeout=10)
+    except ReplicatorError:
+        return {p: -1 for p in range(PARTITIONS)}
     return {p: o for (_, p), o in ends.items()}
 
 
