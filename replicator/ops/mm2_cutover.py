@@ -160,13 +160,17 @@ def destination_rows(kafka: KafkaSettings, topic: str, partition: int, *,
         c.assign([TopicPartition(topic, partition, start)])
         rows: list[Row] = []
         deadline = time.monotonic() + timeout
+        tp = TopicPartition(topic, partition)
         while True:
             fetched = c.fetch(1000, 0.2)
             for msgs in fetched.runs.values():
-                rows += [(m.offset() or 0, digest(record_view(m))) for m in msgs]
-            end = fetched.ends.get((topic, partition))
-            if end is not None and end >= high:
-                return rows, end
+                rows += [(o, digest(record_view(m))) for m in msgs
+                         if (o := m.offset() or 0) < high]
+            # Up to the end seen first (a destination still written to has no end event,
+            # and write_cutover refuses it); markers and aborted records move the position.
+            if c.position([tp])[0].offset >= high or \
+                    fetched.ends.get((topic, partition), -1) >= high:
+                return rows, high
             for e in fetched.errors:
                 log.warning("reading %s[%d]: %s", topic, partition, e)
             if time.monotonic() > deadline:
@@ -224,15 +228,37 @@ def refused(plan: Sequence[PartitionCutover], existing: Mapping[str, Checkpoint]
             if (k := checkpoint_key(c.region, c.topic, c.partition, c.destination)) in existing]
 
 
+def destination_ends(kafka: KafkaSettings, plan: Sequence[PartitionCutover], timeout: float
+                     ) -> list[int]:
+    """The read_committed end of each planned destination partition now."""
+    c = Consumer(kafka, f"replicator.reader.cutover-{uuid.uuid4().hex[:12]}",
+                 {"isolation.level": "read_committed"})
+    try:
+        return [c.watermarks(TopicPartition(p.destination, p.partition), timeout=timeout)[1]
+                for p in plan]
+    finally:
+        c.close()
+
+
 def write_cutover(kafka: KafkaSettings, ingress: IngressSettings,
                   plan: Sequence[PartitionCutover], *, timeout: float = 60.0) -> int:
     """Write the checkpoints and offset-map entries of ``plan`` (creating the checkpoint
     and offset-map topics when missing); returns the records written.
 
     Raises:
-        CutoverError: a record was not delivered (the message names it); nothing is
-            half-applied for ingress as long as it is not started: run the command again.
+        CutoverError: a destination partition grew since ``plan`` read it (MM2 or another
+            producer still writes: the checkpoint would be behind its end, and ingress would
+            repeat those records), or a record was not delivered (the message names it);
+            nothing is half-applied for ingress as long as it is not started: run the
+            command again.
     """
+    moved = [f"{c.destination}[{c.partition}] {c.destination_end} -> {end}"
+             for c, end in zip(plan, destination_ends(kafka, plan, timeout), strict=True)
+             if end != c.destination_end]
+    if moved:
+        raise CutoverError("the destination grew since it was read (is MirrorMaker 2 still "
+                           f"running, or another producer?): {', '.join(moved)}; stop it and "
+                           "run the command again")
     admin = Admin(kafka)
     ensure_compacted_topic(admin, ingress.checkpoint_topic, "checkpoint topic")
     if ingress.offset_map:
