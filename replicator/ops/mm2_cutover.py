@@ -98,8 +98,16 @@ class PartitionCutover:
                 "mm2_skipped": [list(r) for r in self.skipped]}
 
 
-def archived_partition(store: ObjectStore, prefix: str, region: str, topic: str,
-                       partition: int) -> ArchivedPartition:
+def segment_keys(store: ObjectStore, prefix: str, region: str, topic: str
+                 ) -> list[SegmentKey]:
+    """Every segment of the topic, of every partition and incarnation."""
+    return [k for k in (SegmentKey.try_parse(i.key)
+                        for i in store.list(topic_prefix(prefix, region, topic)))
+            if k is not None]
+
+
+def archived_partition(store: ObjectStore, all_keys: Sequence[SegmentKey], region: str,
+                       topic: str, partition: int) -> ArchivedPartition:
     """The partition's archived records, one cover of its segments (level 0 preferred: a
     compacted segment lacks records MM2 may have copied).
 
@@ -107,9 +115,7 @@ def archived_partition(store: ObjectStore, prefix: str, region: str, topic: str,
         CutoverError: segments of several incarnations (the topic was deleted and created
             again): which one MM2 copied is not known.
     """
-    keys = [k for k in (SegmentKey.try_parse(i.key)
-                        for i in store.list(f"{topic_prefix(prefix, region, topic)}{partition}/"))
-            if k is not None and k.partition == partition]
+    keys = [k for k in all_keys if k.partition == partition]
     incarnations = {k.incarnation for k in keys}
     if len(incarnations) > 1:
         raise CutoverError(f"{region}/{topic}[{partition}]: segments of {len(incarnations)} "
@@ -198,9 +204,10 @@ def plan_cutover(kafka: KafkaSettings, ingress: IngressSettings, prefix: str,
                                "exist: give destination_topic the topic MirrorMaker 2 writes "
                                "(\"<source alias>.{topic}\" by its default policy)")
         topic_id = admin.topic_id(dest)
+        keys = segment_keys(store, prefix, src.region, src.name)
         for p in range(count):
             where = f"{src.region}/{src.name}[{p}] -> {dest}[{p}]: "
-            arch = archived_partition(store, prefix, src.region, src.name, p)
+            arch = archived_partition(store, keys, src.region, src.name, p)
             since = None
             if lookback is not None and arch.first_timestamp is not None:
                 since = arch.first_timestamp - int(lookback.total_seconds() * 1000)
