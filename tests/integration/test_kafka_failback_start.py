@@ -3,7 +3,7 @@ per destination partition, saved in the format ``kafka-consumer-groups.sh --rese
 --from-file`` reads (and that tool, run on the file, commits exactly those offsets); refused
 while ingress has members or a transaction is open (the end can still move).
 
-Cost: about 10 s (one kafka-consumer-groups.sh JVM).
+Cost: 6.5 s measured (one kafka-consumer-groups.sh JVM), load average 10 on 2 cores.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ the cutover does not use. The destination is then the source record for record
 (read_committed: no gap, no duplicate), and a group MM2 synced resumes at exactly the right
 record after the cutover, both at an offset MM2 copied and at one ingress copied.
 
-Cost: one MirrorMaker 2 JVM; 107 s measured at a load average of 12 on 2 cores (most of it
+Cost: one MirrorMaker 2 JVM; 92-112 s measured at load averages of 12-24 on 2 cores (most of it
 MM2's start-up and first copy).
 """
 
