@@ -6,8 +6,10 @@ import click
 
 from replicator.cli.archive import archive
 from replicator.cli.checkpoints import checkpoints
+from replicator.cli.cutover import cutover
 from replicator.cli.demo import demo
 from replicator.cli.doctor import doctor
+from replicator.cli.failback import failback
 from replicator.cli.groups import groups
 from replicator.cli.local import local
 from replicator.cli.logs import setup_command_logging
@@ -33,8 +35,10 @@ main.add_command(sync)
 main.add_command(segments)
 main.add_command(verify)
 main.add_command(checkpoints)
+main.add_command(cutover)
 main.add_command(restore)
 main.add_command(topics)
 main.add_command(groups)
 main.add_command(doctor)
+main.add_command(failback)
 main.add_command(archive)
