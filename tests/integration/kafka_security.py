@@ -111,7 +111,7 @@ def make_pki(root: Path, clients: Iterable[str]) -> Pki:
     ``stranger`` (signed by ``untrusted-ca``, a CA no broker trusts).
     """
     root.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     start, end = now - dt.timedelta(days=1), now + dt.timedelta(days=2)
     pki = Pki(root)
     cas = {}
@@ -120,7 +120,6 @@ def make_pki(root: Path, clients: Iterable[str]) -> Pki:
         c = _cert(ca_name, k, _name(ca_name), k, ca=True, not_before=start, not_after=end)
         path.write_bytes(_pem(c))
         cas[ca_name] = (c, k)
-    ca_cert, ca_key = cas["test-ca"]
     issued: list[tuple[str, str, dt.datetime, dt.datetime, bool]] = [
         ("broker", "test-ca", start, end, True), ("admin", "test-ca", start, end, False),
         ("expired", "test-ca", now - dt.timedelta(days=3), now - dt.timedelta(days=1), False),
@@ -133,7 +132,6 @@ def make_pki(root: Path, clients: Iterable[str]) -> Pki:
         pki.key(cn).write_bytes(_pem(k))
         pki.cert(cn).write_bytes(_pem(c))
         pki.keystore(cn).write_bytes(_pem(k) + _pem(c) + _pem(ic))
-    del ca_cert, ca_key
     return pki
 
 
