@@ -12,9 +12,12 @@ on the same brokers.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +29,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from egress.controller import Egress
-from replicator.core.errors import ReplicatorError
+from replicator.cli.common import wait_for_kafka
+from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Producer
 from replicator.core.settings import KafkaSettings
 from replicator.ops.verify import verify_topics
@@ -156,3 +160,83 @@ def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exac
     report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
     assert report.ok, report_text(report)
 
+
+
+# Failures ------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_a_wrong_password_stops_egress_with_exit_2_and_one_error(
+        regions: Regions, moto_endpoint: str, tmp_path: Path) -> None:
+    src = regions.source
+    conf = src.sasl_config(EGRESS, "not-the-password")
+    kafka_config = "\n".join(f'"{k}" = "{v}"' for k, v in conf.items())
+    cfg = write_config(tmp_path / "egress.toml", f'''region = "us-east-1"
+[s3]
+bucket = "b"
+endpoint_url = "{moto_endpoint}"
+access_key_id = "test"
+secret_access_key = "test"
+[kafka]
+brokers = "{src.sasl_ssl}"
+[kafka.config]
+{kafka_config}
+[metrics]
+port = 0
+[egress]
+topics = {{ "sensor.events" = {{}} }}
+''')
+    done = subprocess.run(
+        [sys.executable, "-c", "from replicator.cli.egress import main; main()",
+         "--config", str(cfg)], check=False, cwd=ROOT, capture_output=True, text=True, timeout=90,
+        stdin=subprocess.DEVNULL)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    errors = [x for x in out.splitlines() if " ERROR " in x and "replicator" in x]
+    assert len(errors) == 1, errors
+    assert (f"egress not started: Kafka at {src.sasl_ssl}: SASL authentication error"
+            in errors[0]), errors
+    assert f"refused the credentials of User:{EGRESS} (SASL SCRAM-SHA-512)" in errors[0]
+    assert "not-the-password" not in out                  # masked in the start-up line too
+    assert "cannot reach Kafka" not in out
+
+
+def refused_start(b: SecureBroker, address: str, config: dict[str, str]) -> ConfigError:
+    """What ``wait_for_kafka`` (every service's start) raises for ``config``."""
+    kafka = KafkaSettings(brokers=address, config=config)
+    stopping = threading.Event()
+    timer = threading.Timer(60, stopping.set)          # a retry loop ends the test, failing
+    timer.start()
+    try:
+        with pytest.raises(ConfigError) as e:
+            wait_for_kafka(kafka, "ingress", stopping, request_timeout=2)
+    finally:
+        timer.cancel()
+    return e.value
+
+
+def test_an_untrusted_broker_certificate_stops_the_start_naming_the_ca(
+        regions: Regions) -> None:
+    dst = regions.dest
+    err = refused_start(dst, dst.sasl_ssl,
+                        dst.sasl_config(INGRESS, PASSWORDS[INGRESS], ca=dst.pki.untrusted_ca))
+    assert "certificate verify failed" in str(err)
+    assert "does not trust the broker's certificate" in str(err)
+    assert str(dst.pki.untrusted_ca) in str(err)
+
+
+@pytest.mark.parametrize("cert", ["expired", "stranger"])
+def test_a_client_certificate_the_broker_refuses_stops_the_start_naming_it(
+        regions: Regions, cert: str) -> None:
+    """An expired certificate, and one signed by a CA the broker does not trust."""
+    dst = regions.dest
+    conf = {**dst.mtls_config(INGRESS), "ssl.certificate.location": str(dst.pki.cert(cert)),
+            "ssl.key.location": str(dst.pki.key(cert))}
+    err = refused_start(dst, dst.mtls, conf)
+    assert f"refused the client certificate of User:CN={cert}" in str(err), str(err)
+    assert "ssl/tls alert" in str(err)
