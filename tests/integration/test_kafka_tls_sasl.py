@@ -12,6 +12,7 @@ on the same brokers.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -30,9 +31,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from egress.controller import Egress
 from replicator.cli.common import wait_for_kafka
+from replicator.cli.doctor import permission_checks
 from replicator.core.errors import ConfigError, ReplicatorError
-from replicator.core.kafka import Producer
+from replicator.core.kafka import Admin, Producer
 from replicator.core.settings import KafkaSettings
+from replicator.ops.doctor import Status
 from replicator.ops.verify import verify_topics
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS
 from tests.integration.kafka_security import SecureBroker, make_pki, start_secure_kafka
@@ -108,9 +111,11 @@ def grant_egress(b: SecureBroker, principal: str, topic: str, group: str) -> Non
 
 
 # docs/security.md, "Ingress (destination cluster)" ------------------------------------
-def grant_ingress(b: SecureBroker, principal: str, pipe: Pipeline) -> None:
+def grant_ingress(b: SecureBroker, principal: str, pipe: Pipeline, *,
+                  read_destination: bool = True) -> None:
     b.grant(principal, TOPIC, pipe.dest_topic,
-            [Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.ALTER])
+            [Op.CREATE, Op.WRITE, Op.DESCRIBE, Op.DESCRIBE_CONFIGS, Op.ALTER]
+            + ([Op.READ] if read_destination else []))
     b.grant(principal, TOPIC, pipe.events_topic, [Op.CREATE, Op.DESCRIBE, Op.WRITE, Op.READ])
     for t in (pipe.checkpoint_topic, "replicator.offsetmap"):
         b.grant(principal, TOPIC, t,
@@ -138,6 +143,14 @@ def create_topic(b: SecureBroker, topic: str, partitions: int) -> None:
         f.result(timeout=30)
 
 
+def copied(src: SecureBroker, dst: SecureBroker, pipe: Pipeline) -> bool:
+    try:
+        return verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic,
+                             idle_timeout=3).ok
+    except ReplicatorError:
+        return False      # the destination topic does not exist yet
+
+
 def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exactly(
         regions: Regions, moto_endpoint: str) -> None:
     src, dst = regions.source, regions.dest
@@ -150,13 +163,7 @@ def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exac
     ingress = pipe.ingress_settings(kafka_config={**FAST_GROUP_CONFIG,
                                                   **dst.mtls_config(INGRESS)})
     with running_egress(egress), running_ingress(ingress):
-        def copied() -> bool:
-            try:
-                return verify_topics(su_kafka(src), pipe.topic, su_kafka(dst),
-                                     pipe.dest_topic, idle_timeout=3).ok
-            except ReplicatorError:
-                return False      # the destination topic does not exist yet
-        wait_for(copied, 90, "the copy")
+        wait_for(lambda: copied(src, dst, pipe), 90, "the copy")
     report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
     assert report.ok, report_text(report)
 
@@ -240,3 +247,36 @@ def test_a_client_certificate_the_broker_refuses_stops_the_start_naming_it(
     err = refused_start(dst, dst.mtls, conf)
     assert f"refused the client certificate of User:CN={cert}" in str(err), str(err)
     assert "ssl/tls alert" in str(err)
+
+
+def test_ingress_without_read_on_its_destination_names_principal_and_grant_then_resumes(
+        regions: Regions, moto_endpoint: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Both controllers over SASL_SSL. Ingress lacks only ``Read`` on the destination topic
+    (exactly-once commits an offset there in each transaction): its ERROR and the doctor
+    name ``User:replicator-ingress`` and the grant; once granted, the copy completes
+    exactly, without a restart."""
+    src, dst = regions.source, regions.dest
+    pipe = new_pipeline(moto_endpoint, src.sasl_ssl, dst.sasl_ssl)
+    create_topic(src, pipe.topic, 1)
+    produce(src, pipe.topic, 300, 1)
+    grant_egress(src, f"User:{EGRESS}", pipe.topic, pipe.egress_group)
+    grant_ingress(dst, f"User:{INGRESS}", pipe, read_destination=False)
+    egress = Egress(pipe.egress_settings(kafka_config=sasl_kafka(src, EGRESS)))
+    ingress = pipe.ingress_settings(kafka_config=sasl_kafka(dst, INGRESS))
+    wanted = (f"User:{INGRESS} is not allowed to commit offsets in a transaction "
+              f"(TOPIC_AUTHORIZATION_FAILED): grant it Read on Topic:{pipe.dest_topic}")
+    with running_egress(egress), running_ingress(ingress):
+        wait_for(lambda: any(wanted in r.getMessage() and r.levelno == logging.ERROR
+                             for r in caplog.records), 90, "ingress's ERROR")
+        admin = Admin(ingress.kafka, timeout=10)
+        checks = {c.name: c for c in permission_checks(admin, ingress, lambda _: frozenset(),
+                                                       10)}
+        dest = checks[f"kafka acl topic {pipe.dest_topic}"]
+        assert dest.status is Status.FAIL, dest
+        assert "READ not allowed" in dest.seen
+        assert (f"--allow-principal User:{INGRESS} --operation Read --topic "
+                f"{pipe.dest_topic}") in dest.fix
+        dst.grant(f"User:{INGRESS}", TOPIC, pipe.dest_topic, [Op.READ])
+        wait_for(lambda: copied(src, dst, pipe), 120, "the copy after the grant")
+    report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
+    assert report.ok, report_text(report)

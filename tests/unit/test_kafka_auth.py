@@ -111,3 +111,20 @@ def test_other_failures_are_not_taken_for_refusals() -> None:
     assert not_admitted(REFUSED, SCRAM) is None
     assert not_admitted("Failed to resolve 'kafka:9092'", SCRAM) is None
     assert not_admitted("Connection setup timed out in state CONNECT", SCRAM) is None
+
+
+def test_a_transaction_refused_for_a_missing_read_acl_names_the_principal_and_the_grant(
+) -> None:
+    import confluent_kafka as ck
+
+    from replicator.core.errors import TransactionAbortable
+    from replicator.core.kafka.errors import translate_offsets_error
+
+    err = ck.KafkaError(ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                        "Failed to commit offsets to transaction: t.copy[0] (Broker: Topic "
+                        "authorization failed)", txn_requires_abort=True)
+    got = translate_offsets_error(ck.KafkaException(err), "send offsets",
+                                  principal="User:replicator-ingress", topics=["t.copy"])
+    assert isinstance(got, TransactionAbortable)        # still aborted and retried
+    assert ("User:replicator-ingress is not allowed to commit offsets in a transaction "
+            "(TOPIC_AUTHORIZATION_FAILED): grant it Read on Topic:t.copy") in str(got)

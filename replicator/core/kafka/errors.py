@@ -26,7 +26,7 @@ refuses (``session.timeout.ms``), is a ``ConfigError`` naming ``kafka.config``: 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import confluent_kafka as ck
@@ -64,6 +64,10 @@ _REFUSED_CODES = frozenset({
     ck.KafkaError.INVALID_TIMESTAMP,           # message.timestamp.*.max.ms
     ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
 })
+
+# TxnOffsetCommit needs Read on each offset's topic and on the group.
+_OFFSETS_AUTHZ = frozenset({ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                            ck.KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 # The group coordinator's answers to a TxnOffsetCommit from a member of an older generation
 # (KIP-447): the transaction must abort.
@@ -113,14 +117,28 @@ def translate(e: BaseException, what: str) -> ReplicatorError:
     return classify(err, what)
 
 
-def translate_offsets_error(e: BaseException, what: str) -> ReplicatorError:
+def translate_offsets_error(e: BaseException, what: str, *, principal: str = "",
+                            topics: Sequence[str] = (), group: str = "") -> ReplicatorError:
     """``translate`` for ``send_offsets_to_transaction``: the group coordinator's refusal
     of the member's generation is ``GenerationFenced`` (the transaction must abort).
+
+    A missing ACL (``TOPIC_AUTHORIZATION_FAILED``: no ``Read`` on the offsets' topics;
+    ``GROUP_AUTHORIZATION_FAILED``: no ``Read`` on the group) keeps its class (the
+    transaction aborts and is retried, so a grant lets it pass without a restart) but its
+    message names ``principal`` and the grant that is missing.
     """
     err = client_error(e)
     if err is not None and err.code() in _GENERATION_CODES:
         return GenerationFenced(f"{what}: the consumer group's coordinator refused this "
                                 f"member's generation: {err.str()}")
+    if err is not None and err.code() in _OFFSETS_AUTHZ:
+        resource = (", ".join(f"Topic:{t}" for t in topics) if
+                    err.code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+                    else f"Group:{group}" if group else "the transaction's consumer group")
+        base = classify(err, what)
+        return type(base)(f"{what}: {principal or 'this principal'} is not allowed to commit "
+                          f"offsets in a transaction ({err.name()}): grant it Read on "
+                          f"{resource} (docs/security.md, Ingress)")
     return translate(e, what)
 
 
