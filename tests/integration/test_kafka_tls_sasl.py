@@ -263,7 +263,8 @@ def test_ingress_without_read_on_its_destination_names_principal_and_grant_then_
     grant_ingress(dst, f"User:{INGRESS}", pipe, read_destination=False)
     egress = Egress(pipe.egress_settings(kafka_config=sasl_kafka(src, EGRESS)))
     ingress = pipe.ingress_settings(kafka_config=sasl_kafka(dst, INGRESS))
-    wanted = (f"User:{INGRESS} is not allowed to commit offsets in a transaction "
+    wanted = (f"User:{INGRESS} (SASL SCRAM-SHA-512) is not allowed to commit offsets in a "
+              "transaction "
               f"(TOPIC_AUTHORIZATION_FAILED): grant it Read on Topic:{pipe.dest_topic}")
     with running_egress(egress), running_ingress(ingress):
         wait_for(lambda: any(wanted in r.getMessage() and r.levelno == logging.ERROR
