@@ -227,5 +227,5 @@ def start_secure_kafka(name: str, log_dir: Path, pki: Pki) -> SecureBroker:
     sasl_port, mtls_port, tls_port, cport = (free_port() for _ in range(4))
     props = secure_broker_properties(pki, sasl_port, mtls_port, tls_port, cport)
     proc = start_kafka(name, log_dir, port=sasl_port, controller_port=cport,
-                       extra_properties=props, heap=HEAP)
+                       extra_properties=props, heap=HEAP, timeout=240)
     return SecureBroker(proc, pki, sasl_port, mtls_port, tls_port)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclOperation,
     NewTopic,
@@ -32,12 +33,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from egress.controller import Egress
 from replicator.cli.common import wait_for_kafka
 from replicator.cli.doctor import permission_checks
+from replicator.cli.main import main
 from replicator.core.errors import ConfigError, ReplicatorError
 from replicator.core.kafka import Admin, Producer
 from replicator.core.settings import KafkaSettings
 from replicator.ops.doctor import Status
-from replicator.ops.verify import verify_topics
-from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS
+from replicator.ops.verify import read_partition, verify_topics
+from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
 from tests.integration.kafka_security import SecureBroker, make_pki, start_secure_kafka
 from tests.integration.pipeline import (
     Pipeline,
@@ -127,6 +129,43 @@ def grant_ingress(b: SecureBroker, principal: str, pipe: Pipeline, *,
     b.grant(principal, TXN, f"{pipe.ingress_group}.", [Op.WRITE, Op.DESCRIBE], pattern=PRE)
 
 
+# docs/security.md, "Operators" ---------------------------------------------------------
+def grant_groups_sync(b: SecureBroker, principal: str, pipe: Pipeline, app: str) -> None:
+    b.grant(principal, GROUP, app, [Op.READ])
+    # OffsetCommit (AlterConsumerGroupOffsets) needs Read on the topic, not only Describe.
+    b.grant(principal, TOPIC, pipe.dest_topic, [Op.READ, Op.DESCRIBE])
+    for t in (pipe.checkpoint_topic, "replicator.offsetmap"):
+        b.grant(principal, TOPIC, t, [Op.READ, Op.DESCRIBE])
+    for prefix in ("replicator.checkpoints.", "replicator.reader."):
+        b.grant(principal, GROUP, prefix, [Op.READ], pattern=PRE)
+
+
+def operator_config(path: Path, pipe: Pipeline, brokers: str, kafka: dict[str, str]) -> Path:
+    """An ingress config file of ``pipe`` for the operator commands."""
+    lines = "\n".join(f'"{k}" = "{v}"' for k, v in kafka.items())
+    path.write_text(f'''region = "us-west-1"
+[s3]
+bucket = "{pipe.bucket}"
+endpoint_url = "{pipe.moto}"
+access_key_id = "test"
+secret_access_key = "test"
+[kafka]
+brokers = "{brokers}"
+[kafka.config]
+{lines}
+[ingress]
+sqs_queue = "{pipe.queue}"
+checkpoint_topic = "{pipe.checkpoint_topic}"
+segment_events_topic = "{pipe.events_topic}"
+group_id = "{pipe.ingress_group}"
+[[ingress.sources]]
+region = "us-east-1"
+topic = "{pipe.topic}"
+destination_topic = "{pipe.dest_topic}"
+''')
+    return path
+
+
 def produce(b: SecureBroker, topic: str, n: int, partitions: int) -> None:
     p = Producer(su_kafka(b))
     for i in range(n):
@@ -152,20 +191,43 @@ def copied(src: SecureBroker, dst: SecureBroker, pipe: Pipeline) -> bool:
 
 
 def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exactly(
-        regions: Regions, moto_endpoint: str) -> None:
+        regions: Regions, moto_endpoint: str, tmp_path: Path) -> None:
     src, dst = regions.source, regions.dest
     pipe = new_pipeline(moto_endpoint, src.sasl_ssl, dst.mtls)
     create_topic(src, pipe.topic, 2)
     produce(src, pipe.topic, 600, 2)
     grant_egress(src, f"User:{EGRESS}", pipe.topic, pipe.egress_group)
     grant_ingress(dst, f"User:{INGRESS}", pipe)
-    egress = Egress(pipe.egress_settings(kafka_config=sasl_kafka(src, EGRESS)))
+    app = unique_name("app")                     # an application group to fail over
+    Admin(su_kafka(src)).alter_group_offsets(app, {(pipe.topic, 0): 100, (pipe.topic, 1): 50})
+    egress = Egress(pipe.egress_settings(kafka_config=sasl_kafka(src, EGRESS),
+                                         egress={"group_export": {"interval": "1s"}}))
     ingress = pipe.ingress_settings(kafka_config={**FAST_GROUP_CONFIG,
                                                   **dst.mtls_config(INGRESS)})
     with running_egress(egress), running_ingress(ingress):
         wait_for(lambda: copied(src, dst, pipe), 90, "the copy")
+        # `replicator groups sync` under its own principal over SASL_SSL, with the ACLs of
+        # docs/security.md ("Operators").
+        grant_groups_sync(dst, f"User:{GROUPS_SYNC}", pipe, app)
+        config = operator_config(tmp_path / "groups-sync.toml", pipe, dst.sasl_ssl,
+                                 dst.sasl_config(GROUPS_SYNC, PASSWORDS[GROUPS_SYNC]))
+
+        def synced() -> bool:
+            res = CliRunner().invoke(main, ["groups", "sync", "--config", str(config)])
+            assert res.exit_code == 0, res.output
+            return set(Admin(su_kafka(dst)).group_offsets(app)) == {
+                (pipe.dest_topic, 0), (pipe.dest_topic, 1)}
+        wait_for(synced, 60, "the group's translated offsets")
     report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
     assert report.ok, report_text(report)
+    # The group resumes in the destination at the record that follows its source commit.
+    moved = Admin(su_kafka(dst)).group_offsets(app)
+    for p, at in ((0, 100), (1, 50)):
+        src_recs = [(m.key(), m.value()) for m in read_partition(su_kafka(src), pipe.topic, p)]
+        dst_recs = list(read_partition(su_kafka(dst), pipe.dest_topic, p))
+        after = [(m.key(), m.value()) for m in dst_recs
+                 if (m.offset() or 0) >= moved[(pipe.dest_topic, p)]]
+        assert after == src_recs[at:], p
 
 
 
