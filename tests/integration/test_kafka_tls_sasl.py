@@ -140,6 +140,14 @@ def grant_groups_sync(b: SecureBroker, principal: str, pipe: Pipeline, app: str)
         b.grant(principal, GROUP, prefix, [Op.READ], pattern=PRE)
 
 
+def grant_restore(b: SecureBroker, principal: str, topic: str, checkpoints: str) -> None:
+    b.grant(principal, TOPIC, topic, [Op.CREATE, Op.WRITE, Op.DESCRIBE, Op.DESCRIBE_CONFIGS])
+    b.grant(principal, TOPIC, checkpoints,
+            [Op.CREATE, Op.WRITE, Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS])
+    b.grant(principal, GROUP, "replicator.reader.", [Op.READ], pattern=PRE)
+    b.grant(principal, TXN, "replicator-restore:", [Op.WRITE, Op.DESCRIBE], pattern=PRE)
+
+
 def operator_config(path: Path, pipe: Pipeline, brokers: str, kafka: dict[str, str]) -> Path:
     """An ingress config file of ``pipe`` for the operator commands."""
     lines = "\n".join(f'"{k}" = "{v}"' for k, v in kafka.items())
@@ -218,6 +226,11 @@ def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exac
             return set(Admin(su_kafka(dst)).group_offsets(app)) == {
                 (pipe.dest_topic, 0), (pipe.dest_topic, 1)}
         wait_for(synced, 60, "the group's translated offsets")
+        # `replicator doctor`'s permission checks under each controller's principal.
+        for settings in (egress.settings, ingress):
+            admin = Admin(settings.kafka, timeout=10)
+            checks = permission_checks(admin, settings, lambda _: frozenset({pipe.topic}), 10)
+            assert checks and all(c.status is Status.PASS for c in checks), checks
     report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
     assert report.ok, report_text(report)
     # The group resumes in the destination at the record that follows its source commit.
@@ -228,6 +241,18 @@ def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exac
         after = [(m.key(), m.value()) for m in dst_recs
                  if (m.offset() or 0) >= moved[(pipe.dest_topic, p)]]
         assert after == src_recs[at:], p
+    # `replicator restore` of the archive under its own principal, with docs/security.md's
+    # grants: every record again, in a new topic.
+    restored, restore_cps = unique_name("restored"), unique_name("restore-cps")
+    grant_restore(dst, f"User:{RESTORE}", restored, restore_cps)
+    config = operator_config(tmp_path / "restore.toml", pipe, dst.sasl_ssl,
+                             dst.sasl_config(RESTORE, PASSWORDS[RESTORE]))
+    res = CliRunner().invoke(main, ["restore", "--config", str(config), "--source-region",
+                                    "us-east-1", "--topic", pipe.topic, "--to-topic", restored,
+                                    "--checkpoint-topic", restore_cps])
+    assert res.exit_code == 0, res.output
+    report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), restored)
+    assert report.ok, report_text(report)
 
 
 
