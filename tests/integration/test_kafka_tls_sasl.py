@@ -368,3 +368,34 @@ def test_ingress_without_read_on_its_destination_names_principal_and_grant_then_
         wait_for(lambda: copied(src, dst, pipe), 120, "the copy after the grant")
     report = verify_topics(su_kafka(src), pipe.topic, su_kafka(dst), pipe.dest_topic)
     assert report.ok, report_text(report)
+
+
+def test_egress_without_read_on_its_group_names_principal_and_grant(
+        regions: Regions, moto_endpoint: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Egress over SASL_SSL lacking only ``Read`` on its consumer group: one ERROR (at most
+    one a minute) naming ``User:replicator-egress`` and the grant, and the doctor's FAIL
+    with the ``kafka-acls.sh`` line; not the broker's bare words as a WARNING per poll."""
+    src = regions.source
+    pipe = new_pipeline(moto_endpoint, src.sasl_ssl, src.sasl_ssl)
+    create_topic(src, pipe.topic, 1)
+    produce(src, pipe.topic, 10, 1)
+    src.grant(f"User:{EGRESS}", TOPIC, pipe.topic, [Op.READ, Op.DESCRIBE, Op.DESCRIBE_CONFIGS])
+    src.grant(f"User:{EGRESS}", GROUP, "*", [Op.DESCRIBE])
+    settings = pipe.egress_settings(kafka_config=sasl_kafka(src, EGRESS))
+    wanted = (f"User:{EGRESS} (SASL SCRAM-SHA-512) is not authorized "
+              "(GROUP_AUTHORIZATION_FAILED")
+    grant = f"grant it Read on Group:{pipe.egress_group}"
+    with running_egress(Egress(settings)):
+        wait_for(lambda: any(wanted in r.getMessage() and grant in r.getMessage()
+                             and r.levelno == logging.ERROR for r in caplog.records),
+                 60, "egress's ERROR")
+        checks = {c.name: c for c in permission_checks(Admin(settings.kafka, timeout=10),
+                                                       settings,
+                                                       lambda _: frozenset({pipe.topic}), 10)}
+    group = checks[f"kafka acl group {pipe.egress_group}"]
+    assert group.status is Status.FAIL, group
+    assert (f"--allow-principal User:{EGRESS} --operation Read --group "
+            f"{pipe.egress_group}") in group.fix
+    assert checks[f"kafka acl topic {pipe.topic}"].status is Status.PASS
+    mine = [r for r in caplog.records if wanted in r.getMessage()]
+    assert len(mine) == 1, [r.getMessage() for r in mine]     # once, not per poll

@@ -128,3 +128,21 @@ def test_a_transaction_refused_for_a_missing_read_acl_names_the_principal_and_th
     assert isinstance(got, TransactionAbortable)        # still aborted and retried
     assert ("User:replicator-ingress is not allowed to commit offsets in a transaction "
             "(TOPIC_AUTHORIZATION_FAILED): grant it Read on Topic:t.copy") in str(got)
+
+
+def test_a_consumers_missing_acl_is_an_error_naming_the_principal_and_the_grant() -> None:
+    import confluent_kafka as ck
+
+    from replicator.core.errors import NotAuthorized
+    from replicator.core.kafka.errors import event_error
+
+    group = ck.KafkaError(ck.KafkaError.GROUP_AUTHORIZATION_FAILED,
+                          "JoinGroup failed: Broker: Group authorization failed")
+    got = event_error(group, "[-1]", principal="User:replicator-egress", group="eg")
+    assert isinstance(got, NotAuthorized)          # retried: a grant lets it pass
+    assert "User:replicator-egress is not authorized (GROUP_AUTHORIZATION_FAILED" in str(got)
+    assert "grant it Read on Group:eg" in str(got)
+    topic = ck.KafkaError(ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                          "Subscribed topic not available: Broker: Topic authorization failed")
+    got = event_error(topic, "t[-1]", principal="User:u", group="eg", topic="t")
+    assert "grant it Read and Describe on Topic:t" in str(got)

@@ -37,6 +37,7 @@ from replicator.core.errors import (
     GroupProtocolMismatch,
     KafkaFatalError,
     KafkaRetriableError,
+    NotAuthorized,
     ProducerFenced,
     RecordRefused,
     ReplicatorError,
@@ -179,7 +180,24 @@ def is_out_of_range_event(err: ck.KafkaError) -> bool:
     return err.code() == ck.KafkaError._AUTO_OFFSET_RESET
 
 
-def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
+_CONSUMER_AUTHZ = frozenset({ck.KafkaError.GROUP_AUTHORIZATION_FAILED,
+                             ck.KafkaError.TOPIC_AUTHORIZATION_FAILED})
+
+
+def not_authorized(err: ck.KafkaError, where: str, principal: str, group: str,
+                   topic: str) -> NotAuthorized:
+    """A consumer's missing ACL, naming ``principal`` and the grant (docs/security.md)."""
+    if err.code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED:
+        grant = f"Read on Group:{group}"
+    else:
+        grant = f"Read and Describe on Topic:{topic or '<the topic>'}"
+    return NotAuthorized(f"{where}: {principal or 'this principal'} is not authorized "
+                         f"({err.name()}: {err.str()}): grant it {grant} "
+                         "(docs/security.md)")
+
+
+def event_error(err: ck.KafkaError, where: str, *, principal: str = "", group: str = "",
+                topic: str = "") -> ReplicatorError:
     """The error of an error event returned by ``consume``/``poll``.
 
     A group setting the broker refuses (``session.timeout.ms`` outside the broker's
@@ -187,6 +205,8 @@ def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
     ``ConfigError`` naming ``kafka.config``: the consumer would otherwise retry its join
     forever and never own a partition.
     """
+    if err.code() in _CONSUMER_AUTHZ:
+        return not_authorized(err, where, principal, group, topic)
     if err.code() == ck.KafkaError.INVALID_SESSION_TIMEOUT:
         return ConfigError("kafka.config", "the broker refuses the consumer group's "
                            "session.timeout.ms (it must lie within the broker's "
