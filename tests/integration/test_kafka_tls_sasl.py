@@ -399,3 +399,24 @@ def test_egress_without_read_on_its_group_names_principal_and_grant(
     assert checks[f"kafka acl topic {pipe.topic}"].status is Status.PASS
     mine = [r for r in caplog.records if wanted in r.getMessage()]
     assert len(mine) == 1, [r.getMessage() for r in mine]     # once, not per poll
+
+
+def test_tls_without_a_client_certificate_is_anonymous_and_the_doctor_says_so(
+        regions: Regions, moto_endpoint: str) -> None:
+    """The SSL listener without client certificates: the connection is encrypted and
+    verified, the principal is ``User:ANONYMOUS``, which holds no ACL here: the doctor
+    names it in each grant it asks for."""
+    src = regions.source
+    pipe = new_pipeline(moto_endpoint, src.tls, src.tls)
+    create_topic(src, pipe.topic, 1)
+    settings = pipe.egress_settings(kafka_config=src.tls_config())
+    checks = {c.name: c for c in permission_checks(Admin(settings.kafka, timeout=10), settings,
+                                                   lambda _: frozenset({pipe.topic}), 10)}
+    group = checks[f"kafka acl group {pipe.egress_group}"]
+    assert group.status is Status.FAIL, checks
+    assert f"--allow-principal User:ANONYMOUS --operation Read --group {pipe.egress_group}" \
+        in group.fix
+    src.grant("User:ANONYMOUS", GROUP, pipe.egress_group, [Op.READ])
+    wait_for(lambda: next(c for c in permission_checks(
+        Admin(settings.kafka, timeout=10), settings, lambda _: frozenset({pipe.topic}), 10)
+        if c.name == group.name).status is Status.PASS, 20, "the grant to User:ANONYMOUS")

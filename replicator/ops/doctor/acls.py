@@ -71,7 +71,12 @@ def principal(kafka_config: Mapping[str, object]) -> str:
         # The broker's default principal for a client certificate is its whole subject;
         # ssl.principal.mapping.rules may shorten it (then grant the mapped name).
         return f"User:{subject}"
-    return f"User:{user}" if user else "<the config's principal>"
+    if user:
+        return f"User:{user}"
+    if str(kafka_config.get("security.protocol", "")).upper() in ("SSL", "PLAINTEXT") \
+            and not kafka_config.get("ssl.certificate.pem"):
+        return "User:ANONYMOUS"      # TLS without a client certificate, or no security
+    return "<the config's principal>"
 
 
 def _camel(op: str) -> str:
