@@ -130,10 +130,12 @@ def grant_ingress(b: SecureBroker, principal: str, pipe: Pipeline, *,
 
 
 # docs/security.md, "Operators" ---------------------------------------------------------
-def grant_groups_sync(b: SecureBroker, principal: str, pipe: Pipeline, app: str) -> None:
+def grant_groups_sync(b: SecureBroker, principal: str, pipe: Pipeline, app: str, *,
+                      read_destination: bool = True) -> None:
     b.grant(principal, GROUP, app, [Op.READ])
     # OffsetCommit (AlterConsumerGroupOffsets) needs Read on the topic, not only Describe.
-    b.grant(principal, TOPIC, pipe.dest_topic, [Op.READ, Op.DESCRIBE])
+    b.grant(principal, TOPIC, pipe.dest_topic,
+            [Op.DESCRIBE] + ([Op.READ] if read_destination else []))
     for t in (pipe.checkpoint_topic, "replicator.offsetmap"):
         b.grant(principal, TOPIC, t, [Op.READ, Op.DESCRIBE])
     for prefix in ("replicator.checkpoints.", "replicator.reader."):
@@ -216,12 +218,21 @@ def test_egress_over_sasl_ssl_and_ingress_over_mutual_tls_copy_every_record_exac
         wait_for(lambda: copied(src, dst, pipe), 90, "the copy")
         # `replicator groups sync` under its own principal over SASL_SSL, with the ACLs of
         # docs/security.md ("Operators").
-        grant_groups_sync(dst, f"User:{GROUPS_SYNC}", pipe, app)
+        # First without Read on the destination topic: the refusal names the grant.
+        grant_groups_sync(dst, f"User:{GROUPS_SYNC}", pipe, app, read_destination=False)
         config = operator_config(tmp_path / "groups-sync.toml", pipe, dst.sasl_ssl,
                                  dst.sasl_config(GROUPS_SYNC, PASSWORDS[GROUPS_SYNC]))
+        res = CliRunner().invoke(main, ["groups", "sync", "--config", str(config)])
+        assert res.exit_code == 1, res.output
+        assert (f"User:{GROUPS_SYNC} (SASL SCRAM-SHA-512) is not authorized "
+                f"(TOPIC_AUTHORIZATION_FAILED): grant it Read on Topic:{pipe.dest_topic}"
+                in res.output), res.output
+        dst.grant(f"User:{GROUPS_SYNC}", TOPIC, pipe.dest_topic, [Op.READ])
 
         def synced() -> bool:
             res = CliRunner().invoke(main, ["groups", "sync", "--config", str(config)])
+            if res.exit_code == 1 and "not authorized" in res.output:
+                return False          # the grant not yet applied by the broker
             assert res.exit_code == 0, res.output
             return set(Admin(su_kafka(dst)).group_offsets(app)) == {
                 (pipe.dest_topic, 0), (pipe.dest_topic, 1)}
