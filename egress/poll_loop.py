@@ -31,7 +31,12 @@ from egress.partition_writer import PartitionWriter
 from egress.rotation import CloseReason, should_rotate
 from egress.segment import SegmentOutcome
 from replicator.core.clock import Monotonic
-from replicator.core.errors import GroupProtocolMismatch, KafkaRetriableError, ReplicatorError
+from replicator.core.errors import (
+    GroupProtocolMismatch,
+    KafkaRetriableError,
+    NotAuthorized,
+    ReplicatorError,
+)
 from replicator.core.kafka import OFFSET_BEGINNING, Consumer, Fetched, TopicPartition
 from replicator.core.throttle import TokenBucket
 
@@ -296,7 +301,7 @@ class PollLoop:
 
     def _consume_error(self, err: ReplicatorError) -> None:
         self.m.consume_errors.labels(self.region).inc()
-        if isinstance(err, GroupProtocolMismatch):
+        if isinstance(err, GroupProtocolMismatch | NotAuthorized):
             # Repeated at every join attempt: an ERROR the operator must act on, at a rate
             # a log can carry.
             now = time.monotonic()

@@ -18,6 +18,7 @@ import click
 from replicator.cli.logs import setup_logging
 from replicator.core.errors import ConfigError, FatalError, ReplicatorError
 from replicator.core.kafka import Admin
+from replicator.core.kafka.auth import not_admitted
 from replicator.core.settings import KafkaSettings, Settings, load_settings
 from replicator.ops.doctor.kafka import bootstrap_addresses, broker_causes
 
@@ -104,8 +105,12 @@ def wait_for_kafka(kafka: KafkaSettings, what: str, stopping: threading.Event, *
     not started, retrying every 5s"), at most one per ``every`` seconds, so a service never
     says it started before it reached its cluster.
 
+    A client the brokers refuse to admit (authentication failed, a TLS certificate either
+    side does not accept) is not retried: every broker that answered refused it, so the
+    service exits 2 with one ERROR naming its principal and the cause (``not_admitted``).
+
     Raises:
-        ConfigError: the client refuses ``kafka.config``.
+        ConfigError: the client refuses ``kafka.config``, or the brokers refuse its identity.
     """
     if admin is None:
         admin = Admin(kafka, timeout=request_timeout, collect_errors=True)
@@ -120,6 +125,14 @@ def wait_for_kafka(kafka: KafkaSettings, what: str, stopping: threading.Event, *
                 break
             failures += 1
             causes = broker_causes(addresses, admin.client_errors())
+            refused = {a: r for a, c in causes.items()
+                       if (r := not_admitted(c, kafka.config)) is not None}
+            if refused and len(refused) == len(causes):
+                # Every broker that answered refused this identity: retrying cannot help
+                # (a wrong password, an untrusted or expired certificate). Exit 2, once.
+                where = "; ".join(f"{a}: {r.cause}" for a, r in refused.items())
+                raise ConfigError("kafka.config", f"{what} not started: Kafka at {where}; "
+                                  f"{next(iter(refused.values())).fix}") from e
             where = "; ".join(f"{a}: {causes.get(a, 'no answer')}" for a in addresses) \
                 if causes else f"{', '.join(addresses)}: {e}"
             log.error("cannot reach Kafka at %s; %s not started, retrying every %.0fs", where,

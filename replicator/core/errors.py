@@ -102,6 +102,13 @@ class GroupProtocolMismatch(KafkaRetriableError):
     """
 
 
+class NotAuthorized(KafkaRetriableError):
+    """A broker refused a request of this principal for a missing ACL (a consumer's group
+    or topic). It passes once the grant is made, so it is retriable, but the message names
+    the principal and the grant, and it is reported at ERROR: nothing moves meanwhile.
+    """
+
+
 class KafkaFatalError(FatalError):
     """A Kafka error that cannot pass by itself (fenced producer, authorization, ...)."""
 

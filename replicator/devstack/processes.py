@@ -290,7 +290,8 @@ def _kafka_cluster_id() -> str:
 def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None = None,
                 port: int | None = None, data_dir: Path | None = None,
                 extra_properties: Mapping[str, str] | None = None,
-                heap: str = "-Xmx512m -Xms128m", timeout: float = 90.0) -> ServerProcess:
+                heap: str = "-Xmx512m -Xms128m", timeout: float = 90.0,
+                controller_port: int | None = None) -> ServerProcess:
     """Start one single-node Apache Kafka broker (KRaft, broker + controller in one JVM).
 
     Args:
@@ -303,6 +304,8 @@ def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None
             ``$KAFKA_EXTRA_PROPS``, e.g. ``{"log.retention.check.interval.ms": "1000"}``.
         heap: ``KAFKA_HEAP_OPTS``.
         timeout: seconds to wait for "Kafka Server started".
+        controller_port: the controller listener's port (default: a free one); given, the
+            caller can rewrite ``listeners`` in ``extra_properties`` (more listeners, TLS).
 
     Raises:
         FatalError: no distribution, the storage format failed, or the broker did not start.
@@ -313,7 +316,8 @@ def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None
     own_data = data_dir is None
     data = Path(tempfile.mkdtemp(prefix=f"{name}-")) if data_dir is None else data_dir
     try:
-        return _start_kafka(name, log_dir, kh, port, data, own_data, extra, heap, timeout)
+        return _start_kafka(name, log_dir, kh, port, data, own_data, extra, heap, timeout,
+                            controller_port or free_port())
     except BaseException:
         # Includes KeyboardInterrupt: a broker that never started leaves no temp dir behind.
         if own_data:
@@ -322,8 +326,8 @@ def start_kafka(name: str, log_dir: Path, *, home: str | os.PathLike[str] | None
 
 
 def _start_kafka(name: str, log_dir: Path, kh: Path, port: int, data: Path, own_data: bool,
-                 extra: Mapping[str, str], heap: str, timeout: float) -> ServerProcess:
-    controller_port = free_port()
+                 extra: Mapping[str, str], heap: str, timeout: float,
+                 controller_port: int) -> ServerProcess:
     data.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     props = KAFKA_BROKER_PROPERTIES.format(host=LOOPBACK, port=port,

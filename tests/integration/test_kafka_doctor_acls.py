@@ -107,7 +107,7 @@ def test_the_doctor_names_each_missing_permission_and_passes_once_granted(
                 for c in permission_checks(admin, settings, lambda ts: frozenset(), 10)}
 
     expected = {
-        f"kafka acl topic {DEST}": Status.PASS,
+        f"kafka acl topic {DEST}": Status.FAIL,               # READ (TxnOffsetCommit)
         f"kafka acl topic {CHECKPOINTS}": Status.FAIL,
         f"kafka acl topic {EVENTS}": Status.FAIL,             # hidden: not even DESCRIBE
         f"kafka acl group {GROUP}": Status.PASS,
@@ -123,6 +123,7 @@ def test_the_doctor_names_each_missing_permission_and_passes_once_granted(
     assert "authoriz" in seen.lower() and f"--transactional-id {GROUP}." in fix
 
     grant(su, ResourceType.TOPIC, CHECKPOINTS, lit, AclOperation.READ)
+    grant(su, ResourceType.TOPIC, DEST, lit, AclOperation.READ)
     grant(su, ResourceType.TOPIC, EVENTS, lit, AclOperation.DESCRIBE, AclOperation.READ,
           AclOperation.WRITE)
     grant(su, ResourceType.TRANSACTIONAL_ID, f"{GROUP}.", pre, AclOperation.WRITE,

@@ -513,6 +513,65 @@ def test_each_controller_has_its_own_irsa_service_account(
     assert len(set(used)) == len(used) == len(_workloads(docs)) - 1
 
 
+# Which Kafka principal each workload runs as: its own Secret, or none where the code never
+# connects to Kafka (compaction and the archive read and write S3 and the catalog only:
+# nothing under compaction/ or replicator/archive/ imports the Kafka seam).
+KAFKA_SECRETS = {"replicator-egress": "replicator-kafka-egress",
+                 "replicator-ingress": "replicator-kafka-ingress",
+                 GROUPS_SYNC: "replicator-kafka-groups-sync",
+                 "replicator-compaction": None, ARCHIVE: None}
+
+
+def _kafka_env_secrets(container: dict[str, Any]) -> dict[str, str]:
+    """``REPLICATOR_KAFKA__...`` variable -> the Secret it comes from."""
+    out = {}
+    for e in container.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if e["name"].startswith("REPLICATOR_KAFKA__") and ref:
+            out[e["name"]] = ref["name"]
+    for src in container.get("envFrom", []):
+        ref = src.get("secretRef")
+        assert ref is None or "kafka" not in ref["name"], \
+            f"{ref}: Kafka credentials come from named keys, not a whole Secret"
+    return out
+
+
+def test_each_controller_has_its_own_kafka_principal(rendered: tuple[Path, list[Any]]) -> None:
+    """One Secret (user and password) per controller that talks to Kafka, shared by none;
+    compaction and the archive get no Kafka credentials at all."""
+    _, docs = rendered
+    seen: dict[str, str] = {}
+    for w in _workloads(docs):
+        name = w["metadata"]["name"]
+        (c,) = _pod_spec(w)["containers"]
+        refs = _kafka_env_secrets(c)
+        wanted = KAFKA_SECRETS[name]
+        if wanted is None:
+            assert refs == {}, f"{name} needs no Kafka principal: {refs}"
+            continue
+        assert refs == {"REPLICATOR_KAFKA__CONFIG__sasl.username": wanted,
+                        "REPLICATOR_KAFKA__CONFIG__sasl.password": wanted}, (name, refs)
+        assert wanted not in seen.values(), f"{name} shares {wanted}"
+        seen[name] = wanted
+    assert set(seen) == {k for k, v in KAFKA_SECRETS.items() if v is not None}
+
+
+def test_compaction_and_the_archive_never_import_the_kafka_seam() -> None:
+    """What lets their pods run without a Kafka principal."""
+    for folder in (ROOT / "compaction", ROOT / "replicator" / "archive"):
+        for py in folder.rglob("*.py"):
+            text = py.read_text()
+            assert "replicator.core.kafka" not in text and "confluent_kafka" not in text, py
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_a_per_controller_sasl_username_from_the_environment_wins(overlay: Path) -> None:
+    s = load_settings(overlay / "config.toml",
+                      environ={"REPLICATOR_KAFKA__CONFIG__sasl.username": "replicator-egress",
+                               "REPLICATOR_KAFKA__CONFIG__sasl.password": "x"})
+    assert s.kafka.config["sasl.username"] == "replicator-egress"
+
+
 def test_images_are_dockerfile_targets(rendered: tuple[Path, list[Any]]) -> None:
     overlay, docs = rendered
     stages = _dockerfile_stages()
@@ -573,7 +632,8 @@ def test_slim_image_has_no_spark_and_compaction_image_has_java() -> None:
     # The archive committer: the archive extra (pyiceberg), no Spark, no JRE.
     archive = " ".join(_stage_chain(stages, "archive"))
     assert "--from=build-archive " in archive and "openjdk" not in archive
-    assert "pip install -c /src/constraints.txt '/src[archive]'" in " ".join(_stage_chain(stages, "build-archive"))
+    build_archive = " ".join(_stage_chain(stages, "build-archive"))
+    assert "pip install -c /src/constraints.txt '/src[archive]'" in build_archive
     # The package with its own dependencies only: no extra but compaction, ever.
     assert "pip install -c /src/constraints.txt /src" in build
     assert not re.search(r"\[(?:local|dev)", build_compaction)

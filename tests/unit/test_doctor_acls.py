@@ -78,7 +78,8 @@ def test_what_each_service_needs() -> None:
         ("topic", "a", ("DESCRIBE", "READ", "DESCRIBE_CONFIGS")),
         ("topic", "gone", ("DESCRIBE", "READ", "DESCRIBE_CONFIGS")),
         ("group", "eg", ("READ",)),
-        ("topic", "t.copy", ("DESCRIBE", "WRITE")),
+        # exactly-once: TxnOffsetCommit of a destination partition needs READ there
+        ("topic", "t.copy", ("DESCRIBE", "WRITE", "READ")),
         ("topic", "replicator.checkpoint", rw), ("topic", "replicator.segmentevents", rw),
         ("topic", "replicator.offsetmap", rw),
         ("group", "ing", ("READ",))}
@@ -114,10 +115,12 @@ def test_acl_checks_of_an_exactly_once_ingress() -> None:
                           {"ing": frozenset({"READ", "DESCRIBE"})}, frozenset({"DESCRIBE"}))
     checks = acl_checks(cluster, s, init_transactions=init)
     assert [(c.name, c.status) for c in checks] == [
-        ("kafka acl topic t.copy", P),
+        ("kafka acl topic t.copy", F),                          # READ missing
         ("kafka acl topic replicator.checkpoint", F),           # READ missing
         ("kafka acl topic replicator.segmentevents", F),        # hidden: not even DESCRIBE
         ("kafka acl group ing", P),
         ("kafka acl idempotent write", P),
         ("kafka acl transactional-id ing.*", F)]
     assert tried == ["ing.replicator-doctor"]
+    dest = checks[0]
+    assert "READ not allowed" in dest.seen and "--operation Read --topic t.copy" in dest.fix

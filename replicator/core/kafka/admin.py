@@ -24,7 +24,13 @@ from confluent_kafka.admin._config import (
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
-from replicator.core.errors import KafkaRetriableError, ReplicatorError, TopicError
+from replicator.core.errors import (
+    KafkaFatalError,
+    KafkaRetriableError,
+    ReplicatorError,
+    TopicError,
+)
+from replicator.core.kafka.auth import client_principal
 from replicator.core.kafka.config import CLIENT_LOG, CONSUMER_ONLY, PRODUCER_ONLY, client_config
 from replicator.core.kafka.errors import classify, construct, is_code, translate
 from replicator.core.settings import KafkaSettings
@@ -35,6 +41,9 @@ _TOPIC_LEVEL_SOURCES = frozenset({ConfigSource.DYNAMIC_TOPIC_CONFIG.value})
 # Client errors kept for ``client_errors``: librdkafka repeats one per broker and retry
 # (about 20 a second against a closed port), so only the newest distinct ones matter.
 _KEPT_CLIENT_ERRORS = 32
+# An offset commit's refusals for a missing ACL (Read on the group, Read on the topic).
+_COMMIT_AUTHZ = frozenset({ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                           ck.KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 
 _COORDINATOR_WAIT = frozenset({ck.KafkaError.NOT_COORDINATOR,
@@ -77,6 +86,7 @@ class Admin:
                  collect_errors: bool = False) -> None:
         conf = client_config(kafka, {}, overrides, drop=CONSUMER_ONLY | PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
+        self._kafka_config = dict(kafka.config)      # whose principal a refusal names
         self._offsets_conf = {**client_config(kafka, {}, overrides,
                                               drop=PRODUCER_ONLY | _MEMBERSHIP),
                               "enable.auto.commit": False, "logger": CLIENT_LOG,
@@ -509,5 +519,14 @@ class Admin:
             raise translate(e, f"alter offsets of group {group!r}") from e
         for tp in result.topic_partitions or []:
             if tp.error is not None:
-                raise classify(tp.error, f"alter offset of group {group!r} "
-                                         f"{tp.topic}[{tp.partition}]")
+                what = f"alter offset of group {group!r} {tp.topic}[{tp.partition}]"
+                if tp.error.code() in _COMMIT_AUTHZ:
+                    # An offset commit asks Read on the group and on the topic.
+                    grant = (f"Read on Topic:{tp.topic}" if tp.error.code()
+                             == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+                             else f"Read on Group:{group}")
+                    raise KafkaFatalError(
+                        f"{what}: {client_principal(self._kafka_config)} is not authorized "
+                        f"({tp.error.name()}): grant it {grant} (docs/security.md, "
+                        "Operators)")
+                raise classify(tp.error, what)

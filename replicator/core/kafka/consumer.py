@@ -18,6 +18,7 @@ from typing import Any
 import confluent_kafka as ck
 
 from replicator.core.errors import KafkaFatalError, KafkaRetriableError, ReplicatorError
+from replicator.core.kafka.auth import client_principal
 from replicator.core.kafka.config import (
     CLIENT_LOG,
     CONSUMER_DEFAULTS,
@@ -50,7 +51,8 @@ def _clients(tps: Sequence[TopicPartition]) -> list[ck.TopicPartition]:
     return [to_client(tp) for tp in tps]
 
 
-def _sort(events: Sequence[ck.Message], out: Fetched) -> Fetched:
+def _sort(events: Sequence[ck.Message], out: Fetched, who: tuple[str, str] = ("", "")
+          ) -> Fetched:
     # The per-record cost of this loop is the egress poll loop's: two accessor calls.
     runs: dict[Any, list[Any]] = out.runs
     for m in events:
@@ -65,7 +67,8 @@ def _sort(events: Sequence[ck.Message], out: Fetched) -> Fetched:
                 offset = m.offset()
                 out.out_of_range[(topic, p)] = -1 if offset is None else offset
             else:
-                out.errors.append(event_error(err, f"{topic}[{p}]"))
+                out.errors.append(event_error(err, f"{topic}[{p}]", principal=who[0],
+                                              group=who[1], topic=topic))
             continue
         k = (m.topic(), m.partition())
         run = runs.get(k)
@@ -122,6 +125,7 @@ class Consumer:
                              drop=PRODUCER_ONLY)
         conf["logger"] = CLIENT_LOG
         self.group_id = group_id
+        self._who = (client_principal(kafka.config), group_id)   # named by a missing ACL
         # cooperative-sticky rebalances incrementally: an on_assign callback gets only the
         # added partitions, and ``assign`` fails there with _STATE.
         self.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", ""))
@@ -225,7 +229,7 @@ class Consumer:
             events = self._c.consume(num_messages=max_messages, timeout=timeout)
         except ck.KafkaException as e:
             raise translate(e, "consume") from e
-        return _sort(events, Fetched())
+        return _sort(events, Fetched(), self._who)
 
     def poll(self, timeout: float) -> Fetched:
         """At most one event within ``timeout`` seconds (serves callbacks)."""
@@ -233,7 +237,7 @@ class Consumer:
             m = self._c.poll(timeout)
         except ck.KafkaException as e:
             raise translate(e, "poll") from e
-        return _sort(() if m is None else (m,), Fetched())
+        return _sort(() if m is None else (m,), Fetched(), self._who)
 
     def partitions_of(self, topic: str, timeout: float) -> list[int]:
         """The partitions of ``topic`` from a metadata request (``[]`` if it has none).

@@ -26,7 +26,7 @@ refuses (``session.timeout.ms``), is a ``ConfigError`` naming ``kafka.config``: 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import confluent_kafka as ck
@@ -37,6 +37,7 @@ from replicator.core.errors import (
     GroupProtocolMismatch,
     KafkaFatalError,
     KafkaRetriableError,
+    NotAuthorized,
     ProducerFenced,
     RecordRefused,
     ReplicatorError,
@@ -64,6 +65,10 @@ _REFUSED_CODES = frozenset({
     ck.KafkaError.INVALID_TIMESTAMP,           # message.timestamp.*.max.ms
     ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
 })
+
+# TxnOffsetCommit needs Read on each offset's topic and on the group.
+_OFFSETS_AUTHZ = frozenset({ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                            ck.KafkaError.GROUP_AUTHORIZATION_FAILED})
 
 # The group coordinator's answers to a TxnOffsetCommit from a member of an older generation
 # (KIP-447): the transaction must abort.
@@ -113,14 +118,28 @@ def translate(e: BaseException, what: str) -> ReplicatorError:
     return classify(err, what)
 
 
-def translate_offsets_error(e: BaseException, what: str) -> ReplicatorError:
+def translate_offsets_error(e: BaseException, what: str, *, principal: str = "",
+                            topics: Sequence[str] = (), group: str = "") -> ReplicatorError:
     """``translate`` for ``send_offsets_to_transaction``: the group coordinator's refusal
     of the member's generation is ``GenerationFenced`` (the transaction must abort).
+
+    A missing ACL (``TOPIC_AUTHORIZATION_FAILED``: no ``Read`` on the offsets' topics;
+    ``GROUP_AUTHORIZATION_FAILED``: no ``Read`` on the group) keeps its class (the
+    transaction aborts and is retried, so a grant lets it pass without a restart) but its
+    message names ``principal`` and the grant that is missing.
     """
     err = client_error(e)
     if err is not None and err.code() in _GENERATION_CODES:
         return GenerationFenced(f"{what}: the consumer group's coordinator refused this "
                                 f"member's generation: {err.str()}")
+    if err is not None and err.code() in _OFFSETS_AUTHZ:
+        resource = (", ".join(f"Topic:{t}" for t in topics) if
+                    err.code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+                    else f"Group:{group}" if group else "the transaction's consumer group")
+        base = classify(err, what)
+        return type(base)(f"{what}: {principal or 'this principal'} is not allowed to commit "
+                          f"offsets in a transaction ({err.name()}): grant it Read on "
+                          f"{resource} (docs/security.md, Ingress)")
     return translate(e, what)
 
 
@@ -161,7 +180,24 @@ def is_out_of_range_event(err: ck.KafkaError) -> bool:
     return err.code() == ck.KafkaError._AUTO_OFFSET_RESET
 
 
-def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
+_CONSUMER_AUTHZ = frozenset({ck.KafkaError.GROUP_AUTHORIZATION_FAILED,
+                             ck.KafkaError.TOPIC_AUTHORIZATION_FAILED})
+
+
+def not_authorized(err: ck.KafkaError, where: str, principal: str, group: str,
+                   topic: str) -> NotAuthorized:
+    """A consumer's missing ACL, naming ``principal`` and the grant (docs/security.md)."""
+    if err.code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED:
+        grant = f"Read on Group:{group}"
+    else:
+        grant = f"Read and Describe on Topic:{topic or '<the topic>'}"
+    return NotAuthorized(f"{where}: {principal or 'this principal'} is not authorized "
+                         f"({err.name()}: {err.str()}): grant it {grant} "
+                         "(docs/security.md)")
+
+
+def event_error(err: ck.KafkaError, where: str, *, principal: str = "", group: str = "",
+                topic: str = "") -> ReplicatorError:
     """The error of an error event returned by ``consume``/``poll``.
 
     A group setting the broker refuses (``session.timeout.ms`` outside the broker's
@@ -169,6 +205,8 @@ def event_error(err: ck.KafkaError, where: str) -> ReplicatorError:
     ``ConfigError`` naming ``kafka.config``: the consumer would otherwise retry its join
     forever and never own a partition.
     """
+    if err.code() in _CONSUMER_AUTHZ:
+        return not_authorized(err, where, principal, group, topic)
     if err.code() == ck.KafkaError.INVALID_SESSION_TIMEOUT:
         return ConfigError("kafka.config", "the broker refuses the consumer group's "
                            "session.timeout.ms (it must lie within the broker's "

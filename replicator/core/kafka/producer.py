@@ -26,6 +26,7 @@ from typing import Any, NewType, cast
 import confluent_kafka as ck
 
 from replicator.core.errors import KafkaFatalError, RecordRefused
+from replicator.core.kafka.auth import client_principal
 from replicator.core.kafka.config import (
     CLIENT_LOG,
     CONSUMER_ONLY,
@@ -96,6 +97,7 @@ class Producer:
         extra["logger"] = CLIENT_LOG
         self.transactional_id = transactional_id
         self.name = name or transactional_id or "producer"
+        self._principal = client_principal(kafka.config)
         self._listener = on_delivery
         self._failed: list[tuple[str, int, ck.KafkaError, ck.Message]] = []
         self._track = track_acks
@@ -433,7 +435,9 @@ class Producer:
                                                 timeout)
         except ck.KafkaException as e:
             raise translate_offsets_error(
-                e, f"send offsets to the transaction on {self.name}") from e
+                e, f"send offsets to the transaction on {self.name}",
+                principal=self._principal, topics=sorted({tp.topic for tp in offsets}),
+                group=str(getattr(group, "group_id", "") or "")) from e
 
     def commit_transaction(self, timeout: float) -> None:
         """Commit the open transaction: everything produced in it becomes visible.

@@ -11,7 +11,8 @@ it (``{group_id}.replicator-doctor``; the broker forgets an idle id after
 * Egress (source cluster): each replicated topic that exists: ``DESCRIBE``, ``READ``,
   ``DESCRIBE_CONFIGS``; its group: ``READ``.
 * Ingress (destination cluster): each named source's destination topic that exists:
-  ``DESCRIBE``, ``WRITE``; the internal topics that exist: ``DESCRIBE``, ``READ``,
+  ``DESCRIBE``, ``WRITE`` (and ``READ`` with exactly-once: TxnOffsetCommit); the internal
+  topics that exist: ``DESCRIBE``, ``READ``,
   ``WRITE``; its group: ``READ``; idempotent write (``IDEMPOTENT_WRITE`` on the cluster,
   or, since Kafka 3.0, ``WRITE`` on any topic); exactly-once: ``WRITE`` on the
   transactional-id prefix.
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from replicator.core.errors import ReplicatorError
+from replicator.core.kafka.auth import certificate_subject
 from replicator.core.settings import Settings
 from replicator.ops.doctor.report import Check, fail, passed, warn
 
@@ -61,7 +63,20 @@ class Need:
 def principal(kafka_config: Mapping[str, object]) -> str:
     """The principal the config authenticates as, for the fix's command line."""
     user = kafka_config.get("sasl.username")
-    return f"User:{user}" if user else "<the config's principal>"
+    if user and str(kafka_config.get("security.protocol", "")).upper().startswith("SASL"):
+        return f"User:{user}"
+    cert = kafka_config.get("ssl.certificate.location")
+    subject = certificate_subject(str(cert)) if cert else None
+    if subject:
+        # The broker's default principal for a client certificate is its whole subject;
+        # ssl.principal.mapping.rules may shorten it (then grant the mapped name).
+        return f"User:{subject}"
+    if user:
+        return f"User:{user}"
+    if str(kafka_config.get("security.protocol", "")).upper() in ("SSL", "PLAINTEXT") \
+            and not kafka_config.get("ssl.certificate.pem"):
+        return "User:ANONYMOUS"      # TLS without a client certificate, or no security
+    return "<the config's principal>"
 
 
 def _camel(op: str) -> str:
@@ -143,8 +158,15 @@ def needs(settings: Settings, selected: Iterable[str] = ()) -> list[Need]:
                         "egress's consumer group"))
     ing = settings.ingress
     if ing is not None:
+        exactly_once = ing.delivery == "exactly-once"
         for t in sorted({s.destination for s in ing.sources if s.topic is not None}):
-            out.append(Need("topic", t, ("DESCRIBE", "WRITE"), "ingress produces to it"))
+            # Exactly-once commits an offset of the destination partition in each
+            # transaction (TxnOffsetCommit, for the placement group's generation check):
+            # the broker asks READ on the topic for it.
+            out.append(Need("topic", t, ("DESCRIBE", "WRITE", "READ") if exactly_once
+                            else ("DESCRIBE", "WRITE"),
+                            "ingress produces to it and commits its transactions' offsets "
+                            "there" if exactly_once else "ingress produces to it"))
         internal = [ing.checkpoint_topic, ing.segment_events_topic]
         if ing.delivery == "exactly-once" and ing.offset_map:
             internal.append(ing.offset_map_topic)

@@ -54,17 +54,23 @@ def bootstrap_addresses(brokers: str) -> list[str]:
 
 
 _AFTER = re.compile(r"\s*\(after \d+ms in state \w+\)\s*$")
+_SCHEME = re.compile(r"^[a-z_]+://", re.I)
 
 
 def broker_causes(addresses: Sequence[str], client_errors: Sequence[str]) -> dict[str, str]:
     """The newest client error naming each bootstrap address, without librdkafka's
     ``host:port/bootstrap:`` prefix and ``(after Nms in state X)`` suffix.
+
+    librdkafka names a broker of a TLS or SASL listener with its protocol
+    (``sasl_ssl://host:port/bootstrap: SASL authentication error: ...``): that scheme is
+    dropped before matching, so those causes are found too.
     """
     causes: dict[str, str] = {}
     for text in client_errors:
+        head = text.split("://", 1)[1] if _SCHEME.match(text) else text
         for addr in addresses:
-            if text.startswith(f"{addr}/"):
-                cause = text.split(": ", 1)[1] if ": " in text else text
+            if head.startswith(f"{addr}/"):
+                cause = head.split(": ", 1)[1] if ": " in head else head
                 causes[addr] = _AFTER.sub("", cause)
     return causes
 
