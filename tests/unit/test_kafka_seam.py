@@ -381,3 +381,15 @@ def test_a_record_the_client_refuses_is_refused_with_what_was_enqueued_before_it
             p.produce_many("t", 0, [1] * 5, [b"k"] * 5, values, [None] * 5, [10, 11, 12, 13, 14])
         assert e.value.enqueued == big and len(c.queued) + len(c.log) == big
         assert f"@{10 + big}" in str(e.value)
+
+
+@pytest.mark.parametrize("code", [ck.KafkaError.LEADER_NOT_AVAILABLE,
+                                  ck.KafkaError.NOT_LEADER_FOR_PARTITION,
+                                  ck.KafkaError.UNKNOWN_LEADER_EPOCH,
+                                  ck.KafkaError.FENCED_LEADER_EPOCH,
+                                  ck.KafkaError.OFFSET_NOT_AVAILABLE])
+def test_a_partition_whose_leadership_moves_is_retried_not_fatal(code: int) -> None:
+    """Per-partition errors carry no retriable flag; a leader moving is transient."""
+    from replicator.core.kafka.errors import classify
+    assert isinstance(classify(ck.KafkaError(code), "end offsets of t[0]"),
+                      KafkaRetriableError)

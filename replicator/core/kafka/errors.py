@@ -90,6 +90,17 @@ _TRANSIENT_GROUP_CODES = frozenset({
     ck.KafkaError.UNSTABLE_OFFSET_COMMIT,
 })
 
+_TRANSIENT_PARTITION_CODES = frozenset({
+    ck.KafkaError.LEADER_NOT_AVAILABLE,
+    ck.KafkaError.NOT_LEADER_FOR_PARTITION,
+    ck.KafkaError.UNKNOWN_LEADER_EPOCH,
+    ck.KafkaError.FENCED_LEADER_EPOCH,
+    ck.KafkaError.OFFSET_NOT_AVAILABLE,
+})
+"""A partition's leadership moving (a broker restarting, a topic just created): retriable
+in the Kafka protocol, but a per-partition error the client builds carries no retriable
+flag (a ListOffsets answer right after MirrorMaker 2 created a topic was taken as fatal)."""
+
 KafkaException = ck.KafkaException
 """The client's exception type (seam-internal: nothing outside this package catches it)."""
 
@@ -105,7 +116,8 @@ def classify(err: ck.KafkaError, what: str) -> ReplicatorError:
         return ProducerFenced(f"{what}: producer fenced by a newer instance: {err.str()}")
     if err.txn_requires_abort():
         return TransactionAbortable(f"{what}: {err.str()}")
-    if err.retriable() or err.code() in _TRANSIENT_GROUP_CODES:
+    if (err.retriable() or err.code() in _TRANSIENT_GROUP_CODES
+            or err.code() in _TRANSIENT_PARTITION_CODES):
         return KafkaRetriableError(f"{what}: {err.str()}")
     return KafkaFatalError(f"{what}: {err.str()}")
 
