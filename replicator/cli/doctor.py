@@ -187,7 +187,8 @@ def table_rows(checks: Sequence[Check]) -> list[list[str]]:
               help="Check only what this controller depends on, permissions included, "
                    "with that controller's credentials where the config holds every "
                    "section: in its pod, e.g. `kubectl exec deploy/replicator-egress -- "
-                   "replicator doctor --only egress --config /etc/replicator/config.toml` "
+                   "replicator doctor --only egress --config /etc/replicator/config.toml`, "
+                   "or before the first start the Jobs of deploy/k8s/components/doctor "
                    "(docs/operations.md).")
 def doctor(config: Path, output: str, timeout: float, only: str | None) -> None:
     """Check what a region's config depends on: Kafka, S3, SQS, Spark.

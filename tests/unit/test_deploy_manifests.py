@@ -1397,3 +1397,29 @@ def test_the_pod_monitor_scrapes_every_workload(rendered: tuple[Path, list[Any]]
             w["metadata"]["name"]
         (c,) = _pod_spec(w)["containers"]
         assert endpoint["port"] in {p["name"] for p in c["ports"]}, w["metadata"]["name"]
+
+
+def test_the_doctor_jobs_run_each_controllers_checks_with_its_own_identity() -> None:
+    """deploy/k8s/components/doctor: one Job per controller, under the controller's
+    ServiceAccount (its IAM role) with the Kafka Secret its Deployment reads, running
+    `doctor --only` that controller."""
+    jobs = [d for d in yaml.safe_load_all(
+        (K8S / "components" / "doctor" / "doctor-jobs.yaml").read_text()) if d]
+    assert sorted(j["metadata"]["name"] for j in jobs) == [
+        f"replicator-doctor-{c}" for c in ("compaction", "egress", "ingress")]
+    for job in jobs:
+        controller = job["metadata"]["name"].removeprefix("replicator-doctor-")
+        pod = job["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == f"replicator-{controller}"
+        (container,) = pod["containers"]
+        args = container["args"]
+        assert args[args.index("--only") + 1] == controller
+        secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])}
+        workload = K8S / "base" / f"{controller}.yaml"
+        own = {e["valueFrom"]["secretKeyRef"]["name"]
+               for d in yaml.safe_load_all(workload.read_text()) if d
+               for c in _pod_spec(d)["containers"] for e in c.get("env", [])
+               if "secretKeyRef" in e.get("valueFrom", {})}
+        assert secrets == own, (controller, secrets, own)
+        assert job["spec"]["backoffLimit"] == 0
+
