@@ -8,6 +8,7 @@ Longer than 400 lines: one test per property of deploy/, with its small evaluato
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import json
 import re
@@ -1423,3 +1424,23 @@ def test_the_doctor_jobs_run_each_controllers_checks_with_its_own_identity() -> 
         assert secrets == own, (controller, secrets, own)
         assert job["spec"]["backoffLimit"] == 0
 
+
+
+def test_the_static_membership_statefulset_is_the_egress_pod_with_an_instance_id() -> None:
+    """deploy/k8s/components/static-membership: the base's egress pod, as a StatefulSet,
+    plus group.instance.id from the pod's stable name."""
+    (deployment,) = [d for d in yaml.safe_load_all((K8S / "base" / "egress.yaml").read_text())
+                     if d]
+    (sts,) = [d for d in yaml.safe_load_all(
+        (K8S / "components" / "static-membership" / "egress-statefulset.yaml").read_text())
+        if d]
+    assert sts["kind"] == "StatefulSet" and sts["metadata"] == deployment["metadata"]
+    assert sts["spec"]["selector"] == deployment["spec"]["selector"]
+    pod = copy.deepcopy(sts["spec"]["template"])
+    env = pod["spec"]["containers"][0]["env"]
+    (instance,) = [e for e in env if e["name"].endswith("group.instance.id")]
+    assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    env.remove(instance)
+    assert pod == deployment["spec"]["template"]
+    kust = (K8S / "components" / "static-membership" / "kustomization.yaml").read_text()
+    assert "$patch: delete" in kust and "name: replicator-egress" in kust
