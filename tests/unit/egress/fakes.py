@@ -156,7 +156,9 @@ class Harness:
         self.outcomes.clear()
 
     def final_keys(self) -> list[str]:
-        return [k for k in self.store.keys() if k.startswith("data/")]  # noqa: SIM118
+        # Without egress's copy of the incarnation chain (egress.incarnation_chain).
+        return [k for k in self.store.keys()  # noqa: SIM118
+                if k.startswith("data/") and not k.endswith("/_incarnations.json")]
 
     def temp_keys(self) -> list[str]:
         return [k for k in self.store.keys() if k.startswith("temp/")]  # noqa: SIM118
