@@ -115,7 +115,7 @@ def test_an_egress_of_an_earlier_release_cannot_make_the_live_topic_take_the_fir
         h.close()
     assert store.get(BASE_5_9) == before and footer_id(store, BASE_5_9) == "IdA"
     assert "data/r1/t/_incarnations/IdB/0/0/00000000000000000005-00000000000000000009" \
-        in store.keys()
+        in store.keys()  # noqa: SIM118
     meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
     assert meta.incarnations[1].previous_ends == {0: 9}
     assert meta.incarnations[1].first_positions == {0: 0}
