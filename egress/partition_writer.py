@@ -41,7 +41,7 @@ from formats.parquet import ENCODE_UNIT
 from formats.segment_io import SegmentUpload, largest_row_bytes, publish_segment
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
-from replicator.core.kafka import Message
+from replicator.core.kafka import OFFSET_BEGINNING, Message
 from replicator.core.keys import BASE_INCARNATION, PartitionRef, SegmentKey
 from replicator.core.queues import SerialQueue
 from replicator.core.retry import RetryPolicy, retry
@@ -88,6 +88,15 @@ class WriterContext:
 
 
 
+class IncarnationChanged(ReplicatorError):
+    """The topic id when a segment is named is not its epoch's."""
+
+    def __init__(self, was: str, now: str) -> None:
+        super().__init__(f"topic id is {now}, was {was}")
+        self.was = was
+        self.now = now
+
+
 class Incarnations(Protocol):
     """``egress.topic_meta.TopicMetadataPublisher``: topic ids and their key locations."""
 
@@ -127,7 +136,13 @@ class PartitionWriter:
     Incarnations: each segment belongs to an *epoch* of the writer, which a reset (the
     source partition's offsets went back: the topic was deleted and created again) moves
     on; the topic id of an epoch is read once, before the epoch's first segment is named,
-    so segments of the earlier topic still closing keep its id.
+    so segments of the earlier topic still closing keep its id. The id is read again when
+    each segment is named: a different one means the topic was deleted and created again
+    while the segment's records were fetched without offsets going back (a fetch that went
+    on, a rewind into the new log), so which topic each came from cannot be told
+    (``IncarnationChanged``): the segment is dropped with an ERROR naming its range,
+    counted as lost, and the partition is read again from the new topic's oldest record
+    in a new epoch.
     """
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
@@ -162,6 +177,9 @@ class PartitionWriter:
         self.epoch = 0
         self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
         """The topic id of each epoch, once read (workers)."""
+        self._switch_to: str | None = None
+        """The id of a topic created again that the next rewind moves to (workers set it
+        before the failure they report; the poll thread reads it at the rewind)."""
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -306,7 +324,8 @@ class PartitionWriter:
         if self.cancel.is_set() or self.broken.is_set():
             return
         try:
-            self._commit(position, start, first=first)
+            self._commit(position, start, first=first,
+                         topic_id=self._topic_ids.get(self.epoch))
         except NotOwner as e:
             log.info("%s: %s", self.name, e)
             return
@@ -435,7 +454,7 @@ class PartitionWriter:
     def rewind_offset(self) -> int:
         """Where the consumer must seek before ``rewind``: the failed segment's start."""
         assert self.failed is not None
-        return self.failed.start
+        return OFFSET_BEGINNING if self._switch_to is not None else self.failed.start
 
     def seek_failed(self, now: float) -> float:
         """The seek to ``rewind_offset`` failed: stay failed and wait before the next try.
@@ -456,6 +475,17 @@ class PartitionWriter:
         start = self.failed.start
         self.failed = None
         self.closing.clear()
+        switch, self._switch_to = self._switch_to, None
+        if switch is not None:
+            # The new topic from its oldest record, a new epoch of its id (never a resume
+            # of the earlier topic's positions).
+            self.epoch += 1
+            self._topic_ids[self.epoch] = switch
+            self.expected = self.next_offset = self.position = None
+            self.committed_offset = None
+            self.resumed = False
+            self.broken.clear()
+            return OFFSET_BEGINNING
         self.expected = start
         self.next_offset = start
         self.position = start
@@ -575,7 +605,7 @@ class PartitionWriter:
             return
         # Step 4: commit end + 1 (or past skipped records after it), synchronously.
         try:
-            self._commit(seg.commit_to, seg.end + 1)
+            self._commit(seg.commit_to, seg.end + 1, topic_id=topic_id)
         except NotOwner as e:
             # Revoked or lost between the check above and the commit: as above.
             log.warning("%s: segment %s is durable; %s", self.name, final, e)
@@ -613,7 +643,31 @@ class PartitionWriter:
             yield
 
     def _incarnation(self, seg: Segment) -> tuple[str | None, str]:
-        return self._incarnation_of(seg.epoch)
+        """The id and location of a segment being named: its epoch's, checked against the
+        id now (``IncarnationChanged`` when the topic was created again meanwhile).
+        """
+        topic_id, label = self._incarnation_of(seg.epoch)
+        inc = self.ctx.incarnations
+        if topic_id is None or inc is None:
+            return topic_id, label
+        now = self._retry(lambda: inc.topic_id(self.ref.topic),
+                          f"{self.name}: read the topic id again")
+        if now is not None and now != topic_id:
+            raise IncarnationChanged(topic_id, now)
+        return topic_id, label
+
+    def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
+        """A segment whose records may be either topic's: dropped, reported as the earlier
+        topic's loss, and the partition read again from the new topic's oldest record.
+        """
+        log.error("%s: the source topic was deleted and created again (topic id %s, was %s) "
+                  "while offsets %d..%d (%d records) were fetched: which topic they came from "
+                  "cannot be told, so they are not archived as %s's; its records from %d on "
+                  "are lost (the topic is deleted). Reading topic %s from its oldest record",
+                  self.name, e.now, e.was, seg.start, seg.end, seg.count, e.was, seg.start,
+                  e.now)
+        self.metrics.lost.inc(seg.count)
+        self._switch_to = e.now
 
     def _incarnation_of(self, epoch: int) -> tuple[str | None, str]:
         """The topic id of an epoch (read once per epoch) and its key location (worker
@@ -672,6 +726,8 @@ class PartitionWriter:
         return retry(fn, self.ctx.retry_policy, what=what, sleep=self._sleep)
 
     def _fail(self, seg: Segment, step: str, error: BaseException) -> None:
+        if isinstance(error, IncarnationChanged) and seg.state is not SegmentState.FAILED:
+            self._switch(seg, error)
         self.broken.set()
         already = seg.state is SegmentState.FAILED
         seg.state = SegmentState.FAILED

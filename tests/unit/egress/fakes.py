@@ -138,7 +138,7 @@ class Harness:
             metrics=self.m.for_partition("r1", "t", 0), commit=self._commit)
 
     def _commit(self, offset: int, next_segment: int | None = None, *,
-                first: bool = False) -> None:
+                first: bool = False, topic_id: str | None = None) -> None:
         with self.store.lock:
             self.store.ops.append(("commit", str(offset)))
         if first:
