@@ -137,8 +137,9 @@ class PartitionWriter:
     source partition's offsets went back: the topic was deleted and created again) moves
     on; the topic id of an epoch is read once, before the epoch's first segment is named,
     so segments of the earlier topic still closing keep its id. The id is read again when
-    each segment is named: a different one means the topic was deleted and created again
-    while the segment's records were fetched without offsets going back (a fetch that went
+    each segment is named: a different one while no reset came after the segment means the
+    topic was deleted and created again while its records were fetched without offsets
+    going back (a fetch that went
     on, a rewind into the new log), so which topic each came from cannot be told
     (``IncarnationChanged``): the segment is dropped with an ERROR naming its range,
     counted as lost, and the partition is read again from the new topic's oldest record
@@ -648,7 +649,9 @@ class PartitionWriter:
         """
         topic_id, label = self._incarnation_of(seg.epoch)
         inc = self.ctx.incarnations
-        if topic_id is None or inc is None:
+        if topic_id is None or inc is None or seg.epoch != self.epoch:
+            # A later epoch exists: the offsets went back after this segment's records,
+            # where the topic changed; they are its epoch's topic's.
             return topic_id, label
         now = self._retry(lambda: inc.topic_id(self.ref.topic),
                           f"{self.name}: read the topic id again")
