@@ -203,6 +203,39 @@ class IncarnationTracker:
         mine = {s for s in usable if s.incarnation == self.label}
         return mine, position, end_of(self.label, chain)
 
+    def skip_to_newest(self, usable: set[SegmentKey]) -> int:
+        """``start = "latest"`` without a checkpoint, at the worker's first plan: move to
+        the newest incarnation listed that has segments in the bucket, skipping the earlier
+        ones' history (logged, counted as a move); returns the positions skipped (from
+        their segments here), 0 when there is nothing to skip.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` cannot be read or parsed.
+        """
+        labels = {s.incarnation for s in usable}
+        if labels <= {self.label}:
+            return 0
+        chain = self.lineage.refresh(self.label, labels)
+        ranked = [x for x in labels if chain.rank(x) is not None]
+        here = chain.rank(self.label)
+        if not ranked:
+            return 0
+        target = max(ranked, key=lambda x: chain.rank(x) or 0)
+        top = chain.rank(target) or 0
+        if here is not None and top <= here:
+            return 0
+        skipped = 0
+        for x in ranked:
+            if (chain.rank(x) or 0) < top:
+                segs = [s for s in usable if s.incarnation == x]
+                skipped += max(s.end for s in segs) - min(s.start for s in segs) + 1
+        log.warning("%s: start = latest: incarnations before %s (topic id %s) are skipped "
+                    "(%d positions already in the bucket); its own history is skipped next",
+                    self.where, target or "first", chain.topic_id(target), skipped)
+        self._moved.inc()  # type: ignore[attr-defined]
+        self.label = target
+        return skipped
+
     def locations(self) -> tuple[str, list[str]]:
         """The current incarnation and the later ones (what a listing covers: read from
         ``_topic.json`` again, at most every ``RECHECK`` seconds, so a later incarnation

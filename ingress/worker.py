@@ -491,7 +491,9 @@ class ReplayWorker:
         if self.replay.run is not None:
             return self.replay.cont()
         self._drain_inbox()
-        usable, until = self._incarnation(inventory.usable())
+        everything = inventory.usable()
+        self.start_point.latest_incarnation(self.incarnations, everything)
+        usable, until = self._incarnation(everything)
         self.start_point.report_below_origin(usable)
         now = self.clock()
         plan_from = self.start_point.plan_from(usable, now)
