@@ -85,6 +85,17 @@ def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: 
     return (*incarnations, Incarnation(topic_id, label, created_at=now))
 
 
+def with_count(incarnations: tuple[Incarnation, ...], topic_id: str, partitions: int
+               ) -> tuple[Incarnation, ...]:
+    """``incarnations`` with ``topic_id``'s partition count raised to ``partitions`` (pure;
+    a count only grows within an incarnation, so a count read with a stale id never
+    lowers the earlier topic's).
+    """
+    return tuple(dataclasses.replace(i, partitions=max(i.partitions or 0, partitions))
+                 if i.topic_id == topic_id and (i.partitions or 0) < partitions else i
+                 for i in incarnations)
+
+
 def at_start(cur: TopicMetadata | None, partitions: int) -> int:
     """``partitions_at_start`` of a rewritten ``_topic.json`` (pure): kept once written;
     the count now for a new file; for a file an egress wrote without it, the count that
@@ -185,6 +196,10 @@ class TopicMetadataPublisher:
                         incs = cur.incarnations if cur is not None else ()
                         if tid is not None:
                             incs = self._with_id(topic, incs, tid, now) or incs
+                            if cur is not None and len(incs) > max(1, len(cur.incarnations)):
+                                # The file's count is the earlier topic's (a new id).
+                                incs = with_count(incs, incs[-2].topic_id, cur.partitions)
+                            incs = with_count(incs, tid, n)
                         return dataclasses.replace(
                             TopicMetadata.of(topic, self.region, n, configs, now,
                                              first if first is not None else {}),
@@ -499,6 +514,9 @@ class TopicMetadataPublisher:
                 incs = self._with_id(topic, cur.incarnations, topic_id, self.wall())
                 if incs is None:
                     return None
+                if len(incs) > 1:
+                    # The file's count is the earlier topic's until a check sees the new one.
+                    incs = with_count(incs, incs[-2].topic_id, cur.partitions)
                 if cur.incarnations:
                     log.warning("%s: the source topic was deleted and created again (topic "
                                 "id %s, was %s): its segments go to their own location "

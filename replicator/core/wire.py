@@ -96,6 +96,11 @@ class Incarnation:
     previous_ends: dict[int, int | None] = field(default_factory=dict)
     first_positions: dict[int, int] = field(default_factory=dict)
     created_at: datetime | None = None
+    partitions: int | None = None
+    """The most partitions egress saw this incarnation have (``None``: not recorded, an
+    egress of an earlier release). Ingress keeps a replay worker for every partition any
+    incarnation had: a topic recreated with fewer partitions still has the earlier one's
+    tail of its higher partitions to replay."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this entry."""
@@ -107,6 +112,8 @@ class Incarnation:
         }
         if self.created_at is not None:
             doc["created_at"] = rfc3339(self.created_at)
+        if self.partitions is not None:
+            doc["partitions"] = self.partitions
         return doc
 
     @classmethod
@@ -137,7 +144,10 @@ class Incarnation:
                 created = parse_rfc3339(doc["created_at"])
             except ValueError:
                 created = None
-        return cls(doc["topic_id"], doc["label"], ends, firsts, created)
+        count = doc.get("partitions")
+        partitions = count if isinstance(count, int) and not isinstance(count, bool) \
+            and count > 0 else None
+        return cls(doc["topic_id"], doc["label"], ends, firsts, created, partitions)
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,14 @@ class TopicMetadata:
         ``start`` (``partitions_at_start``).
         """
         return self.partitions_at_start is not None and partition >= self.partitions_at_start
+
+    @property
+    def partitions_ever(self) -> int:
+        """The most partitions the topic had in any incarnation recorded (``partitions``
+        when none is): what ingress replays and sizes the destination for.
+        """
+        counts = [i.partitions for i in self.incarnations if i.partitions is not None]
+        return max([self.partitions, *counts])
 
     @property
     def live(self) -> Incarnation | None:

@@ -198,3 +198,39 @@ def test_merge_keeps_the_pinned_first_entry() -> None:
     assert merge((a,), (Incarnation("B", ""),)) == (a, Incarnation("B", "B"))
     assert merge((a, Incarnation("B", "B")), (b,)) == (a, b)
     assert merge((), (b,)) == (b,)
+
+
+def test_each_incarnation_records_its_partition_count() -> None:
+    store = RecordingStore()
+    admin = Admin(partitions=4)
+    pub = publisher(admin, store)
+    admin.id, admin.partitions = "IdB", 2       # recreated with fewer partitions
+    pub.check()
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    assert [(i.topic_id, i.partitions) for i in meta.incarnations] == [("IdA", 4), ("IdB", 2)]
+    assert (meta.partitions, meta.partitions_ever) == (2, 4)
+
+
+def test_an_earlier_releases_chain_gets_the_earlier_count_when_the_id_changes() -> None:
+    # _topic.json of the release before counts: the live entry has none, the file says 4.
+    store = RecordingStore()
+    store.put(TOPIC_JSON, TopicMetadata(4, {}, "t", "r1", NOW, {},
+                                        (Incarnation("IdA", ""),)).encode())
+    admin = Admin(tid="IdB", partitions=2)
+    publisher(admin, store)
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    assert [(i.topic_id, i.partitions) for i in meta.incarnations] == [("IdA", 4), ("IdB", 2)]
+
+
+def test_a_writer_recording_the_new_id_first_keeps_the_earlier_count() -> None:
+    store = RecordingStore()
+    store.put(TOPIC_JSON, TopicMetadata(4, {}, "t", "r1", NOW, {},
+                                        (Incarnation("IdA", ""),)).encode())
+    admin = Admin(tid="IdA", partitions=4)
+    pub = TopicMetadataPublisher(
+        ["t"], admin, store, prefix="data", region="r1", metrics=EgressMetrics(Metrics()),
+        wall=lambda: NOW, retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
+        interval=timedelta(minutes=1))
+    assert pub.incarnation("t", "IdB") == "IdB"  # before any check saw the new count
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    assert meta.incarnations[0].partitions == 4
