@@ -53,10 +53,13 @@ class Chain:
         if meta is None or not meta.incarnations:
             return cls()
         incs = meta.incarnations
+        base = (meta.first_positions or {}).get(partition)
         return cls(tuple(i.label for i in incs), tuple(i.topic_id for i in incs),
                    tuple((partition in i.previous_ends, i.previous_ends.get(partition))
                          for i in incs),
-                   tuple(i.first_positions.get(partition) for i in incs))
+                   tuple(i.first_positions.get(partition,
+                                               base if i.label == BASE_INCARNATION else None)
+                         for i in incs))
 
     def rank(self, label: str) -> int | None:
         """The position of ``label`` in the chain (``None``: not listed)."""
@@ -86,7 +89,10 @@ def advance(label: str, position: int | None, chain: Chain, *,
     nothing yet) that ``chain`` allows (pure): while the next incarnation records the end
     of the current one for the partition and the position reached it, or the current one
     has no segments there (``end`` null), or nothing of it was replayed and none of its
-    segments is known (``has_segments`` False: no position to wait from).
+    segments is known (``has_segments`` False) while its first position there is not
+    recorded either (no position to wait from). With its first position recorded, a
+    worker without a checkpoint that sees a later incarnation first waits for the earlier
+    one's segments (S3 replication keeps no order) like for any gap.
     """
     moves: list[Move] = []
     r = chain.rank(label)
@@ -94,8 +100,10 @@ def advance(label: str, position: int | None, chain: Chain, *,
         recorded, end = chain.previous_ends[r + 1]
         if not recorded:
             break
-        if end is not None and ((position is None and has_segments)
-                                or (position is not None and position < end)):
+        begins = chain.firsts[r]
+        if end is not None and ((position is None and (
+                has_segments or (begins is not None and begins <= end)))
+                or (position is not None and position < end)):
             break
         first = chain.firsts[r + 1]
         nxt = chain.labels[r + 1]
