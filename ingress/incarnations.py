@@ -182,11 +182,42 @@ class IncarnationTracker:
     """
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, where: str, moved: object,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 lost: Callable[[int], None] = lambda n: None) -> None:
         self.lineage = Lineage(store, ref, monotonic)
         self.where = where
         self._moved = moved
+        self._lost = lost
         self.label = BASE_INCARNATION
+
+    def left_behind(self, usable: set[SegmentKey]) -> list[SegmentKey]:
+        """Segments of incarnations the worker has left (returned: replay no longer needs
+        them). One reaching past the end recorded for its incarnation arrived after egress
+        sealed it (a copy that finished late, a zombie member): its positions past that
+        end are never replayed, an ERROR names them and they are counted as lost.
+        """
+        chain = self.lineage.chain
+        here = chain.rank(self.label)
+        if not here:
+            return []
+        out = []
+        for s in sorted(usable, key=lambda k: (k.incarnation, k.start, k.end)):
+            r = chain.rank(s.incarnation)
+            if r is None or r >= here:
+                continue
+            out.append(s)
+            recorded, end = chain.previous_ends[r + 1]
+            last = end if recorded and end is not None else -1
+            if s.end <= last:
+                continue
+            lo = max(s.start, last + 1)
+            log.error("%s: segment %s of incarnation %s (topic id %s) arrived after the "
+                      "worker left it (replayed through %s, the end egress recorded): "
+                      "positions %d-%d (%d) of it are NOT replayed", self.where, s.to_key(),
+                      s.incarnation or "first", chain.topic_id(s.incarnation),
+                      "nothing" if last < 0 else last, lo, s.end, s.end - lo + 1)
+            self._lost(s.end - lo + 1)
+        return out
 
     def current(self, usable: set[SegmentKey], position: int | None
                 ) -> tuple[set[SegmentKey], int | None, int | None]:

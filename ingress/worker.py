@@ -110,7 +110,8 @@ class ReplayWorker:
         self.states = ReplayStates(self.where, self._entered)
         self.status = PartitionStatus(self.where, metrics, labels)
         self.incarnations = IncarnationTracker(
-            store, ref, self.where, metrics.topic_incarnations.labels(**labels))
+            store, ref, self.where, metrics.topic_incarnations.labels(**labels),
+            lost=metrics.messages_lost.labels(**labels).inc)
         self.progress = Progress(self.where, lambda: self.incarnations.label, self.freshness,
                                  metrics.messages_produced.labels(**labels).inc,
                                  lambda: self.status.refusal)
@@ -544,6 +545,7 @@ class ReplayWorker:
         """
         label = self.incarnations.label
         mine, position, until = self.incarnations.current(usable, self.position)
+        self.inventory.known.difference_update(self.incarnations.left_behind(usable))
         if self.incarnations.label != label:
             assert position is not None
             progress = self.progress
