@@ -353,6 +353,7 @@ class PartitionWriter:
                       "source partition was truncated or recreated; segments restart at %d",
                       self.name, first_offset, self.expected, decision.start)
             self.epoch += 1
+            self._read_epoch_id()
         seg = Segment(decision.start, now)
         seg.epoch = self.epoch
         self.segment = seg
@@ -382,6 +383,25 @@ class PartitionWriter:
                   self.name, position, log_start)
         self.close(CloseReason.RESET)
         self.epoch += 1
+        self._read_epoch_id()
+
+    def _read_epoch_id(self) -> None:
+        """The topic id of a new epoch, read when the reset is seen (poll thread): read
+        only when its first segment is named, a topic created once more meanwhile would
+        give this epoch's records the later topic's id and location. A failed read is
+        left to the naming (WARNING).
+        """
+        inc = self.ctx.incarnations
+        if inc is None:
+            return
+        try:
+            tid = inc.topic_id(self.ref.topic)
+        except ReplicatorError as e:
+            log.warning("%s: the topic id after the reset was not read (read when the "
+                        "segment is named): %s", self.name, e)
+            return
+        if tid is not None:
+            self._topic_ids[self.epoch] = tid
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):

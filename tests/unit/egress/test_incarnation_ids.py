@@ -174,3 +174,33 @@ def test_a_recreated_topic_with_the_earlier_topics_commit_starts_at_its_oldest_r
         assert consumer.assigned[0].offset in (OFFSET_BEGINNING, 0), consumer.assigned
     finally:
         b.close()
+
+
+def test_an_epochs_id_is_read_at_the_reset_not_when_its_segment_is_named() -> None:
+    # Two recreates in a row: Y's segment is still open when Z replaces Y.
+    admin = Admin(tid="X")
+    h = writer_with(admin)
+    h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
+                               metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
+                               topic_id="X")
+    w = h.writer
+    try:
+        w.append(messages(records(range(10))), now=0.0)
+        w.close(CloseReason.AGE)
+        h.settle()
+        admin.id = "Y"                               # offsets go back: a reset
+        w.append(messages(records(range(3), size=7)), now=0.0)
+        admin.id = "Z"                               # again, before Y's segment closes
+        w.position_left_the_log(3, 0)                # Y's segment closes, named now
+        h.settle()
+        w.append(messages(records(range(6), size=9)), now=0.0)
+        w.close(CloseReason.AGE)
+        h.settle()
+    finally:
+        h.close()
+    y = "data/r1/t/_incarnations/Y/0/0/00000000000000000000-00000000000000000002"
+    z = "data/r1/t/_incarnations/Z/0/0/00000000000000000000-00000000000000000005"
+    assert keys(h) == ["data/r1/t/0/0/00000000000000000000-00000000000000000009", y, z]
+    assert (footer_id(h.store, y), footer_id(h.store, z)) == ("Y", "Z")
+    meta = TopicMetadata.parse(h.store.get("data/r1/t/_topic.json"), where="t")
+    assert [i.topic_id for i in meta.incarnations] == ["X", "Y", "Z"]
