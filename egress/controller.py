@@ -384,7 +384,8 @@ class Egress:
             except ReplicatorError as e:
                 log.debug("heartbeat of %s: no positions or watermarks: %s", topic, e)
                 positions, highs = {}, {}
-            pool.submit(hb.write, topic, caught_up(writers, positions, highs))
+            ids = {p: t for p, w in writers.items() if (t := w.topic_id) is not None}
+            pool.submit(hb.write, topic, caught_up(writers, positions, highs), ids)
 
     def _export_groups(self, exporter: GroupExporter, topics: set[str]) -> None:
         try:

@@ -182,6 +182,11 @@ class PartitionWriter:
         """The id of a topic created again that the next rewind moves to (workers set it
         before the failure they report; the poll thread reads it at the rewind)."""
 
+    @property
+    def topic_id(self) -> str | None:
+        """The current epoch's topic id, once read (heartbeats)."""
+        return self._topic_ids.get(self.epoch)
+
     # --- poll thread ------------------------------------------------------------------
 
     def append(self, msgs: Sequence[Message], now: float) -> int:

@@ -113,6 +113,19 @@ def advance(label: str, position: int | None, chain: Chain, *,
     return moves
 
 
+def same_incarnation(beat_id: str | None, replayed_id: str | None, live_id: str | None
+                     ) -> bool:
+    """Whether an egress heartbeat's position (of topic id ``beat_id``) can vouch for a
+    replay of incarnation ``replayed_id`` (pure): a worker still in an earlier
+    incarnation is not fresh because the live topic is caught up. A heartbeat that names
+    no id (an earlier release) is taken as the live topic's (``live_id``); without
+    incarnations (``replayed_id`` unknown) any heartbeat counts, as before.
+    """
+    if replayed_id is None:
+        return True
+    return replayed_id == (live_id if beat_id is None else beat_id)
+
+
 def end_of(label: str, chain: Chain) -> int | None:
     """Where ``label``'s segments of the partition end, once the next incarnation recorded
     it (the planner waits for every position up to it).
@@ -189,6 +202,16 @@ class IncarnationTracker:
         self._moved = moved
         self._lost = lost
         self.label = BASE_INCARNATION
+
+    def topic_id(self) -> str | None:
+        """The topic id of the incarnation replayed now (``None``: not known)."""
+        chain = self.lineage.chain
+        return None if chain.rank(self.label) is None else chain.topic_id(self.label)
+
+    def live_id(self) -> str | None:
+        """The topic id of the live incarnation as last read (``None``: none listed)."""
+        ids = self.lineage.chain.ids
+        return ids[-1] if ids else None
 
     def left_behind(self, usable: set[SegmentKey]) -> list[SegmentKey]:
         """Segments of incarnations the worker has left (returned: replay no longer needs

@@ -573,14 +573,23 @@ class Heartbeat:
     instance: str
     written_at: datetime
     caught_up: dict[int, int]
+    topic_ids: dict[int, str] = field(default_factory=dict)
+    """Partition → the topic id (incarnation) its ``caught_up`` position belongs to, when
+    known: a position of one incarnation says nothing about a replay of another. Absent
+    for heartbeats of an earlier release."""
 
     def encode(self) -> bytes:
-        """The JSON body (keys: topic, region, instance, written_at, caught_up)."""
-        return json.dumps({
+        """The JSON body (keys: topic, region, instance, written_at, caught_up, and
+        topic_ids when known).
+        """
+        body: dict[str, Any] = {
             "topic": self.topic, "region": self.region, "instance": self.instance,
             "written_at": rfc3339(self.written_at),
             "caught_up": {str(p): o for p, o in sorted(self.caught_up.items())},
-        }, indent=2, sort_keys=True).encode("utf-8")
+        }
+        if self.topic_ids:
+            body["topic_ids"] = {str(p): t for p, t in sorted(self.topic_ids.items())}
+        return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
     def parse(cls, data: bytes, *, where: str) -> Heartbeat:
@@ -593,8 +602,12 @@ class Heartbeat:
         doc = json_object(data, where, if_null=f"{where} is empty")
         texts = _strings(doc, where, ("topic", "region", "instance", "written_at"))
         written = _time(texts, "written_at", where)
+        raw_ids = doc.get("topic_ids") or {}
+        ids = {int(p): t for p, t in raw_ids.items()
+               if isinstance(p, str) and p.isascii() and p.isdigit() and isinstance(t, str)} \
+            if isinstance(raw_ids, dict) else {}
         return cls(texts["topic"], texts["region"], texts["instance"], written,
-                   _partition_offsets(doc.get("caught_up", {}), where, "caught_up"))
+                   _partition_offsets(doc.get("caught_up", {}), where, "caught_up"), ids)
 
 
 def _partition_offsets(raw: object, where: str, name: str) -> dict[int, int]:

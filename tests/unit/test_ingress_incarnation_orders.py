@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 import time
+import types
+from datetime import UTC, datetime
 
 import pytest
 
+from ingress.controller import Ingress
 from ingress.events import SegmentEvent
-from ingress.incarnations import Chain, advance
-from replicator.core.wire import Incarnation, TopicMetadata
+from ingress.incarnations import Chain, advance, same_incarnation
+from replicator.core.wire import Heartbeat, Incarnation, TopicMetadata
 from tests.unit.test_ingress_incarnations import NEW, new_key, topic_json, write_new
 from tests.unit.test_ingress_worker import Harness, key, write
 
@@ -75,3 +78,41 @@ def test_a_segment_of_a_left_incarnation_is_reported_lost(
         assert len(errors) == 1 and "positions 10-14 (5)" in errors[0]
     finally:
         h.stop()
+
+
+def beat(h: Harness, w: object, ids: dict[int, str]) -> float:
+    h.store.put("data/us-east-1/t/_heartbeats/e1.json", Heartbeat(
+        "t", "us-east-1", "e1", datetime.now(UTC), {3: 24}, ids).encode())
+    stub = types.SimpleNamespace(
+        store=h.store, heartbeats=None, m=h.m, clock=lambda: datetime.now(UTC),
+        settings=types.SimpleNamespace(s3=types.SimpleNamespace(prefix="data")),
+        sources={("us-east-1", "t"): None}, workers={("us-east-1", "t", 3): w})
+    Ingress._read_heartbeats(stub)  # type: ignore[arg-type]
+    return float(w.freshness.lag_seconds())  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("ids", [{}, {3: NEW}])
+def test_a_worker_in_an_earlier_incarnation_is_not_fresh_by_the_live_topics_heartbeat(
+        ids: dict[int, str]) -> None:
+    h = Harness(timeout="1d")
+    try:
+        write(h.store, key(0, 99))                 # the first topic: 100-199 not here yet
+        h.store.put("data/us-east-1/t/_topic.json", TopicMetadata(
+            4, {}, "t", "us-east-1", None, {3: 0},
+            (Incarnation("IdA", ""), Incarnation(NEW, NEW, {3: 199}, {3: 0}))).encode())
+        write_new(h.store, new_key(0, 24))         # the live topic, egress caught up at 24
+        w = h.start(clock=lambda: datetime.now(UTC))
+        h.wait(lambda: w.checkpointed == 99)
+        assert w.incarnations.label == ""
+        assert beat(h, w, ids) > 3600              # records from 2023: lag stays
+        assert beat(h, w, {3: "IdA"}) < 3600       # a beat of its own incarnation counts
+    finally:
+        h.stop()
+
+
+def test_same_incarnation() -> None:
+    assert same_incarnation(None, None, None) and same_incarnation("B", None, "B")
+    assert same_incarnation(None, "B", "B") and not same_incarnation(None, "A", "B")
+    assert same_incarnation("A", "A", "B") and not same_incarnation("B", "A", "B")
+    hb = Heartbeat("t", "r", "e", datetime(2026, 1, 1, tzinfo=UTC), {0: 5}, {0: "A"})
+    assert Heartbeat.parse(hb.encode(), where="x") == hb

@@ -204,3 +204,23 @@ def test_an_epochs_id_is_read_at_the_reset_not_when_its_segment_is_named() -> No
     assert (footer_id(h.store, y), footer_id(h.store, z)) == ("Y", "Z")
     meta = TopicMetadata.parse(h.store.get("data/r1/t/_topic.json"), where="t")
     assert [i.topic_id for i in meta.incarnations] == ["X", "Y", "Z"]
+
+
+def test_heartbeats_name_the_topic_id_of_each_position() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from egress.heartbeat import HeartbeatPublisher
+    from egress.metrics import EgressMetrics
+    from replicator.core.metrics import Metrics
+    from replicator.core.wire import Heartbeat
+    h = Harness()
+    try:
+        pub = HeartbeatPublisher(h.store, prefix="data", region="r1", instance="e1",
+                                 interval_of=lambda t: timedelta(seconds=1),
+                                 metrics=EgressMetrics(Metrics()),
+                                 wall=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+        pub.write("t", {0: 5}, {0: "IdB", 1: "IdB"})
+        hb = Heartbeat.parse(h.store.get("data/r1/t/_heartbeats/e1.json"), where="hb")
+        assert (hb.caught_up, hb.topic_ids) == ({0: 5}, {0: "IdB"})
+    finally:
+        h.close()
