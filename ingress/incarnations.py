@@ -208,6 +208,11 @@ class IncarnationTracker:
         chain = self.lineage.chain
         return None if chain.rank(self.label) is None else chain.topic_id(self.label)
 
+    def id_of(self, label: str) -> str | None:
+        """The topic id of ``label`` as last read (``None``: not listed)."""
+        chain = self.lineage.chain
+        return None if chain.rank(label) is None else chain.topic_id(label)
+
     def live_id(self) -> str | None:
         """The topic id of the live incarnation as last read (``None``: none listed)."""
         ids = self.lineage.chain.ids

@@ -102,8 +102,10 @@ class ReplayWorker:
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
         self._labels = labels
         self.freshness = PartitionFreshness(metrics, labels, clock)
-        self.declared_lost = DeclaredLost(ref, cfg.destination_topic, self.where, metrics,
-                                          labels)
+        self.declared_lost = DeclaredLost(
+            ref, cfg.destination_topic, self.where, metrics, labels,
+            current=lambda: self.incarnations.label,
+            topic_id_of=lambda label: self.incarnations.id_of(label))  # noqa: PLW0108 (later)
         self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
         self._m_waiting = metrics.segments_waiting.labels(**labels)
         self._m_first_waiting = metrics.first_position_waiting.labels(**labels)
@@ -419,7 +421,7 @@ class ReplayWorker:
             self._m_checkpoint.set(cp.offset)
             self.freshness.resumed(cp.updated_at)
             if cp.lost is not None:
-                self.declared_lost.declared(*cp.lost)
+                self.declared_lost.declared(*cp.lost, cp.incarnation)
             if cp.refused is not None and self.status.refusal is None:
                 self.status.refusal = cp.refused    # replayed alone
         log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,

@@ -15,7 +15,7 @@ import pytest
 from ingress.controller import Ingress
 from ingress.events import SegmentEvent
 from ingress.incarnations import Chain, advance, same_incarnation
-from replicator.core.wire import Heartbeat, Incarnation, TopicMetadata
+from replicator.core.wire import Checkpoint, Heartbeat, Incarnation, TopicMetadata
 from tests.unit.test_ingress_incarnations import NEW, new_key, topic_json, write_new
 from tests.unit.test_ingress_worker import Harness, key, write
 
@@ -116,3 +116,56 @@ def test_same_incarnation() -> None:
     assert same_incarnation("A", "A", "B") and not same_incarnation("B", "A", "B")
     hb = Heartbeat("t", "r", "e", datetime(2026, 1, 1, tzinfo=UTC), {0: 5}, {0: "A"})
     assert Heartbeat.parse(hb.encode(), where="x") == hb
+
+
+def two_incarnations(h: Harness, end: int) -> None:
+    h.store.put("data/us-east-1/t/_topic.json", TopicMetadata(
+        4, {}, "t", "us-east-1", None, {3: 0},
+        (Incarnation("IdA", ""), Incarnation(NEW, NEW, {3: end}, {3: 0}))).encode())
+
+
+def late_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "ingress.declared_lost" and r.levelname == "ERROR"]
+
+
+def test_a_late_segment_of_a_later_incarnation_declared_lost_is_reported(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(timeout="300ms", retries=1)
+    try:
+        write(h.store, key(0, 9))
+        two_incarnations(h, 9)
+        write_new(h.store, new_key(0, 4))
+        write_new(h.store, new_key(10, 14))
+        h.checkpoints.append("us-east-1:t:3:copy", Checkpoint(
+            4, new_key(0, 4).to_key(), datetime.now(UTC), incarnation=NEW).encode())
+        with caplog.at_level(logging.ERROR):
+            w = h.start()
+            h.wait(lambda: h.metric("replicator_ingress_messages_lost_total") == 5)
+            write_new(h.store, new_key(5, 9))
+            w.offer(SegmentEvent("created", new_key(5, 9)))
+            h.wait(lambda: h.metric("replicator_ingress_late_after_lost_messages_total") == 5)
+        assert len(late_errors(caplog)) == 1
+        assert f"--incarnation {NEW}" in late_errors(caplog)[0]
+    finally:
+        h.stop()
+
+
+def test_the_restore_command_of_an_earlier_incarnation_names_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(timeout="300ms", retries=1)
+    try:
+        write(h.store, key(0, 9))
+        write(h.store, key(20, 29))
+        two_incarnations(h, 29)
+        write_new(h.store, new_key(0, 4))
+        with caplog.at_level(logging.ERROR):
+            w = h.start()
+            h.wait(lambda: len(h.sink.committed) == 25)
+            write(h.store, key(10, 19))
+            w.offer(SegmentEvent("created", key(10, 19)))
+            h.wait(lambda: h.metric("replicator_ingress_late_after_lost_messages_total") == 10)
+        assert len(late_errors(caplog)) == 1
+        assert "--incarnation IdA" in late_errors(caplog)[0]
+    finally:
+        h.stop()
