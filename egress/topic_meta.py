@@ -106,6 +106,18 @@ def at_start(cur: TopicMetadata | None, partitions: int) -> int:
     return cur.partitions_at_start if cur.partitions_at_start is not None else cur.partitions
 
 
+@dataclasses.dataclass(frozen=True)
+class _Seal:
+    """One partition's seal waiting to be written (``TopicMetadataPublisher.seal``)."""
+
+    labels: tuple[str, ...]
+    """The chain up to the sealed incarnation, as read (must still hold when written)."""
+    partition: int
+    start: int
+    ends: dict[int, int | None]
+    """Chain index -> the end of its predecessor's segments of the partition."""
+
+
 class TopicMetadataPublisher:
     """Writes ``_topic.json`` of the configured topics when their partition count is new.
 
@@ -145,6 +157,7 @@ class TopicMetadataPublisher:
         self._labels: dict[tuple[str, str], str] = {}
         """(topic, topic id) -> label of incarnations known to be in ``_topic.json``."""
         self._sealed: set[tuple[str, str, int]] = set()
+        self._pending_seals: dict[str, dict[tuple[str, str, int], _Seal]] = {}
         self._chains = ChainStore(store, prefix=prefix, region=region,
                                   retry_policy=retry_policy)
         self._pinned: dict[str, tuple[Incarnation, ...]] = {}
@@ -594,30 +607,56 @@ class TopicMetadataPublisher:
         ends = {n: self._highest_end(ref.of_incarnation(labels[n - 1]))
                 for n in range(1, rank + 1) if p not in cur.incarnations[n].previous_ends}
         if ends:
-            def add(c: TopicMetadata | None) -> TopicMetadata | None:
-                if c is None or [i.label for i in c.incarnations][:rank + 1] != \
-                        labels[:rank + 1]:
-                    raise StorageError(f"{ref.topic}: _topic.json changed its incarnations")
-                incs = list(c.incarnations)
-                changed = False
-                for n, end in ends.items():
-                    if p in incs[n].previous_ends:
-                        continue
-                    first = start if n == rank else 0
-                    incs[n] = dataclasses.replace(
-                        incs[n], previous_ends={**incs[n].previous_ends, p: end},
-                        first_positions={p: first, **incs[n].first_positions})
-                    changed = True
-                if not changed:
-                    return None
-                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
-
-            with self._topic_locks.setdefault(ref.topic, threading.Lock()):
-                self._update(ref.topic, add)
+            self._seal_batched(ref, _Seal(tuple(labels[:rank + 1]), p, start, ends))
             log.info("%s: the previous incarnation's segments end at %s; this one begins at "
                      "%d", ref, ends.get(rank, "(recorded already)"), start)
         with self._mutex:
             self._sealed.add(token)
+
+    def _seal_batched(self, ref: PartitionRef, seal: _Seal) -> None:
+        """Write one seal, with every other seal of the topic waiting in this process, in
+        one conditional put: members sealing many partitions at once after a recreate
+        would otherwise refuse each other's puts (each a read-modify-write of the one
+        ``_topic.json``) until some seal gives up.
+        """
+        topic = ref.topic
+        token = (topic, ref.incarnation, ref.partition)
+        with self._mutex:
+            self._pending_seals.setdefault(topic, {})[token] = seal
+        with self._topic_locks.setdefault(topic, threading.Lock()):
+            with self._mutex:
+                if token in self._sealed:
+                    return
+                pending = dict(self._pending_seals.get(topic, {}))
+
+            def add(c: TopicMetadata | None) -> TopicMetadata | None:
+                if c is None:
+                    raise StorageError(f"{topic}: _topic.json is gone")
+                have = tuple(i.label for i in c.incarnations)
+                incs = list(c.incarnations)
+                changed = False
+                for one in pending.values():
+                    if have[:len(one.labels)] != one.labels:
+                        raise StorageError(f"{topic}: _topic.json changed its incarnations")
+                    rank = len(one.labels) - 1
+                    for n, end in one.ends.items():
+                        if one.partition in incs[n].previous_ends:
+                            continue
+                        first = one.start if n == rank else 0
+                        incs[n] = dataclasses.replace(
+                            incs[n], previous_ends={**incs[n].previous_ends,
+                                                    one.partition: end},
+                            first_positions={one.partition: first, **incs[n].first_positions})
+                        changed = True
+                if not changed:
+                    return None
+                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
+
+            self._update(topic, add)
+            with self._mutex:
+                for t in pending:
+                    self._pending_seals.get(topic, {}).pop(t, None)
+                    self._sealed.add(t)
 
     def _highest_end(self, ref: PartitionRef) -> int | None:
         prefix = ref.segments_prefix()

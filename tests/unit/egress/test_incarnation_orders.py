@@ -234,3 +234,46 @@ def test_a_writer_recording_the_new_id_first_keeps_the_earlier_count() -> None:
     assert pub.incarnation("t", "IdB") == "IdB"  # before any check saw the new count
     meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
     assert meta.incarnations[0].partitions == 4
+
+
+class GatedStore(RecordingStore):
+    """Holds the first put of ``_topic.json`` until released; counts the puts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+        self.gate = threading.Event()
+        self.held = threading.Event()
+        self.meta_puts = 0
+
+    def put(self, key: str, data: bytes, **kw: object) -> object:  # type: ignore[override]
+        if key == TOPIC_JSON and self.held.is_set():
+            self.meta_puts += 1
+            if self.meta_puts == 1:
+                self.gate.wait(10)
+        return super().put(key, data, **kw)
+
+
+def test_seals_of_many_partitions_are_written_together() -> None:
+    import threading
+    store = GatedStore()
+    admin = Admin(partitions=16)
+    pub = publisher(admin, store)
+    admin.id = "IdB"
+    assert pub.incarnation("t", "IdB") == "IdB"
+    store.held.set()
+    threads = [threading.Thread(target=pub.seal,
+                                args=(PartitionRef("data", "r1", "t", p, "IdB"), 0))
+               for p in range(16)]
+    for t in threads:
+        t.start()
+    while store.meta_puts == 0:                       # the first seal's put is held
+        threading.Event().wait(0.01)
+    while len(pub._pending_seals.get("t", {})) < 16:  # every other seal waits behind it
+        threading.Event().wait(0.01)
+    store.gate.set()
+    for t in threads:
+        t.join(10)
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    assert sorted(meta.incarnations[1].previous_ends) == list(range(16))
+    assert store.meta_puts <= 2                       # the held one, then all the others
