@@ -267,9 +267,14 @@ def test_seals_of_many_partitions_are_written_together() -> None:
                for p in range(16)]
     for t in threads:
         t.start()
-    while store.meta_puts == 0:                       # the first seal's put is held
+    for _ in range(1000):                             # the first seal's put is held
+        if store.meta_puts:
+            break
         threading.Event().wait(0.01)
-    while len(pub._pending_seals.get("t", {})) < 16:  # every other seal waits behind it
+    for _ in range(1000):                             # every other seal queues behind it
+        if sum(t.is_alive() for t in threads) == 16 and \
+                len(pub._pending_seals.get("t", {})) >= 15:
+            break
         threading.Event().wait(0.01)
     store.gate.set()
     for t in threads:
