@@ -705,6 +705,13 @@ class PartitionWriter:
         inc = self.ctx.incarnations
         if inc is None:
             return None, ""
+        if epoch not in self._topic_ids and any(
+                e > epoch and t is not None for e, t in self._topic_ids.items()):
+            # Its id was never read (a failed describe at assignment) and a later epoch's
+            # was: the id now is the later topic's, never this epoch's.
+            now = self._topic_ids[max(self._topic_ids)]
+            assert now is not None
+            raise IncarnationChanged("an unknown id", now)
         if epoch not in self._topic_ids:
             self._topic_ids[epoch] = self._retry(
                 lambda: inc.topic_id(self.ref.topic), f"{self.name}: read the topic id")
