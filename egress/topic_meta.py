@@ -196,7 +196,8 @@ class TopicMetadataPublisher:
                     tid = self._id_for_check(topic)
                     with self._mutex:
                         id_known = tid is None or (topic, tid) in self._labels
-                    if self._partition_counts.get(topic) == n and id_known:
+                    if self._partition_counts.get(topic) == n and id_known \
+                            and not self._chain_dropped(topic):
                         continue
                     configs = self.admin.topic_config(topic)
                     key = topic_meta_key(self.prefix, self.region, topic)
@@ -228,6 +229,30 @@ class TopicMetadataPublisher:
                 self.m.topic_meta_writes.labels(self.region, topic).inc()
                 log.info("%s: wrote %s (%d partitions%s)", topic, key, n,
                          "" if old is None else f", was {old}")
+
+    def _chain_dropped(self, topic: str) -> bool:
+        """Whether ``_topic.json`` lacks incarnations this process pinned (an egress of an
+        earlier release rewrote it): ``check`` then writes it again at once, so ingress
+        does not wait for this process's next write to see the chain. One GET per check
+        of a topic with incarnations.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` could not be read.
+        """
+        with self._mutex:
+            pinned = self._pinned.get(topic, ())
+        if not pinned:
+            return False
+        key = topic_meta_key(self.prefix, self.region, topic)
+        try:
+            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+        except ObjectNotFound:
+            return True
+        try:
+            meta = TopicMetadata.parse(data, where=key)
+        except TopicError:
+            return True
+        return any(meta.incarnation(i.topic_id) is None for i in pinned)
 
     def _id_for_check(self, topic: str) -> str | None:
         """The topic id ``check`` records (``None``: none, or the describe failed)."""

@@ -205,6 +205,7 @@ class Incarnations(RuleBasedStateMachine):
 
     def _drain(self) -> None:
         for _ in range(20):
+            self._settle()
             _, count = self.live
             if self.pos == count and self.h.writer.segment is None \
                     and self.h.writer.failed is None:
