@@ -25,6 +25,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
+from egress.commits import commit_metadata
+from egress.controller import own_incarnation
 from egress.metrics import EgressMetrics
 from egress.partition_writer import PartitionWriter
 from egress.rotation import CloseReason
@@ -32,7 +34,7 @@ from egress.topic_meta import TopicMetadataPublisher
 from formats.records import Record
 from formats.segment_io import open_segment
 from ingress.incarnations import Chain, advance
-from replicator.core.kafka import OFFSET_BEGINNING
+from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
@@ -69,6 +71,10 @@ class Incarnations(RuleBasedStateMachine):
         self.lost = 0.0
         self.commit: tuple[int, str | None] | None = None
         self.harnesses: list[Harness] = []
+        self.recreated = False
+        self.fetched_after_recreate = False
+        self.seeded_at: dict[str, int] = {}
+        """Where ``start = "latest"`` seeded a topic (nothing archived before)."""
         self._start(expected=None)
 
     # --- egress process --------------------------------------------------------------
@@ -104,6 +110,8 @@ class Incarnations(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         self.h.settle()
+        if self.h.writer.segment is None and not self.h.writer.closing:
+            self.recreated = self.fetched_after_recreate = False
         w = self.h.writer
         if w.failed is not None:
             offset = w.rewind_offset()
@@ -129,8 +137,14 @@ class Incarnations(RuleBasedStateMachine):
         tid, count = self.live
         self.source[-1] = (tid, count + n)
 
+    @precondition(lambda self: not self.fetched_after_recreate)
     @rule(n=st.integers(0, 12))
     def recreate(self, n: int) -> None:
+        # Not again while records fetched after the last recreate wait to be named: with
+        # two, the middle topic's records fetched without offsets going back cannot be
+        # told from the first topic's once the second makes them go back (a documented
+        # limit; test_incarnation_ids.py keeps it as a strict xfail).
+        self.recreated = True
         tid = f"I{len(self.source)}"
         self.source.append((tid, n))
         self.admin.id = tid
@@ -149,6 +163,7 @@ class Incarnations(RuleBasedStateMachine):
         msgs = [FakeMessage(Record(o, 1_700_000_000_000 + o, None, f"{tid}:{o}".encode()))
                 for o in range(self.pos, hi)]
         w.append(msgs, now=0.0)
+        self.fetched_after_recreate = self.fetched_after_recreate or self.recreated
         self.fetched.setdefault(tid, set()).update(range(self.pos, hi))
         self.pos = hi
 
@@ -171,18 +186,29 @@ class Incarnations(RuleBasedStateMachine):
             self.fetched = {str(cid): {o for o in self.fetched.get(str(cid), set())
                                        if o < offset}}
         live = self.admin.id
+        _, count = self.live
         expected: int | None = None
-        if self.commit is not None and self.commit[1] in (live, None):
-            expected = self.commit[0]
+        tp = TopicPartition("t", 0, OFFSET_INVALID)
+        if self.commit is not None:
+            offset, cid = self.commit
+            tp = own_incarnation(TopicPartition("t", 0, offset,
+                                                commit_metadata(offset, offset, cid)), live)
+        if tp.offset >= 0:
+            expected = tp.offset
         else:
-            ref = PartitionRef("data", "r1", "t", 0)
+            # No commit of the live topic: where the bucket says, else start = "latest".
             probe = TopicMetadataPublisher(
                 ["t"], self.admin, self.store, prefix="data", region="r1",
                 metrics=EgressMetrics(Metrics()), wall=lambda: NOW,
                 retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
                 interval=timedelta(minutes=1))
-            start = probe.archived_start(ref, live)
-            expected = start if isinstance(start, int) else None
+            start = probe.archived_start(PartitionRef("data", "r1", "t", 0), live)
+            if isinstance(start, int):
+                expected = start
+            elif start is None:
+                expected = count                  # the end of the log
+                if not any(SegmentKey.try_parse(k) for k in self.h.final_keys()):
+                    self.seeded_at[str(live)] = count   # nothing archived: a seeding
         self.commit = None if expected is None else (expected, live)
         self._start(expected)
 
@@ -244,7 +270,8 @@ class Incarnations(RuleBasedStateMachine):
                       for t in created[:-1])
         assert missing <= self.lost + float(self.h.writer.metrics.lost._value.get())
         live, count = self.live
-        assert set(archived.get(live, {})) == set(range(count)), "the live topic in full"
+        assert set(archived.get(live, {})) == set(range(self.seeded_at.get(live, 0), count)), \
+            "the live topic in full"
         # Replay as ingress does: every archived record once, in incarnation order.
         out: list[bytes] = []
         label = chain.labels[0] if chain.labels else ""
