@@ -88,6 +88,11 @@ class WriterContext:
 
 
 
+ID_CHANGE_HOLD = 30.0
+"""Seconds a segment whose topic id changed under it waits for the reset that shows its
+records came before the change (``PartitionWriter._hold``)."""
+
+
 class IncarnationChanged(ReplicatorError):
     """The topic id when a segment is named is not its epoch's."""
 
@@ -178,6 +183,9 @@ class PartitionWriter:
         self.epoch = 0
         self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
         """The topic id of each epoch, once read (workers)."""
+        self.appends = 0
+        """Runs appended (poll thread): a segment held at naming watches it."""
+        self.hold_seconds = ID_CHANGE_HOLD
         self._switch_to: str | None = None
         """The id of a topic created again that the next rewind moves to (workers set it
         before the failure they report; the poll thread reads it at the rewind)."""
@@ -197,6 +205,7 @@ class PartitionWriter:
             # Rewinding: these are re-read after the seek to the failed segment's start.
             self.metrics.dropped.inc(len(msgs))
             return 0
+        self.appends += 1
         total = 0
         i, n = 0, len(msgs)
         limits = self.limits
@@ -681,8 +690,26 @@ class PartitionWriter:
         now = self._retry(lambda: inc.topic_id(self.ref.topic),
                           f"{self.name}: read the topic id again")
         if now is not None and now != topic_id:
-            raise IncarnationChanged(topic_id, now)
+            self._hold(seg, IncarnationChanged(topic_id, now))
         return topic_id, label
+
+    def _hold(self, seg: Segment, changed: IncarnationChanged) -> None:
+        """The topic was recreated and no reset came after the segment yet: wait for one
+        (up to ``hold_seconds``). The offsets going back (the usual case: the new log is
+        shorter) show where the topic changed, after this segment's records: they are its
+        epoch's topic's. Records fetched in the same epoch meanwhile, or no reset in time,
+        leave it undecidable: ``IncarnationChanged``.
+        """
+        seen = self.appends
+        deadline = self.ctx.clock() + self.hold_seconds
+        waited = 0.0
+        while self.epoch == seg.epoch:
+            if self.appends != seen or waited >= self.hold_seconds \
+                    or self.ctx.clock() > deadline:
+                raise changed
+            self._check_cancel()
+            self._sleep(0.05)
+            waited += 0.05
 
     def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
         """A segment whose records may be either topic's: dropped, reported as the earlier

@@ -95,6 +95,7 @@ class Incarnations(RuleBasedStateMachine):
             PartitionRef("data", "r1", "t", 0), self.h.limits, expected, ctx=self.h.ctx,
             metrics=self.h.m.for_partition("r1", "t", 0), commit=commit,
             topic_id=self.admin.id)
+        writer.hold_seconds = 0.1
 
         def recording(offset: int, next_segment: int | None = None, *, first: bool = False,
                       topic_id: str | None = None) -> None:

@@ -30,6 +30,9 @@ from tests.unit.egress.test_incarnation_orders import Admin, footer_id, publishe
 from tests.unit.egress.test_start_after_lost_commits import Admin as SourceAdmin
 from tests.unit.egress.test_start_after_lost_commits import Member
 
+HOLD = 0.2
+"""Seconds a segment whose topic changed under it waits for a reset (30 in service)."""
+
 
 def lost(h: Harness) -> float:
     return float(h.writer.metrics.lost._value.get())
@@ -43,8 +46,9 @@ def writer_with(admin: Admin) -> Harness:
     h0 = Harness()
     pub = publisher(admin, h0.store)
     h0.close()
-    return Harness(store=h0.store, first_positions=pub.record_first_position,
-                   incarnations=pub)
+    h = Harness(store=h0.store, first_positions=pub.record_first_position, incarnations=pub)
+    h.writer.hold_seconds = HOLD
+    return h
 
 
 def test_a_rewind_into_the_new_log_never_archives_its_records_as_the_earlier_topics(
@@ -93,6 +97,7 @@ def test_a_fetch_that_goes_on_into_the_new_topic_is_dropped_as_lost(
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
                                metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
                                topic_id="IdA")
+    h.writer.hold_seconds = HOLD
     try:
         h.writer.append(messages(records(range(3))), now=0.0)          # IdA's 0-2
         admin.id = "IdB"
@@ -238,6 +243,7 @@ def test_two_recreates_in_one_segment_without_a_reset_between() -> None:
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, 0, ctx=h.ctx,
                                metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
                                topic_id="IdA")
+    h.writer.hold_seconds = HOLD
     try:
         admin.id = "IdB"                             # its log reaches position 0
         h.writer.append(messages(records(range(5), size=7)), now=0.0)   # IdB's 0-4
