@@ -108,6 +108,7 @@ class Incarnations(Protocol):
     def topic_id(self, topic: str) -> str | None: ...
     def incarnation(self, topic: str, topic_id: str) -> str: ...
     def seal(self, ref: PartitionRef, start: int) -> None: ...
+    def has_incarnations(self, topic: str) -> bool: ...
 
 
 class FirstPositions(Protocol):
@@ -750,6 +751,13 @@ class PartitionWriter:
             raise RetriableError(f"{self.name}: the source topic has no id now (deleted?); "
                                  "the segment waits for it")
         if topic_id is None:
+            if self._retry(lambda: inc.has_incarnations(self.ref.topic),
+                           f"{self.name}: read the incarnations"):
+                # The documented shape is the first incarnation's: a topic with no id now
+                # (deleted, or a describe that gave none) must not write there.
+                del self._topic_ids[epoch]
+                raise RetriableError(f"{self.name}: the source topic has no id now while "
+                                     "_topic.json lists incarnations; the segment waits")
             return None, ""
         label = self._retry(lambda: inc.incarnation(self.ref.topic, topic_id),
                             f"{self.name}: record incarnation {topic_id}")

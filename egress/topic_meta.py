@@ -572,6 +572,27 @@ class TopicMetadataPublisher:
             self._labels[(topic, topic_id)] = inc.label
         return inc.label
 
+    def has_incarnations(self, topic: str) -> bool:
+        """Whether ``_topic.json`` (or ``_incarnations.json``) lists any incarnation of
+        ``topic`` (a writer that reads no id must then not use the documented shape).
+
+        Raises:
+            ReplicatorError: the objects could not be read.
+        """
+        with self._mutex:
+            if self._pinned.get(topic) or any(t == topic for t, _ in self._labels):
+                return True
+        key = topic_meta_key(self.prefix, self.region, topic)
+        try:
+            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+            meta: TopicMetadata | None = TopicMetadata.parse(data, where=key)
+        except ObjectNotFound:
+            meta = None
+        restored, _ = self._restore(topic, meta, fresh=True)
+        with self._mutex:
+            pinned = self._pinned.get(topic, ())
+        return bool(pinned or (restored is not None and restored.incarnations))
+
     def _with_id(self, topic: str, incarnations: tuple[Incarnation, ...], topic_id: str,
                  now: datetime) -> tuple[Incarnation, ...] | None:
         """``with_incarnation``, but the documented shape is never given to ``topic_id``

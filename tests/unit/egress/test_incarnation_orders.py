@@ -282,3 +282,19 @@ def test_seals_of_many_partitions_are_written_together() -> None:
     meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
     assert sorted(meta.incarnations[1].previous_ends) == list(range(16))
     assert store.meta_puts <= 2                       # the held one, then all the others
+
+
+def test_a_writer_that_reads_no_id_never_writes_the_first_incarnations_shape() -> None:
+    store = RecordingStore()
+    admin = Admin()
+    archive_a_then_b(store, admin)
+    admin.id = None                              # a describe that gives no id
+    pub = publisher(admin, store)                # a fresh process
+    h = Harness(store=store, first_positions=pub.record_first_position, incarnations=pub,
+                expected=10)
+    try:
+        segment(h, range(10, 15))
+        assert h.writer.failed is not None       # held back: rewinds and tries again
+    finally:
+        h.close()
+    assert not any(k.startswith("data/r1/t/0/0/00000000000000000010") for k in store.keys())  # noqa: SIM118
