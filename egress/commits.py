@@ -50,12 +50,38 @@ segments). Older readers see an offset with metadata that is not theirs and resu
 offset, as before."""
 
 
-def commit_metadata(offset: int, next_segment: int) -> str:
+TOPIC_ID = "topic-id="
+"""Commit metadata of a plain commit (no mark above): the id of the source topic whose
+records the commit covers. At assignment a commit naming another id than the live topic's
+is ignored (the topic was deleted and created again, and the commit is the earlier
+topic's: honoured, the new topic's records below it would never be archived). Commits with
+a mark carry no id, so an egress of an earlier release still reads their mark; an earlier
+release reads this one as a plain offset, as before."""
+
+
+def commit_metadata(offset: int, next_segment: int, topic_id: str | None = None) -> str:
     """The metadata committed with ``offset`` when the next segment starts at
-    ``next_segment`` (pure): empty when they are the same (every commit without skipped
-    records), so commits stay what they always were.
+    ``next_segment`` (pure): the skip mark when they differ, else the topic id when known
+    (``TOPIC_ID``), else empty.
     """
-    return "" if next_segment == offset else f"{NEXT_SEGMENT}{next_segment}"
+    if next_segment != offset:
+        return f"{NEXT_SEGMENT}{next_segment}"
+    return "" if topic_id is None else f"{TOPIC_ID}{topic_id}"
+
+
+def committed_topic_id(metadata: str) -> str | None:
+    """The topic id a commit's ``metadata`` names (pure; ``None``: none)."""
+    if not metadata.startswith(TOPIC_ID):
+        return None
+    return metadata.removeprefix(TOPIC_ID) or None
+
+
+def of_another_topic(metadata: str, live_id: str | None) -> bool:
+    """Whether a commit was made for another incarnation than the live topic ``live_id``
+    (pure): both ids known and different.
+    """
+    committed = committed_topic_id(metadata)
+    return committed is not None and live_id is not None and committed != live_id
 
 
 def started_here(metadata: str) -> bool:
@@ -88,7 +114,7 @@ class Commit(Protocol):
     """One partition's commit (``CommitService.committer``)."""
 
     def __call__(self, offset: int, next_segment: int | None = None, *,
-                 first: bool = False) -> None: ...
+                 first: bool = False, topic_id: str | None = None) -> None: ...
 
 
 class NotOwner(ReplicatorError):
@@ -123,9 +149,10 @@ class CommitService:
         self._owners[(topic, partition)] = generation
 
         def commit(offset: int, next_segment: int | None = None, *,
-                   first: bool = False) -> None:
+                   first: bool = False, topic_id: str | None = None) -> None:
             meta = FIRST_POSITION if first else \
-                commit_metadata(offset, offset if next_segment is None else next_segment)
+                commit_metadata(offset, offset if next_segment is None else next_segment,
+                                topic_id)
             done: Future[None] = Future()
             self._requests.put((topic, partition, offset, meta, generation, done))
             deadline = time.monotonic() + COMMIT_WAIT

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
-from egress.commits import CommitService, next_segment_start, started_here
+from egress.commits import CommitService, next_segment_start, of_another_topic, started_here
 from egress.encode_gate import EncodeGate
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
@@ -52,7 +52,13 @@ from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
 from replicator.core.errors import ReplicatorError
-from replicator.core.kafka import OFFSET_BEGINNING, Admin, Consumer, TopicPartition
+from replicator.core.kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_INVALID,
+    Admin,
+    Consumer,
+    TopicPartition,
+)
 from replicator.core.keys import PartitionRef
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.reachability import DependencyWatch, kafka_dependency, s3_dependency
@@ -79,6 +85,20 @@ def _default_retry() -> RetryPolicy:
     # one minute) while the other partitions keep flowing.
     return RetryPolicy(attempts=5, initial=timedelta(milliseconds=200),
                        maximum=timedelta(seconds=60))
+
+
+def own_incarnation(tp: TopicPartition, live_id: str | None) -> TopicPartition:
+    """``tp`` as a commit of the live topic: a commit whose metadata names another topic id
+    (``egress.commits.TOPIC_ID``: the topic was deleted and created again, and the commit
+    is the earlier topic's, which Kafka may keep or a member may have made after the
+    recreate) is no commit at all, so the new topic starts from where the bucket says
+    (its oldest record) instead of at the earlier topic's position.
+    """
+    if tp.offset < 0 or not of_another_topic(tp.metadata, live_id):
+        return tp
+    log.warning("%s[%d]: the committed offset %d is the earlier topic's (%s; the topic is "
+                "%s now): ignored", tp.topic, tp.partition, tp.offset, tp.metadata, live_id)
+    return TopicPartition(tp.topic, tp.partition, OFFSET_INVALID)
 
 
 class Egress:
@@ -364,7 +384,8 @@ class Egress:
             except ReplicatorError as e:
                 log.debug("heartbeat of %s: no positions or watermarks: %s", topic, e)
                 positions, highs = {}, {}
-            pool.submit(hb.write, topic, caught_up(writers, positions, highs))
+            ids = {p: t for p, w in writers.items() if (t := w.topic_id) is not None}
+            pool.submit(hb.write, topic, caught_up(writers, positions, highs), ids)
 
     def _export_groups(self, exporter: GroupExporter, topics: set[str]) -> None:
         try:
@@ -442,6 +463,7 @@ class Egress:
         # writer elsewhere that has not noticed it lost the partition) would make the
         # segment named from one offset hold records from another.
         topic_ids = self._topic_ids({tp.topic for tp in committed})
+        committed = [own_incarnation(tp, topic_ids.get(tp.topic)) for tp in committed]
         try:
             start, fixed, archived = self._start_positions(consumer, committed, topic_ids)
         except ReplicatorError as e:

@@ -114,11 +114,13 @@ class HeartbeatPublisher:
                 out.append(t)
         return out
 
-    def write(self, topic: str, partitions: Mapping[int, int]) -> None:
+    def write(self, topic: str, partitions: Mapping[int, int],
+              topic_ids: Mapping[int, str] | None = None) -> None:
         """Write one topic's heartbeat (a pool thread); a failure is logged and counted,
-        the next interval writes again.
+        the next interval writes again. ``topic_ids``: the incarnation of each position.
         """
-        hb = Heartbeat(topic, self.region, self.instance, self.wall(), dict(partitions))
+        ids = {p: t for p, t in (topic_ids or {}).items() if p in partitions}
+        hb = Heartbeat(topic, self.region, self.instance, self.wall(), dict(partitions), ids)
         key = heartbeat_key(self.prefix, self.region, topic, self.instance)
         try:
             self.store.put(key, hb.encode())

@@ -41,7 +41,7 @@ from formats.parquet import ENCODE_UNIT
 from formats.segment_io import SegmentUpload, largest_row_bytes, publish_segment
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
-from replicator.core.kafka import Message
+from replicator.core.kafka import OFFSET_BEGINNING, Message
 from replicator.core.keys import BASE_INCARNATION, PartitionRef, SegmentKey
 from replicator.core.queues import SerialQueue
 from replicator.core.retry import RetryPolicy, retry
@@ -88,12 +88,27 @@ class WriterContext:
 
 
 
+ID_CHANGE_HOLD = 30.0
+"""Seconds a segment whose topic id changed under it waits for the reset that shows its
+records came before the change (``PartitionWriter._hold``)."""
+
+
+class IncarnationChanged(ReplicatorError):
+    """The topic id when a segment is named is not its epoch's."""
+
+    def __init__(self, was: str, now: str) -> None:
+        super().__init__(f"topic id is {now}, was {was}")
+        self.was = was
+        self.now = now
+
+
 class Incarnations(Protocol):
     """``egress.topic_meta.TopicMetadataPublisher``: topic ids and their key locations."""
 
     def topic_id(self, topic: str) -> str | None: ...
     def incarnation(self, topic: str, topic_id: str) -> str: ...
     def seal(self, ref: PartitionRef, start: int) -> None: ...
+    def has_incarnations(self, topic: str) -> bool: ...
 
 
 class FirstPositions(Protocol):
@@ -127,7 +142,14 @@ class PartitionWriter:
     Incarnations: each segment belongs to an *epoch* of the writer, which a reset (the
     source partition's offsets went back: the topic was deleted and created again) moves
     on; the topic id of an epoch is read once, before the epoch's first segment is named,
-    so segments of the earlier topic still closing keep its id.
+    so segments of the earlier topic still closing keep its id. The id is read again when
+    each segment is named: a different one while no reset came after the segment means the
+    topic was deleted and created again while its records were fetched without offsets
+    going back (a fetch that went
+    on, a rewind into the new log), so which topic each came from cannot be told
+    (``IncarnationChanged``): the segment is dropped with an ERROR naming its range,
+    counted as lost, and the partition is read again from the new topic's oldest record
+    in a new epoch.
     """
 
     def __init__(self, ref: PartitionRef, limits: SegmentLimits, expected: int | None, *,
@@ -162,6 +184,17 @@ class PartitionWriter:
         self.epoch = 0
         self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
         """The topic id of each epoch, once read (workers)."""
+        self.appends = 0
+        """Runs appended (poll thread): a segment held at naming watches it."""
+        self.hold_seconds = ID_CHANGE_HOLD
+        self._switch_to: str | None = None
+        """The id of a topic created again that the next rewind moves to (workers set it
+        before the failure they report; the poll thread reads it at the rewind)."""
+
+    @property
+    def topic_id(self) -> str | None:
+        """The current epoch's topic id, once read (heartbeats)."""
+        return self._topic_ids.get(self.epoch)
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -173,6 +206,7 @@ class PartitionWriter:
             # Rewinding: these are re-read after the seek to the failed segment's start.
             self.metrics.dropped.inc(len(msgs))
             return 0
+        self.appends += 1
         total = 0
         i, n = 0, len(msgs)
         limits = self.limits
@@ -306,7 +340,8 @@ class PartitionWriter:
         if self.cancel.is_set() or self.broken.is_set():
             return
         try:
-            self._commit(position, start, first=first)
+            self._commit(position, start, first=first,
+                         topic_id=self._topic_ids.get(self.epoch))
         except NotOwner as e:
             log.info("%s: %s", self.name, e)
             return
@@ -333,6 +368,7 @@ class PartitionWriter:
                       "source partition was truncated or recreated; segments restart at %d",
                       self.name, first_offset, self.expected, decision.start)
             self.epoch += 1
+            self._read_epoch_id()
         seg = Segment(decision.start, now)
         seg.epoch = self.epoch
         self.segment = seg
@@ -362,6 +398,25 @@ class PartitionWriter:
                   self.name, position, log_start)
         self.close(CloseReason.RESET)
         self.epoch += 1
+        self._read_epoch_id()
+
+    def _read_epoch_id(self) -> None:
+        """The topic id of a new epoch, read when the reset is seen (poll thread): read
+        only when its first segment is named, a topic created once more meanwhile would
+        give this epoch's records the later topic's id and location. A failed read is
+        left to the naming (WARNING).
+        """
+        inc = self.ctx.incarnations
+        if inc is None:
+            return
+        try:
+            tid = inc.topic_id(self.ref.topic)
+        except ReplicatorError as e:
+            log.warning("%s: the topic id after the reset was not read (read when the "
+                        "segment is named): %s", self.name, e)
+            return
+        if tid is not None:
+            self._topic_ids[self.epoch] = tid
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):
@@ -435,7 +490,7 @@ class PartitionWriter:
     def rewind_offset(self) -> int:
         """Where the consumer must seek before ``rewind``: the failed segment's start."""
         assert self.failed is not None
-        return self.failed.start
+        return OFFSET_BEGINNING if self._switch_to is not None else self.failed.start
 
     def seek_failed(self, now: float) -> float:
         """The seek to ``rewind_offset`` failed: stay failed and wait before the next try.
@@ -456,6 +511,17 @@ class PartitionWriter:
         start = self.failed.start
         self.failed = None
         self.closing.clear()
+        switch, self._switch_to = self._switch_to, None
+        if switch is not None:
+            # The new topic from its oldest record, a new epoch of its id (never a resume
+            # of the earlier topic's positions).
+            self.epoch += 1
+            self._topic_ids[self.epoch] = switch
+            self.expected = self.next_offset = self.position = None
+            self.committed_offset = None
+            self.resumed = False
+            self.broken.clear()
+            return OFFSET_BEGINNING
         self.expected = start
         self.next_offset = start
         self.position = start
@@ -575,7 +641,7 @@ class PartitionWriter:
             return
         # Step 4: commit end + 1 (or past skipped records after it), synchronously.
         try:
-            self._commit(seg.commit_to, seg.end + 1)
+            self._commit(seg.commit_to, seg.end + 1, topic_id=topic_id)
         except NotOwner as e:
             # Revoked or lost between the check above and the commit: as above.
             log.warning("%s: segment %s is durable; %s", self.name, final, e)
@@ -613,7 +679,51 @@ class PartitionWriter:
             yield
 
     def _incarnation(self, seg: Segment) -> tuple[str | None, str]:
-        return self._incarnation_of(seg.epoch)
+        """The id and location of a segment being named: its epoch's, checked against the
+        id now (``IncarnationChanged`` when the topic was created again meanwhile).
+        """
+        topic_id, label = self._incarnation_of(seg.epoch)
+        inc = self.ctx.incarnations
+        if topic_id is None or inc is None or seg.epoch != self.epoch:
+            # A later epoch exists: the offsets went back after this segment's records,
+            # where the topic changed; they are its epoch's topic's.
+            return topic_id, label
+        now = self._retry(lambda: inc.topic_id(self.ref.topic),
+                          f"{self.name}: read the topic id again")
+        if now is not None and now != topic_id:
+            self._hold(seg, IncarnationChanged(topic_id, now))
+        return topic_id, label
+
+    def _hold(self, seg: Segment, changed: IncarnationChanged) -> None:
+        """The topic was recreated and no reset came after the segment yet: wait for one
+        (up to ``hold_seconds``). The offsets going back (the usual case: the new log is
+        shorter) show where the topic changed, after this segment's records: they are its
+        epoch's topic's. Records fetched in the same epoch meanwhile, or no reset in time,
+        leave it undecidable: ``IncarnationChanged``.
+        """
+        seen = self.appends
+        deadline = self.ctx.clock() + self.hold_seconds
+        waited = 0.0
+        while self.epoch == seg.epoch:
+            if self.appends != seen or waited >= self.hold_seconds \
+                    or self.ctx.clock() > deadline:
+                raise changed
+            self._check_cancel()
+            self._sleep(0.05)
+            waited += 0.05
+
+    def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
+        """A segment whose records may be either topic's: dropped, reported as the earlier
+        topic's loss, and the partition read again from the new topic's oldest record.
+        """
+        log.error("%s: the source topic was deleted and created again (topic id %s, was %s) "
+                  "while offsets %d..%d (%d records) were fetched: which topic they came from "
+                  "cannot be told, so they are not archived as %s's; its records from %d on "
+                  "are lost (the topic is deleted). Reading topic %s from its oldest record",
+                  self.name, e.now, e.was, seg.start, seg.end, seg.count, e.was, seg.start,
+                  e.now)
+        self.metrics.lost.inc(seg.count)
+        self._switch_to = e.now
 
     def _incarnation_of(self, epoch: int) -> tuple[str | None, str]:
         """The topic id of an epoch (read once per epoch) and its key location (worker
@@ -623,6 +733,13 @@ class PartitionWriter:
         inc = self.ctx.incarnations
         if inc is None:
             return None, ""
+        if epoch not in self._topic_ids and any(
+                e > epoch and t is not None for e, t in self._topic_ids.items()):
+            # Its id was never read (a failed describe at assignment) and a later epoch's
+            # was: the id now is the later topic's, never this epoch's.
+            now = self._topic_ids[max(self._topic_ids)]
+            assert now is not None
+            raise IncarnationChanged("an unknown id", now)
         if epoch not in self._topic_ids:
             self._topic_ids[epoch] = self._retry(
                 lambda: inc.topic_id(self.ref.topic), f"{self.name}: read the topic id")
@@ -634,6 +751,13 @@ class PartitionWriter:
             raise RetriableError(f"{self.name}: the source topic has no id now (deleted?); "
                                  "the segment waits for it")
         if topic_id is None:
+            if self._retry(lambda: inc.has_incarnations(self.ref.topic),
+                           f"{self.name}: read the incarnations"):
+                # The documented shape is the first incarnation's: a topic with no id now
+                # (deleted, or a describe that gave none) must not write there.
+                del self._topic_ids[epoch]
+                raise RetriableError(f"{self.name}: the source topic has no id now while "
+                                     "_topic.json lists incarnations; the segment waits")
             return None, ""
         label = self._retry(lambda: inc.incarnation(self.ref.topic, topic_id),
                             f"{self.name}: record incarnation {topic_id}")
@@ -672,6 +796,8 @@ class PartitionWriter:
         return retry(fn, self.ctx.retry_policy, what=what, sleep=self._sleep)
 
     def _fail(self, seg: Segment, step: str, error: BaseException) -> None:
+        if isinstance(error, IncarnationChanged) and seg.state is not SegmentState.FAILED:
+            self._switch(seg, error)
         self.broken.set()
         already = seg.state is SegmentState.FAILED
         seg.state = SegmentState.FAILED

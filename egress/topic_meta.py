@@ -10,6 +10,13 @@ It also lists the topic's incarnations (``incarnation``, ``seal``): a topic dele
 created again has a new Kafka topic id, and its segments go to a location of their own
 (``replicator.core.keys``), so no incarnation ever overwrites another's segments.
 
+The incarnations are also kept in ``_incarnations.json`` (``egress.incarnation_chain``),
+written before ``_topic.json`` names a new incarnation or a seal, and merged back into every
+``_topic.json`` this writer reads: an egress of an earlier release that rewrote the file
+without them cannot make the live topic take the first one's key shape. The topic id is
+recorded at start, when a topic is first selected and whenever ``check`` finds a new one,
+not only when a segment is named: an idle topic recreated later is a later incarnation.
+
 Several egress members write the same object, so every write is a read-modify-write with a
 conditional put (``If-Match`` on the ETag read, ``If-None-Match`` when there is none), read
 again when another member wrote in between. First positions are never changed once
@@ -25,6 +32,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
+from egress.incarnation_chain import ChainStore, merge
 from egress.metrics import EgressMetrics
 from replicator.core.clock import Clock
 from replicator.core.errors import (
@@ -77,6 +85,17 @@ def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: 
     return (*incarnations, Incarnation(topic_id, label, created_at=now))
 
 
+def with_count(incarnations: tuple[Incarnation, ...], topic_id: str, partitions: int
+               ) -> tuple[Incarnation, ...]:
+    """``incarnations`` with ``topic_id``'s partition count raised to ``partitions`` (pure;
+    a count only grows within an incarnation, so a count read with a stale id never
+    lowers the earlier topic's).
+    """
+    return tuple(dataclasses.replace(i, partitions=max(i.partitions or 0, partitions))
+                 if i.topic_id == topic_id and (i.partitions or 0) < partitions else i
+                 for i in incarnations)
+
+
 def at_start(cur: TopicMetadata | None, partitions: int) -> int:
     """``partitions_at_start`` of a rewritten ``_topic.json`` (pure): kept once written;
     the count now for a new file; for a file an egress wrote without it, the count that
@@ -85,6 +104,18 @@ def at_start(cur: TopicMetadata | None, partitions: int) -> int:
     if cur is None:
         return partitions
     return cur.partitions_at_start if cur.partitions_at_start is not None else cur.partitions
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seal:
+    """One partition's seal waiting to be written (``TopicMetadataPublisher.seal``)."""
+
+    labels: tuple[str, ...]
+    """The chain up to the sealed incarnation, as read (must still hold when written)."""
+    partition: int
+    start: int
+    ends: dict[int, int | None]
+    """Chain index -> the end of its predecessor's segments of the partition."""
 
 
 class TopicMetadataPublisher:
@@ -126,6 +157,11 @@ class TopicMetadataPublisher:
         self._labels: dict[tuple[str, str], str] = {}
         """(topic, topic id) -> label of incarnations known to be in ``_topic.json``."""
         self._sealed: set[tuple[str, str, int]] = set()
+        self._pending_seals: dict[str, dict[tuple[str, str, int], _Seal]] = {}
+        self._chains = ChainStore(store, prefix=prefix, region=region,
+                                  retry_policy=retry_policy)
+        self._pinned: dict[str, tuple[Incarnation, ...]] = {}
+        """The chain known to be in each ``_incarnations.json``."""
 
     def set_topics(self, topics: Iterable[str]) -> None:
         """Follow the selection: new topics get their ``_topic.json`` at the next check;
@@ -157,23 +193,33 @@ class TopicMetadataPublisher:
                     if n is None:
                         log.warning("%s: source topic does not exist (yet)", topic)
                         continue
-                    if self._partition_counts.get(topic) == n:
+                    tid = self._id_for_check(topic)
+                    with self._mutex:
+                        id_known = tid is None or (topic, tid) in self._labels
+                    if self._partition_counts.get(topic) == n and id_known \
+                            and not self._chain_dropped(topic):
                         continue
                     configs = self.admin.topic_config(topic)
                     key = topic_meta_key(self.prefix, self.region, topic)
                     now = self.wall()
 
                     def change(cur: TopicMetadata | None, topic: str = topic, n: int = n,
-                               configs: dict[str, str] = configs,
-                               now: datetime = now) -> TopicMetadata:
+                               configs: dict[str, str] = configs, now: datetime = now,
+                               tid: str | None = tid) -> TopicMetadata:
                         first = cur.first_positions if cur is not None else None
+                        incs = cur.incarnations if cur is not None else ()
+                        if tid is not None:
+                            incs = self._with_id(topic, incs, tid, now) or incs
+                            if cur is not None and len(incs) > max(1, len(cur.incarnations)):
+                                # The file's count is the earlier topic's (a new id).
+                                incs = with_count(incs, incs[-2].topic_id, cur.partitions)
+                            incs = with_count(incs, tid, n)
                         return dataclasses.replace(
                             TopicMetadata.of(topic, self.region, n, configs, now,
                                              first if first is not None else {}),
-                            incarnations=cur.incarnations if cur is not None else (),
-                            partitions_at_start=at_start(cur, n))
+                            incarnations=incs, partitions_at_start=at_start(cur, n))
 
-                    self._update(topic, change)
+                    self._update(topic, change, fresh_chain=not id_known)
                 except ReplicatorError as e:
                     log.warning("%s: _topic.json not updated, trying again in %s: %s", topic,
                                 self.interval, e)
@@ -184,14 +230,88 @@ class TopicMetadataPublisher:
                 log.info("%s: wrote %s (%d partitions%s)", topic, key, n,
                          "" if old is None else f", was {old}")
 
+    def _chain_dropped(self, topic: str) -> bool:
+        """Whether ``_topic.json`` lacks incarnations this process pinned (an egress of an
+        earlier release rewrote it): ``check`` then writes it again at once, so ingress
+        does not wait for this process's next write to see the chain. One GET per check
+        of a topic with incarnations.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` could not be read.
+        """
+        with self._mutex:
+            pinned = self._pinned.get(topic, ())
+        if not pinned:
+            return False
+        key = topic_meta_key(self.prefix, self.region, topic)
+        try:
+            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+        except ObjectNotFound:
+            return True
+        try:
+            meta = TopicMetadata.parse(data, where=key)
+        except TopicError:
+            return True
+        return any(meta.incarnation(i.topic_id) is None for i in pinned)
+
+    def _id_for_check(self, topic: str) -> str | None:
+        """The topic id ``check`` records (``None``: none, or the describe failed)."""
+        try:
+            return self.topic_id(topic)
+        except ReplicatorError as e:
+            log.warning("%s: topic id not read (read again at the next check and before "
+                        "a segment is named): %s", topic, e)
+            return None
+
     # --- read-modify-write ----------------------------------------------------------------
 
+    def _restore(self, topic: str, cur: TopicMetadata | None, *, fresh: bool
+                 ) -> tuple[TopicMetadata | None, bool]:
+        """``cur`` with the incarnations ``_incarnations.json`` keeps merged in (read again
+        when ``fresh`` or not read yet), and whether that changed it (an egress of an
+        earlier release rewrote ``_topic.json`` without them).
+        """
+        with self._mutex:
+            pinned = self._pinned.get(topic)
+        if fresh or pinned is None:
+            pinned, _ = self._chains.read(topic)
+            with self._mutex:
+                self._pinned[topic] = pinned
+        if cur is None or not pinned:
+            return cur, False
+        merged = merge(pinned, cur.incarnations)
+        if merged == cur.incarnations:
+            return cur, False
+        missing = [i.topic_id for i in pinned if cur.incarnation(i.topic_id) is None]
+        if missing:
+            log.warning("%s: _topic.json lacks incarnations %s that _incarnations.json keeps "
+                        "(rewritten by an egress of an earlier release?): restored", topic,
+                        ", ".join(missing))
+        return dataclasses.replace(cur, incarnations=merged), True
+
+    def _pin(self, topic: str, new: TopicMetadata) -> bool:
+        """Keep ``new``'s incarnations in ``_incarnations.json`` before ``_topic.json`` says
+        them; False when that object disagrees (another writer pinned another first id:
+        read everything again).
+        """
+        with self._mutex:
+            pinned = self._pinned.get(topic, ())
+        if not new.incarnations or merge(pinned, new.incarnations) == pinned:
+            return True
+        pinned = self._chains.pin(topic, new.incarnations)
+        with self._mutex:
+            self._pinned[topic] = pinned
+        labels = {i.topic_id: i.label for i in pinned}
+        return all(labels.get(i.topic_id) == i.label for i in new.incarnations)
+
     def _update(self, topic: str,
-                change: Callable[[TopicMetadata | None], TopicMetadata | None]
-                ) -> TopicMetadata | None:
+                change: Callable[[TopicMetadata | None], TopicMetadata | None], *,
+                fresh_chain: bool = False) -> TopicMetadata | None:
         """Apply ``change`` to the current ``_topic.json`` (``None``: there is none or it is
-        unreadable) and put the result conditionally; ``change`` returning ``None`` writes
-        nothing. Returns what the object holds afterwards (as far as this writer knows).
+        unreadable; its incarnations restored from ``_incarnations.json``) and put the
+        result conditionally, its incarnations kept in ``_incarnations.json`` first;
+        ``change`` returning ``None`` writes nothing (but a restore). Returns what the
+        object holds afterwards (as far as this writer knows).
 
         Raises:
             ReplicatorError: S3 failed (after retries), or other writers kept winning.
@@ -210,10 +330,19 @@ class TopicMetadataPublisher:
                 except TopicError as e:
                     log.warning("%s: replacing an unreadable %s: %s", topic, key, e)
                     current = None
+            current, restored = self._restore(topic, current, fresh=fresh_chain)
             new = change(current)
             if new is None:
-                self._remember(topic, current)
-                return current
+                if not restored:
+                    self._remember(topic, current)
+                    return current
+                new = current
+            assert new is not None
+            if not self._pin(topic, new):
+                log.info("%s: another writer pinned the incarnation chain; reading it again",
+                         topic)
+                fresh_chain = True
+                continue
             try:
                 self._put(key, new.encode(), etag_or_none)
             except (PreconditionFailed, ObjectNotFound):
@@ -235,6 +364,8 @@ class TopicMetadataPublisher:
         if meta is None:
             return
         with self._mutex:
+            for inc in meta.incarnations:
+                self._labels[(topic, inc.topic_id)] = inc.label
             if meta.partitions_at_start is not None:
                 self._at_start[topic] = meta.partitions_at_start
             if meta.first_positions is not None:
@@ -336,9 +467,10 @@ class TopicMetadataPublisher:
         * the offset after the highest end of its segments (all levels), or its recorded
           first position when no segment is there yet, for the topic's live incarnation;
         * ``"earliest"`` when the live topic is an incarnation the bucket has not archived
-          yet (the topic was deleted and created again: Kafka deletes its group offsets
-          with it): a new topic starts at its oldest record, never at a ``start`` meant
-          for seeding;
+          yet, or a later one listed in ``_topic.json`` (recorded by a check) without
+          anything of the partition archived (the topic was deleted and created again:
+          Kafka deletes its group offsets with it): a new topic starts at its oldest
+          record, never at a ``start`` meant for seeding;
         * ``None`` when nothing of the partition is archived (the topic's ``start``
           applies). Partitions of a new deployment cost no listing: ``_topic.json`` has
           no entry for them.
@@ -365,6 +497,12 @@ class TopicMetadataPublisher:
                 return "earliest"
             if inc.label != BASE_INCARNATION:
                 firsts, location = inc.first_positions, ref.of_incarnation(inc.label)
+                if ref.partition not in firsts:
+                    # A later incarnation (recorded at a check before any segment of it):
+                    # a topic created after egress started it, copied from its oldest
+                    # record; the partition starts its history there.
+                    end = self._highest_end(location)
+                    return "earliest" if end is None else end + 1
         first = None if firsts is None else firsts.get(ref.partition)
         if first is None and firsts is not None:
             return None
@@ -411,9 +549,12 @@ class TopicMetadataPublisher:
                 if cur is None:
                     raise StorageError(f"{topic}: _topic.json is not written yet; the "
                                        "incarnation waits for it")
-                incs = with_incarnation(cur.incarnations, topic_id, self.wall())
+                incs = self._with_id(topic, cur.incarnations, topic_id, self.wall())
                 if incs is None:
                     return None
+                if len(incs) > 1:
+                    # The file's count is the earlier topic's until a check sees the new one.
+                    incs = with_count(incs, incs[-2].topic_id, cur.partitions)
                 if cur.incarnations:
                     log.warning("%s: the source topic was deleted and created again (topic "
                                 "id %s, was %s): its segments go to their own location "
@@ -423,13 +564,61 @@ class TopicMetadataPublisher:
                     self.m.incarnations.labels(self.region, topic).inc()
                 return dataclasses.replace(cur, incarnations=incs, updated_at=self.wall())
 
-            meta = self._update(topic, add)
+            meta = self._update(topic, add, fresh_chain=True)
         inc = meta.incarnation(topic_id) if meta is not None else None
         if inc is None:
             raise StorageError(f"{topic}: incarnation {topic_id} not in _topic.json")
         with self._mutex:
             self._labels[(topic, topic_id)] = inc.label
         return inc.label
+
+    def has_incarnations(self, topic: str) -> bool:
+        """Whether ``_topic.json`` (or ``_incarnations.json``) lists any incarnation of
+        ``topic`` (a writer that reads no id must then not use the documented shape).
+
+        Raises:
+            ReplicatorError: the objects could not be read.
+        """
+        with self._mutex:
+            if self._pinned.get(topic) or any(t == topic for t, _ in self._labels):
+                return True
+        key = topic_meta_key(self.prefix, self.region, topic)
+        try:
+            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+            meta: TopicMetadata | None = TopicMetadata.parse(data, where=key)
+        except ObjectNotFound:
+            meta = None
+        restored, _ = self._restore(topic, meta, fresh=True)
+        with self._mutex:
+            pinned = self._pinned.get(topic, ())
+        return bool(pinned or (restored is not None and restored.incarnations))
+
+    def _with_id(self, topic: str, incarnations: tuple[Incarnation, ...], topic_id: str,
+                 now: datetime) -> tuple[Incarnation, ...] | None:
+        """``with_incarnation``, but the documented shape is never given to ``topic_id``
+        when no incarnation is recorded while the bucket says another id owns it (a
+        segment footer there names another id: that one is recorded first) or cannot
+        tell (later incarnations' segments exist, no footer names an id: the chain was
+        lost; nothing is named until it is restored, an ERROR says so).
+
+        Raises:
+            ReplicatorError: the bucket could not be read, or the chain was lost.
+        """
+        if not incarnations:
+            owner = self._chains.base_owner(topic)
+            if owner.topic_id is not None and owner.topic_id != topic_id:
+                log.warning("%s: segments at the documented shape are topic id %s's: it is "
+                            "recorded as the first incarnation, %s as a later one", topic,
+                            owner.topic_id, topic_id)
+                incarnations = (Incarnation(owner.topic_id, BASE_INCARNATION),)
+            elif owner.topic_id is None and owner.later:
+                log.error("%s: _topic.json and _incarnations.json list no incarnation, but "
+                          "%s/_incarnations/ holds segments of later ones: which topic id "
+                          "owns the documented shape is unknown, so no segment of %s is "
+                          "named until the chain is restored (docs/upgrades.md)", topic,
+                          topic, topic_id)
+                raise StorageError(f"{topic}: the incarnation chain was lost")
+        return with_incarnation(incarnations, topic_id, now)
 
     def seal(self, ref: PartitionRef, start: int) -> None:
         """Before the partition's first segment of a later incarnation is visible, record
@@ -450,7 +639,9 @@ class TopicMetadataPublisher:
                 return
         data = retry(lambda: self.store.get(topic_meta_key(ref.prefix, ref.region, ref.topic)),
                      self.retry_policy, what=f"get _topic.json of {ref.topic}")
-        cur = TopicMetadata.parse(data, where=f"_topic.json of {ref.topic}")
+        read = TopicMetadata.parse(data, where=f"_topic.json of {ref.topic}")
+        cur, _ = self._restore(ref.topic, read, fresh=False)
+        assert cur is not None
         labels = [i.label for i in cur.incarnations]
         if ref.incarnation not in labels or labels.index(ref.incarnation) == 0:
             raise StorageError(f"{ref}: incarnation {ref.incarnation} is not a later one in "
@@ -462,30 +653,56 @@ class TopicMetadataPublisher:
         ends = {n: self._highest_end(ref.of_incarnation(labels[n - 1]))
                 for n in range(1, rank + 1) if p not in cur.incarnations[n].previous_ends}
         if ends:
-            def add(c: TopicMetadata | None) -> TopicMetadata | None:
-                if c is None or [i.label for i in c.incarnations][:rank + 1] != \
-                        labels[:rank + 1]:
-                    raise StorageError(f"{ref.topic}: _topic.json changed its incarnations")
-                incs = list(c.incarnations)
-                changed = False
-                for n, end in ends.items():
-                    if p in incs[n].previous_ends:
-                        continue
-                    first = start if n == rank else 0
-                    incs[n] = dataclasses.replace(
-                        incs[n], previous_ends={**incs[n].previous_ends, p: end},
-                        first_positions={p: first, **incs[n].first_positions})
-                    changed = True
-                if not changed:
-                    return None
-                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
-
-            with self._topic_locks.setdefault(ref.topic, threading.Lock()):
-                self._update(ref.topic, add)
+            self._seal_batched(ref, _Seal(tuple(labels[:rank + 1]), p, start, ends))
             log.info("%s: the previous incarnation's segments end at %s; this one begins at "
                      "%d", ref, ends.get(rank, "(recorded already)"), start)
         with self._mutex:
             self._sealed.add(token)
+
+    def _seal_batched(self, ref: PartitionRef, seal: _Seal) -> None:
+        """Write one seal, with every other seal of the topic waiting in this process, in
+        one conditional put: members sealing many partitions at once after a recreate
+        would otherwise refuse each other's puts (each a read-modify-write of the one
+        ``_topic.json``) until some seal gives up.
+        """
+        topic = ref.topic
+        token = (topic, ref.incarnation, ref.partition)
+        with self._mutex:
+            self._pending_seals.setdefault(topic, {})[token] = seal
+        with self._topic_locks.setdefault(topic, threading.Lock()):
+            with self._mutex:
+                if token in self._sealed:
+                    return
+                pending = dict(self._pending_seals.get(topic, {}))
+
+            def add(c: TopicMetadata | None) -> TopicMetadata | None:
+                if c is None:
+                    raise StorageError(f"{topic}: _topic.json is gone")
+                have = tuple(i.label for i in c.incarnations)
+                incs = list(c.incarnations)
+                changed = False
+                for one in pending.values():
+                    if have[:len(one.labels)] != one.labels:
+                        raise StorageError(f"{topic}: _topic.json changed its incarnations")
+                    rank = len(one.labels) - 1
+                    for n, end in one.ends.items():
+                        if one.partition in incs[n].previous_ends:
+                            continue
+                        first = one.start if n == rank else 0
+                        incs[n] = dataclasses.replace(
+                            incs[n], previous_ends={**incs[n].previous_ends,
+                                                    one.partition: end},
+                            first_positions={one.partition: first, **incs[n].first_positions})
+                        changed = True
+                if not changed:
+                    return None
+                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
+
+            self._update(topic, add)
+            with self._mutex:
+                for t in pending:
+                    self._pending_seals.get(topic, {}).pop(t, None)
+                    self._sealed.add(t)
 
     def _highest_end(self, ref: PartitionRef) -> int | None:
         prefix = ref.segments_prefix()

@@ -31,6 +31,7 @@ from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
 from ingress.heartbeats import HeartbeatReader
+from ingress.incarnations import same_incarnation
 from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
@@ -400,7 +401,9 @@ class Ingress:
         for (region, topic, partition), w in list(self.workers.items()):
             beat = self.heartbeats.caught_up((region, topic), partition)
             position = w.position
-            if beat is not None and position is not None and position >= beat.position:
+            if beat is not None and position is not None and position >= beat.position \
+                    and same_incarnation(beat.topic_id, w.incarnations.topic_id(),
+                                         w.incarnations.live_id()):
                 w.freshness.heartbeat(beat.written_at)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

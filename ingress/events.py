@@ -21,7 +21,13 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import unquote_plus
 
-from replicator.core.keys import TOPIC_META_NAME, PartitionRef, SegmentKey, parse_heartbeat_key
+from replicator.core.keys import (
+    CHAIN_NAME,
+    TOPIC_META_NAME,
+    PartitionRef,
+    SegmentKey,
+    parse_heartbeat_key,
+)
 from replicator.core.wire import checkpoint_key, json_object
 
 EventKind = Literal["created", "removed"]
@@ -151,9 +157,10 @@ def _parse_record(rec: Any, bucket: str, prefix: str, sources: Container[tuple[s
 
 def _metadata_reason(key: str) -> str | None:
     """Why an object egress writes beside the segments is not an event: ``_topic.json``
-    (read by the topic check), a heartbeat (read by listing, ``ingress.heartbeats``).
+    (read by the topic check) and ``_incarnations.json`` (egress's copy of its chain), a
+    heartbeat (read by listing, ``ingress.heartbeats``).
     """
-    if key.endswith("/" + TOPIC_META_NAME):
+    if key.endswith(("/" + TOPIC_META_NAME, "/" + CHAIN_NAME)):
         return IGNORED_TOPIC_META
     if parse_heartbeat_key(key) is not None:
         return IGNORED_HEARTBEAT

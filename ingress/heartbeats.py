@@ -39,6 +39,8 @@ class CaughtUp:
 
     written_at: datetime
     position: int
+    topic_id: str | None = None
+    """The incarnation of ``position`` (``None``: an egress that does not say)."""
 
 
 def newest_per_partition(beats: Iterable[Heartbeat]) -> dict[int, CaughtUp]:
@@ -50,7 +52,7 @@ def newest_per_partition(beats: Iterable[Heartbeat]) -> dict[int, CaughtUp]:
         for p, pos in hb.caught_up.items():
             cur = out.get(p)
             if cur is None or hb.written_at > cur.written_at:
-                out[p] = CaughtUp(hb.written_at, pos)
+                out[p] = CaughtUp(hb.written_at, pos, hb.topic_ids.get(p))
     return out
 
 

@@ -53,10 +53,13 @@ class Chain:
         if meta is None or not meta.incarnations:
             return cls()
         incs = meta.incarnations
+        base = (meta.first_positions or {}).get(partition)
         return cls(tuple(i.label for i in incs), tuple(i.topic_id for i in incs),
                    tuple((partition in i.previous_ends, i.previous_ends.get(partition))
                          for i in incs),
-                   tuple(i.first_positions.get(partition) for i in incs))
+                   tuple(i.first_positions.get(partition,
+                                               base if i.label == BASE_INCARNATION else None)
+                         for i in incs))
 
     def rank(self, label: str) -> int | None:
         """The position of ``label`` in the chain (``None``: not listed)."""
@@ -86,7 +89,10 @@ def advance(label: str, position: int | None, chain: Chain, *,
     nothing yet) that ``chain`` allows (pure): while the next incarnation records the end
     of the current one for the partition and the position reached it, or the current one
     has no segments there (``end`` null), or nothing of it was replayed and none of its
-    segments is known (``has_segments`` False: no position to wait from).
+    segments is known (``has_segments`` False) while its first position there is not
+    recorded either (no position to wait from). With its first position recorded, a
+    worker without a checkpoint that sees a later incarnation first waits for the earlier
+    one's segments (S3 replication keeps no order) like for any gap.
     """
     moves: list[Move] = []
     r = chain.rank(label)
@@ -94,8 +100,10 @@ def advance(label: str, position: int | None, chain: Chain, *,
         recorded, end = chain.previous_ends[r + 1]
         if not recorded:
             break
-        if end is not None and ((position is None and has_segments)
-                                or (position is not None and position < end)):
+        begins = chain.firsts[r]
+        if end is not None and ((position is None and (
+                has_segments or (begins is not None and begins <= end)))
+                or (position is not None and position < end)):
             break
         first = chain.firsts[r + 1]
         nxt = chain.labels[r + 1]
@@ -103,6 +111,19 @@ def advance(label: str, position: int | None, chain: Chain, *,
         moves.append(Move(chain.labels[r], nxt, end, position))
         r += 1
     return moves
+
+
+def same_incarnation(beat_id: str | None, replayed_id: str | None, live_id: str | None
+                     ) -> bool:
+    """Whether an egress heartbeat's position (of topic id ``beat_id``) can vouch for a
+    replay of incarnation ``replayed_id`` (pure): a worker still in an earlier
+    incarnation is not fresh because the live topic is caught up. A heartbeat that names
+    no id (an earlier release) is taken as the live topic's (``live_id``); without
+    incarnations (``replayed_id`` unknown) any heartbeat counts, as before.
+    """
+    if replayed_id is None:
+        return True
+    return replayed_id == (live_id if beat_id is None else beat_id)
 
 
 def end_of(label: str, chain: Chain) -> int | None:
@@ -174,11 +195,57 @@ class IncarnationTracker:
     """
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, where: str, moved: object,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 lost: Callable[[int], None] = lambda n: None) -> None:
         self.lineage = Lineage(store, ref, monotonic)
         self.where = where
         self._moved = moved
+        self._lost = lost
         self.label = BASE_INCARNATION
+
+    def topic_id(self) -> str | None:
+        """The topic id of the incarnation replayed now (``None``: not known)."""
+        chain = self.lineage.chain
+        return None if chain.rank(self.label) is None else chain.topic_id(self.label)
+
+    def id_of(self, label: str) -> str | None:
+        """The topic id of ``label`` as last read (``None``: not listed)."""
+        chain = self.lineage.chain
+        return None if chain.rank(label) is None else chain.topic_id(label)
+
+    def live_id(self) -> str | None:
+        """The topic id of the live incarnation as last read (``None``: none listed)."""
+        ids = self.lineage.chain.ids
+        return ids[-1] if ids else None
+
+    def left_behind(self, usable: set[SegmentKey]) -> list[SegmentKey]:
+        """Segments of incarnations the worker has left (returned: replay no longer needs
+        them). One reaching past the end recorded for its incarnation arrived after egress
+        sealed it (a copy that finished late, a zombie member): its positions past that
+        end are never replayed, an ERROR names them and they are counted as lost.
+        """
+        chain = self.lineage.chain
+        here = chain.rank(self.label)
+        if not here:
+            return []
+        out = []
+        for s in sorted(usable, key=lambda k: (k.incarnation, k.start, k.end)):
+            r = chain.rank(s.incarnation)
+            if r is None or r >= here:
+                continue
+            out.append(s)
+            recorded, end = chain.previous_ends[r + 1]
+            last = end if recorded and end is not None else -1
+            if s.end <= last:
+                continue
+            lo = max(s.start, last + 1)
+            log.error("%s: segment %s of incarnation %s (topic id %s) arrived after the "
+                      "worker left it (replayed through %s, the end egress recorded): "
+                      "positions %d-%d (%d) of it are NOT replayed", self.where, s.to_key(),
+                      s.incarnation or "first", chain.topic_id(s.incarnation),
+                      "nothing" if last < 0 else last, lo, s.end, s.end - lo + 1)
+            self._lost(s.end - lo + 1)
+        return out
 
     def current(self, usable: set[SegmentKey], position: int | None
                 ) -> tuple[set[SegmentKey], int | None, int | None]:
@@ -202,6 +269,39 @@ class IncarnationTracker:
             self.label, position = move.entered, move.position
         mine = {s for s in usable if s.incarnation == self.label}
         return mine, position, end_of(self.label, chain)
+
+    def skip_to_newest(self, usable: set[SegmentKey]) -> int:
+        """``start = "latest"`` without a checkpoint, at the worker's first plan: move to
+        the newest incarnation listed that has segments in the bucket, skipping the earlier
+        ones' history (logged, counted as a move); returns the positions skipped (from
+        their segments here), 0 when there is nothing to skip.
+
+        Raises:
+            ReplicatorError: ``_topic.json`` cannot be read or parsed.
+        """
+        labels = {s.incarnation for s in usable}
+        if labels <= {self.label}:
+            return 0
+        chain = self.lineage.refresh(self.label, labels)
+        ranked = [x for x in labels if chain.rank(x) is not None]
+        here = chain.rank(self.label)
+        if not ranked:
+            return 0
+        target = max(ranked, key=lambda x: chain.rank(x) or 0)
+        top = chain.rank(target) or 0
+        if here is not None and top <= here:
+            return 0
+        skipped = 0
+        for x in ranked:
+            if (chain.rank(x) or 0) < top:
+                segs = [s for s in usable if s.incarnation == x]
+                skipped += max(s.end for s in segs) - min(s.start for s in segs) + 1
+        log.warning("%s: start = latest: incarnations before %s (topic id %s) are skipped "
+                    "(%d positions already in the bucket); its own history is skipped next",
+                    self.where, target or "first", chain.topic_id(target), skipped)
+        self._moved.inc()  # type: ignore[attr-defined]
+        self.label = target
+        return skipped
 
     def locations(self) -> tuple[str, list[str]]:
         """The current incarnation and the later ones (what a listing covers: read from

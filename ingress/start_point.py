@@ -14,6 +14,7 @@ from typing import Literal
 from formats.segment_io import read_footer
 from ingress.checkpoint_writer import CheckpointWriter
 from ingress.first_position import PENDING, FirstPosition
+from ingress.incarnations import IncarnationTracker
 from ingress.inventory import SegmentInventory
 from ingress.metrics import IngressMetrics
 from ingress.progress import Progress
@@ -84,6 +85,23 @@ class StartPoint:
                 return progress.position
             return first - 1
         return None
+
+    def latest_incarnation(self, tracker: IncarnationTracker, usable: set[SegmentKey]
+                           ) -> None:
+        """``start = "latest"`` without a checkpoint (before the incarnation is chosen):
+        the history of every incarnation in the bucket is skipped, not only the current
+        one's (``IncarnationTracker.skip_to_newest``); a decision delivered again (its
+        checkpoint not durable yet) returns to the incarnation it was made in.
+        """
+        if self.progress.position is not None or self.source.start != "latest":
+            return
+        decided = self.latest_decision
+        if isinstance(decided, SegmentKey):
+            tracker.label = decided.incarnation
+        elif self.latest_pending and usable:
+            skipped = tracker.skip_to_newest(usable)
+            if skipped:
+                self.metrics.messages_skipped.labels(**self.labels).inc(skipped)
 
     def _decide_latest(self, usable: set[SegmentKey]) -> None:
         """``start = "latest"`` without a checkpoint: decided at the worker's first plan,

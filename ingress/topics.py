@@ -9,6 +9,7 @@ When the broker refuses to grow it, the source is stopped with an error naming b
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -228,6 +229,9 @@ def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: Topi
                             src.region, src.topic)
                 st.warned_missing = time.monotonic()
             continue
+        # Every partition any incarnation had is replayed (a topic recreated with fewer
+        # partitions: the earlier one's higher partitions still have a tail to replay).
+        meta = dataclasses.replace(meta, partitions=meta.partitions_ever)
         by_dest.setdefault(src.destination, []).append((st, meta))
     for dest, items in by_dest.items():
         _ensure(admin, metrics, dest, items, align=align and len(items) == 1)

@@ -102,15 +102,18 @@ class ReplayWorker:
         labels = {"region": ref.region, "topic": ref.topic, "partition": str(ref.partition)}
         self._labels = labels
         self.freshness = PartitionFreshness(metrics, labels, clock)
-        self.declared_lost = DeclaredLost(ref, cfg.destination_topic, self.where, metrics,
-                                          labels)
+        self.declared_lost = DeclaredLost(
+            ref, cfg.destination_topic, self.where, metrics, labels,
+            current=lambda: self.incarnations.label,
+            topic_id_of=lambda label: self.incarnations.id_of(label))  # noqa: PLW0108 (later)
         self._m_checkpoint = metrics.checkpoint_offset.labels(**labels)
         self._m_waiting = metrics.segments_waiting.labels(**labels)
         self._m_first_waiting = metrics.first_position_waiting.labels(**labels)
         self.states = ReplayStates(self.where, self._entered)
         self.status = PartitionStatus(self.where, metrics, labels)
         self.incarnations = IncarnationTracker(
-            store, ref, self.where, metrics.topic_incarnations.labels(**labels))
+            store, ref, self.where, metrics.topic_incarnations.labels(**labels),
+            lost=metrics.messages_lost.labels(**labels).inc)
         self.progress = Progress(self.where, lambda: self.incarnations.label, self.freshness,
                                  metrics.messages_produced.labels(**labels).inc,
                                  lambda: self.status.refusal)
@@ -418,7 +421,7 @@ class ReplayWorker:
             self._m_checkpoint.set(cp.offset)
             self.freshness.resumed(cp.updated_at)
             if cp.lost is not None:
-                self.declared_lost.declared(*cp.lost)
+                self.declared_lost.declared(*cp.lost, cp.incarnation)
             if cp.refused is not None and self.status.refusal is None:
                 self.status.refusal = cp.refused    # replayed alone
         log.info("%s: replay starts after checkpoint %s (segment %s)", self.where,
@@ -491,7 +494,9 @@ class ReplayWorker:
         if self.replay.run is not None:
             return self.replay.cont()
         self._drain_inbox()
-        usable, until = self._incarnation(inventory.usable())
+        everything = inventory.usable()
+        self.start_point.latest_incarnation(self.incarnations, everything)
+        usable, until = self._incarnation(everything)
         self.start_point.report_below_origin(usable)
         now = self.clock()
         plan_from = self.start_point.plan_from(usable, now)
@@ -542,6 +547,7 @@ class ReplayWorker:
         """
         label = self.incarnations.label
         mine, position, until = self.incarnations.current(usable, self.position)
+        self.inventory.known.difference_update(self.incarnations.left_behind(usable))
         if self.incarnations.label != label:
             assert position is not None
             progress = self.progress

@@ -8,6 +8,8 @@
   incarnation ever overwrites or interleaves another's segments
 * temporary object: ``{temp_prefix}/{uuid}``
 * topic metadata: ``{prefix}/{region}/{topic}/_topic.json`` (its body: ``replicator.core.wire``)
+* the topic's incarnation chain, kept by egress beside ``_topic.json`` (its first entry
+  written once): ``{prefix}/{region}/{topic}/_incarnations.json``
 * exported consumer-group offsets: ``{prefix}/{region}/{topic}/_groups/{group}.json``, the
   group id percent-encoded (``replicator.core.wire.GroupExport``)
 * egress heartbeats: ``{prefix}/{region}/{topic}/_heartbeats/{instance}.json``, the egress
@@ -28,6 +30,7 @@ from replicator.core.errors import KeyFormatError
 MAX_OFFSET = 2**63 - 1
 OFFSET_DIGITS = 20
 TOPIC_META_NAME = "_topic.json"
+CHAIN_NAME = "_incarnations.json"
 GROUPS_DIR = "_groups"
 GROUP_EXPORT_SUFFIX = ".json"
 HEARTBEATS_DIR = "_heartbeats"
@@ -236,6 +239,13 @@ def region_prefix(prefix: str, region: str) -> str:
 def incarnations_prefix(prefix: str, region: str, topic: str) -> str:
     """Key prefix (ending in ``/``) under which a topic's later incarnations live."""
     return f"{topic_prefix(prefix, region, topic)}{INCARNATIONS_DIR}/"
+
+
+def chain_key(prefix: str, region: str, topic: str) -> str:
+    """Key of the topic's incarnation chain egress keeps beside ``_topic.json``
+    (``egress.incarnation_chain``).
+    """
+    return topic_prefix(prefix, region, topic) + CHAIN_NAME
 
 
 def topic_meta_key(prefix: str, region: str, topic: str) -> str:

@@ -96,6 +96,11 @@ class Incarnation:
     previous_ends: dict[int, int | None] = field(default_factory=dict)
     first_positions: dict[int, int] = field(default_factory=dict)
     created_at: datetime | None = None
+    partitions: int | None = None
+    """The most partitions egress saw this incarnation have (``None``: not recorded, an
+    egress of an earlier release). Ingress keeps a replay worker for every partition any
+    incarnation had: a topic recreated with fewer partitions still has the earlier one's
+    tail of its higher partitions to replay."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this entry."""
@@ -107,6 +112,8 @@ class Incarnation:
         }
         if self.created_at is not None:
             doc["created_at"] = rfc3339(self.created_at)
+        if self.partitions is not None:
+            doc["partitions"] = self.partitions
         return doc
 
     @classmethod
@@ -137,7 +144,10 @@ class Incarnation:
                 created = parse_rfc3339(doc["created_at"])
             except ValueError:
                 created = None
-        return cls(doc["topic_id"], doc["label"], ends, firsts, created)
+        count = doc.get("partitions")
+        partitions = count if isinstance(count, int) and not isinstance(count, bool) \
+            and count > 0 else None
+        return cls(doc["topic_id"], doc["label"], ends, firsts, created, partitions)
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,14 @@ class TopicMetadata:
         ``start`` (``partitions_at_start``).
         """
         return self.partitions_at_start is not None and partition >= self.partitions_at_start
+
+    @property
+    def partitions_ever(self) -> int:
+        """The most partitions the topic had in any incarnation recorded (``partitions``
+        when none is): what ingress replays and sizes the destination for.
+        """
+        counts = [i.partitions for i in self.incarnations if i.partitions is not None]
+        return max([self.partitions, *counts])
 
     @property
     def live(self) -> Incarnation | None:
@@ -555,14 +573,23 @@ class Heartbeat:
     instance: str
     written_at: datetime
     caught_up: dict[int, int]
+    topic_ids: dict[int, str] = field(default_factory=dict)
+    """Partition → the topic id (incarnation) its ``caught_up`` position belongs to, when
+    known: a position of one incarnation says nothing about a replay of another. Absent
+    for heartbeats of an earlier release."""
 
     def encode(self) -> bytes:
-        """The JSON body (keys: topic, region, instance, written_at, caught_up)."""
-        return json.dumps({
+        """The JSON body (keys: topic, region, instance, written_at, caught_up, and
+        topic_ids when known).
+        """
+        body: dict[str, Any] = {
             "topic": self.topic, "region": self.region, "instance": self.instance,
             "written_at": rfc3339(self.written_at),
             "caught_up": {str(p): o for p, o in sorted(self.caught_up.items())},
-        }, indent=2, sort_keys=True).encode("utf-8")
+        }
+        if self.topic_ids:
+            body["topic_ids"] = {str(p): t for p, t in sorted(self.topic_ids.items())}
+        return json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
 
     @classmethod
     def parse(cls, data: bytes, *, where: str) -> Heartbeat:
@@ -575,8 +602,12 @@ class Heartbeat:
         doc = json_object(data, where, if_null=f"{where} is empty")
         texts = _strings(doc, where, ("topic", "region", "instance", "written_at"))
         written = _time(texts, "written_at", where)
+        raw_ids = doc.get("topic_ids") or {}
+        ids = {int(p): t for p, t in raw_ids.items()
+               if isinstance(p, str) and p.isascii() and p.isdigit() and isinstance(t, str)} \
+            if isinstance(raw_ids, dict) else {}
         return cls(texts["topic"], texts["region"], texts["instance"], written,
-                   _partition_offsets(doc.get("caught_up", {}), where, "caught_up"))
+                   _partition_offsets(doc.get("caught_up", {}), where, "caught_up"), ids)
 
 
 def _partition_offsets(raw: object, where: str, name: str) -> dict[int, int]:

@@ -37,9 +37,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from replicator.core.errors import ReplicatorError
+from replicator.core.errors import KeyFormatError, ReplicatorError
 from replicator.core.kafka import read_to_end
-from replicator.core.keys import group_exports_prefix, parse_group_export_key
+from replicator.core.keys import (
+    group_exports_prefix,
+    incarnation_label,
+    parse_group_export_key,
+)
 from replicator.core.metrics import Metrics, build_info
 from replicator.core.offset_map import (
     MapPartition,
@@ -321,24 +325,51 @@ def export_incarnation(export: GroupExport, meta: TopicMetadata | None) -> str |
 
 def prunable(entries: Mapping[MapPartition, Sequence[OffsetMapEntry]],
              exports: Sequence[GroupExport]) -> list[tuple[MapPartition, int]]:
-    """Map entries no exported group can need: of each partition some exported group has
-    committed, those that end before the lowest of those commits, except the newest entry
-    (``(partition, src_first)`` pairs, for tombstones). Partitions no group committed keep
+    """Map entries no exported group can need: of each source incarnation of a partition
+    some exported group of that incarnation has committed, those that end before the
+    lowest of those commits, except that incarnation's newest entry (``(partition,
+    src_first)`` pairs, for tombstones). An incarnation's offsets say nothing about
+    another's (a recreated topic starts at 0 again), so entries are never weighed against
+    another incarnation's commits. Partitions, or incarnations, no group committed keep
     everything: a group may still be exported for them.
     """
-    lowest: dict[tuple[str, str, int], int] = {}
+    commits: dict[tuple[str, str, int], list[tuple[str | None, int]]] = defaultdict(list)
     for e in exports:
         for p, offset in e.offsets.items():
-            k = (e.region, e.topic, p)
-            lowest[k] = min(offset, lowest.get(k, offset))
+            commits[(e.region, e.topic, p)].append((e.topic_id, offset))
     out = []
     for part, items in entries.items():
-        low = lowest.get(part[:3])
-        if low is None:
+        found = commits.get(part[:3])
+        if not found:
             continue
-        ordered = sorted(items)
-        out += [(part, e.src_first) for e in ordered[:-1] if e.src_last < low]
+        by_label: dict[str, list[OffsetMapEntry]] = defaultdict(list)
+        for entry in items:
+            by_label[entry.source_incarnation].append(entry)
+        for label, group in by_label.items():
+            lows = [o for tid, o in found if _export_label(tid, set(by_label)) == label]
+            if not lows:
+                continue
+            low = min(lows)
+            ordered = sorted(group)
+            out += [(part, e.src_first) for e in ordered[:-1] if e.src_last < low]
     return sorted(out)
+
+
+def _export_label(topic_id: str | None, labels: set[str]) -> str | None:
+    """The map label an export's ``topic_id`` stands for among ``labels`` (pure): a later
+    incarnation's label is its id; an export without an id (an earlier release), or any
+    export while the map holds only the first one's entries, is the first one's
+    (``""``); any other id is unknown here
+    (``None``: it prunes nothing: the first incarnation's id is not in the map, and a
+    newer incarnation's entries may not be written yet).
+    """
+    if topic_id is None or labels == {""}:
+        return ""
+    try:
+        label = incarnation_label(topic_id)
+    except KeyFormatError:
+        return None
+    return label if label in labels and label != "" else None
 
 
 def sync(rows: Sequence[GroupRow], admin: GroupsAdmin) -> dict[str, int | ReplicatorError]:

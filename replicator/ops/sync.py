@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from replicator.core.errors import ObjectNotFound
 from replicator.core.keys import (
+    CHAIN_NAME,
     TOPIC_META_NAME,
     SegmentKey,
     parse_group_export_key,
@@ -62,10 +63,11 @@ def is_replicated_key(key: str, prefix: str) -> bool:
 
 
 def _rewritten(key: str) -> bool:
-    """Objects egress rewrites in place (``_topic.json``, exported group offsets,
-    heartbeats): copied when their ETag differs, never deleted by a sync.
+    """Objects egress rewrites in place (``_topic.json``, ``_incarnations.json``, exported
+    group offsets, heartbeats): copied when their ETag differs, never deleted by a sync.
     """
-    return key.endswith("/" + TOPIC_META_NAME) or parse_group_export_key(key) is not None \
+    return key.endswith(("/" + TOPIC_META_NAME, "/" + CHAIN_NAME)) \
+        or parse_group_export_key(key) is not None \
         or parse_heartbeat_key(key) is not None
 
 

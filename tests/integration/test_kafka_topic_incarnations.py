@@ -52,7 +52,8 @@ def destination(pipe: Pipeline) -> dict[int, list[bytes | None]]:
 def archive(pipe: Pipeline) -> dict[str, tuple[str, bytes]]:
     prefix = f"data/{SOURCE_REGION}/{pipe.topic}/"
     return {o.key: (o.etag, pipe.store.get(o.key)) for o in pipe.store.list(prefix)
-            if not o.key.endswith("_topic.json") and "/_groups/" not in o.key}
+            if not o.key.endswith(("_topic.json", "_incarnations.json"))
+            and "/_groups/" not in o.key}
 
 
 def test_a_recreated_source_topic_is_replayed_after_the_old_one(

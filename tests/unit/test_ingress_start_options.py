@@ -101,13 +101,6 @@ def test_first_position_waits_for_an_entry_that_is_only_late(delay: str) -> None
         h.stop()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "ingress/worker.py _start_latest skips only the history of the incarnation the worker "
-    "is in (the segments _incarnation() leaves in `usable`); once the position reaches the "
-    "end recorded for it, IncarnationTracker.current moves to the next incarnation at its "
-    "first position and replays that incarnation's whole history, although every segment of "
-    "it was in the bucket when the worker first started (start = latest promises only what "
-    "arrives afterwards: a destination that already holds that history gets it twice)"))
 def test_latest_skips_the_history_of_every_incarnation_in_the_bucket() -> None:
 
     h = latest(Harness())

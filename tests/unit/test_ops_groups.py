@@ -271,3 +271,25 @@ def test_offsets_of_one_source_incarnation_never_use_anothers_map() -> None:
     assert (row.state, row.commit) == (UNMAPPED, None)
     row = run(replace(export({0: 30}), topic_id="A"), Checkpoint(80, "seg", NOW))
     assert (row.translated, row.state) == (30, TO_SYNC)
+
+
+def test_prune_never_weighs_one_incarnations_entries_against_anothers_commits() -> None:
+    from datetime import UTC, datetime
+
+    from replicator.core.offset_map import OffsetMapEntry, live_entries, of_source, translate
+    from replicator.core.wire import GroupExport
+    from replicator.ops.groups import prunable
+    part = ("r1", "t", 0, "t")
+    first = [OffsetMapEntry(0, 99, 0, 100, from_origin=True),
+             OffsetMapEntry(100, 999, 100, 900), OffsetMapEntry(1000, 1999, 1000, 1000)]
+    later = [OffsetMapEntry(0, 149, 2000, 150, from_origin=True, source_incarnation="IdB"),
+             OffsetMapEntry(150, 299, 2150, 150, source_incarnation="IdB")]
+    visible = {e.src_first: e for e in first + later}   # compacted: IdB's 0 replaced
+    entries = {part: sorted(visible.values())}
+    export = GroupExport("g", "t", "r1", {0: 300}, datetime(2026, 1, 1, tzinfo=UTC),
+                         topic_id="IdB")
+    gone = prunable(entries, [export])
+    left = [e for e in entries[part] if (part, e.src_first) not in gone]
+    assert translate(live_entries(of_source(left, "IdB"), None), 300, 300).offset == 2300
+    assert (part, 0) in gone and (part, 150) not in gone   # IdB's below 300, newest kept
+    assert (part, 100) not in gone and (part, 1000) not in gone   # the first's untouched

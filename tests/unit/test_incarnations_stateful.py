@@ -1,0 +1,297 @@
+"""Topic incarnations over orders of events (Hypothesis stateful): a source partition
+deleted and created again any number of times, with any number of records, while egress
+fetches (a fetch that goes on into the new log, or a reset when it went back), fails a
+copy and rewinds, restarts from its commit (of which topic?), and an egress of the release
+before incarnations rewrites ``_topic.json`` without them.
+
+Invariants (docs/architecture.md, "Topic incarnations"):
+
+* no archived object is ever overwritten;
+* every segment holds one incarnation's records, at their own offsets, in the location the
+  chain gives that incarnation (its footer names it);
+* every record egress fetched is archived, or counted lost (``egress_source_lost_messages
+  _total``, logged at ERROR with its range); the live topic is archived in full;
+* replaying the chain as ingress does (``ingress.incarnations.advance``) delivers every
+  archived record once, incarnation after incarnation in the order they were created,
+  each in offset order.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from egress.commits import commit_metadata
+from egress.controller import own_incarnation
+from egress.metrics import EgressMetrics
+from egress.partition_writer import PartitionWriter
+from egress.rotation import CloseReason
+from egress.topic_meta import TopicMetadataPublisher
+from formats.records import Record
+from formats.segment_io import open_segment
+from ingress.incarnations import Chain, advance
+from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
+from replicator.core.keys import PartitionRef, SegmentKey
+from replicator.core.metrics import Metrics
+from replicator.core.retry import RetryPolicy
+from replicator.core.wire import TopicMetadata
+from tests.unit.egress.fakes import FakeMessage, Harness, RecordingStore
+
+TOPIC_JSON = "data/r1/t/_topic.json"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Admin:
+    def __init__(self) -> None:
+        self.id: str | None = "I0"
+
+    def partition_count(self, topic: str) -> int | None:
+        return 1
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        return {}
+
+    def topic_id(self, topic: str) -> str | None:
+        return self.id
+
+
+class Incarnations(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = RecordingStore()
+        self.admin = Admin()
+        self.source: list[tuple[str, int]] = [("I0", 0)]
+        """(topic id, records) of each incarnation, in creation order; the last is live."""
+        self.fetched: dict[str, set[int]] = {}
+        self.seen: dict[str, bytes] = {}
+        self.lost = 0.0
+        self.commit: tuple[int, str | None] | None = None
+        self.harnesses: list[Harness] = []
+        self.recreated = False
+        self.fetched_after_recreate = False
+        self.seeded_at: dict[str, int] = {}
+        """Where ``start = "latest"`` seeded a topic (nothing archived before)."""
+        self._start(expected=None)
+
+    # --- egress process --------------------------------------------------------------
+
+    def _start(self, expected: int | None) -> None:
+        self.pub = TopicMetadataPublisher(
+            ["t"], self.admin, self.store, prefix="data", region="r1",
+            metrics=EgressMetrics(Metrics()), wall=lambda: NOW,
+            retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
+            interval=timedelta(minutes=1))
+        self.pub.check()
+        self.h = Harness(store=self.store, first_positions=self.pub.record_first_position,
+                         incarnations=self.pub, expected=expected)
+        self.harnesses.append(self.h)
+        commit = self.h._commit
+        # As the controller builds it: the topic id read at assignment.
+        writer = self.h.writer = PartitionWriter(
+            PartitionRef("data", "r1", "t", 0), self.h.limits, expected, ctx=self.h.ctx,
+            metrics=self.h.m.for_partition("r1", "t", 0), commit=commit,
+            topic_id=self.admin.id)
+        writer.hold_seconds = 0.1
+
+        def recording(offset: int, next_segment: int | None = None, *, first: bool = False,
+                      topic_id: str | None = None) -> None:
+            commit(offset, next_segment, first=first, topic_id=topic_id)
+            self.commit = (offset, topic_id)
+
+        writer._commit = recording
+        self.pos = 0 if expected is None else expected
+
+    def _stop(self) -> None:
+        self.lost += float(self.h.writer.metrics.lost._value.get())
+        self.h.close()
+
+    def _settle(self) -> None:
+        self.h.settle()
+        if self.h.writer.segment is None and not self.h.writer.closing:
+            self.recreated = self.fetched_after_recreate = False
+        w = self.h.writer
+        if w.failed is not None:
+            offset = w.rewind_offset()
+            w.rewind()
+            self.pos = 0 if offset == OFFSET_BEGINNING else offset
+        self._check_no_overwrite()
+
+    def _check_no_overwrite(self) -> None:
+        for k in self.h.final_keys():
+            if k.endswith("_topic.json"):
+                continue
+            data = self.store.get(k)
+            assert self.seen.setdefault(k, data) == data, f"{k} was overwritten"
+
+    @property
+    def live(self) -> tuple[str, int]:
+        return self.source[-1]
+
+    # --- rules -------------------------------------------------------------------------
+
+    @rule(n=st.integers(1, 8))
+    def produce(self, n: int) -> None:
+        tid, count = self.live
+        self.source[-1] = (tid, count + n)
+
+    @precondition(lambda self: not self.fetched_after_recreate)
+    @rule(n=st.integers(0, 12))
+    def recreate(self, n: int) -> None:
+        # Not again while records fetched after the last recreate wait to be named: with
+        # two, the middle topic's records fetched without offsets going back cannot be
+        # told from the first topic's once the second makes them go back (a documented
+        # limit; test_incarnation_ids.py keeps it as a strict xfail).
+        self.recreated = True
+        tid = f"I{len(self.source)}"
+        self.source.append((tid, n))
+        self.admin.id = tid
+
+    @rule(n=st.integers(1, 8))
+    def fetch(self, n: int) -> None:
+        tid, count = self.live
+        w = self.h.writer
+        if self.pos > count:
+            # The position is beyond the (new) log: the client reads on from its start.
+            w.position_left_the_log(self.pos, 0)
+            self.pos = 0
+        hi = min(count, self.pos + n)
+        if hi <= self.pos:
+            return
+        msgs = [FakeMessage(Record(o, 1_700_000_000_000 + o, None, f"{tid}:{o}".encode()))
+                for o in range(self.pos, hi)]
+        w.append(msgs, now=0.0)
+        self.fetched_after_recreate = self.fetched_after_recreate or self.recreated
+        self.fetched.setdefault(tid, set()).update(range(self.pos, hi))
+        self.pos = hi
+
+    @rule(fail=st.booleans())
+    def close_segment(self, fail: bool) -> None:
+        if fail:
+            self.store.fail["copy"] = 3
+        self.h.writer.close(CloseReason.AGE)
+        self._settle()
+        self.store.fail.pop("copy", None)
+
+    @rule()
+    def restart(self) -> None:
+        self._stop()
+        # What was fetched and not made durable is fetched again (or went with its topic).
+        if self.commit is None:
+            self.fetched = {}
+        else:
+            offset, cid = self.commit
+            self.fetched = {str(cid): {o for o in self.fetched.get(str(cid), set())
+                                       if o < offset}}
+        live = self.admin.id
+        _, count = self.live
+        expected: int | None = None
+        tp = TopicPartition("t", 0, OFFSET_INVALID)
+        if self.commit is not None:
+            offset, cid = self.commit
+            tp = own_incarnation(TopicPartition("t", 0, offset,
+                                                commit_metadata(offset, offset, cid)), live)
+        if tp.offset >= 0:
+            expected = tp.offset
+        else:
+            # No commit of the live topic: where the bucket says, else start = "latest".
+            probe = TopicMetadataPublisher(
+                ["t"], self.admin, self.store, prefix="data", region="r1",
+                metrics=EgressMetrics(Metrics()), wall=lambda: NOW,
+                retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
+                interval=timedelta(minutes=1))
+            start = probe.archived_start(PartitionRef("data", "r1", "t", 0), live)
+            if isinstance(start, int):
+                expected = start
+            elif start is None:
+                expected = count                  # the end of the log
+                if not any(SegmentKey.try_parse(k) for k in self.h.final_keys()):
+                    self.seeded_at[str(live)] = count   # nothing archived: a seeding
+        self.commit = None if expected is None else (expected, live)
+        self._start(expected)
+
+    @precondition(lambda self: TOPIC_JSON in self.store.keys())  # noqa: SIM118
+    @rule()
+    def earlier_release_rewrites_topic_json(self) -> None:
+        doc = json.loads(self.store.get(TOPIC_JSON))
+        for k in ("incarnations", "topic_id", "partitions_at_start"):
+            doc.pop(k, None)
+        self.store.put(TOPIC_JSON, json.dumps(doc).encode())
+
+    # --- the end: drain, then the invariants -------------------------------------------
+
+    def teardown(self) -> None:
+        try:
+            self._drain()
+            self._check()
+        finally:
+            self._stop()
+
+    def _drain(self) -> None:
+        for _ in range(20):
+            self._settle()
+            _, count = self.live
+            if self.pos == count and self.h.writer.segment is None \
+                    and self.h.writer.failed is None:
+                break
+            self.fetch(count + 1)
+            self.close_segment(False)
+        self.pub.check()
+
+    def _check(self) -> None:
+        self._check_no_overwrite()
+        meta = TopicMetadata.parse(self.store.get(TOPIC_JSON), where="_topic.json")
+        chain = Chain.of(meta, 0)
+        id_of = dict(zip(chain.labels, chain.ids, strict=True))
+        archived: dict[str, dict[int, bytes]] = {}
+        by_label: dict[str, list[tuple[int, bytes]]] = {}
+        for k in self.h.final_keys():
+            key = SegmentKey.try_parse(k)
+            if key is None:
+                continue
+            tid = id_of.get(key.incarnation)
+            with open_segment(self.store, key) as r:
+                assert r.metadata.topic_id == tid, (k, r.metadata.topic_id, tid)
+                rows: list[tuple[int, bytes]] = []
+                for b in r.iter_batches(10_000):
+                    rows += zip(b.column("offset").to_pylist(), b.column("value").to_pylist(),
+                                strict=True)
+            for o, v in rows:
+                assert v == f"{tid}:{o}".encode(), (k, o, v)      # its own records
+                archived.setdefault(str(tid), {})[o] = v
+            by_label.setdefault(key.incarnation, []).extend(rows)
+        created = [tid for tid, _ in self.source]
+        listed = [i for i in chain.ids]
+        assert listed == [t for t in created if t in listed], (listed, created)
+        # Fetched and not archived: reported lost (an upper bound).
+        missing = sum(len(self.fetched.get(t, set()) - set(archived.get(t, {})))
+                      for t in created[:-1])
+        assert missing <= self.lost + float(self.h.writer.metrics.lost._value.get())
+        live, count = self.live
+        assert set(archived.get(live, {})) == set(range(self.seeded_at.get(live, 0), count)), \
+            "the live topic in full"
+        # Replay as ingress does: every archived record once, in incarnation order.
+        out: list[bytes] = []
+        label = chain.labels[0] if chain.labels else ""
+        position: int | None = None
+        for _ in range(len(chain.labels) + 1):
+            rows = sorted(set(by_label.get(label, [])))
+            for o, v in rows:
+                if position is None or o > position:
+                    out.append(v)
+                    position = o
+            moves = advance(label, position, chain, has_segments=bool(rows))
+            if not moves:
+                break
+            label, position = moves[0].entered, moves[0].position
+        expected = [v for t in listed for _, v in sorted(archived.get(t, {}).items())]
+        assert out == expected
+
+
+Incarnations.TestCase.settings = settings(
+    max_examples=20, stateful_step_count=20, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestIncarnations = Incarnations.TestCase
