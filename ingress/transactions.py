@@ -25,6 +25,7 @@ from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
 from ingress.ownership import TP, Ownership
+from ingress.replica_stall import CHECK_AFTER, CHECK_EVERY, ReplicaStallWatch
 from ingress.rows import Rows
 from ingress.sink import transaction_timeout_ms
 from ingress.throttle import ProduceThrottle, drain_all
@@ -41,6 +42,7 @@ from replicator.core.errors import (
     RetriableError,
 )
 from replicator.core.kafka import (
+    Admin,
     DeliveryReport,
     GroupMetadata,
     Producer,
@@ -102,6 +104,9 @@ class TransactionLoop:
             waiting): the linger ends as soon as that many batches wait, since no other
             can come. ``None``: only the linger's time ends it.
         name: the thread's name.
+        replica_watch: reports destination partitions below ``min.insync.replicas``
+            while a transaction's records stay unacknowledged (``ingress.replica_stall``);
+            default: one asking ``kafka_settings``'s cluster.
     """
 
     def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
@@ -113,8 +118,11 @@ class TransactionLoop:
                  limits: DestinationLimits | None = None,
                  linger: float = 0.0,
                  senders: Callable[[], int] | None = None,
-                 name: str = "transactions") -> None:
+                 name: str = "transactions",
+                 replica_watch: ReplicaStallWatch | None = None) -> None:
         self.name = name
+        self.replica_watch = replica_watch or ReplicaStallWatch(
+            lambda: Admin(kafka_settings, timeout=5.0), metrics.destination_stalled)
         self.kafka_settings = kafka_settings
         self.transactional_id = transactional_id
         self.checkpoint_topic = checkpoint_topic
@@ -342,6 +350,7 @@ class TransactionLoop:
             self._failed(p, keep, e)
             return
         self._backoff.reset()
+        self.replica_watch.clear(b.tp for b in keep)
         self.metrics.transactions.labels(outcome="committed").inc()
         with self._cond:
             self._apart -= {b.tp for b in keep}
@@ -386,12 +395,12 @@ class TransactionLoop:
         for chunks in self._rounds(keep):
             for b, lo, rows, ends in chunks:                            # Step 2
                 self._produce(p, b, rows, None if ends is None else shifted(ends, lo))
-            self._flush(p, "record(s)")                                 # Step 3
+            self._flush(p, "record(s)", keep)                           # Step 3
         for b in keep:                                                  # Step 4
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
         if self.offset_map is not None:
             self.offset_map.produce(keep, p.produce)
-        self._flush(p, "checkpoint record(s)")
+        self._flush(p, "checkpoint record(s)", keep)
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:
@@ -426,16 +435,24 @@ class TransactionLoop:
             lanes[b.tp] = n
         return rounds
 
-    def _flush(self, p: Producer, what: str) -> None:
+    def _flush(self, p: Producer, what: str, keep: list[Batch]) -> None:
         """Wait until everything produced is acknowledged, raising a failed delivery as
-        soon as it is reported (``_check_deliveries``), within ``timeout``.
+        soon as it is reported (``_check_deliveries``), within ``timeout``. While records
+        stay unacknowledged (``CHECK_AFTER``, then every ``CHECK_EVERY``), the batches'
+        destination partitions are checked for fewer in-sync replicas than
+        ``min.insync.replicas`` (``replica_watch``: ERROR and gauge).
         """
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
+        next_check = start + CHECK_AFTER
         while True:
             left = p.flush(max(0.0, min(FLUSH_SLICE, deadline - time.monotonic())))
             self._check_deliveries(p)
             if not left:
                 return
+            if time.monotonic() >= next_check:
+                self.replica_watch.check([b.tp for b in keep])
+                next_check = time.monotonic() + CHECK_EVERY
             if time.monotonic() >= deadline:
                 raise KafkaRetriableError(f"{left} {what} not acknowledged within "
                                           f"{self.timeout:.0f}s")

@@ -147,6 +147,19 @@ class Admin:
         return {name: len(t.partitions) for name, t in self._metadata().topics.items()
                 if t.error is None}
 
+    def partition_replicas(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Per partition of ``topic``: (its in-sync replicas, its replicas), from the
+        metadata of that topic alone. Empty for a topic the cluster does not have.
+        """
+        try:
+            md = self._admin.list_topics(topic=topic, timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"metadata of {topic}") from e
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            return {}
+        return {p: (len(m.isrs), len(m.replicas)) for p, m in t.partitions.items()}
+
     def cluster(self) -> ClusterInfo:
         """The cluster's id, controller and brokers (DescribeCluster)."""
         try:
