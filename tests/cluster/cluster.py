@@ -97,6 +97,15 @@ class KafkaCluster:
     workdir: Path
     home: Path = field(default_factory=kafka_home)
     nodes: list[Node] = field(default_factory=list)
+    _admin: Admin | None = None
+
+    @property
+    def admin(self) -> Admin:
+        """One admin client for the cluster's questions (a client per question, created and
+        destroyed while nodes are down, costs threads and connections)."""
+        if self._admin is None:
+            self._admin = Admin(self.kafka, timeout=10)
+        return self._admin
 
     @property
     def brokers(self) -> str:
@@ -182,7 +191,7 @@ class KafkaCluster:
     def live_brokers(self) -> set[int]:
         """The node ids the cluster's metadata shows as brokers now."""
         try:
-            return set(Admin(self.kafka, timeout=5).cluster().broker_ids)
+            return set(self.admin.cluster().broker_ids)
         except ReplicatorError:
             return set()
 
@@ -197,11 +206,11 @@ class KafkaCluster:
             time.sleep(0.3)
 
     def leader(self, topic: str, partition: int) -> int:
-        md = Admin(self.kafka, timeout=10)._admin.list_topics(topic=topic, timeout=10)
+        md = self.admin._admin.list_topics(topic=topic, timeout=10)
         return int(md.topics[topic].partitions[partition].leader)
 
     def isr(self, topic: str, partition: int) -> int:
-        return Admin(self.kafka, timeout=10).partition_replicas(topic)[partition][0]
+        return self.admin.partition_replicas(topic)[partition][0]
 
     def wait_isr(self, topic: str, partitions: int, size: int = NODES,
                  timeout: float = 90.0) -> None:
@@ -218,7 +227,7 @@ class KafkaCluster:
             time.sleep(0.3)
 
     def active_controller(self) -> int:
-        desc = Admin(self.kafka, timeout=10).cluster()
+        desc = self.admin.cluster()
         assert desc.controller_id is not None
         return desc.controller_id
 
