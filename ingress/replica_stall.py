@@ -90,7 +90,6 @@ class ReplicaStallWatch:
         self.gauge = gauge
         self.repeat = repeat
         self.clock = clock
-        self._min_isr: dict[str, int] = {}
         self._stalled: dict[tuple[str, int], float] = {}
         """Stalled partitions and when their ERROR was last logged."""
         self._since: dict[tuple[str, int], float] = {}
@@ -101,11 +100,10 @@ class ReplicaStallWatch:
         with self._lock:
             return sorted(self._stalled)
 
-    def _min(self, admin: ReplicaSource, topic: str) -> int:
-        if topic not in self._min_isr:
-            raw = admin.effective_topic_config(topic).get("min.insync.replicas", "1")
-            self._min_isr[topic] = int(raw)
-        return self._min_isr[topic]
+    @staticmethod
+    def _min(admin: ReplicaSource, topic: str) -> int:
+        # Asked each time (only while records stay unacknowledged): the setting may change.
+        return int(admin.effective_topic_config(topic).get("min.insync.replicas", "1"))
 
     def ask(self, partitions: Iterable[tuple[str, int]]) -> list[Replicas]:
         """How many replicas of each of ``partitions`` are in sync. A destination that

@@ -190,6 +190,7 @@ def scenario(flow: Flow, name: str, fault: Callable[[], None]) -> dict[str, Any]
                                   if r.levelno >= logging.ERROR}),
            "warning_lines": len([r for r in new_errors if r.levelno == logging.WARNING])}
     RESULTS[name] = out
+    print(f"\nCLUSTER-SCENARIO {name}: " + json.dumps(out, sort_keys=True), flush=True)
     return out
 
 

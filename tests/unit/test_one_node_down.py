@@ -122,3 +122,17 @@ def test_the_client_logger_downgrades_before_it_drops_repeats(
         CLIENT_LOG.error("%s", "FAIL " + NODE.replace("29093", "29193")
                          + "Connect to ipv4#127.0.0.1:29193 failed: Connection refused")
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
+
+
+def test_an_admin_question_without_an_answer_is_retriable_not_a_raw_timeout() -> None:
+    """Two of three nodes down: DescribeConfigs got no answer within the timeout. Was: the
+    future's bare TimeoutError escaped the seam and ended ingress's run loop (its topic
+    check catches ReplicatorError only)."""
+    from replicator.core.kafka import Admin
+    from replicator.core.settings import KafkaSettings
+
+    admin = Admin(KafkaSettings(brokers="127.0.0.1:1"), timeout=0.3)
+    for ask in (lambda: admin.effective_topic_config("t"), lambda: admin.topic_config("t"),
+                lambda: admin.alter_topic_config("t", {"retention.ms": "1"})):
+        with pytest.raises(KafkaRetriableError, match="no answer within"):
+            ask()

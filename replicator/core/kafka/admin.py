@@ -276,6 +276,9 @@ class Admin:
             if is_code(e, "UNKNOWN_TOPIC_OR_PART") or is_code(e, "UNKNOWN_TOPIC_ID"):
                 return None
             raise translate(e, f"describe topic {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe topic {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
 
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool:
@@ -319,6 +322,9 @@ class Admin:
             entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"describe configs of {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe configs of {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         return {k: v.value for k, v in entries.items()
                 if v.value is not None
                 and getattr(v.source, "value", v.source) in _TOPIC_LEVEL_SOURCES}
@@ -332,6 +338,9 @@ class Admin:
             entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"describe configs of {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe configs of {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         return {k: v.value for k, v in entries.items() if v.value is not None}
 
     def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None:
@@ -343,6 +352,9 @@ class Admin:
             self._admin.incremental_alter_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"alter configs of {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"alter configs of {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
 
     def delete_topics(self, topics: Sequence[str]) -> None:
         """Delete topics (missing ones are ignored)."""
@@ -445,6 +457,9 @@ class Admin:
                 request_timeout=self.timeout).result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, "list consumer groups") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"list consumer groups: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         return sorted(g.group_id for g in result.valid)
 
     def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
@@ -490,6 +505,9 @@ class Admin:
             return len(fut.result(timeout=self.timeout).members or [])
         except ck.KafkaException as e:
             raise translate(e, f"describe group {group!r}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe group {group!r}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
 
     def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Set ``group``'s committed offsets (the broker refuses while it has members).
@@ -520,6 +538,9 @@ class Admin:
             result = fut.result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"alter offsets of group {group!r}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"alter offsets of group {group!r}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         for tp in result.topic_partitions or []:
             if tp.error is not None:
                 raise classify(tp.error, f"alter offset of group {group!r} "
