@@ -28,6 +28,7 @@ import pytest
 
 from egress.controller import Egress
 from ingress.controller import Ingress
+from replicator.core.errors import KafkaRetriableError
 from replicator.core.kafka import Admin, Producer
 from tests.cluster.cluster import NODES, KafkaCluster, quorum_leader
 from tests.conftest import RECENT_MS
@@ -252,18 +253,24 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     refused. Ingress stalls with the ERROR and the gauge, loses nothing, resumes by itself
     once the node is back (the setting stays at 3 meanwhile)."""
     c, dest = flow.cluster, flow.pipe.dest_topic
-    admin = Admin(c.kafka)
+    admin = Admin(c.kafka, timeout=10)
     gauge = "ingress_destination_stalled"
 
     def stalled() -> float:
         return flow.ingress.metrics.total(gauge, reason="not_enough_replicas")
+
+    def set_min_isr(value: str) -> None:
+        # IncrementalAlterConfigs may first go to the dead node (the client's metadata
+        # still names it): asked again until a live node answers.
+        wait_for(lambda: _answered(lambda: admin.alter_topic_config(
+            dest, {"min.insync.replicas": value})), 90, f"min.insync.replicas={value}")
 
     def fault() -> None:
         victim = c.leader(dest, 1)
         c.kill(victim)
         wait_for(lambda: all(c.isr(dest, p) == 2 for p in range(PARTITIONS)), 60,
                  "the ISR to shrink")
-        admin.alter_topic_config(dest, {"min.insync.replicas": "3"})
+        set_min_isr("3")
         wait_for(lambda: stalled() >= 1, 90, "replicator_ingress_destination_stalled")
         c.restart(victim)
         wait_for(lambda: stalled() == 0, 120, "the stall to clear by itself")
@@ -272,8 +279,16 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
         out = scenario(flow, "destination below min.insync.replicas (NOT_ENOUGH_REPLICAS)",
                        fault)
     finally:
-        admin.alter_topic_config(dest, {"min.insync.replicas": "2"})
+        set_min_isr("2")
     assert any("NOT_ENOUGH_REPLICAS" in e and f"{dest}[" in e for e in out["error_lines"]), out
+
+
+def _answered(ask: Callable[[], None]) -> bool:
+    try:
+        ask()
+    except KafkaRetriableError:
+        return False
+    return True
 
 
 def test_two_of_three_nodes_down(flow: Flow) -> None:
