@@ -64,6 +64,19 @@ FLUSH_SLICE = 0.2
 a record refused for good puts the transaction in an abortable state in which the rest is
 never sent, so the flush would otherwise wait out its whole timeout (60 s) first."""
 
+SEND_OFFSETS_GRACE = 10.0
+"""Seconds beyond its own timeout ``send_offsets_to_transaction`` may take before the
+producer is abandoned (``_send_offsets``)."""
+
+
+class OffsetsHung(KafkaRetriableError):
+    """``send_offsets_to_transaction`` did not return within its timeout plus
+    ``SEND_OFFSETS_GRACE``: the producer is abandoned (never aborted: that call would wait
+    behind the hung one) and recreated; its open transaction is aborted by the new
+    producer's ``init_transactions`` (same ``transactional.id``).
+    """
+
+
 Chunk = tuple[Batch, int, Rows, "Callable[[int, DeliveryReport], None] | None"]
 """One produce call of a transaction: its batch, the index of its first record in the
 batch, its records, and the offset map's listener of the batch."""
@@ -567,7 +580,11 @@ class TransactionLoop:
             f"the transaction was refused by {', '.join(t for t, _ in others)}: {r}"))
 
     def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
-        if isinstance(e, ProducerFenced):
+        if isinstance(e, OffsetsHung):
+            log.error("%s; %d batch(es) are redone from their checkpoints", e, len(keep))
+            self.metrics.transactions.labels(outcome="aborted").inc()
+            self._drop_producer(e)
+        elif isinstance(e, ProducerFenced):
             # A transaction that outlived transaction.timeout.ms, or another live process
             # with this transactional.id: the producer cannot abort; recreate it.
             self.metrics.transactions.labels(outcome="fenced").inc()
@@ -597,8 +614,32 @@ class TransactionLoop:
             raise GenerationFenced(f"this process is in no generation of the placement "
                                    f"group (generation {generation}, member {member!r})")
         first = keep[0]
-        p.send_offsets_to_transaction([TopicPartition(first.topic, first.partition, 0)],
-                                      meta, self.timeout)
+        offsets = [TopicPartition(first.topic, first.partition, 0)]
+        # On its own thread, waited for with a deadline: librdkafka may never return from
+        # this call when the group coordinator moved (its coordinator-request timeout is
+        # not enforced; seen on a three-node cluster's rolling restart: ingress waited in
+        # silence until it was stopped).
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                p.send_offsets_to_transaction(offsets, meta, self.timeout)
+            except Exception as e:  # noqa: BLE001 - raised again on the transaction thread
+                failed.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"{self.name}-offsets", daemon=True).start()
+        limit = self.timeout + SEND_OFFSETS_GRACE
+        if not done.wait(limit):
+            raise OffsetsHung(f"transactions of {self.transactional_id}: sending the "
+                              f"placement group's offsets to the transaction did not return "
+                              f"within {limit:g}s (the group coordinator moved and the "
+                              f"client never found the new one); the producer is abandoned "
+                              f"and recreated")
+        if failed:
+            raise failed[0]
 
     def _abort(self, p: Producer, why: BaseException) -> None:
         try:

@@ -181,3 +181,42 @@ def test_the_alert_fires_while_a_partition_is_stalled_and_not_after(path: Path) 
     assert fires(expr, scrape(m.render().decode()), 0.0)
     w.clear([(T, 0)])
     assert not fires(expr, scrape(m.render().decode()), 0.0)
+
+
+def test_send_offsets_that_never_returns_abandons_the_producer_and_the_batch_is_redone(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """librdkafka's send_offsets_to_transaction may ignore its timeout when the group
+    coordinator moved (seen in tests/cluster's rolling restart: ingress waited in silence
+    for minutes). Now the loop waits its timeout plus a grace, logs one ERROR, abandons the
+    producer without calling it again, and the next producer commits the batch redone."""
+    monkeypatch.setattr(transactions, "SEND_OFFSETS_GRACE", 0.2)
+    h = Harness()
+    h.loop.timeout = 0.3
+    h.ownership.grant([(T, 0)])
+    release = threading.Event()
+    try:
+        h.loop.start()
+        hung = h.producer
+
+        def block() -> None:
+            release.wait(30)
+
+        hung.on_offsets = block
+        b0 = h.batch(0, 0, 3)
+        with caplog.at_level(logging.INFO, "ingress.transactions"):
+            h.loop.submit(b0)
+            err = h.outcome(b0)
+        assert isinstance(err, transactions.OffsetsHung)
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1 and "did not return within 0s" not in errors[0]
+        assert "the producer is abandoned and recreated" in errors[0]
+        assert h.log.count("abort") == 0           # the hung producer is not called again
+        again = h.batch(0, 0, 3)                   # the worker redoes it from its checkpoint
+        h.loop.submit(again)
+        assert h.outcome(again) is None
+        assert h.producer is not hung and h.producer.committed == [(T, 0, 0), (T, 0, 1),
+                                                                   (T, 0, 2)]
+        assert hung.committed == []
+    finally:
+        release.set()
+        h.loop.close()
