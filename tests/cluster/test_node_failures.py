@@ -255,7 +255,6 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     refused. Ingress stalls with the ERROR and the gauge, loses nothing, resumes by itself
     once the node is back (the setting stays at 3 meanwhile)."""
     c, dest = flow.cluster, flow.pipe.dest_topic
-    admin = Admin(c.kafka, timeout=10)
     gauge = "ingress_destination_stalled"
 
     def stalled() -> float:
@@ -264,7 +263,9 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     def set_min_isr(value: str) -> None:
         # IncrementalAlterConfigs may first go to the dead node (the client's metadata
         # still names it): asked again until a live node answers.
-        wait_for(lambda: _answered(lambda: admin.alter_topic_config(
+        # A new client per attempt: one whose metadata names the dead node as the
+        # controller keeps sending it there.
+        wait_for(lambda: _answered(lambda: Admin(c.kafka, timeout=10).alter_topic_config(
             dest, {"min.insync.replicas": value})), 90, f"min.insync.replicas={value}")
 
     def fault() -> None:
