@@ -649,8 +649,12 @@ class PartitionWriter:
             # The segment is durable; the next segment's commit covers this one. If the
             # partition moved to another member, it re-reads from the older commit and
             # writes an overlapping segment, which ingress tolerates.
-            log.error("%s: segment %s is durable but committing offset %d failed: %s",
-                      self.name, final, seg.commit_to, e)
+            # A retriable failure (the group coordinator moved: a node of the cluster
+            # restarting) is routine on a multi-node cluster: WARNING.
+            level = logging.WARNING if isinstance(e, RetriableError) else logging.ERROR
+            log.log(level, "%s: segment %s is durable but committing offset %d failed "
+                    "(the next segment's commit covers it): %s", self.name, final,
+                    seg.commit_to, e)
             self.metrics.commit_failures.inc()
         seg.state = SegmentState.COMMITTED
         self.metrics.segment_committed(str(seg.reason), seg.stored_bytes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ingress.replica_stall import stalled_gauge
 from replicator.core.metrics import Metrics, build_info
 
 PART = ("region", "topic", "partition")
@@ -59,6 +60,7 @@ class IngressMetrics:
     heartbeat_age: Any
     throttled: Any
     topic_incarnations: Any
+    destination_stalled: Any
     series_owners: dict[tuple[str, ...], object] = field(default_factory=dict)
     """Which ``PartitionFreshness`` owns a partition's lag and progress series: a worker
     that ends after its successor started (a missed revoke deadline) leaves them alone."""
@@ -201,4 +203,5 @@ class IngressMetrics:
                 "Source partitions whose replay moved on to the next incarnation of their "
                 "topic (deleted and created again) after the earlier one's records "
                 "(docs/architecture.md, \"Topic incarnations\").", PART),
+            destination_stalled=stalled_gauge(m),
         )

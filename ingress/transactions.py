@@ -25,6 +25,7 @@ from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
 from ingress.ownership import TP, Ownership
+from ingress.replica_stall import CHECK_AFTER, CHECK_EVERY, ReplicaStallWatch
 from ingress.rows import Rows
 from ingress.sink import transaction_timeout_ms
 from ingress.throttle import ProduceThrottle, drain_all
@@ -41,6 +42,7 @@ from replicator.core.errors import (
     RetriableError,
 )
 from replicator.core.kafka import (
+    Admin,
     DeliveryReport,
     GroupMetadata,
     Producer,
@@ -61,6 +63,19 @@ FLUSH_SLICE = 0.2
 """Seconds of one wait of a transaction's flush before its delivery reports are looked at:
 a record refused for good puts the transaction in an abortable state in which the rest is
 never sent, so the flush would otherwise wait out its whole timeout (60 s) first."""
+
+SEND_OFFSETS_GRACE = 10.0
+"""Seconds beyond its own timeout ``send_offsets_to_transaction`` may take before the
+producer is abandoned (``_send_offsets``)."""
+
+
+class OffsetsHung(KafkaRetriableError):
+    """``send_offsets_to_transaction`` did not return within its timeout plus
+    ``SEND_OFFSETS_GRACE``: the producer is abandoned (never aborted: that call would wait
+    behind the hung one) and recreated; its open transaction is aborted by the new
+    producer's ``init_transactions`` (same ``transactional.id``).
+    """
+
 
 Chunk = tuple[Batch, int, Rows, "Callable[[int, DeliveryReport], None] | None"]
 """One produce call of a transaction: its batch, the index of its first record in the
@@ -102,6 +117,9 @@ class TransactionLoop:
             waiting): the linger ends as soon as that many batches wait, since no other
             can come. ``None``: only the linger's time ends it.
         name: the thread's name.
+        replica_watch: reports destination partitions below ``min.insync.replicas``
+            while a transaction's records stay unacknowledged (``ingress.replica_stall``);
+            default: one asking ``kafka_settings``'s cluster.
     """
 
     def __init__(self, kafka_settings: KafkaSettings, *, transactional_id: str,
@@ -113,8 +131,11 @@ class TransactionLoop:
                  limits: DestinationLimits | None = None,
                  linger: float = 0.0,
                  senders: Callable[[], int] | None = None,
-                 name: str = "transactions") -> None:
+                 name: str = "transactions",
+                 replica_watch: ReplicaStallWatch | None = None) -> None:
         self.name = name
+        self.replica_watch = replica_watch or ReplicaStallWatch(
+            lambda: Admin(kafka_settings, timeout=5.0), metrics.destination_stalled)
         self.kafka_settings = kafka_settings
         self.transactional_id = transactional_id
         self.checkpoint_topic = checkpoint_topic
@@ -342,6 +363,7 @@ class TransactionLoop:
             self._failed(p, keep, e)
             return
         self._backoff.reset()
+        self.replica_watch.clear(b.tp for b in keep)
         self.metrics.transactions.labels(outcome="committed").inc()
         with self._cond:
             self._apart -= {b.tp for b in keep}
@@ -386,12 +408,12 @@ class TransactionLoop:
         for chunks in self._rounds(keep):
             for b, lo, rows, ends in chunks:                            # Step 2
                 self._produce(p, b, rows, None if ends is None else shifted(ends, lo))
-            self._flush(p, "record(s)")                                 # Step 3
+            self._flush(p, "record(s)", keep)                           # Step 3
         for b in keep:                                                  # Step 4
             p.produce(self.checkpoint_topic, b.checkpoint.encode(), b.key.encode())
         if self.offset_map is not None:
             self.offset_map.produce(keep, p.produce)
-        self._flush(p, "checkpoint record(s)")
+        self._flush(p, "checkpoint record(s)", keep)
         self._send_offsets(p, keep)                                     # Step 5
         with self.ownership.commit_guard((b.tp, b.epoch) for b in keep) as lost:  # Step 6
             if lost:
@@ -426,16 +448,24 @@ class TransactionLoop:
             lanes[b.tp] = n
         return rounds
 
-    def _flush(self, p: Producer, what: str) -> None:
+    def _flush(self, p: Producer, what: str, keep: list[Batch]) -> None:
         """Wait until everything produced is acknowledged, raising a failed delivery as
-        soon as it is reported (``_check_deliveries``), within ``timeout``.
+        soon as it is reported (``_check_deliveries``), within ``timeout``. While records
+        stay unacknowledged (``CHECK_AFTER``, then every ``CHECK_EVERY``), the batches'
+        destination partitions are checked for fewer in-sync replicas than
+        ``min.insync.replicas`` (``replica_watch``: ERROR and gauge).
         """
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
+        next_check = start + CHECK_AFTER
         while True:
             left = p.flush(max(0.0, min(FLUSH_SLICE, deadline - time.monotonic())))
             self._check_deliveries(p)
             if not left:
                 return
+            if time.monotonic() >= next_check:
+                self.replica_watch.check([b.tp for b in keep])
+                next_check = time.monotonic() + CHECK_EVERY
             if time.monotonic() >= deadline:
                 raise KafkaRetriableError(f"{left} {what} not acknowledged within "
                                           f"{self.timeout:.0f}s")
@@ -550,7 +580,11 @@ class TransactionLoop:
             f"the transaction was refused by {', '.join(t for t, _ in others)}: {r}"))
 
     def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
-        if isinstance(e, ProducerFenced):
+        if isinstance(e, OffsetsHung):
+            log.error("%s; %d batch(es) are redone from their checkpoints", e, len(keep))
+            self.metrics.transactions.labels(outcome="aborted").inc()
+            self._drop_producer(e)
+        elif isinstance(e, ProducerFenced):
             # A transaction that outlived transaction.timeout.ms, or another live process
             # with this transactional.id: the producer cannot abort; recreate it.
             self.metrics.transactions.labels(outcome="fenced").inc()
@@ -580,8 +614,32 @@ class TransactionLoop:
             raise GenerationFenced(f"this process is in no generation of the placement "
                                    f"group (generation {generation}, member {member!r})")
         first = keep[0]
-        p.send_offsets_to_transaction([TopicPartition(first.topic, first.partition, 0)],
-                                      meta, self.timeout)
+        offsets = [TopicPartition(first.topic, first.partition, 0)]
+        # On its own thread, waited for with a deadline: librdkafka may never return from
+        # this call when the group coordinator moved (its coordinator-request timeout is
+        # not enforced; seen on a three-node cluster's rolling restart: ingress waited in
+        # silence until it was stopped).
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                p.send_offsets_to_transaction(offsets, meta, self.timeout)
+            except Exception as e:  # noqa: BLE001 - raised again on the transaction thread
+                failed.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"{self.name}-offsets", daemon=True).start()
+        limit = self.timeout + SEND_OFFSETS_GRACE
+        if not done.wait(limit):
+            raise OffsetsHung(f"transactions of {self.transactional_id}: sending the "
+                              f"placement group's offsets to the transaction did not return "
+                              f"within {limit:g}s (the group coordinator moved and the "
+                              f"client never found the new one); the producer is abandoned "
+                              f"and recreated")
+        if failed:
+            raise failed[0]
 
     def _abort(self, p: Producer, why: BaseException) -> None:
         try:

@@ -2,7 +2,8 @@
 
 A service that started (it reached Kafka first: ``replicator.cli.common.wait_for_kafka``)
 can lose a dependency later. ``DependencyWatch`` asks each one a cheap question every
-``PROBE_SECONDS`` on its own thread (Kafka: DescribeCluster; S3: HEAD of a key that need
+``PROBE_SECONDS`` on its own thread (Kafka: DescribeCluster, then Metadata if that got no
+answer, ``probe_kafka``; S3: HEAD of a key that need
 not exist; SQS: GetQueueAttributes) and, while one does not answer:
 
 * ``replicator_dependency_unreachable{dependency}`` is 1 and ``/readyz`` is false (the
@@ -159,9 +160,32 @@ class DependencyWatch:
 _LABELS = {"kafka": "Kafka", "s3": "S3", "sqs": "SQS"}
 
 
+def probe_kafka(admin: Any) -> None:
+    """Ask a cluster whether any of its nodes answers: DescribeCluster, and if that got no
+    answer, a Metadata request.
+
+    librdkafka sends DescribeCluster to one node it believes up, and a node that just died
+    (one of three, a rolling restart) still looks up until its connection fails: the
+    question times out although two nodes would answer. A Metadata request goes to a node
+    whose connection is up (librdkafka moves it to another on failure), so one node down
+    is not read as the cluster being unreachable. Only when neither answers is the
+    cluster unreachable, with DescribeCluster's error.
+
+    Raises:
+        RetriableError: no node answered either question.
+    """
+    try:
+        admin.cluster()
+    except RetriableError as first:
+        try:
+            admin.topic_partitions()
+        except RetriableError:
+            raise first from None
+
+
 def kafka_dependency(kafka: Any) -> Dependency:
-    """The Kafka cluster of ``kafka`` (``KafkaSettings``), asked with DescribeCluster by
-    a client of its own.
+    """The Kafka cluster of ``kafka`` (``KafkaSettings``), asked by a client of its own
+    (``probe_kafka``).
     """
     from replicator.core.kafka import Admin
 
@@ -171,7 +195,7 @@ def kafka_dependency(kafka: Any) -> Dependency:
         errors = admin.client_errors()
         return errors[-1] if errors else ""
 
-    return Dependency("kafka", kafka.brokers, lambda: _ignore(admin.cluster()), detail)
+    return Dependency("kafka", kafka.brokers, lambda: probe_kafka(admin), detail)
 
 
 def s3_dependency(store: Any, prefix: str, endpoint: str | None) -> Dependency:

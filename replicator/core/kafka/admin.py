@@ -157,6 +157,19 @@ class Admin:
         return {name: len(t.partitions) for name, t in self._metadata().topics.items()
                 if t.error is None}
 
+    def partition_replicas(self, topic: str) -> dict[int, tuple[int, int]]:
+        """Per partition of ``topic``: (its in-sync replicas, its replicas), from the
+        metadata of that topic alone. Empty for a topic the cluster does not have.
+        """
+        try:
+            md = self._admin.list_topics(topic=topic, timeout=self.timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"metadata of {topic}") from e
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            return {}
+        return {p: (len(m.isrs), len(m.replicas)) for p, m in t.partitions.items()}
+
     def cluster(self) -> ClusterInfo:
         """The cluster's id, controller and brokers (DescribeCluster)."""
         try:
@@ -273,6 +286,9 @@ class Admin:
             if is_code(e, "UNKNOWN_TOPIC_OR_PART") or is_code(e, "UNKNOWN_TOPIC_ID"):
                 return None
             raise translate(e, f"describe topic {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe topic {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
 
     def create_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None,
                      *, replication_factor: int = -1) -> bool:
@@ -316,6 +332,9 @@ class Admin:
             entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"describe configs of {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe configs of {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         return {k: v.value for k, v in entries.items()
                 if v.value is not None
                 and getattr(v.source, "value", v.source) in _TOPIC_LEVEL_SOURCES}
@@ -329,6 +348,9 @@ class Admin:
             entries = self._admin.describe_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"describe configs of {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe configs of {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         return {k: v.value for k, v in entries.items() if v.value is not None}
 
     def alter_topic_config(self, topic: str, configs: Mapping[str, str]) -> None:
@@ -340,6 +362,9 @@ class Admin:
             self._admin.incremental_alter_configs([res])[res].result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"alter configs of {topic}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"alter configs of {topic}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
 
     def delete_topics(self, topics: Sequence[str]) -> None:
         """Delete topics (missing ones are ignored)."""
@@ -442,6 +467,9 @@ class Admin:
                 request_timeout=self.timeout).result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, "list consumer groups") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"list consumer groups: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         return sorted(g.group_id for g in result.valid)
 
     def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
@@ -487,6 +515,9 @@ class Admin:
             return len(fut.result(timeout=self.timeout).members or [])
         except ck.KafkaException as e:
             raise translate(e, f"describe group {group!r}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"describe group {group!r}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
 
     def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Set ``group``'s committed offsets (the broker refuses while it has members).
@@ -517,6 +548,9 @@ class Admin:
             result = fut.result(timeout=self.timeout)
         except ck.KafkaException as e:
             raise translate(e, f"alter offsets of group {group!r}") from e
+        except TimeoutError as e:
+            raise KafkaRetriableError(f"alter offsets of group {group!r}: no answer within "
+                                      f"{self.timeout:.0f}s") from e
         for tp in result.topic_partitions or []:
             if tp.error is not None:
                 what = f"alter offset of group {group!r} {tp.topic}[{tp.partition}]"

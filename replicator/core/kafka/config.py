@@ -102,11 +102,41 @@ class RepeatsToDebug(logging.Filter):
         return True
 
 
+class TransportToWarning(logging.Filter):
+    """Logs the client's transport failures at WARNING instead of ERROR, unless every
+    broker is down.
+
+    librdkafka logs each failed connection to one broker at ERROR (``Connect to ... failed:
+    Connection refused``, ``Disconnected``, ``_TRANSPORT``, a receive timeout). On a
+    cluster of several nodes one node down is routine (a restart, a rolling upgrade): the
+    client goes on with the others, and an ERROR would read as an outage. Only
+    ``_ALL_BROKERS_DOWN`` (``3/3 brokers are down``) stays an ERROR; any other line
+    is left as it is.
+    """
+
+    _TRANSPORT = re.compile(
+        r"Connect to \S+ failed|Connection refused|Disconnected|_TRANSPORT|"
+        r"[Tt]ransport failure|Receive failed|Send failed|Connection reset|"
+        r"Timed out \d+ in-flight|Broken pipe|_RESOLVE|Failed to resolve")
+    _ALL_DOWN = re.compile(r"_ALL_BROKERS_DOWN|\b(\d+)/\1 brokers are down|"
+                           r"[Aa]ll broker connections are down")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR:
+            return True
+        text = record.getMessage()
+        if self._TRANSPORT.search(text) and not self._ALL_DOWN.search(text):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 CLIENT_LOG = logging.getLogger("librdkafka")
 """Where the clients' own log lines go (the ``logger`` setting of every client the seam
 builds): through Python logging, so each entry point decides where they appear, instead of
 librdkafka writing to the process's stderr. Repeated lines go to DEBUG
-(``RepeatsToDebug``)."""
+(``RepeatsToDebug``); one broker's transport failures go to WARNING
+(``TransportToWarning``)."""
+CLIENT_LOG.addFilter(TransportToWarning())
 CLIENT_LOG.addFilter(RepeatsToDebug())
 
 

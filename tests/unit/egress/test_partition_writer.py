@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import tracemalloc
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from formats._common import GroupBuffer
 from formats.base import SEGMENT_SCHEMA
 from formats.records import Record, batch_to_records
 from formats.segment_io import open_segment
-from replicator.core.errors import KafkaRetriableError, StorageError
+from replicator.core.errors import KafkaFatalError, KafkaRetriableError, StorageError
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import ObjectInfo
 from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
@@ -200,6 +201,24 @@ def test_commit_failure_after_durable_segment_is_counted(h: Harness) -> None:
     assert len(h.final_keys()) == 1
     assert h.metrics.total("egress_commit_failures_total") == 1
     assert h.writer.failed is None
+
+
+@pytest.mark.parametrize(("error", "level"), [
+    (KafkaRetriableError("Commit failed: Local: Waiting for coordinator"), logging.WARNING),
+    (KafkaFatalError("Commit failed: Broker: Group authorization failed"), logging.ERROR)])
+def test_a_commit_failing_while_the_coordinator_moves_is_a_warning(
+        h: Harness, caplog: pytest.LogCaptureFixture, error: Exception, level: int) -> None:
+    """A node of the source cluster restarting moves the group's coordinator: the commit
+    after a durable segment fails once and the next segment's commit covers it. That is
+    routine (WARNING); a commit refused for good stays an ERROR."""
+    h.commit_error = error
+    with caplog.at_level(logging.INFO, "egress.partition_writer"):
+        h.writer.append(messages(records(range(3))), now=0.0)
+        h.writer.close(CloseReason.REVOKE)
+        h.settle()
+    lines = [r for r in caplog.records if "is durable but committing offset" in r.getMessage()]
+    assert [r.levelno for r in lines] == [level]
+    assert h.metrics.total("egress_commit_failures_total") == 1
 
 
 def test_held_bytes_track_open_and_closing(h: Harness) -> None:
