@@ -1444,3 +1444,15 @@ def test_the_static_membership_statefulset_is_the_egress_pod_with_an_instance_id
     assert pod == deployment["spec"]["template"]
     kust = (K8S / "components" / "static-membership" / "kustomization.yaml").read_text()
     assert "$patch: delete" in kust and "name: replicator-egress" in kust
+
+
+def test_every_image_tag_is_the_release_version() -> None:
+    """The shipped kustomizations deploy the images of the version pyproject.toml names,
+    and CHANGELOG.md has its section (docs/upgrades.md, "Releases")."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    tags = {p: re.findall(r'newTag: "([^"]+)"', p.read_text())
+            for p in DEPLOY.rglob("kustomization.yaml")}
+    assert any(tags.values())
+    for path, found in tags.items():
+        assert set(found) <= {version}, (path, found)
+    assert f"## [{version}]" in (ROOT / "CHANGELOG.md").read_text()
