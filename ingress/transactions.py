@@ -24,12 +24,14 @@ from typing import cast
 from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
+from ingress.offsets_deadline import OffsetsHung, send_offsets_within
 from ingress.ownership import TP, Ownership
 from ingress.replica_stall import CHECK_AFTER, CHECK_EVERY, ReplicaStallWatch
 from ingress.rows import Rows
 from ingress.sink import transaction_timeout_ms
 from ingress.throttle import ProduceThrottle, drain_all
 from ingress.txn_batches import Batch, PartitionRevoked, Refused, Revoked, shifted
+from ingress.txn_rounds import produce_rounds
 from replicator.core.batch_limits import DEFAULT_CLIENT_MAX
 from replicator.core.errors import (
     FatalError,
@@ -63,24 +65,6 @@ FLUSH_SLICE = 0.2
 """Seconds of one wait of a transaction's flush before its delivery reports are looked at:
 a record refused for good puts the transaction in an abortable state in which the rest is
 never sent, so the flush would otherwise wait out its whole timeout (60 s) first."""
-
-SEND_OFFSETS_GRACE = 10.0
-"""Seconds beyond its own timeout ``send_offsets_to_transaction`` may take before the
-producer is abandoned (``_send_offsets``)."""
-
-
-class OffsetsHung(KafkaRetriableError):
-    """``send_offsets_to_transaction`` did not return within its timeout plus
-    ``SEND_OFFSETS_GRACE``: the producer is abandoned (never aborted: that call would wait
-    behind the hung one) and recreated; its open transaction is aborted by the new
-    producer's ``init_transactions`` (same ``transactional.id``).
-    """
-
-
-Chunk = tuple[Batch, int, Rows, "Callable[[int, DeliveryReport], None] | None"]
-"""One produce call of a transaction: its batch, the index of its first record in the
-batch, its records, and the offset map's listener of the batch."""
-
 
 def producer_fenced_backoff() -> Backoff:
     """Delays before a fenced (or failed) shared producer is recreated: a transaction that
@@ -405,7 +389,7 @@ class TransactionLoop:
             FatalError.
         """
         p.begin_transaction()                                           # Step 1
-        for chunks in self._rounds(keep):
+        for chunks in produce_rounds(keep, self.limits, self.offset_map):
             for b, lo, rows, ends in chunks:                            # Step 2
                 self._produce(p, b, rows, None if ends is None else shifted(ends, lo))
             self._flush(p, "record(s)", keep)                           # Step 3
@@ -419,34 +403,6 @@ class TransactionLoop:
             if lost:
                 raise Revoked(lost)
             p.commit_transaction(self.timeout)                          # Step 7
-
-    def _rounds(self, keep: list[Batch]) -> list[list[Chunk]]:
-        """Steps 2-3's produce calls, round by round: every batch of a topic that needs no
-        cutting in the first round; a cut topic's partition gets one chunk per round, its
-        batches' chunks one after the other (fan-in: two sources' chunks never share a
-        round, where librdkafka could batch them into one request over the limit, nor
-        interleave, which would cost both batches their offset-map entries).
-        """
-        om = self.offset_map
-        rounds: list[list[Chunk]] = [[]]
-        lanes: dict[TP, int] = {}
-        for b in keep:
-            if b.rows is None:
-                continue
-            ends = None if om is None else om.on_ends(b)
-            parts = self._chunks(b)
-            if len(parts) == 1 and (self.limits is None
-                                    or self.limits.room(b.topic) is None):
-                rounds[0].append((b, 0, parts[0][1], ends))
-                continue
-            n = lanes.get(b.tp, 0)
-            for lo, rows in parts:
-                while len(rounds) <= n:
-                    rounds.append([])
-                rounds[n].append((b, lo, rows, ends))
-                n += 1
-            lanes[b.tp] = n
-        return rounds
 
     def _flush(self, p: Producer, what: str, keep: list[Batch]) -> None:
         """Wait until everything produced is acknowledged, raising a failed delivery as
@@ -469,19 +425,6 @@ class TransactionLoop:
             if time.monotonic() >= deadline:
                 raise KafkaRetriableError(f"{left} {what} not acknowledged within "
                                           f"{self.timeout:.0f}s")
-
-    def _chunks(self, b: Batch) -> list[tuple[int, Rows]]:
-        """``b``'s records as the chunks one produce request each may carry for its topic
-        (``ingress.limits``), each with the index of its first record in the batch.
-        """
-        assert b.rows is not None
-        if self.limits is None or self.limits.room(b.topic) is None:
-            return [(0, b.rows)]
-        out, lo = [], 0
-        for part in self.limits.cut(b.topic, b.rows):
-            out.append((lo, part))
-            lo += len(part)
-        return out
 
     def _produce(self, p: Producer, b: Batch, r: Rows,
                  ends: Callable[[int, DeliveryReport], None] | None) -> None:
@@ -615,31 +558,9 @@ class TransactionLoop:
                                    f"group (generation {generation}, member {member!r})")
         first = keep[0]
         offsets = [TopicPartition(first.topic, first.partition, 0)]
-        # On its own thread, waited for with a deadline: librdkafka may never return from
-        # this call when the group coordinator moved (its coordinator-request timeout is
-        # not enforced; seen on a three-node cluster's rolling restart: ingress waited in
-        # silence until it was stopped).
-        done = threading.Event()
-        failed: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                p.send_offsets_to_transaction(offsets, meta, self.timeout)
-            except Exception as e:  # noqa: BLE001 - raised again on the transaction thread
-                failed.append(e)
-            finally:
-                done.set()
-
-        threading.Thread(target=call, name=f"{self.name}-offsets", daemon=True).start()
-        limit = self.timeout + SEND_OFFSETS_GRACE
-        if not done.wait(limit):
-            raise OffsetsHung(f"transactions of {self.transactional_id}: sending the "
-                              f"placement group's offsets to the transaction did not return "
-                              f"within {limit:g}s (the group coordinator moved and the "
-                              f"client never found the new one); the producer is abandoned "
-                              f"and recreated")
-        if failed:
-            raise failed[0]
+        # Waited for with a deadline: the call may never return (ingress.offsets_deadline).
+        send_offsets_within(p, offsets, meta, self.timeout, name=self.name,
+                            transactional_id=self.transactional_id)
 
     def _abort(self, p: Producer, why: BaseException) -> None:
         try:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingress import transactions
+from ingress import offsets_deadline, transactions
 from ingress.replica_stall import Replicas, ReplicaStallWatch, stalled_gauge, under_min_isr
 from replicator.core.kafka import Producer
 from replicator.core.metrics import Metrics
@@ -189,7 +189,7 @@ def test_send_offsets_that_never_returns_abandons_the_producer_and_the_batch_is_
     coordinator moved (seen in tests/cluster's rolling restart: ingress waited in silence
     for minutes). Now the loop waits its timeout plus a grace, logs one ERROR, abandons the
     producer without calling it again, and the next producer commits the batch redone."""
-    monkeypatch.setattr(transactions, "SEND_OFFSETS_GRACE", 0.2)
+    monkeypatch.setattr(offsets_deadline, "SEND_OFFSETS_GRACE", 0.2)
     h = Harness()
     h.loop.timeout = 0.3
     h.ownership.grant([(T, 0)])
@@ -206,7 +206,7 @@ def test_send_offsets_that_never_returns_abandons_the_producer_and_the_batch_is_
         with caplog.at_level(logging.INFO, "ingress.transactions"):
             h.loop.submit(b0)
             err = h.outcome(b0)
-        assert isinstance(err, transactions.OffsetsHung)
+        assert isinstance(err, offsets_deadline.OffsetsHung)
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
         assert len(errors) == 1 and "did not return within 0s" not in errors[0]
         assert "the producer is abandoned and recreated" in errors[0]
