@@ -492,8 +492,8 @@ class TopicMetadataPublisher:
         # this process's check not restored it yet, e.g. S3 failing at start): without
         # ``_incarnations.json`` merged in, a recreated topic would resume at the earlier
         # one's end at the documented shape, its records below it never read.
-        meta, _ = self._restore(ref.topic, meta, fresh=False)
-        assert meta is not None
+        restored, _ = self._restore(ref.topic, meta, fresh=False)
+        meta = restored or meta
         self._remember(ref.topic, meta)
         firsts = meta.first_positions
         location = ref

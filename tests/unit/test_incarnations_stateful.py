@@ -349,3 +349,19 @@ def test_recreate_to_the_read_position_and_idle() -> None:
         state.recreate(n=1)
     finally:
         state.teardown()
+
+
+def test_a_failed_copy_of_the_earlier_topics_segment_after_the_reset_is_counted_lost(
+) -> None:
+    # The reset closes the earlier topic's segment; its copy fails after the reset. Its
+    # records are no longer in the log: the rewind cannot read them again (it used to seek
+    # to their offsets in the new log, losing them silently).
+    state = Incarnations()
+    try:
+        state.produce(n=1)
+        state.fetch(n=1)
+        state.recreate(n=0)
+        state.fetch(n=1)
+        state.close_segment(fail=True)
+    finally:
+        state.teardown()
