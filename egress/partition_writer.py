@@ -371,6 +371,7 @@ class PartitionWriter:
                       self.name, first_offset, self.expected, decision.start)
             self.epoch += 1
             self._epoch_starts[self.epoch] = decision.start
+            self._went_back()
             self._read_epoch_id()
         seg = Segment(decision.start, now)
         seg.epoch = self.epoch
@@ -402,7 +403,18 @@ class PartitionWriter:
         self.close(CloseReason.RESET)
         self.epoch += 1
         self._epoch_starts[self.epoch] = log_start
+        self._went_back()
+        self.position = log_start
         self._read_epoch_id()
+
+    def _went_back(self) -> None:
+        """The consumer's position went back with a reset (poll thread): the position and
+        the offset committed so far are the earlier log's, never a bound for the new one's
+        (a segment's commit goes up to the position: kept, it would commit the new log
+        past records not read yet).
+        """
+        self.position = None
+        self.committed_offset = None
 
     def _read_epoch_id(self) -> None:
         """The topic id of a new epoch, read when the reset is seen (poll thread): read

@@ -387,3 +387,22 @@ def test_records_rewound_then_deleted_with_their_topic_are_not_egress_s_loss() -
         state.recreate(n=0)
     finally:
         state.teardown()
+
+
+def test_the_first_segment_after_a_reset_commits_the_new_logs_position() -> None:
+    # Found by Hypothesis: the earlier topic read up to 11, recreated with 10 records; the
+    # new topic's first segment (0..0) committed 11 (the position was the earlier log's,
+    # a high-water mark), so a restart skipped its records 1..10, not archived nor counted.
+    state = Incarnations()
+    try:
+        state.produce(n=8)
+        state.restart()
+        state.produce(n=3)
+        state.fetch(n=3)
+        state.recreate(n=10)
+        state.fetch(n=1)
+        state.close_segment(fail=False)
+        state.restart()
+        state.produce(n=1)
+    finally:
+        state.teardown()
