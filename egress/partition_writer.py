@@ -184,6 +184,8 @@ class PartitionWriter:
         self.epoch = 0
         self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
         """The topic id of each epoch, once read (workers)."""
+        self._epoch_starts: dict[int, int] = {}
+        """Where each epoch after a reset began reading (poll thread)."""
         self.appends = 0
         """Runs appended (poll thread): a segment held at naming watches it."""
         self.hold_seconds = ID_CHANGE_HOLD
@@ -368,6 +370,8 @@ class PartitionWriter:
                       "source partition was truncated or recreated; segments restart at %d",
                       self.name, first_offset, self.expected, decision.start)
             self.epoch += 1
+            self._epoch_starts[self.epoch] = decision.start
+            self._went_back()
             self._read_epoch_id()
         seg = Segment(decision.start, now)
         seg.epoch = self.epoch
@@ -398,7 +402,19 @@ class PartitionWriter:
                   self.name, position, log_start)
         self.close(CloseReason.RESET)
         self.epoch += 1
+        self._epoch_starts[self.epoch] = log_start
+        self._went_back()
+        self.position = log_start
         self._read_epoch_id()
+
+    def _went_back(self) -> None:
+        """The consumer's position went back with a reset (poll thread): the position and
+        the offset committed so far are the earlier log's, never a bound for the new one's
+        (a segment's commit goes up to the position: kept, it would commit the new log
+        past records not read yet).
+        """
+        self.position = None
+        self.committed_offset = None
 
     def _read_epoch_id(self) -> None:
         """The topic id of a new epoch, read when the reset is seen (poll thread): read
@@ -488,9 +504,18 @@ class PartitionWriter:
         return self.failed is not None and now >= self.retry_at and self.queue.idle
 
     def rewind_offset(self) -> int:
-        """Where the consumer must seek before ``rewind``: the failed segment's start."""
+        """Where the consumer must seek before ``rewind``: the failed segment's start (the
+        new topic's oldest record after a switch; where the current epoch began when the
+        failed segment is from before a reset).
+        """
         assert self.failed is not None
-        return OFFSET_BEGINNING if self._switch_to is not None else self.failed.start
+        if self._switch_to is not None:
+            return OFFSET_BEGINNING
+        if self.failed.epoch < self.epoch:
+            # Its records left the log with a reset after it: read the log again where the
+            # current epoch began (``rewind`` reports them lost).
+            return self._epoch_starts.get(self.epoch, OFFSET_BEGINNING)
+        return self.failed.start
 
     def seek_failed(self, now: float) -> float:
         """The seek to ``rewind_offset`` failed: stay failed and wait before the next try.
@@ -508,10 +533,22 @@ class PartitionWriter:
         ``rewind_offset``; returns that offset.
         """
         assert self.failed is not None
-        start = self.failed.start
+        failed = self.failed
+        start = self.rewind_offset()
         self.failed = None
-        self.closing.clear()
         switch, self._switch_to = self._switch_to, None
+        if switch is None:
+            # Segments from before a reset (the topic recreated or truncated under them):
+            # their records are no longer in the log, so seeking back to them would read
+            # the new log's records at those offsets instead (or nothing): lost.
+            for g in (failed, *self.closing):
+                if g.epoch < self.epoch:
+                    log.error("%s: offsets %d..%d (%d records, read before the source "
+                              "partition went back) could not be made durable and are no "
+                              "longer in the source log: lost", self.name, g.start, g.end,
+                              g.count)
+                    self.metrics.lost.inc(g.count)
+        self.closing.clear()
         if switch is not None:
             # The new topic from its oldest record, a new epoch of its id (never a resume
             # of the earlier topic's positions).
@@ -522,6 +559,10 @@ class PartitionWriter:
             self.resumed = False
             self.broken.clear()
             return OFFSET_BEGINNING
+        if start == OFFSET_BEGINNING:
+            self.expected = self.next_offset = self.position = None
+            self.broken.clear()
+            return start
         self.expected = start
         self.next_offset = start
         self.position = start

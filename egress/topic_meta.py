@@ -488,6 +488,12 @@ class TopicMetadataPublisher:
         except TopicError as e:
             log.warning("%s: %s is unreadable; the topic's start applies: %s", ref, key, e)
             return None
+        # An egress of an earlier release may have rewritten it without the chain (and
+        # this process's check not restored it yet, e.g. S3 failing at start): without
+        # ``_incarnations.json`` merged in, a recreated topic would resume at the earlier
+        # one's end at the documented shape, its records below it never read.
+        restored, _ = self._restore(ref.topic, meta, fresh=False)
+        meta = restored or meta
         self._remember(ref.topic, meta)
         firsts = meta.first_positions
         location = ref

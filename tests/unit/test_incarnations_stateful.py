@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
@@ -73,6 +74,8 @@ class Incarnations(RuleBasedStateMachine):
         self.harnesses: list[Harness] = []
         self.recreated = False
         self.fetched_after_recreate = False
+        self.strict_live = False
+        """Ask for the live topic in full even where the documented limit leaves it."""
         self.seeded_at: dict[str, int] = {}
         """Where ``start = "latest"`` seeded a topic (nothing archived before)."""
         self._start(expected=None)
@@ -111,11 +114,26 @@ class Incarnations(RuleBasedStateMachine):
 
     def _settle(self) -> None:
         self.h.settle()
-        if self.h.writer.segment is None and not self.h.writer.closing:
-            self.recreated = self.fetched_after_recreate = False
         w = self.h.writer
+        if w.segment is None and not w.closing and w.topic_id in (None, self.live[0]):
+            # A recreate is behind the writer only once its epoch has the live id (a reset
+            # or an assignment read it; ``None``: read when the next segment is named).
+            # Before that, records the new topic gives at the read position without
+            # offsets going back are fetched in the epoch of the earlier id, whether or
+            # not a segment was open at the recreate: a second recreate then is the
+            # documented limit (``test_recreate_at_position_0_then_again``).
+            self.recreated = self.fetched_after_recreate = False
         if w.failed is not None:
             offset = w.rewind_offset()
+            if w._switch_to is None and w.failed.epoch == w.epoch:
+                # A rewind within the epoch: its records are to be fetched again, as after
+                # a restart (below). If the topic is deleted first they went with it, like
+                # records it held that egress never read: egress sees no reset (a log
+                # read from 0 cannot go back) and nothing tells it they were there. (A
+                # rewind of a segment from before a reset is the product's to report.)
+                tid = w.topic_id or self.live[0]
+                start = 0 if offset == OFFSET_BEGINNING else offset
+                self.fetched[tid] = {o for o in self.fetched.get(tid, set()) if o < start}
             w.rewind()
             self.pos = 0 if offset == OFFSET_BEGINNING else offset
         self._check_no_overwrite()
@@ -271,8 +289,17 @@ class Incarnations(RuleBasedStateMachine):
                       for t in created[:-1])
         assert missing <= self.lost + float(self.h.writer.metrics.lost._value.get())
         live, count = self.live
-        assert set(archived.get(live, {})) == set(range(self.seeded_at.get(live, 0), count)), \
-            "the live topic in full"
+        want = set(range(self.seeded_at.get(live, 0), count))
+        if not self.strict_live and self.h.writer.topic_id not in (None, live):
+            # The documented limit: the live topic's log reached exactly the read position
+            # and nothing beyond it came, so egress saw no sign of the recreate (no reset,
+            # no record to name). Its records below the position are read once a record
+            # comes (the naming sees the new id and reads the topic from its oldest
+            # record) or the partition is assigned again; none was fetched meanwhile.
+            # ``test_recreate_to_the_read_position_and_idle`` keeps the strong form.
+            want = set()
+        assert set(archived.get(live, {})) >= want, "the live topic in full"
+        assert set(archived.get(live, {})) <= set(range(count)), "the live topic's own"
         # Replay as ingress does: every archived record once, in incarnation order.
         out: list[bytes] = []
         label = chain.labels[0] if chain.labels else ""
@@ -295,3 +322,87 @@ Incarnations.TestCase.settings = settings(
     max_examples=20, stateful_step_count=20, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestIncarnations = Incarnations.TestCase
+
+
+# The orders Hypothesis found, kept as they were found. Both are documented limits
+# (docs/architecture.md, "Topic incarnations"): strict xfails, so a fix makes them pass and
+# fail here until the limit is lifted from the docs and the model.
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "limit: the topic recreated at read position 0 (the new log cannot go back), its "
+    "records fetched in the epoch whose id was read at assignment, then recreated again "
+    "with a reset before they are named: archived under the first topic's id"))
+def test_recreate_at_position_0_then_again() -> None:
+    state = Incarnations()
+    try:
+        state.recreate(n=0)
+        state.close_segment(fail=False)
+        state.produce(n=1)
+        state.fetch(n=1)
+        state.recreate(n=0)        # the model's precondition leaves this order out
+    finally:
+        state.teardown()
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "limit: the topic recreated with a new log reaching exactly the read position and "
+    "idle: egress sees no reset and no record, so the new topic's records below the "
+    "position wait for a later record or an assignment"))
+def test_recreate_to_the_read_position_and_idle() -> None:
+    state = Incarnations()
+    state.strict_live = True
+    try:
+        state.produce(n=1)
+        state.restart()
+        state.recreate(n=1)
+    finally:
+        state.teardown()
+
+
+def test_a_failed_copy_of_the_earlier_topics_segment_after_the_reset_is_counted_lost(
+) -> None:
+    # The reset closes the earlier topic's segment; its copy fails after the reset. Its
+    # records are no longer in the log: the rewind cannot read them again (it used to seek
+    # to their offsets in the new log, losing them silently).
+    state = Incarnations()
+    try:
+        state.produce(n=1)
+        state.fetch(n=1)
+        state.recreate(n=0)
+        state.fetch(n=1)
+        state.close_segment(fail=True)
+    finally:
+        state.teardown()
+
+
+def test_records_rewound_then_deleted_with_their_topic_are_not_egress_s_loss() -> None:
+    # Found by Hypothesis (a model error, not the product's): the copy fails, the rewind
+    # is to read offset 0 again, and the topic is deleted and created empty first.
+    state = Incarnations()
+    try:
+        state.produce(n=1)
+        state.fetch(n=1)
+        state.close_segment(fail=True)
+        state.recreate(n=0)
+    finally:
+        state.teardown()
+
+
+def test_the_first_segment_after_a_reset_commits_the_new_logs_position() -> None:
+    # Found by Hypothesis: the earlier topic read up to 11, recreated with 10 records; the
+    # new topic's first segment (0..0) committed 11 (the position was the earlier log's,
+    # a high-water mark), so a restart skipped its records 1..10, not archived nor counted.
+    state = Incarnations()
+    try:
+        state.produce(n=8)
+        state.restart()
+        state.produce(n=3)
+        state.fetch(n=3)
+        state.recreate(n=10)
+        state.fetch(n=1)
+        state.close_segment(fail=False)
+        state.restart()
+        state.produce(n=1)
+    finally:
+        state.teardown()

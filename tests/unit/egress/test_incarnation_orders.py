@@ -121,6 +121,31 @@ def test_an_egress_of_an_earlier_release_cannot_make_the_live_topic_take_the_fir
     assert meta.incarnations[1].first_positions == {0: 0}
 
 
+def test_a_recreated_topic_without_commit_starts_at_its_oldest_record_after_an_earlier_release(
+) -> None:
+    # IdA archived 0-4 and the chain is pinned; an egress of an earlier release rewrites
+    # _topic.json without it; the topic is recreated as IdB (its commit is IdA's, ignored).
+    # Before this process's check restores the chain (S3 failing at start), the assignment
+    # asks the bucket where IdB starts: _incarnations.json says IdB is new, so from its
+    # oldest record, never IdA's end (5) at the documented shape.
+    store = RecordingStore()
+    admin = Admin()
+    pub = publisher(admin, store)
+    h = Harness(store=store, first_positions=pub.record_first_position, incarnations=pub)
+    try:
+        segment(h, range(5))
+    finally:
+        h.close()
+    old_release_rewrites(store)
+    admin.id = "IdB"
+    fresh = TopicMetadataPublisher(
+        ["t"], admin, store, prefix="data", region="r1", metrics=EgressMetrics(Metrics()),
+        wall=lambda: NOW, retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
+        interval=timedelta(minutes=1))
+    assert fresh.archived_start(PartitionRef("data", "r1", "t", 0), "IdB") == "earliest"
+    assert fresh.archived_start(PartitionRef("data", "r1", "t", 0), "IdA") == 5
+
+
 def test_the_first_id_is_written_once_whoever_records_it_later() -> None:
     store = RecordingStore()
     admin = Admin()
