@@ -179,7 +179,9 @@ def probe_kafka(admin: Any) -> None:
     except RetriableError as first:
         try:
             admin.topic_partitions()
-        except RetriableError:
+        except ReplicatorError:
+            # No node answered this either (a Metadata request with every connection
+            # refused fails as a transport error the client does not flag retriable).
             raise first from None
 
 

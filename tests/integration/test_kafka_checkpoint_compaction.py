@@ -73,7 +73,9 @@ def test_restart_resumes_exactly_from_a_compacted_checkpoint_topic(pipe: Pipelin
 
     wait_for(compacted, 90, "the broker to compact the checkpoint topic")
     left = checkpoint_records(pipe)
-    assert left[0] > 0 and left[-1] - left[0] + 1 > len(left), f"not compacted: {left}"
+    # Compacted: offsets below the first left are gone, or holes inside (the cleaner may
+    # leave only the newest records, contiguous at the end: [177, 178] was seen).
+    assert left[0] > 0 or left[-1] - left[0] + 1 > len(left), f"not compacted: {left}"
 
     replay(pipe, produce(pipe, 2000, 3000))
     report = pipe.verify()
