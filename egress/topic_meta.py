@@ -146,6 +146,8 @@ class TopicMetadataPublisher:
         self.retry_policy = retry_policy
         self.interval = interval
         self._partition_counts: dict[str, int] = {}
+        self._written_configs: dict[str, dict[str, str]] = {}
+        """The topic configs of the last ``_topic.json`` this process wrote, per topic."""
         self._running = threading.Lock()
         self._mutex = threading.Lock()
         self._topic_locks: dict[str, threading.Lock] = {t: threading.Lock() for t in self.topics}
@@ -182,7 +184,10 @@ class TopicMetadataPublisher:
         return self._running.locked()
 
     def check(self) -> None:
-        """Write ``_topic.json`` for topics whose partition count is new or changed.
+        """Write ``_topic.json`` for topics whose partition count or configs are new or
+        changed: a raised ``retention.ms`` reaches the destination's comparison (and its
+        alignment) within one interval, as MirrorMaker 2 syncs configs. One
+        DescribeConfigs per topic per check.
 
         Failures are logged and tried again at the next check; they never raise.
         """
@@ -196,10 +201,11 @@ class TopicMetadataPublisher:
                     tid = self._id_for_check(topic)
                     with self._mutex:
                         id_known = tid is None or (topic, tid) in self._labels
+                    configs = self.admin.topic_config(topic)
                     if self._partition_counts.get(topic) == n and id_known \
+                            and self._written_configs.get(topic) == configs \
                             and not self._chain_dropped(topic):
                         continue
-                    configs = self.admin.topic_config(topic)
                     key = topic_meta_key(self.prefix, self.region, topic)
                     now = self.wall()
 
@@ -225,10 +231,14 @@ class TopicMetadataPublisher:
                                 self.interval, e)
                     continue
                 old = self._partition_counts.get(topic)
+                old_configs = self._written_configs.get(topic)
                 self._partition_counts[topic] = n
+                self._written_configs[topic] = configs
                 self.m.topic_meta_writes.labels(self.region, topic).inc()
-                log.info("%s: wrote %s (%d partitions%s)", topic, key, n,
-                         "" if old is None else f", was {old}")
+                log.info("%s: wrote %s (%d partitions%s%s)", topic, key, n,
+                         "" if old is None or old == n else f", was {old}",
+                         "" if old_configs is None or old_configs == configs
+                         else f"; configs now {dict(sorted(configs.items()))}")
 
     def _chain_dropped(self, topic: str) -> bool:
         """Whether ``_topic.json`` lacks incarnations this process pinned (an egress of an

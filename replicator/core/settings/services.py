@@ -204,8 +204,9 @@ class EgressSettings(Model):
                                            "durable within this time are aborted (at least "
                                            "1s).")
     topic_metadata_interval: Duration = Field(
-        timedelta(minutes=1), description="How often partition counts are checked for "
-                                          "_topic.json, and topics are matched against "
+        timedelta(minutes=1), description="How often partition counts and topic configs "
+                                          "are checked for _topic.json (rewritten when "
+                                          "either changed), and topics are matched against "
                                           "[egress.select] (new ones picked up, deleted "
                                           "ones released; at least 1s).")
     upload_threads: int = Field(4, ge=1, le=64, description="Parallel S3 uploads.")

@@ -57,7 +57,7 @@ def test_written_at_start_and_when_the_partition_count_changes() -> None:
     assert json.loads(store.get("data/r1/a/_topic.json"))["partitions"] == 3
     assert store.keys() == ["data/r1/a/_topic.json"]       # b does not exist yet
     pub.check()
-    assert admin.config_calls == 1                         # unchanged: not rewritten
+    assert metrics.total("egress_topic_metadata_writes_total") == 1   # unchanged: not rewritten
     admin.partitions = {"a": 6, "b": 2}
     pub.check()
     assert json.loads(store.get("data/r1/a/_topic.json"))["partitions"] == 6
@@ -191,3 +191,26 @@ def test_a_file_an_older_egress_wrote_keeps_its_count_as_the_start() -> None:
     meta = TopicMetadata.parse(store.get("data/r1/a/_topic.json"), where="x")
     assert (meta.partitions, meta.partitions_at_start) == (3, 2)
     assert meta.first_positions == {0: 0}
+
+
+def test_a_changed_topic_config_is_written_within_one_check() -> None:
+    """A raised retention.ms reaches _topic.json (and so the destination's comparison and
+    alignment) at the next check, not only when the partition count changes."""
+    store = MemoryObjectStore()
+    admin = FakeAdmin()
+    configs = {"retention.ms": "5"}
+    admin.topic_config = lambda topic: dict(configs)  # type: ignore[method-assign]
+    metrics = Metrics()
+    pub = TopicMetadataPublisher(
+        ["a"], admin, store, prefix="data", region="r1", metrics=EgressMetrics(metrics),
+        wall=lambda: datetime(2026, 1, 1, tzinfo=UTC), retry_policy=RetryPolicy(attempts=1),
+        interval=timedelta(minutes=1))
+    admin.partitions = {"a": 3}
+    pub.check()
+    pub.check()
+    assert metrics.total("egress_topic_metadata_writes_total") == 1
+    configs["retention.ms"] = "604800000"
+    pub.check()
+    meta = json.loads(store.get("data/r1/a/_topic.json"))
+    assert meta["configs"]["retention.ms"] == "604800000" and meta["partitions"] == 3
+    assert metrics.total("egress_topic_metadata_writes_total") == 2
