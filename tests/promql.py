@@ -35,7 +35,8 @@ _COMPARE: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "!=": operator.ne}
 _ARITH: dict[str, Callable[[float, float], float]] = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-_AGG: dict[str, Callable[[Iterable[float]], float]] = {"max": max, "min": min, "sum": sum}
+_AGG: dict[str, Callable[[Iterable[float]], float]] = {
+    "max": max, "min": min, "sum": sum, "count": lambda xs: float(len(list(xs)))}
 # Lowest first, as in PromQL.
 _LEVELS = (("or",), ("and", "unless"), tuple(_COMPARE), ("+", "-"), ("*", "/"))
 
@@ -179,13 +180,6 @@ class _Parser:
             return self.aggregate(text)
         if text in _RANGE_FUNCTIONS and self.history is not None:
             return self.over_range(text)
-        if text == "count":
-            by = self.labels() if self.peek() == "by" and self.take() else ()
-            groups: dict[Labels, int] = {}
-            for lab in self.call():
-                g = frozenset((k, w) for k, w in lab if k in by)
-                groups[g] = groups.get(g, 0) + 1
-            return {lab: float(n) for lab, n in groups.items()}
         if text in _FUNCTIONS:
             raise ValueError(f"{text}() is not evaluated from one scrape")
         return self.selector(text)
@@ -296,13 +290,16 @@ def _binary(op: str, left: Value, right: Value, on: tuple[str, ...] | None) -> V
     return {lab: float(fn(a, b)) for lab, (a, b) in pairs.items()}
 
 
-def evaluate(expr: str, samples: dict[str, Vector], now: float) -> Value:
-    """The value of ``expr`` over one scrape's samples at ``now`` (seconds since the epoch)."""
-    p = _Parser(_tokens(expr), samples, now)
+def _run(p: _Parser, expr: str) -> Value:
     v = p.expr()
     if p.pos != len(p.toks):
         raise ValueError(f"unread rest of {expr!r}: {p.toks[p.pos:]}")
     return v
+
+
+def evaluate(expr: str, samples: dict[str, Vector], now: float) -> Value:
+    """The value of ``expr`` over one scrape's samples at ``now`` (seconds since the epoch)."""
+    return _run(_Parser(_tokens(expr), samples, now), expr)
 
 
 def fires(expr: str, samples: dict[str, Vector], now: float) -> bool:
@@ -313,11 +310,7 @@ def fires(expr: str, samples: dict[str, Vector], now: float) -> bool:
 
 def evaluate_at(expr: str, history: History, now: float) -> Value:
     """The value of ``expr`` at ``now`` over scrapes taken until then (oldest first)."""
-    p = _Parser(_tokens(expr), _at(history, now), now, history)
-    v = p.expr()
-    if p.pos != len(p.toks):
-        raise ValueError(f"unread rest of {expr!r}: {p.toks[p.pos:]}")
-    return v
+    return _run(_Parser(_tokens(expr), _at(history, now), now, history), expr)
 
 
 def fires_at(expr: str, history: History, now: float) -> bool:
