@@ -106,19 +106,20 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
     Raises:
         ConfigError: a client refuses the configuration (``kafka.config``).
     """
-    if settings.egress is None and settings.ingress is None:
-        return _s3_and_compaction(settings, timeout)
-    admin = Admin(settings.kafka, timeout=timeout, collect_errors=True)
+    uses_kafka = settings.egress is not None or settings.ingress is not None
+    admin = Admin(settings.kafka, timeout=timeout, collect_errors=True) if uses_kafka else None
 
     def selected(topics: Sequence[str]) -> frozenset[str]:
         eg = settings.require("egress")
         return select(topics, eg.select.include, eg.select.exclude, eg.topics,
                       own_topics(settings))
 
-    checks = kafka_checks(admin, settings, select=selected,
-                          transaction_timeout=used_transaction_timeout(settings))
-    if _passed(checks, REACH):
-        checks += permission_checks(admin, settings, selected, timeout)
+    checks: list[Check] = []
+    if admin is not None:
+        checks = kafka_checks(admin, settings, select=selected,
+                              transaction_timeout=used_transaction_timeout(settings))
+        if _passed(checks, REACH):
+            checks += permission_checks(admin, settings, selected, timeout)
     queue_ref: tuple[str, str] | None = None
     sqs: list[Check] = []
     if settings.ingress is not None:
@@ -128,7 +129,8 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
     store = S3ObjectStore.from_settings(settings)
     s3 = s3_checks(store, store, settings, queue=queue_ref)
     checks += s3
-    if settings.ingress is not None and _passed(checks, REACH) and _passed(s3, BUCKET):
+    if admin is not None and settings.ingress is not None and _passed(checks, REACH) \
+            and _passed(s3, BUCKET):
         try:
             partitions = admin.topic_partitions()
         except ReplicatorError:
@@ -143,16 +145,6 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
 
             checks += refused_checks(ingress, settings.s3.prefix, store, checkpoints)
     checks += sqs
-    if settings.compaction is not None:
-        checks += compaction_checks(settings.compaction, java_home=os.environ.get("JAVA_HOME"),
-                                    timeout=timeout)
-    return checks
-
-
-def _s3_and_compaction(settings: Settings, timeout: float) -> list[Check]:
-    """The checks of a config without egress and ingress: the bucket, and Spark."""
-    store = S3ObjectStore.from_settings(settings)
-    checks = s3_checks(store, store, settings, queue=None)
     if settings.compaction is not None:
         checks += compaction_checks(settings.compaction, java_home=os.environ.get("JAVA_HOME"),
                                     timeout=timeout)
