@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ingress.controller import Ingress
@@ -96,6 +97,30 @@ class Pipeline:
 
     def create_source(self, partitions: int, config: Mapping[str, str] | None = None) -> None:
         assert Admin(self.source_kafka).create_topic(self.topic, partitions, config)
+
+    def ingress_config_file(self, directory: Path, *, destination_topic: str,
+                            **ingress: str) -> Path:
+        """An ingress config file of this pipeline for the operator commands
+        (``directory/ingress.toml``): its bucket, destination cluster, queue, the given
+        ``[ingress]`` keys and its one source, into ``destination_topic``."""
+        keys = "".join(f'{k} = "{v}"\n' for k, v in ingress.items())
+        config = directory / "ingress.toml"
+        config.write_text(f'''region = "us-west-1"
+[s3]
+bucket = "{self.bucket}"
+endpoint_url = "{self.moto}"
+access_key_id = "test"
+secret_access_key = "test"
+[kafka]
+brokers = "{self.dest_brokers}"
+[ingress]
+{keys}sqs_queue = "{self.queue}"
+[[ingress.sources]]
+region = "us-east-1"
+topic = "{self.topic}"
+destination_topic = "{destination_topic}"
+''')
+        return config
 
     def verify(self) -> VerifyReport:
         """The destination compared with the source, record by record (read_committed)."""

@@ -24,24 +24,8 @@ pytestmark = pytest.mark.apache
 
 
 def _config(pipe: Pipeline, tmp_path: Path) -> Path:
-    config = tmp_path / "ingress.toml"
-    config.write_text(f'''region = "us-west-1"
-[s3]
-bucket = "{pipe.bucket}"
-endpoint_url = "{pipe.moto}"
-access_key_id = "test"
-secret_access_key = "test"
-[kafka]
-brokers = "{pipe.dest_brokers}"
-[ingress]
-group_id = "{pipe.ingress_group}"
-sqs_queue = "{pipe.queue}"
-[[ingress.sources]]
-region = "us-east-1"
-topic = "{pipe.topic}"
-destination_topic = "{pipe.dest_topic}"
-''')
-    return config
+    return pipe.ingress_config_file(tmp_path, destination_topic=pipe.dest_topic,
+                                    group_id=pipe.ingress_group)
 
 
 def test_the_first_dr_offsets_are_recorded_and_reset_offsets_reads_them(

@@ -83,24 +83,8 @@ def _settings(pipe: Pipeline) -> tuple[Settings, Settings]:
 
 def _config(pipe: Pipeline, tmp_path: Path) -> Path:
     """An ingress config file of the pipeline, for the operator commands."""
-    config = tmp_path / "ingress.toml"
-    config.write_text(f'''region = "us-west-1"
-[s3]
-bucket = "{pipe.bucket}"
-endpoint_url = "{pipe.moto}"
-access_key_id = "test"
-secret_access_key = "test"
-[kafka]
-brokers = "{pipe.dest_brokers}"
-[ingress]
-sqs_queue = "{pipe.queue}"
-checkpoint_topic = "{pipe.checkpoint_topic}"
-[[ingress.sources]]
-region = "us-east-1"
-topic = "{pipe.topic}"
-destination_topic = "{pipe.dest_topic}"
-''')
-    return config
+    return pipe.ingress_config_file(tmp_path, destination_topic=pipe.dest_topic,
+                                    checkpoint_topic=pipe.checkpoint_topic)
 
 
 def _plan(pipe: Pipeline, ingress: Settings) -> list[GroupRow]:

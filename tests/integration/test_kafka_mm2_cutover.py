@@ -172,24 +172,8 @@ def _mm2_source_offsets(pipe: Pipeline) -> dict[int, int]:
 
 
 def _config(pipe: Pipeline, tmp_path: Path) -> Path:
-    config = tmp_path / "ingress.toml"
-    config.write_text(f'''region = "us-west-1"
-[s3]
-bucket = "{pipe.bucket}"
-endpoint_url = "{pipe.moto}"
-access_key_id = "test"
-secret_access_key = "test"
-[kafka]
-brokers = "{pipe.dest_brokers}"
-[ingress]
-sqs_queue = "{pipe.queue}"
-checkpoint_topic = "{pipe.checkpoint_topic}"
-[[ingress.sources]]
-region = "us-east-1"
-topic = "{pipe.topic}"
-destination_topic = "{ALIAS}.{{topic}}"
-''')
-    return config
+    return pipe.ingress_config_file(tmp_path, destination_topic=f"{ALIAS}.{{topic}}",
+                                    checkpoint_topic=pipe.checkpoint_topic)
 
 
 def _first_read(pipe: Pipeline, group: str, dest: str) -> dict[int, Rec]:
