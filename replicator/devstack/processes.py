@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -33,11 +34,26 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free a moment ago, never one this process was handed before.
+
+    The kernel may give the same ephemeral port to two binds in a row once the first socket
+    is closed; two listeners of one broker (client and controller) picked one after the
+    other then collide. Remembering what was handed out keeps every caller's ports distinct.
+    """
+    with _handed_out_lock:
+        for _ in range(100):
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise FatalError(f"no free TCP port on {host} that was not handed out before")
 
 
 def port_open(host: str, port: int) -> bool:
