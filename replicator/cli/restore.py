@@ -232,7 +232,8 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     request = RestoreRequest(source_region, topic, to_topic, cp_topic, rng, parts, allow_gaps,
                              rate_bytes, batch_size, force=force,
                              accept_target_config=accept_target_config,
-                             incarnation=chosen.label, snapshot=snapshot_id)
+                             incarnation=chosen.label, incarnation_named=chosen.named,
+                             topic_ids=chosen.topic_ids, snapshot=snapshot_id)
     listed: list[SegmentKey] | None = None
     if snapshot_id is not None:
         try:

@@ -23,6 +23,10 @@ class Chosen:
     topic_id: str | None
     count: int
     """How many incarnations ``_topic.json`` lists (0: none recorded)."""
+    named: bool = True
+    """Whether ``--incarnation`` named it (``False``: the live one, by default)."""
+    topic_ids: tuple[tuple[str, str], ...] = ()
+    """``(label, topic id)`` of every incarnation listed, oldest first."""
 
     def describe(self) -> str:
         """How output names it: ``incarnation <id> (<n> of <count>)`` or ``""`` when the
@@ -44,13 +48,14 @@ def choose(store: ObjectStore, prefix: str, region: str, topic: str,
     """
     meta = read_topic_meta(store, prefix, region, topic)
     incs = () if meta is None else meta.incarnations
+    ids = tuple((i.label, i.topic_id) for i in incs)
     if wanted is None:
         live = incs[-1] if incs else None
         return Chosen(BASE_INCARNATION if live is None else live.label,
-                      None if live is None else live.topic_id, len(incs))
+                      None if live is None else live.topic_id, len(incs), False, ids)
     for inc in incs:
         if wanted in (inc.topic_id, inc.label) and (wanted or not inc.label):
-            return Chosen(inc.label, inc.topic_id, len(incs))
+            return Chosen(inc.label, inc.topic_id, len(incs), True, ids)
     known = ", ".join(i.topic_id for i in incs) or "none recorded"
     raise ValueError(f"--incarnation {wanted!r}: {region}/{topic} has no such incarnation "
                      f"(its _topic.json lists: {known})")

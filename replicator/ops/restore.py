@@ -113,6 +113,14 @@ class RestoreRequest:
     (LogAppendTime) or delete restored records (retention): ``restore_target``."""
     incarnation: str = ""
     """The source topic's incarnation read (its label; ``""``: the first one)."""
+    incarnation_named: bool = True
+    """Whether the operator named ``incarnation`` (``--incarnation``); ``False``: it is the
+    live one by default, and a restore of the same request started on another incarnation
+    (the topic was recreated since) is refused rather than switched
+    (``incarnation_refusals``)."""
+    topic_ids: tuple[tuple[str, str], ...] = ()
+    """``(label, topic id)`` of each incarnation ``_topic.json`` lists: how refusals name
+    them."""
     snapshot: int | None = None
     """The snapshot of the topic's Iceberg table whose data files are read (``None``: the
     bucket's listing); part of the checkpoint key."""
@@ -249,6 +257,48 @@ def overlap_refusals(request: RestoreRequest, plan_: Plan,
                     "into another topic, narrow the range, or pass --force to restore them "
                     "again (duplicates)")
     return out
+
+
+def incarnation_refusals(request: RestoreRequest, plan_: Plan,
+                         marks: Mapping[int, Mapping[str, RestoreMark]]) -> list[str]:
+    """Why running ``request`` again would switch incarnation under a started restore:
+    the same request (same source, target, partition, range and snapshot) has a checkpoint
+    of another incarnation of the source topic and none of its own, and the incarnation
+    was not named (``--incarnation``) but taken as the live one by default. The topic was
+    deleted and created again since the restore started; resuming would restore the new
+    topic's records after the earlier one's. Empty when the operator named it (even with
+    ``request.force``: that accepts duplicates, not another topic's records).
+    """
+    if request.incarnation_named:
+        return []
+    out = []
+    for pp in plan_.partitions:
+        own = request.checkpoint_key(pp.partition)
+        found = marks.get(pp.partition, {})
+        if own in found:
+            continue
+        base = _without_incarnation(own)
+        for key, mark in sorted(found.items()):
+            other = key_incarnation(key)
+            if other != request.incarnation and _without_incarnation(key) == base:
+                ids = dict(request.topic_ids)
+                was, now = (ids.get(label, label or "the first one")
+                            for label in (other, request.incarnation))
+                out.append(
+                    f"{request.source_region}/{request.topic}[{pp.partition}]: this restore "
+                    f"into {request.to_topic} was started on incarnation {was} (checkpoint "
+                    f"{key}, restored up to position {mark.offset}) and the live incarnation "
+                    f"is now {now} (the topic was deleted and created again): pass "
+                    f"--incarnation {was} to resume it, or --incarnation {now} to restore "
+                    "the new topic's records as another restore")
+                break
+    return out
+
+
+def _without_incarnation(key: str) -> str:
+    """A restore checkpoint key without its ``@{incarnation}`` suffix."""
+    head, _, last = key.rpartition(":")
+    return f"{head}:{last.split('@', 1)[0]}"
 
 
 def key_incarnation(key: str) -> str:
@@ -655,7 +705,9 @@ class Restorer:
         """
         self.prepare_topics(plan_)                       # a
         parts = [p.partition for p in plan_.partitions if p.first is not None]
-        refusals = overlap_refusals(self.request, plan_, self.load_marks(parts))  # b
+        marks = self.load_marks(parts)
+        refusals = incarnation_refusals(self.request, plan_, marks) + \
+            overlap_refusals(self.request, plan_, marks)  # b
         if refusals:
             raise RestoreRefused(refusals)
         results: list[PartitionResult] = []
@@ -672,7 +724,9 @@ class Restorer:
             self.start_producer(pp.partition)           # c
             marks = self.load_marks([pp.partition])      # d
             # Another restore may have written between b and the fence of c.
-            refusals = overlap_refusals(self.request, Plan(plan_.range, (pp,)), marks)
+            one = Plan(plan_.range, (pp,))
+            refusals = incarnation_refusals(self.request, one, marks) + \
+                overlap_refusals(self.request, one, marks)
             if refusals:
                 raise RestoreRefused([*refusals, "partitions restored before this was found: "
                                       f"{[r.partition for r in results] or 'none'}"])

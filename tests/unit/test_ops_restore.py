@@ -335,3 +335,67 @@ def test_the_snapshot_restored_is_part_of_the_checkpoint_key() -> None:
     assert inc.checkpoint_key(0).endswith("#11@IdB") and key_incarnation(
         inc.checkpoint_key(0)) == "IdB"
     assert key_incarnation(a.checkpoint_key(0)) == ""
+
+
+def test_a_resumed_restore_never_switches_incarnation_under_a_recreate() -> None:
+    # A restore of the live topic (the first incarnation) was interrupted after position 499;
+    # the topic was then deleted and created again, and the same command is run to resume.
+    from dataclasses import replace
+
+    from replicator.ops.restore import incarnation_refusals
+    started = request(RestoreRange())
+    done = {0: {started.checkpoint_key(0): RestoreMark(
+        RestoreRange(), 0, 499, "", (1_000, 1_499), datetime(2026, 11, 25, tzinfo=UTC))}}
+    p = make_plan_over(0, 999)
+    ids = (("", "IdA"), ("IdB", "IdB"))
+    rerun = replace(started, incarnation="IdB", incarnation_named=False, topic_ids=ids)
+    [refusal] = incarnation_refusals(rerun, p, done)
+    assert "started on incarnation IdA" in refusal and "live incarnation is now IdB" in refusal
+    assert "--incarnation IdA to resume" in refusal and started.checkpoint_key(0) in refusal
+    # --force accepts duplicates, not another topic's records.
+    assert incarnation_refusals(replace(rerun, force=True), p, done) == [refusal]
+    # Named: the operator chose (IdA resumes its own key, IdB is another restore).
+    assert incarnation_refusals(replace(rerun, incarnation_named=True), p, done) == []
+    resume = replace(started, incarnation="", incarnation_named=True, topic_ids=ids)
+    assert incarnation_refusals(resume, p, done) == []
+    # Its own checkpoint found (resumed on the live one before): no switch.
+    own = {0: {**done[0], rerun.checkpoint_key(0): done[0][started.checkpoint_key(0)]}}
+    assert incarnation_refusals(rerun, p, own) == []
+    # Another range of the earlier incarnation is another restore, not this one.
+    other = replace(rerun, range=RestoreRange(from_offset=5))
+    assert incarnation_refusals(other, p, done) == []
+    # A later recreate again: started on IdB, now IdC.
+    on_b = replace(started, incarnation="IdB")
+    done_b = {0: {on_b.checkpoint_key(0): done[0][started.checkpoint_key(0)]}}
+    now_c = replace(started, incarnation="IdC", incarnation_named=False,
+                    topic_ids=(*ids, ("IdC", "IdC")))
+    [refusal] = incarnation_refusals(now_c, p, done_b)
+    assert "started on incarnation IdB" in refusal and "now IdC" in refusal
+
+
+def test_the_cli_tells_restore_whether_the_incarnation_was_named() -> None:
+    from replicator.core.wire import Incarnation, TopicMetadata
+    from replicator.ops.incarnations import choose
+    store = MemoryObjectStore("b")
+    store.put("data/us-east-1/orders/_topic.json", TopicMetadata(
+        1, incarnations=(Incarnation("IdA", ""), Incarnation("IdB", "IdB"))).encode())
+    live = choose(store, "data", "us-east-1", "orders", None)
+    assert not live.named and live.topic_ids == (("", "IdA"), ("IdB", "IdB"))
+    assert choose(store, "data", "us-east-1", "orders", "IdA").named
+
+
+def test_the_restorer_refuses_the_switch_before_producing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicator.core.settings import KafkaSettings
+    from replicator.ops.restore import Restorer, RestoreRefused
+    started = request(RestoreRange())
+    marks = {0: {started.checkpoint_key(0): RestoreMark(
+        RestoreRange(), 0, 499, "", (1_000, 1_499), datetime(2026, 11, 25, tzinfo=UTC))}}
+    rerun = RestoreRequest("us-east-1", "orders", "orders.restored", "cp", RestoreRange(),
+                           incarnation="IdB", incarnation_named=False)
+    r = Restorer(KafkaSettings(brokers="127.0.0.1:1"), MemoryObjectStore("b"), "data", rerun)
+    monkeypatch.setattr(r, "prepare_topics", lambda plan_: None)
+    monkeypatch.setattr(r, "load_marks", lambda parts: marks)
+    monkeypatch.setattr(r, "start_producer", lambda part: pytest.fail("produced"))
+    with pytest.raises(RestoreRefused, match="started on incarnation the first one"):
+        r.run(make_plan_over(0, 999))
