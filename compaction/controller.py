@@ -54,7 +54,7 @@ from replicator.core.errors import (
     SegmentCorrupt,
     SegmentNotFound,
 )
-from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
+from replicator.core.keys import SegmentKey, incarnations_prefix, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics, MetricsServer
 from replicator.core.settings import CompactionSettings, CompactionTopicSettings, Settings
 from replicator.core.storage import ObjectStore
@@ -342,18 +342,25 @@ class Compaction:
                  len(report.deleted), f": {report.reason}" if report.reason else "")
 
     def _list(self, topic: str, partition: int | None) -> Iterator[Listed]:
-        """Every segment of one topic of this region (optionally one partition)."""
+        """Every segment of one topic of this region (optionally one partition: that
+        partition of every incarnation, the documented shape's and each
+        ``_incarnations/{topic_id}/``'s, listed one prefix each).
+        """
         assert self.store is not None
         s3 = self.settings.s3
         prefix = topic_prefix(s3.prefix, self.settings.region, topic)
+        prefixes = [prefix]
         if partition is not None:
-            prefix = f"{prefix}{partition}/"
-        for info in self.store.list(prefix):
-            key = SegmentKey.try_parse(info.key)
-            if key is None or key.prefix != s3.prefix or key.region != self.settings.region \
-                    or key.topic != topic:
-                continue   # _topic.json and anything that is not a segment of this topic
-            yield Listed(key, info.size, info.last_modified)
+            later = incarnations_prefix(s3.prefix, self.settings.region, topic)
+            prefixes = [f"{prefix}{partition}/"] + [
+                f"{later}{label}/{partition}/" for label in self.store.list_folders(later)]
+        for where in prefixes:
+            for info in self.store.list(where):
+                key = SegmentKey.try_parse(info.key)
+                if key is None or key.prefix != s3.prefix or \
+                        key.region != self.settings.region or key.topic != topic:
+                    continue   # _topic.json and anything that is not a segment of this topic
+                yield Listed(key, info.size, info.last_modified)
 
     def _plan(self, topics: dict[str, CompactionTopicSettings], partition: int | None,
               now: datetime, report: RunReport) -> list[PartitionPlan]:

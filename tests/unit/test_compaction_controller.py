@@ -559,3 +559,32 @@ def test_a_later_incarnation_is_compacted_in_its_own_location_with_its_topic_id(
         assert {rec.value for b in r.iter_batches(1000) for rec in batch_to_records(b)} \
             == {b"new"}
     assert [x.offset for x in read_segment(store, k(1, 0, 299))] == expected_old
+
+
+def test_one_partition_is_compacted_in_every_incarnation() -> None:
+    # --partition 0 of a topic recreated (IdB) and recreated again (IdC): partition 0 of
+    # each incarnation is merged in its own location; partition 1 of none is touched.
+    from dataclasses import replace as dc_replace
+
+    from formats.base import SegmentMetadata
+    from formats.records import records_to_batch
+    from formats.segment_io import SegmentUpload, publish_segment
+    store = MemoryObjectStore()
+    ranges = [(0, 99), (100, 199), (200, 299)]
+    seed(store, ranges)
+    seed(store, ranges, partition=1)
+    for tid in ("IdB", "IdC"):
+        for p in (0, 1):
+            for s, e in ranges:
+                y = dc_replace(k(0, s, e, p), incarnation=tid)
+                up = SegmentUpload(store, get_format("parquet"), "temp", WriterOptions())
+                up.write_batch(records_to_batch([Record(o, 1, None, tid.encode())
+                                                 for o in range(s, e + 1)]))
+                publish_segment(store, up.finish(SegmentMetadata.for_key(
+                    y, y.span, topic_id=tid)).key, y)
+    report = controller(store).run_once(partition=0)
+    assert report.outcome == "success", report
+    assert sorted(t.output for t in report.tasks) == sorted(
+        dc_replace(k(1, 0, 299), incarnation=i).to_key() for i in ("", "IdB", "IdC"))
+    left = segment_keys(store)
+    assert sum(1 for x in left if SegmentKey.parse(x).partition == 1) == 9
