@@ -47,7 +47,13 @@ from replicator.archive.ownership import (
 from replicator.archive.plan import TablePlan, plan_table
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
-from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
+from replicator.core.keys import (
+    BASE_INCARNATION,
+    SegmentKey,
+    incarnations_prefix,
+    region_prefix,
+    topic_prefix,
+)
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
@@ -251,11 +257,13 @@ class ArchiveCommitter:
 
     def _listing(self, region: str, topic: str, partition: int | None) -> list[SegmentKey]:
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
-        if partition is not None:
-            prefix = f"{prefix}{partition}/"
         # One incarnation per table: the live one's location (a topic deleted and created
         # again has its later incarnations under _incarnations/, docs/architecture.md).
         live = live_location(self.store, self.settings.s3.prefix, region, topic)
+        if partition is not None:
+            if live != BASE_INCARNATION:
+                prefix = f"{incarnations_prefix(self.settings.s3.prefix, region, topic)}{live}/"
+            prefix = f"{prefix}{partition}/"
         keys = []
         for info in self.store.list(prefix):
             k = SegmentKey.try_parse(info.key)

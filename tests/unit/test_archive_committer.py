@@ -177,9 +177,11 @@ def test_a_recreated_topics_table_lists_only_its_live_incarnation(
         Incarnation("oldid", "", {}, {}, None), Incarnation("newid", "newid", {0: 19}, {0: 0},
                                                             now)))
     store.put(topic_meta_key("data", "r1", "t"), meta.encode())
-    committer.sync("r1", "t")
+    committer.sync("r1", "t", partition=0)  # one partition: of the live incarnation too
     table = committer.table("r1", "t", create=False)
     assert table is not None
+    assert listed(table) == [later]
+    committer.sync("r1", "t")
     assert listed(table) == [later]
 
 
