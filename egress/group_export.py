@@ -7,9 +7,10 @@ and writes, for each replicated topic a group committed offsets for, one object
 docs/failover.md). The objects travel to the destination region with the segments, through
 the same bucket replication or ``replicator sync``.
 
-* An object is written only when the group's offsets for that topic changed (PUTs cost),
-  checked against what this process wrote, or on its first round against what the bucket
-  holds.
+* An object is written only when the group's offsets for that topic, or the topic's id,
+  changed (PUTs cost), checked against what this process wrote, or on its first round
+  against what the bucket holds: a topic deleted and created again whose group commits the
+  same offsets gets an export naming the new id (the earlier one's stays for no other).
 * With several egress members, the member that owns partition 0 of a topic writes that
   topic's objects: each topic has one writer, and a rebalance at worst makes two members
   write the same offsets once.
@@ -127,9 +128,10 @@ class GroupExporter:
         self.wall = wall
         self.tails = tails
         self.topic_ids = topic_ids
-        self._written: dict[tuple[str, str], tuple[dict[int, int], dict[int, int]]] = {}
-        """What the bucket holds per (topic, group), as far as this process knows: offsets
-        and ``no_records_from``."""
+        self._written: dict[tuple[str, str],
+                            tuple[dict[int, int], dict[int, int], str | None]] = {}
+        """What the bucket holds per (topic, group), as far as this process knows: offsets,
+        ``no_records_from`` and the topic id they were read for."""
 
     def _ids(self, topics: Collection[str]) -> dict[str, str | None]:
         """Each topic's id now (``None`` without ids); a topic whose id cannot be read is
@@ -176,7 +178,7 @@ class GroupExporter:
         tails = self.tails()
         written = 0
         for (topic, group), committed in sorted(plan.items()):
-            known = self._known(topic, group)
+            known = self._known(topic, group, ids[topic])
             empty = at_rest(topic, committed, tails, known)
             if known == (committed, empty):
                 continue
@@ -190,17 +192,20 @@ class GroupExporter:
                             self.settings.interval, e)
                 self.m.group_export_failures.labels(self.region).inc()
                 continue
-            self._written[(topic, group)] = (committed, empty)
+            self._written[(topic, group)] = (committed, empty, ids[topic])
             self.m.group_exports.labels(self.region, topic).inc()
             written += 1
             log.debug("exported %s's offsets of %s: %s", group, topic, committed)
         return written
 
-    def _known(self, topic: str, group: str
+    def _known(self, topic: str, group: str, topic_id: str | None
                ) -> tuple[dict[int, int], dict[int, int]] | None:
-        """What the bucket holds (first look: read the object); ``None``: nothing readable."""
-        known = self._written.get((topic, group))
-        if known is None:
+        """What the bucket holds for the topic with id ``topic_id`` (first look: read the
+        object); ``None``: nothing readable, or an export of another incarnation of the
+        topic (its offsets and ``no_records_from`` are not this one's).
+        """
+        cached = self._written.get((topic, group))
+        if cached is None:
             key = group_export_key(self.prefix, self.region, topic, group)
             try:
                 export = GroupExport.parse(self.store.get(key), where=key)
@@ -209,9 +214,10 @@ class GroupExporter:
             except (ReplicatorError, ValueError) as e:
                 log.warning("group export: %s is unreadable, writing it again: %s", key, e)
                 return None
-            known = (export.offsets, export.no_records_from)
-            self._written[(topic, group)] = known
-        return known
+            cached = (export.offsets, export.no_records_from, export.topic_id)
+            self._written[(topic, group)] = cached
+        offsets, no_records_from, exported_id = cached
+        return (offsets, no_records_from) if exported_id == topic_id else None
 
 
 def at_rest(topic: str, committed: Mapping[int, int],

@@ -136,3 +136,31 @@ def test_a_group_at_rest_past_the_last_record_says_where_the_records_end() -> No
     assert at_rest("orders", {0: 11}, {("orders", 0): (10, 11)}, None) == {0: 10}
     assert at_rest("orders", {0: 10}, {("orders", 0): (10, 11)}, None) == {}
     assert at_rest("orders", {0: 12}, {("orders", 0): (10, 11)}, None) == {}
+
+
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_recreated_topic_gets_a_new_export_for_the_same_offsets(restarted: bool) -> None:
+    # The topic is deleted and created again; the group commits the same offsets on the new
+    # topic. The export of the earlier topic must not stand for the new one (failover would
+    # translate it through the earlier incarnation's map), whether this process wrote it or
+    # found it in the bucket at its first round.
+    admin = FakeAdmin({"app": {("orders", 0): 10}})
+    store = MemoryObjectStore()
+    ids = {"orders": "IdA"}
+
+    def make() -> GroupExporter:
+        return GroupExporter(admin, store, prefix="data", region="eu",
+                             settings=GroupExportSettings(), own_group="replicator.egress",
+                             metrics=EgressMetrics(Metrics()), wall=lambda: NOW,
+                             topic_ids=ids.__getitem__)
+
+    ex = make()
+    assert ex.export({"orders"}) == 1
+    ids["orders"] = "IdB"
+    if restarted:
+        ex = make()
+    assert ex.export({"orders"}) == 1
+    key = group_export_key("data", "eu", "orders", "app")
+    export = GroupExport.parse(store.get(key), where=key)
+    assert (export.topic_id, export.offsets) == ("IdB", {0: 10})
+    assert ex.export({"orders"}) == 0
