@@ -323,3 +323,27 @@ def test_a_writer_that_reads_no_id_never_writes_the_first_incarnations_shape() -
     finally:
         h.close()
     assert not any(k.startswith("data/r1/t/0/0/00000000000000000010") for k in store.keys())  # noqa: SIM118
+
+
+@pytest.mark.parametrize("topic_json", ["rewritten by an earlier release", "deleted"])
+def test_a_fresh_writer_without_an_id_finds_the_chain_without_topic_json(
+        topic_json: str) -> None:
+    # The chain lists later incarnations only in _incarnations.json: _topic.json was
+    # rewritten without them (an egress of an earlier release) or is not there.
+    store = RecordingStore()
+    admin = Admin()
+    archive_a_then_b(store, admin)
+    if topic_json == "deleted":
+        store.delete(TOPIC_JSON)
+    else:
+        old_release_rewrites(store)
+    admin.id = None
+    pub = publisher(admin, store)                # a fresh process
+    h = Harness(store=store, first_positions=pub.record_first_position, incarnations=pub,
+                expected=10)
+    try:
+        segment(h, range(10, 15))
+        assert h.writer.failed is not None       # held back
+    finally:
+        h.close()
+    assert not any(k.startswith("data/r1/t/0/0/00000000000000000010") for k in store.keys())  # noqa: SIM118
