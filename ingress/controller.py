@@ -31,7 +31,7 @@ from ingress.delivery import Delivery, delivery_for
 from ingress.discovery import TopicDiscovery
 from ingress.events import SegmentEvent
 from ingress.heartbeats import HeartbeatReader
-from ingress.incarnations import same_incarnation
+from ingress.incarnations import RECHECK, same_incarnation
 from ingress.limits import DestinationLimits
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter, ensure_offset_map_topic
@@ -43,6 +43,7 @@ from ingress.scheduler import Scheduler
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import ReplaySink
 from ingress.throttle import ProduceThrottle
+from ingress.topic_meta_cache import TopicMetaCache
 from ingress.topics import SourceState, TopicAdmin, check_sources, ensure_internal_topics
 from ingress.transactions import TransactionLoop
 from ingress.txn_sink import SharedTxnSink
@@ -108,6 +109,8 @@ class Ingress:
         self.admin = admin
         self._make_sink = make_sink
         self.clock = clock
+        self._topic_meta: TopicMetaCache | None = None
+        """Each source topic's ``_topic.json`` read once per ``RECHECK`` for all workers."""
         # Replay reads each segment's format from its own bytes; a wrong ``format.name``
         # is still a configuration error here, as in egress (one file serves both).
         get_format(settings.format.name)
@@ -477,10 +480,13 @@ class Ingress:
                            batch_bytes=self.cfg.batch_bytes,
                            rescan_interval=self.cfg.rescan_interval,
                            origin=origin_marker(self.cfg, src.region), limits=self.limits)
+        if self._topic_meta is None:
+            self._topic_meta = TopicMetaCache(self.store, RECHECK)
         worker = ReplayWorker(cfg, store=self.store, checkpoints=self.checkpoints,
                               make_sink=lambda: self._sink(src, wid[2], epoch), metrics=self.m,
                               scheduler=self.scheduler, clock=self.clock,
-                              permits=self._permits, budget=self.budget)
+                              permits=self._permits, budget=self.budget,
+                              topic_meta=self._topic_meta)
         self.workers[wid] = worker
         self.scheduler.start()     # with the first worker (idempotent)
         worker.start()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ingress.topic_meta_cache import TopicMetaCache
 from replicator.core.keys import BASE_INCARNATION, PartitionRef, SegmentKey
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
@@ -143,10 +144,13 @@ class Lineage:
     """
 
     def __init__(self, store: ObjectStore, ref: PartitionRef,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 cache: TopicMetaCache | None = None) -> None:
         self.store = store
         self.ref = ref.base
         self._monotonic = monotonic
+        self._cache = cache
+        """The process's workers share one read per ``RECHECK`` (``None``: read alone)."""
         self.chain = Chain()
         self._read_at = float("-inf")
 
@@ -179,8 +183,9 @@ class Lineage:
         if now - self._read_at >= RECHECK:
             self._read_at = now
             ref = self.ref
-            self.chain = Chain.of(read_topic_meta(self.store, ref.prefix, ref.region,
-                                                  ref.topic), ref.partition)
+            meta = read_topic_meta(self.store, ref.prefix, ref.region, ref.topic) \
+                if self._cache is None else self._cache.read(ref.prefix, ref.region, ref.topic)
+            self.chain = Chain.of(meta, ref.partition)
         return self.chain
 
 
@@ -196,8 +201,9 @@ class IncarnationTracker:
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, where: str, moved: object,
                  monotonic: Callable[[], float] = time.monotonic,
-                 lost: Callable[[int], None] = lambda n: None) -> None:
-        self.lineage = Lineage(store, ref, monotonic)
+                 lost: Callable[[int], None] = lambda n: None,
+                 cache: TopicMetaCache | None = None) -> None:
+        self.lineage = Lineage(store, ref, monotonic, cache)
         self.where = where
         self._moved = moved
         self._lost = lost
@@ -303,12 +309,20 @@ class IncarnationTracker:
         self.label = target
         return skipped
 
-    def locations(self) -> tuple[str, list[str]]:
-        """The current incarnation and the later ones (what a listing covers: read from
-        ``_topic.json`` again, at most every ``RECHECK`` seconds, so a later incarnation
-        is found without segment events too).
+    def locations(self, position: int | None = None) -> tuple[str, list[str]]:
+        """The current incarnation and the later ones a listing covers (the chain read
+        from ``_topic.json`` again, at most every ``RECHECK`` seconds, so a later
+        incarnation is found without segment events too): every later one while nothing
+        was replayed (``position`` ``None``: the start options weigh them all), else only
+        those the worker can move into from ``position`` now (``advance``): a worker
+        still in an earlier incarnation does not list the later ones in full each time.
+        A move the listing did not foresee (the chain read again since) is followed by a
+        listing of the incarnation entered (``ReplayWorker._incarnation``).
         """
         chain = self.lineage.read()
         r = chain.rank(self.label)
-        later = [] if r is None else list(chain.labels[r + 1:])
-        return self.label, later
+        if r is None:
+            return self.label, []
+        if position is None:
+            return self.label, list(chain.labels[r + 1:])
+        return self.label, [m.entered for m in advance(self.label, position, chain)]

@@ -10,9 +10,9 @@ until an event announces it again (or, for a gone one, until a paced reload stil
 it).
 
 Segments of every incarnation of the topic the worker may still replay are kept (the
-current one's location is listed from the resume position, later ones in full): the
-position is the current incarnation's and says nothing about another's
-(``ingress.incarnations``).
+current one's location is listed from the resume position; later ones in full, those it
+can move into now, or all while nothing was replayed): the position is the current
+incarnation's and says nothing about another's (``ingress.incarnations``).
 """
 
 from __future__ import annotations
@@ -41,13 +41,14 @@ class SegmentInventory:
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, where: str,
                  horizon: Callable[[], tuple[int | None, int | None]] = lambda: (None, None),
-                 locations: Callable[[], tuple[str, list[str]]] = lambda: ("", []),
+                 locations: Callable[[int | None], tuple[str, list[str]]] = lambda p: ("", []),
                  current: Callable[[], str] = lambda: ""
                  ) -> None:
         self.store = store
         self.ref = ref
-        # (the current incarnation, the later ones): what a listing covers (may read
-        # _topic.json); ``current``: the incarnation replayed now (reads nothing).
+        # (the current incarnation, the later ones it can move into from the position
+        # given): what a listing covers (may read _topic.json); ``current``: the
+        # incarnation replayed now (reads nothing).
         self.locations = locations
         self.current = current
         self.where = where
@@ -126,7 +127,7 @@ class SegmentInventory:
         if retry_gone:
             self.gone.clear()
         position, origin = self.horizon()
-        current, later = self.locations()
+        current, later = self.locations(position)
         after = None if full or position is None else self._start_after(position)
         found: set[SegmentKey] = set()
         arrived: dict[SegmentKey, datetime] = {}

@@ -50,6 +50,7 @@ from ingress.segment_replay import SENT_RECHECK, ReplayerHooks, SegmentReplayer
 from ingress.sink import Interrupted, ReplaySink
 from ingress.start_point import StartPoint
 from ingress.status import PartitionStatus
+from ingress.topic_meta_cache import TopicMetaCache
 from ingress.worker_config import STOP_POLL, WorkerConfig
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import (
@@ -84,7 +85,8 @@ class ReplayWorker:
                  make_sink: Callable[[], ReplaySink], metrics: IngressMetrics,
                  scheduler: Scheduler, clock: Clock = utc_now,
                  permits: FifoPermits | None = None,
-                 budget: ByteBudget | None = None) -> None:
+                 budget: ByteBudget | None = None,
+                 topic_meta: TopicMetaCache | None = None) -> None:
         self.cfg = cfg
         self.permits = permits
         self.store = store
@@ -113,7 +115,7 @@ class ReplayWorker:
         self.status = PartitionStatus(self.where, metrics, labels)
         self.incarnations = IncarnationTracker(
             store, ref, self.where, metrics.topic_incarnations.labels(**labels),
-            lost=metrics.messages_lost.labels(**labels).inc)
+            lost=metrics.messages_lost.labels(**labels).inc, cache=topic_meta)
         self.progress = Progress(self.where, lambda: self.incarnations.label, self.freshness,
                                  metrics.messages_produced.labels(**labels).inc,
                                  lambda: self.status.refusal)
@@ -555,7 +557,11 @@ class ReplayWorker:
             progress.reported_below = None
             self.gaps.clear()
             self.start_point.first_seen = None
-            self.inventory.prune()
+            # The listings so far covered only the incarnations reachable then: list the
+            # one entered from its first position (one listing per move).
+            self.inventory.reload(retry_gone=False)
+            mine = {s for s in self.inventory.usable()
+                    if s.incarnation == self.incarnations.label}
         return mine, until
 
     def _produce(self, action: Produce, now: datetime) -> float:

@@ -236,3 +236,26 @@ def test_an_incarnation_without_segments_here_is_passed_through() -> None:
     # No checkpoint and no segment of the first one: nothing to wait from.
     assert [m.entered for m in advance("", None, chain, has_segments=False)] == ["B", "C"]
     assert advance("", None, chain) == []
+
+
+def test_a_move_lists_the_incarnation_entered() -> None:
+    # The worker's listings no longer cover a later incarnation it cannot move into yet;
+    # when it moves, the incarnation entered is listed at once: its segments, announced by
+    # no event, are replayed without waiting for the next rescan.
+    from dataclasses import replace
+    from datetime import timedelta
+    h = Harness()
+    h.cfg = replace(h.cfg, rescan_interval=timedelta(hours=1))
+    try:
+        write(h.store, key(0, 9))
+        topic_json(h.store, 19)                     # the old one ends at 19
+        w = h.start()
+        h.wait(lambda: w.checkpointed == 9)
+        write_new(h.store, new_key(0, 4))           # no events for these
+        write_new(h.store, new_key(5, 9))
+        write(h.store, key(10, 19))
+        w.offer(SegmentEvent("created", key(10, 19)))
+        h.wait(lambda: len(h.sink.committed) == 30)
+        assert values(h) == old(range(20)) + [b"new%d" % o for o in range(10)]
+    finally:
+        h.stop()

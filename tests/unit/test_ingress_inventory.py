@@ -81,3 +81,55 @@ def test_below_the_origin_segments_are_kept_to_be_reported() -> None:
     inv = SegmentInventory(store, REF, "w", horizon=lambda: (199, 100))
     inv.reload(full=True)
     assert inv.known == {seg(0, 0, 49), seg(0, 200, 299)}
+
+
+def test_a_worker_in_an_earlier_incarnation_lists_only_the_later_ones_it_can_enter() -> None:
+    # The topic was recreated twice (IdB, IdC), each with segments here. A worker still in
+    # the first incarnation lists IdB only once the end of the first one is recorded and
+    # reached, and IdC not before it is in IdB; before it replayed anything, every one.
+    from ingress.incarnations import IncarnationTracker
+    from replicator.core.wire import Incarnation, TopicMetadata
+
+    class Counted(RecordingStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prefixes: list[str] = []
+
+        def list(self, prefix: str, *, start_after: str | None = None
+                 ) -> Iterator[ObjectInfo]:
+            self.prefixes.append(prefix)
+            return super().list(prefix, start_after=start_after)
+
+    store = Counted()
+    for s in (seg(0, 0, 99), *(
+            SegmentKey("data", "us-east-1", "t", 3, 0, i * 10, i * 10 + 9, label)
+            for label in ("IdB", "IdC") for i in range(20))):
+        store.put(s.to_key(), b"x")
+
+    def chain(sealed: bool) -> None:
+        b = Incarnation("IdB", "IdB", {3: 99} if sealed else {}, {3: 0} if sealed else {})
+        store.put("data/us-east-1/t/_topic.json", TopicMetadata(
+            4, incarnations=(Incarnation("IdA", ""), b, Incarnation("IdC", "IdC"))).encode())
+
+    clock = [0.0]
+    tracker = IncarnationTracker(store, REF, "w", object(), monotonic=lambda: clock[0])
+    position: list[int | None] = [None]
+    inv = SegmentInventory(store, REF, "w", horizon=lambda: (position[0], None),
+                           locations=tracker.locations, current=lambda: tracker.label)
+
+    def listed_locations() -> set[str]:
+        store.prefixes.clear()
+        clock[0] += 10                                 # the chain is read again
+        inv.reload(full=True)
+        return {p.split("_incarnations/")[1].split("/")[0] if "_incarnations/" in p else ""
+                for p in store.prefixes}
+
+    chain(sealed=False)
+    assert listed_locations() == {"", "IdB", "IdC"}
+    position[0] = 50
+    assert listed_locations() == {""}                 # IdB's start is not recorded yet
+    chain(sealed=True)
+    assert listed_locations() == {""}                 # recorded, not reached
+    position[0] = 99
+    assert listed_locations() == {"", "IdB"}
+    assert {s.incarnation for s in inv.known} == {"IdB"}
