@@ -144,6 +144,10 @@ class SegmentInventory:
                     continue     # replayed already: not needed
                 found.add(seg)
                 arrived[seg] = info.last_modified
+        # Segments of an incarnation not listed (a later one the worker cannot move into
+        # yet, learned from events) stay known: the listing said nothing about them.
+        listed = {current, *later}
+        found |= {s for s in self.known if s.incarnation not in listed}
         self.known = found
         self.arrived = {s: t for s, t in self.arrived.items() if s in found} | arrived
         self.bad &= found

@@ -132,4 +132,21 @@ def test_a_worker_in_an_earlier_incarnation_lists_only_the_later_ones_it_can_ent
     assert listed_locations() == {""}                 # recorded, not reached
     position[0] = 99
     assert listed_locations() == {"", "IdB"}
-    assert {s.incarnation for s in inv.known} == {"IdB"}
+    # IdC's segments listed before anything was replayed stay known (not listed since).
+    assert {s.incarnation for s in inv.known} == {"IdB", "IdC"}
+
+
+def test_a_later_incarnations_segment_learned_from_an_event_survives_a_reload() -> None:
+    # The reload does not list IdB (the worker cannot move into it yet): what an event
+    # announced of it stays known, so the worker still reads the chain again for it.
+    from ingress.events import SegmentEvent
+    later = SegmentKey("data", "us-east-1", "t", 3, 0, 0, 9, "IdB")
+    store = store_with(seg(0, 0, 99), later)
+    inv = SegmentInventory(store, REF, "w", horizon=lambda: (50, None),
+                           locations=lambda p: ("", []))
+    inv.apply([SegmentEvent("created", later)])
+    inv.reload(full=True)
+    assert inv.known == {seg(0, 0, 99), later}
+    inv.apply([SegmentEvent("removed", later)])
+    inv.reload(full=True)
+    assert inv.known == {seg(0, 0, 99)}
