@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 @click.option("--topic", default=None, help="Only this topic (must be in "
                                             "[compaction.topics]).")
 @click.option("--partition", type=click.IntRange(min=0), default=None,
-              help="Only this partition.")
+              help="Only this partition (of every incarnation of a recreated topic).")
 @click.option("--min-level", type=click.IntRange(min=0), default=None,
               help="Lowest input level (overrides the topic's min_level).")
 @click.option("--max-level", type=click.IntRange(min=0), default=None,
