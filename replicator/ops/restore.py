@@ -40,7 +40,7 @@ from replicator.core.kafka import Admin, Producer, read_to_end
 from replicator.core.keys import SegmentKey, topic_prefix
 from replicator.core.settings import KafkaSettings
 from replicator.core.storage import ObjectStore
-from replicator.core.topic_copy import copied_configs, existing_partitions, read_topic_meta
+from replicator.core.topic_copy import existing_partitions, read_topic_meta
 from replicator.core.wire import Checkpoint
 from replicator.ops.pace import Progress, TokenBucket
 from replicator.ops.restore_plan import ArchivedSegment, Plan, RestoreRange, Step, plan, with_times
@@ -52,6 +52,7 @@ from replicator.ops.restore_target import (
     finite_retention,
     needs_largest,
     needs_null_keys,
+    source_shape,
     target_issues,
 )
 
@@ -533,10 +534,11 @@ class Restorer:
         ensure_compacted_topic(admin, req.checkpoint_topic, "checkpoint topic")
         wanted = max((p.partition for p in plan_.partitions), default=0) + 1
         meta = read_topic_meta(self.store, self.prefix, req.source_region, req.topic)
+        shape = source_shape(meta, req.incarnation)
         have = existing_partitions(admin, req.to_topic)
         if have is None:
-            count = max(wanted, meta.partitions if meta is not None else 0)
-            copied = copied_configs(meta.configs) if meta is not None else {}
+            count = max(wanted, shape.partitions)
+            copied = shape.configs
             configs = {**copied, **CREATED_TOPIC_CONFIGS}
             if admin.create_topic(req.to_topic, count, configs):
                 changed = ", ".join(f"{k}={v}" + (f" (the source has {copied[k]})"
@@ -545,7 +547,11 @@ class Restorer:
                 self._note(f"created topic {req.to_topic} with {count} partition(s) and the "
                            f"source's configs but {changed}, so the broker deletes no "
                            "restored record and keeps their timestamps: change them once "
-                           "done with the records")
+                           "done with the records" + (
+                               "" if shape.configs_known else
+                               " (the configs of the earlier incarnation read are not "
+                               "recorded, so none of the live topic's were copied: the "
+                               "broker's defaults apply)"))
                 log.info("created topic %s with %d partition(s), configs %s (from %s)",
                          req.to_topic, count, configs,
                          "_topic.json" if meta is not None else "the archive's partitions")
@@ -557,6 +563,8 @@ class Restorer:
             raise RestoreError(f"topic {req.to_topic} has {have} partition(s); the restore "
                                f"writes partition {wanted - 1} (same partition as the "
                                "source): give it more partitions or restore elsewhere")
+        # The live topic's limit even for an earlier incarnation (whose configs are not
+        # recorded): only what the check reads records for, never applied to the target.
         source_limit = None if meta is None or "max.message.bytes" not in meta.configs \
             else int(meta.configs["max.message.bytes"])
         self.check_target(plan_, admin.effective_topic_config(req.to_topic), source_limit)

@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from replicator.core.topic_copy import copied_configs
+from replicator.core.wire import TopicMetadata
+
 CREATED_TOPIC_CONFIGS: dict[str, str] = {
     "cleanup.policy": "delete",
     "retention.ms": "-1",
@@ -27,6 +30,36 @@ retention would delete old restored records right after the restore (the source'
 delete a month-old record at the broker's next retention check); compaction would keep only
 the newest record of each key (and reject records without one); LogAppendTime would
 replace the archived timestamps. The user changes them once done with the records."""
+
+@dataclass(frozen=True)
+class SourceShape:
+    """What a restore takes from the source's ``_topic.json`` for the incarnation it reads
+    (``source_shape``).
+    """
+
+    partitions: int
+    """The source's partition count (0: not known)."""
+    configs: dict[str, str]
+    """The source's configs a created target copies."""
+    configs_known: bool
+    """False for an earlier incarnation: ``_topic.json`` holds the live topic's configs
+    only, never applied to another topic's records."""
+
+
+def source_shape(meta: TopicMetadata | None, incarnation: str) -> SourceShape:
+    """The partition count and copied configs of the incarnation labelled ``incarnation``
+    (pure): the live one's as ``_topic.json`` records them; an earlier one's partition count
+    from its entry (the most it had, when recorded) and no configs.
+    """
+    if meta is None:
+        return SourceShape(0, {}, True)
+    live = meta.live
+    if live is None or live.label == incarnation:
+        return SourceShape(meta.partitions, copied_configs(meta.configs), True)
+    inc = meta.incarnation(incarnation) if incarnation else meta.incarnations[0]
+    return SourceShape(0 if inc is None or inc.partitions is None else inc.partitions, {},
+                       False)
+
 
 KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 """Apache Kafka's default ``message.max.bytes``: the limit of a source topic whose

@@ -399,3 +399,61 @@ def test_the_restorer_refuses_the_switch_before_producing(
     monkeypatch.setattr(r, "start_producer", lambda part: pytest.fail("produced"))
     with pytest.raises(RestoreRefused, match="started on incarnation the first one"):
         r.run(make_plan_over(0, 999))
+
+
+def test_a_restore_of_an_earlier_incarnation_never_takes_the_live_topics_configs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The topic had 4 partitions, then was recreated with 2 and other configs: _topic.json
+    # holds the live topic's. A target created for the earlier incarnation gets its own
+    # partition count and none of the live topic's configs.
+    import replicator.ops.restore as restore_mod
+    from replicator.core.settings import KafkaSettings
+    from replicator.core.wire import Incarnation, TopicMetadata
+    from replicator.ops.restore import Restorer
+    from replicator.ops.restore_target import source_shape
+
+    meta = TopicMetadata(2, {"max.message.bytes": "5000000", "compression.type": "zstd"},
+                         "orders", "us-east-1", incarnations=(
+                             Incarnation("IdA", "", partitions=4),
+                             Incarnation("IdB", "IdB", partitions=2)))
+    earlier, live = source_shape(meta, ""), source_shape(meta, "IdB")
+    assert (earlier.partitions, earlier.configs, earlier.configs_known) == (4, {}, False)
+    assert (live.partitions, live.configs_known) == (2, True)
+    assert live.configs == {"compression.type": "zstd", "max.message.bytes": "5000000"}
+    plain = TopicMetadata(3, {"compression.type": "lz4"})
+    assert source_shape(plain, "") == source_shape(plain, "x")
+    assert source_shape(plain, "").configs == {"compression.type": "lz4"}
+
+    created: list[tuple[str, int, dict[str, str]]] = []
+
+    class FakeAdmin:
+        def __init__(self, kafka: object) -> None:
+            return
+
+        def list_topics(self) -> list[str]:
+            return [t for t, _, _ in created]
+
+        def partition_count(self, topic: str) -> int | None:
+            return next((n for t, n, _ in created if t == topic), None)
+
+        def create_topic(self, topic: str, n: int, configs: dict[str, str]) -> bool:
+            created.append((topic, n, configs))
+            return True
+
+        def effective_topic_config(self, topic: str) -> dict[str, str]:
+            return {}
+
+    store = MemoryObjectStore("b")
+    store.put("data/us-east-1/orders/_topic.json", meta.encode())
+    monkeypatch.setattr(restore_mod, "Admin", FakeAdmin)
+    monkeypatch.setattr(restore_mod, "ensure_compacted_topic", lambda *a, **k: None)
+    notes: list[str] = []
+    r = Restorer(KafkaSettings(brokers="127.0.0.1:1"), store, "data",
+                 RestoreRequest("us-east-1", "orders", "orders.restored", "cp",
+                                RestoreRange()), note=notes.append)
+    monkeypatch.setattr(r, "check_target", lambda *a: None)
+    r.prepare_topics(make_plan_over(0, 999))
+    [(topic, n, configs)] = created
+    assert (topic, n) == ("orders.restored", 4)
+    assert "compression.type" not in configs and "max.message.bytes" not in configs
+    assert "not recorded" in notes[0]
