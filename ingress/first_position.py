@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Final, Literal
 
+from ingress.topic_meta_cache import TopicMetaCache
 from replicator.core.keys import PartitionRef
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
@@ -39,8 +40,11 @@ class FirstPosition:
     """The first position of one source partition, read lazily and cached once known."""
 
     def __init__(self, store: ObjectStore, ref: PartitionRef, *, enabled: bool,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 cache: TopicMetaCache | None = None) -> None:
         self.store = store
+        self._cache = cache
+        """The process's workers share one read per ``RECHECK`` (``None``: read alone)."""
         self.ref = ref
         self.enabled = enabled
         self._monotonic = monotonic
@@ -64,7 +68,8 @@ class FirstPosition:
             return PENDING
         self._read_at = now
         ref = self.ref
-        meta = read_topic_meta(self.store, ref.prefix, ref.region, ref.topic)
+        meta = read_topic_meta(self.store, ref.prefix, ref.region, ref.topic) \
+            if self._cache is None else self._cache.read(ref.prefix, ref.region, ref.topic)
         self.written_at = None if meta is None else meta.updated_at
         known: Known
         if meta is None or meta.first_positions is None:

@@ -125,7 +125,8 @@ class ReplayWorker:
             horizon=lambda: (self.progress.position, self.progress.origin),
             locations=self.incarnations.locations, current=lambda: self.incarnations.label)
         self.first = FirstPosition(store, cfg.ref,
-                                   enabled=cfg.source.start != "earliest-available")
+                                   enabled=cfg.source.start != "earliest-available",
+                                   cache=topic_meta)
         self.start_point = StartPoint(cfg.source, self.first, self.inventory, self.progress,
                                       self.writer, metrics, labels, self.where)
         self.replay = SegmentReplayer(

@@ -69,3 +69,15 @@ def test_the_ingress_process_gives_its_workers_one_cache() -> None:
         assert len(ing.workers) == 4 and len(caches) == 1 and ing._topic_meta is not None
     finally:
         ing.close()
+
+
+def test_workers_waiting_for_their_first_position_share_the_read_too() -> None:
+    from ingress.first_position import PENDING, FirstPosition
+    store = CountingStore()
+    store.put(TOPIC_JSON, TopicMetadata(4, first_positions={0: 0}).encode())
+    clock = [0.0]
+    cache = TopicMetaCache(store, 2.0, monotonic=lambda: clock[0])
+    firsts = [FirstPosition(store, PartitionRef("data", "us-east-1", "t", p), enabled=True,
+                            monotonic=lambda: clock[0], cache=cache) for p in range(4)]
+    assert [f.get() for f in firsts] == [0, PENDING, PENDING, PENDING]
+    assert store.gets == [TOPIC_JSON]
