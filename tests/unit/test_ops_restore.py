@@ -457,3 +457,55 @@ def test_a_restore_of_an_earlier_incarnation_never_takes_the_live_topics_configs
     assert (topic, n) == ("orders.restored", 4)
     assert "compression.type" not in configs and "max.message.bytes" not in configs
     assert "not recorded" in notes[0]
+
+
+def test_the_restore_command_run_again_after_a_recreate_exits_2_naming_both(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The command as typed the first time (no --incarnation), run again after the topic
+    # was recreated: the restore it started on IdA is refused, not continued on IdB.
+    from dataclasses import replace as dc_replace
+
+    from click.testing import CliRunner
+
+    import replicator.cli.restore as cli_restore
+    from replicator.cli.main import main
+    from replicator.core.settings import load_settings
+    from replicator.core.wire import Incarnation, TopicMetadata
+    from replicator.ops.restore import RestoreRefused, incarnation_refusals
+    store = MemoryObjectStore("b")
+    publish(store, key(0, 9), 1_000)
+    publish(store, dc_replace(key(0, 9), incarnation="IdB"), 5_000)
+    store.put("data/us-east-1/orders/_topic.json", TopicMetadata(
+        1, incarnations=(Incarnation("IdA", ""), Incarnation("IdB", "IdB"))).encode())
+    settings = load_settings(data={"region": "eu-west-1", "s3": {"bucket": "b"},
+                                   "kafka": {"brokers": "x:1"}}, environ={})
+    started = RestoreRequest("us-east-1", "orders", "orders.restored",
+                             "replicator.checkpoint", RestoreRange())
+    marks = {0: {started.checkpoint_key(0): RestoreMark(
+        RestoreRange(), 0, 4, "", (1_000, 1_004), datetime(2026, 11, 25, tzinfo=UTC))}}
+    seen: list[RestoreRequest] = []
+
+    class Interrupted:
+        def __init__(self, kafka: object, store_: object, prefix: str,
+                     request: RestoreRequest, **kw: object) -> None:
+            seen.append(request)
+
+        def run(self, plan_: Plan) -> None:
+            reasons = incarnation_refusals(seen[-1], plan_, marks)
+            if reasons:
+                raise RestoreRefused(reasons)
+
+        def close(self) -> None:
+            return
+
+    monkeypatch.setattr(cli_restore, "settings_store", lambda config, bucket: (settings, store))
+    monkeypatch.setattr(cli_restore, "Restorer", Interrupted)
+    base = ["restore", "--config", "x.toml", "--source-region", "us-east-1", "--topic",
+            "orders", "--to-topic", "orders.restored", "--no-progress"]
+    res = CliRunner().invoke(main, base)
+    assert res.exit_code == 2, res.output
+    assert "started on incarnation IdA" in res.output and "now IdB" in res.output
+    assert seen[-1].incarnation == "IdB" and not seen[-1].incarnation_named
+    res = CliRunner().invoke(main, [*base, "--incarnation", "IdA"])
+    assert res.exit_code == 0, res.output
+    assert seen[-1].incarnation == "" and seen[-1].incarnation_named
