@@ -259,3 +259,74 @@ def test_a_move_lists_the_incarnation_entered() -> None:
         assert values(h) == old(range(20)) + [b"new%d" % o for o in range(10)]
     finally:
         h.stop()
+
+
+class _Moves:
+    def inc(self) -> None:
+        return
+
+
+@settings(max_examples=60, deadline=None)
+@given(histories(), st.lists(st.booleans(), max_size=60), st.lists(st.booleans(), max_size=60))
+def test_listing_only_the_incarnations_a_worker_can_enter_skips_nothing(
+        h: tuple[list[list[SegmentKey]], list[SegmentKey]], pauses: list[bool],
+        rescans: list[bool]) -> None:
+    # The real inventory and tracker over a bucket: segments of 2-3 incarnations become
+    # visible in any order (no events), egress records an incarnation's start before its
+    # first segment is visible, listings run at random steps and on every move (as the
+    # worker does) and cover only the incarnations the worker can enter. Every record of
+    # every incarnation is replayed once, in creation order.
+    from ingress.incarnations import IncarnationTracker
+    from ingress.inventory import SegmentInventory
+    from replicator.core.keys import PartitionRef
+    incs, arrival = h
+    arrival = list(arrival)
+    store = MemoryObjectStore("b")
+    ref = PartitionRef("p", "r", "t", 0)
+    clock = [0.0]
+    tracker = IncarnationTracker(store, ref, "w", _Moves(), monotonic=lambda: clock[0])
+    position = -1
+    inv = SegmentInventory(store, ref, "w", horizon=lambda: (position, None),
+                           locations=tracker.locations, current=lambda: tracker.label)
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    labels = [segs[0].incarnation for segs in incs]
+    sealed, replayed = 0, []
+
+    def publish_chain() -> None:
+        entries = [Incarnation(f"id{x}", x,
+                               {} if n == 0 or n > sealed else
+                               {0: max(s.end for s in incs[n - 1])},
+                               {} if n == 0 or n > sealed else {0: 0})
+                   for n, x in enumerate(labels)]
+        store.put("p/r/t/_topic.json", TopicMetadata(1, incarnations=tuple(entries)).encode())
+
+    publish_chain()
+    for step in range(400):
+        clock[0] += 10.0                    # the chain may be read again at every step
+        if arrival and (step >= len(pauses) or not pauses[step]):
+            seg = arrival.pop(0)
+            if labels.index(seg.incarnation) > sealed:
+                sealed = labels.index(seg.incarnation)
+                publish_chain()
+            store.put(seg.to_key(), b"x")
+        if step >= len(rescans) or rescans[step]:
+            inv.reload()
+        label = tracker.label
+        mine, moved_to, until = tracker.current(inv.usable(), position)
+        assert moved_to is not None
+        position = moved_to
+        if tracker.label != label:
+            inv.reload(retry_gone=False)
+            mine = {s for s in inv.usable() if s.incarnation == tracker.label}
+        action = next_action(position, mine, now, SRC, until=until)
+        if isinstance(action, Produce):
+            seg = action.segment
+            after = position if action.skip_through is None else action.skip_through
+            replayed += [(tracker.label, o) for o in range(max(seg.start, after + 1),
+                                                           seg.end + 1)]
+            position = seg.end
+        elif not arrival:
+            inv.reload()                    # the rescan of an idle or waiting worker
+    expected = [(segs[0].incarnation, o) for segs in incs
+                for o in range(max(s.end for s in segs) + 1)]
+    assert replayed == expected
