@@ -1,0 +1,274 @@
+"""A source topic deleted and created again in the orders of events users meet, on Apache
+Kafka (docs/architecture.md, "Topic incarnations"): recreated with fewer partitions while
+the tail of the higher ones is not replayed yet, with more partitions, idle since egress
+restarted, twice in a row, and while egress is down.
+
+Each scenario compares the destination (read_committed) record by record with every
+record of every incarnation, per partition: the earlier topic's records, then the next
+one's, each exactly once. No loss is reported (ingress's lost and skipped counters,
+egress's lost counter, no ERROR of the replicator's loggers) and no archived object of an
+earlier incarnation changes. Each new incarnation gets more records than the one before,
+so its log reaches past every position archived earlier: a recreate is never visible as
+"the offsets went back" alone.
+
+The scenarios share the session's brokers and moto server; each has its own topic,
+bucket, queue and groups (the ``pipe`` fixture), so they cost only their own egress and
+ingress start-ups (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import pytest
+
+from egress.controller import Egress
+from ingress.controller import Ingress
+from replicator.core.errors import ReplicatorError
+from replicator.core.kafka import Admin, Producer, read_to_end
+from replicator.core.keys import SegmentKey
+from replicator.core.wire import TopicMetadata
+from tests.integration.pipeline import (
+    SOURCE_REGION,
+    Pipeline,
+    running_egress,
+    running_ingress,
+    wait_for,
+)
+
+pytestmark = pytest.mark.apache
+
+Expected = dict[int, list[bytes]]
+"""Per destination partition, every record value in the order it must arrive."""
+
+REPLICATOR_LOGGERS = ("egress", "ingress", "replicator")
+
+
+def produce(pipe: Pipeline, tag: str, partitions: int | range, n: int,
+            expected: Expected) -> None:
+    """``n`` records into each of ``partitions`` (a count: the first ones) of the source
+    topic, appended to ``expected``."""
+    p = Producer(pipe.source_kafka)
+    for part in range(partitions) if isinstance(partitions, int) else partitions:
+        for i in range(n):
+            value = f"{tag}-{part}-{i}".encode()
+            p.produce(pipe.topic, value=value, partition=part)
+            expected.setdefault(part, []).append(value)
+    assert p.flush(30) == 0
+    assert not p.take_failures()
+
+
+def recreate(pipe: Pipeline, admin: Admin, partitions: int) -> str:
+    """Delete the source topic and create it again with ``partitions``; its new id."""
+    old_id = admin.topic_id(pipe.topic)
+    admin.delete_topics([pipe.topic])
+
+    def created_again() -> bool:
+        try:
+            return admin.create_topic(pipe.topic, partitions)
+        except ReplicatorError:
+            return False               # still being deleted
+    wait_for(created_again, 60, "the topic created again")
+    wait_for(lambda: admin.topic_id(pipe.topic) not in (None, old_id), 30, "the new topic id")
+    new_id = admin.topic_id(pipe.topic)
+    assert new_id is not None
+    return new_id
+
+
+def archive(pipe: Pipeline) -> dict[str, tuple[str, bytes]]:
+    """Every segment object of the source topic: key -> (etag, bytes)."""
+    prefix = f"data/{SOURCE_REGION}/{pipe.topic}/"
+    return {o.key: (o.etag, pipe.store.get(o.key)) for o in pipe.store.list(prefix)
+            if SegmentKey.try_parse(o.key) is not None}
+
+
+def archived(pipe: Pipeline) -> dict[tuple[str, int], int]:
+    """Positions archived per (incarnation, partition), level-0 segments."""
+    out: dict[tuple[str, int], int] = defaultdict(int)
+    for o in pipe.store.list(f"data/{SOURCE_REGION}/{pipe.topic}/"):
+        k = SegmentKey.try_parse(o.key)
+        if k is not None and k.level == 0:
+            out[(k.incarnation, k.partition)] += k.span
+    return dict(out)
+
+
+def wait_archived(pipe: Pipeline, total: int, what: str) -> None:
+    wait_for(lambda: sum(archived(pipe).values()) >= total, 60, what)
+
+
+def destination(pipe: Pipeline) -> dict[int, list[bytes | None]]:
+    out: dict[int, list[bytes | None]] = defaultdict(list)
+    for m in read_to_end(pipe.dest_kafka, pipe.dest_topic, timeout=30):
+        part = m.partition()
+        assert part is not None
+        out[part].append(m.value())
+    return dict(out)
+
+
+def wait_replayed(pipe: Pipeline, expected: Expected, what: str, timeout: float = 90) -> None:
+    """Until the destination holds as many records as ``expected``, then exactly them."""
+    total = sum(len(v) for v in expected.values())
+
+    def count() -> int:
+        try:
+            return sum(len(v) for v in destination(pipe).values())
+        except ReplicatorError:
+            return 0                   # the destination topic is not there yet
+    wait_for(lambda: count() >= total, timeout, what)
+    got = destination(pipe)
+    assert {p: got.get(p, []) for p in expected} == expected
+    assert sum(len(v) for v in got.values()) == total, "records in unexpected partitions"
+
+
+def assert_nothing_lost(ing: Ingress | None, egresses: Sequence[Egress],
+                        caplog: pytest.LogCaptureFixture) -> None:
+    if ing is not None:
+        for name in ("messages_lost", "messages_skipped", "segments_lost",
+                     "late_after_lost_messages"):
+            assert ing.metrics.total(f"replicator_ingress_{name}_total") == 0, name
+    for eg in egresses:
+        assert eg.metrics.total("egress_source_lost_messages_total") == 0
+    errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records
+              if r.levelno >= logging.ERROR and r.name.startswith(REPLICATOR_LOGGERS)]
+    assert not errors, errors
+
+
+def meta(pipe: Pipeline) -> TopicMetadata:
+    return TopicMetadata.parse(
+        pipe.store.get(f"data/{SOURCE_REGION}/{pipe.topic}/_topic.json"), where="t")
+
+
+@contextmanager
+def egress_of(pipe: Pipeline, started: list[Egress]) -> Iterator[Egress]:
+    eg = Egress(pipe.egress_settings(max_segment_messages=10), store=pipe.store)
+    started.append(eg)
+    with running_egress(eg):
+        yield eg
+
+
+def test_recreated_with_fewer_partitions_before_the_tail_of_the_higher_ones_is_replayed(
+        pipe: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    """4 partitions recreated with 2 while ingress is down and partitions 2-3 of the
+    first topic still have records it has not replayed: ingress replays that tail, though
+    ``_topic.json`` now says 2 partitions."""
+    admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
+    pipe.create_source(4)
+    produce(pipe, "a", 4, 15, expected)
+    caplog.set_level(logging.WARNING)
+    with egress_of(pipe, egresses):
+        with running_ingress(pipe.ingress_settings()) as ing:
+            wait_replayed(pipe, expected, "the first topic's head replayed")
+            assert_nothing_lost(ing, [], caplog)
+        produce(pipe, "a-tail", range(2, 4), 20, expected)     # 0-1 end with the head
+        wait_archived(pipe, 4 * 15 + 2 * 20, "the tail of partitions 2-3 archived")
+        before = archive(pipe)
+        recreate(pipe, admin, 2)
+        produce(pipe, "b", 2, 40, expected)
+        wait_archived(pipe, 4 * 15 + 2 * 20 + 2 * 40, "the new topic archived")
+        with running_ingress(pipe.ingress_settings()) as ing:
+            wait_replayed(pipe, expected, "the tail of 2-3 and the new topic replayed")
+            assert_nothing_lost(ing, egresses, caplog)
+    after = archive(pipe)
+    assert {k: after[k] for k in before} == before
+    assert [i.partitions for i in meta(pipe).incarnations] == [4, 2]
+
+
+def test_recreated_with_more_partitions(pipe: Pipeline,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """2 partitions recreated with 4 while egress and ingress run: the destination grows
+    to 4 and partitions 2-3 hold only the new topic's records."""
+    admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
+    pipe.create_source(2)
+    produce(pipe, "a", 2, 20, expected)
+    caplog.set_level(logging.WARNING)
+    with egress_of(pipe, egresses), running_ingress(pipe.ingress_settings()) as ing:
+        wait_replayed(pipe, expected, "the first topic replayed")
+        before = archive(pipe)
+        recreate(pipe, admin, 4)
+        produce(pipe, "b", 4, 30, expected)
+        wait_replayed(pipe, expected, "the new topic replayed after the first")
+        assert_nothing_lost(ing, egresses, caplog)
+    after = archive(pipe)
+    assert {k: after[k] for k in before} == before
+    assert [i.partitions for i in meta(pipe).incarnations] == [2, 4]
+
+
+def test_an_idle_topic_recreated_after_egress_restarted(
+        pipe: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    """Egress restarts after the first topic's last record (it names no segment after
+    the restart), then the topic is recreated: the new topic gets its own location and the
+    first one's segments stay as they are."""
+    admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
+    pipe.create_source(2)
+    first_id = admin.topic_id(pipe.topic)
+    produce(pipe, "a", 2, 20, expected)
+    caplog.set_level(logging.WARNING)
+    with running_ingress(pipe.ingress_settings()) as ing:
+        with egress_of(pipe, egresses):
+            wait_archived(pipe, 40, "the first topic archived")
+        wait_replayed(pipe, expected, "the first topic replayed")
+        before = archive(pipe)
+        with egress_of(pipe, egresses) as eg:
+            wait_for(lambda: eg.metrics.total("egress_assigned_partitions") == 2, 30,
+                     "the restarted egress assigned the idle topic")
+            second_id = recreate(pipe, admin, 2)
+            produce(pipe, "b", 2, 30, expected)
+            wait_replayed(pipe, expected, "the new topic replayed after the first")
+            assert_nothing_lost(ing, egresses, caplog)
+    after = archive(pipe)
+    assert {k: after[k] for k in before} == before
+    assert [i.topic_id for i in meta(pipe).incarnations] == [first_id, second_id]
+
+
+def test_two_recreates_in_a_row(pipe: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
+    """A, then B, then C, each with records, while ingress is down after A: ingress
+    steps from A's end through B to C, skipping neither."""
+    admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
+    pipe.create_source(2)
+    ids = [admin.topic_id(pipe.topic)]
+    produce(pipe, "a", 2, 10, expected)
+    caplog.set_level(logging.WARNING)
+    with egress_of(pipe, egresses):
+        with running_ingress(pipe.ingress_settings()) as ing:
+            wait_replayed(pipe, expected, "A replayed")
+        before = archive(pipe)
+        ids.append(recreate(pipe, admin, 2))
+        produce(pipe, "b", 2, 20, expected)
+        wait_archived(pipe, 2 * 10 + 2 * 20, "B archived")
+        ids.append(recreate(pipe, admin, 2))
+        produce(pipe, "c", 2, 30, expected)
+        wait_archived(pipe, 2 * 10 + 2 * 20 + 2 * 30, "C archived")
+        with running_ingress(pipe.ingress_settings()) as ing:
+            wait_replayed(pipe, expected, "B then C replayed after A")
+            assert_nothing_lost(ing, egresses, caplog)
+    after = archive(pipe)
+    assert {k: after[k] for k in before} == before
+    assert [i.topic_id for i in meta(pipe).incarnations] == ids
+    assert len({inc for inc, _p in archived(pipe)}) == 3
+
+
+def test_recreated_while_egress_is_down(pipe: Pipeline,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Egress stops, the topic is deleted, created again and gets more records than the
+    first one had (Kafka deleted the group's offsets with the topic): the restarted egress
+    archives the new topic from its first record in its own location."""
+    admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
+    pipe.create_source(2)
+    first_id = admin.topic_id(pipe.topic)
+    produce(pipe, "a", 2, 20, expected)
+    caplog.set_level(logging.WARNING)
+    with running_ingress(pipe.ingress_settings()) as ing:
+        with egress_of(pipe, egresses):
+            wait_replayed(pipe, expected, "the first topic replayed")
+        before = archive(pipe)
+        second_id = recreate(pipe, admin, 2)
+        produce(pipe, "b", 2, 35, expected)
+        with egress_of(pipe, egresses):
+            wait_replayed(pipe, expected, "the new topic replayed after the first")
+            assert_nothing_lost(ing, egresses, caplog)
+    after = archive(pipe)
+    assert {k: after[k] for k in before} == before
+    assert [i.topic_id for i in meta(pipe).incarnations] == [first_id, second_id]
