@@ -8,8 +8,8 @@ record of every incarnation, per partition: the earlier topic's records, then th
 one's, each exactly once. No loss is reported (ingress's lost and skipped counters,
 egress's lost counter, no ERROR of the replicator's loggers) and no archived object of an
 earlier incarnation changes. Each new incarnation gets more records than the one before,
-so its log reaches past every position archived earlier: a recreate is never visible as
-"the offsets went back" alone.
+so its log reaches past every position archived earlier; while egress runs, its first
+record is archived before the others are produced (``produce_to_the_new_topic``).
 
 The scenarios share the session's brokers and moto server; each has its own topic,
 bucket, queue and groups (the ``pipe`` fixture), so they cost only their own egress and
@@ -48,12 +48,12 @@ REPLICATOR_LOGGERS = ("egress", "ingress", "replicator")
 
 
 def produce(pipe: Pipeline, tag: str, partitions: int | range, n: int,
-            expected: Expected) -> None:
+            expected: Expected, *, first: int = 0) -> None:
     """``n`` records into each of ``partitions`` (a count: the first ones) of the source
     topic, appended to ``expected``."""
     p = Producer(pipe.source_kafka)
     for part in range(partitions) if isinstance(partitions, int) else partitions:
-        for i in range(n):
+        for i in range(first, first + n):
             value = f"{tag}-{part}-{i}".encode()
             p.produce(pipe.topic, value=value, partition=part)
             expected.setdefault(part, []).append(value)
@@ -76,6 +76,23 @@ def recreate(pipe: Pipeline, admin: Admin, partitions: int) -> str:
     new_id = admin.topic_id(pipe.topic)
     assert new_id is not None
     return new_id
+
+
+def produce_to_the_new_topic(pipe: Pipeline, tag: str, partitions: int, n: int,
+                             expected: Expected) -> None:
+    """``n`` records into each partition of a topic just created again while egress runs:
+    one first, archived before the others are produced, then the rest.
+
+    The first record keeps the new log shorter than the position egress reads the earlier
+    topic from, so egress sees the offsets go back (a reset). Records produced past that
+    position before egress's next fetch would be fetched with no reset: which topic they
+    came from cannot be told then, and egress reports them lost (an upper bound,
+    docs/architecture.md "Topic incarnations"), a race this file stays out of.
+    """
+    done = sum(archived(pipe).values())
+    produce(pipe, tag, partitions, 1, expected)
+    wait_archived(pipe, done + partitions, "the new topic's first records archived")
+    produce(pipe, tag, partitions, n - 1, expected, first=1)
 
 
 def archive(pipe: Pipeline) -> dict[str, tuple[str, bytes]]:
@@ -166,7 +183,7 @@ def test_recreated_with_fewer_partitions_before_the_tail_of_the_higher_ones_is_r
         wait_archived(pipe, 4 * 15 + 2 * 20, "the tail of partitions 2-3 archived")
         before = archive(pipe)
         recreate(pipe, admin, 2)
-        produce(pipe, "b", 2, 40, expected)
+        produce_to_the_new_topic(pipe, "b", 2, 40, expected)
         wait_archived(pipe, 4 * 15 + 2 * 20 + 2 * 40, "the new topic archived")
         with running_ingress(pipe.ingress_settings()) as ing:
             wait_replayed(pipe, expected, "the tail of 2-3 and the new topic replayed")
@@ -188,7 +205,7 @@ def test_recreated_with_more_partitions(pipe: Pipeline,
         wait_replayed(pipe, expected, "the first topic replayed")
         before = archive(pipe)
         recreate(pipe, admin, 4)
-        produce(pipe, "b", 4, 30, expected)
+        produce_to_the_new_topic(pipe, "b", 4, 30, expected)
         wait_replayed(pipe, expected, "the new topic replayed after the first")
         assert_nothing_lost(ing, egresses, caplog)
     after = archive(pipe)
@@ -215,7 +232,7 @@ def test_an_idle_topic_recreated_after_egress_restarted(
             wait_for(lambda: eg.metrics.total("egress_assigned_partitions") == 2, 30,
                      "the restarted egress assigned the idle topic")
             second_id = recreate(pipe, admin, 2)
-            produce(pipe, "b", 2, 30, expected)
+            produce_to_the_new_topic(pipe, "b", 2, 30, expected)
             wait_replayed(pipe, expected, "the new topic replayed after the first")
             assert_nothing_lost(ing, egresses, caplog)
     after = archive(pipe)
@@ -236,10 +253,10 @@ def test_two_recreates_in_a_row(pipe: Pipeline, caplog: pytest.LogCaptureFixture
             wait_replayed(pipe, expected, "A replayed")
         before = archive(pipe)
         ids.append(recreate(pipe, admin, 2))
-        produce(pipe, "b", 2, 20, expected)
+        produce_to_the_new_topic(pipe, "b", 2, 20, expected)
         wait_archived(pipe, 2 * 10 + 2 * 20, "B archived")
         ids.append(recreate(pipe, admin, 2))
-        produce(pipe, "c", 2, 30, expected)
+        produce_to_the_new_topic(pipe, "c", 2, 30, expected)
         wait_archived(pipe, 2 * 10 + 2 * 20 + 2 * 30, "C archived")
         with running_ingress(pipe.ingress_settings()) as ing:
             wait_replayed(pipe, expected, "B then C replayed after A")
