@@ -159,8 +159,17 @@ def assert_nothing_lost(ing: Ingress | None, egresses: Sequence[Egress],
     for eg in egresses:
         assert eg.metrics.total("egress_source_lost_messages_total") == 0
     errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records
-              if r.levelno >= logging.ERROR and r.name.startswith(REPLICATOR_LOGGERS)]
+              if r.levelno >= logging.ERROR and r.name.startswith(REPLICATOR_LOGGERS)
+              and not unrelated(r.getMessage())]
     assert not errors, errors
+
+
+def unrelated(message: str) -> bool:
+    """An ERROR that is no report about the records (seen on Apache Kafka at ingress's first
+    start: the configs of the destination topic it just created described before the broker
+    knows it, retried at the next check)."""
+    return "cannot compare the configs of destination topic" in message \
+        and "Unknown topic or partition" in message
 
 
 def meta(pipe: Pipeline) -> TopicMetadata:
