@@ -321,9 +321,12 @@ def egress_process(pipe: Pipeline, directory: Path
         "region": SOURCE_REGION,
         "s3": {"bucket": pipe.bucket, "endpoint_url": pipe.moto, "access_key_id": "test",
                "secret_access_key": "test"},
-        # A session that outlives the freeze: the member keeps its partitions.
+        # A session that outlives the freeze: the member keeps its partitions; and
+        # librdkafka's default metadata refresh (5 min), as in production: the thawed
+        # consumer fetches before any refresh could show it the recreate.
         "kafka": {"brokers": pipe.source_brokers,
-                  "config": {**FAST_GROUP_CONFIG, "session.timeout.ms": 30000}},
+                  "config": {**FAST_GROUP_CONFIG, "session.timeout.ms": 30000,
+                             "topic.metadata.refresh.interval.ms": 300000}},
         "metrics": {"host": "127.0.0.1", "port": port},
         "egress": {"group_id": pipe.egress_group, "shutdown_timeout": "10s",
                    "topic_metadata_interval": "1s",
@@ -366,8 +369,8 @@ def test_records_produced_past_the_read_position_before_egress_fetches_again(
     """Egress is frozen (SIGSTOP, its session outlasting it) at the end of the first topic
     (20 records, all archived) while the topic is deleted, created again and given 30
     records: thawed, its fetch at position 20 returns the new topic's records 20-29 with
-    no sign of the recreate. Every record of both topics is archived; none may be
-    reported lost."""
+    no sign of the recreate. Every record of both topics is archived (the new one's read
+    again from its oldest); none may be reported lost."""
     admin, expected = Admin(pipe.source_kafka), Expected()
     pipe.create_source(1)
     produce(pipe, "a", 1, 20, expected)
@@ -380,11 +383,20 @@ def test_records_produced_past_the_read_position_before_egress_fetches_again(
         finally:
             os.kill(proc.pid, signal.SIGCONT)
         try:
+            # One more record once those are fetched: egress stops waiting for a reset
+            # (30 s) as soon as records of the same epoch come after the segment.
+            wait_for(lambda: metric("replicator_egress_messages_total") >= 30, 60,
+                     "the records after the thaw fetched")
+            produce(pipe, "c", 1, 1, expected, first=30)
             wait_for(lambda: archived(pipe).get((BASE_INCARNATION, 0)) == 20 and sum(
-                archived(pipe).values()) == 50, 60, "the new topic archived in full")
+                archived(pipe).values()) == 51, 60, "the new topic archived in full")
         except AssertionError as e:     # a premise, not the finding
             pytest.fail(f"premise: {e}; archived {archived(pipe)}")
         lost = metric("replicator_egress_source_lost_messages_total")
     log_text = (tmp_path / "egress.log").read_text()
+    saw = [m for m in ("beyond the source log", "before the resume position",
+                       "no committed offset", "lost (another member") if m in log_text]
+    if saw:     # egress saw the recreate (a reset, a new assignment): not this order
+        pytest.skip(f"premise not reached: egress logged {saw}")
     assert lost == 0, f"{lost} reported lost: " + " | ".join(
         line for line in log_text.splitlines() if " ERROR " in line)
