@@ -366,13 +366,17 @@ class PartitionWriter:
         # (``position_left_the_log``), so nothing is asked of the broker here.
         decision = decide_start(self.expected, first_offset)
         if decision.reset:
-            log.error("%s: first record at offset %d is before the resume position %d: the "
-                      "source partition was truncated or recreated; segments restart at %d",
-                      self.name, first_offset, self.expected, decision.start)
-            self.epoch += 1
-            self._epoch_starts[self.epoch] = decision.start
-            self._went_back()
-            self._read_epoch_id()
+            resume = self.expected
+            recreated = self._new_epoch(decision.start)
+            if recreated is not None:
+                log.warning("%s: first record at offset %d is before the resume position "
+                            "%d: the source topic was deleted and created again (%s); its "
+                            "segments restart at %d in a location of their own",
+                            self.name, first_offset, resume, recreated, decision.start)
+            else:
+                log.error("%s: first record at offset %d is before the resume position %d: "
+                          "the source partition was truncated or recreated; segments "
+                          "restart at %d", self.name, first_offset, resume, decision.start)
         seg = Segment(decision.start, now)
         seg.epoch = self.epoch
         self.segment = seg
@@ -397,15 +401,40 @@ class PartitionWriter:
                       self.name, lo, hi, hi - lo + 1, log_start)
             self.metrics.lost.inc(hi - lo + 1)
             return
-        log.error("%s: position %d is beyond the source log, which starts at %d: the "
-                  "partition was truncated or recreated; reading on from its start",
-                  self.name, position, log_start)
         self.close(CloseReason.RESET)
+        recreated = self._new_epoch(log_start)
+        # The next segment starts at the log start: the reset is this one (its first
+        # record would otherwise be "before the resume position" of the earlier log, a
+        # second reset and a second epoch of the same id).
+        self.position = self.expected = log_start
+        if recreated is not None:
+            log.warning("%s: position %d is beyond the source log, which starts at %d: the "
+                        "source topic was deleted and created again (%s); reading the new "
+                        "topic from its start", self.name, position, log_start, recreated)
+        else:
+            log.error("%s: position %d is beyond the source log, which starts at %d: the "
+                      "partition was truncated or recreated; reading on from its start",
+                      self.name, position, log_start)
+
+    def _new_epoch(self, start: int) -> str | None:
+        """The partition's offsets went back (poll thread): a new epoch reading from
+        ``start``, its topic id read now.
+
+        Returns:
+            ``"topic id A, then B"`` when both epochs' ids are known and differ: a topic
+            deleted and created again, archived as a new incarnation (nothing of the
+            earlier one is lost or overwritten, so a WARNING); ``None`` otherwise (the same
+            id: the log was truncated under egress; or an id unknown), which is an ERROR.
+        """
+        before = self._topic_ids.get(self.epoch)
         self.epoch += 1
-        self._epoch_starts[self.epoch] = log_start
+        self._epoch_starts[self.epoch] = start
         self._went_back()
-        self.position = log_start
         self._read_epoch_id()
+        after = self._topic_ids.get(self.epoch)
+        if before is None or after is None or before == after:
+            return None
+        return f"topic id {before}, then {after}"
 
     def _went_back(self) -> None:
         """The consumer's position went back with a reset (poll thread): the position and

@@ -211,6 +211,43 @@ def test_an_epochs_id_is_read_at_the_reset_not_when_its_segment_is_named() -> No
     assert [i.topic_id for i in meta.incarnations] == ["X", "Y", "Z"]
 
 
+@pytest.mark.parametrize("via", ["beyond the log", "first record before the position"])
+@pytest.mark.parametrize("now", ["IdB", "IdA"])
+def test_a_reset_is_an_error_only_when_the_topic_id_did_not_change(
+        caplog: pytest.LogCaptureFixture, via: str, now: str) -> None:
+    # A topic deleted and created again is archived as a new incarnation (nothing lost or
+    # overwritten): WARNING naming both ids. The same id going back is a truncation: ERROR.
+    admin = Admin(tid="IdA")
+    h = writer_with(admin)
+    h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
+                               metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
+                               topic_id="IdA")
+    try:
+        h.writer.append(messages(records(range(10))), now=0.0)
+        h.writer.close(CloseReason.AGE)
+        h.settle()
+        admin.id = now
+        with caplog.at_level(logging.WARNING):
+            if via == "beyond the log":
+                h.writer.position_left_the_log(10, 0)
+            h.writer.append(messages(records(range(4), size=9)), now=0.0)
+            h.writer.close(CloseReason.AGE)
+            h.settle()
+    finally:
+        h.close()
+    resets = [r for r in caplog.records if r.name == "egress.partition_writer"
+              and ("beyond the source log" in r.getMessage()
+                   or "before the resume position" in r.getMessage())]
+    assert len(resets) == 1, [r.getMessage() for r in caplog.records]
+    if now == "IdB":
+        assert resets[0].levelname == "WARNING"
+        assert "topic id IdA, then IdB" in resets[0].getMessage()
+        assert "_incarnations/IdB/" in " ".join(keys(h))
+    else:
+        assert resets[0].levelname == "ERROR"
+    assert lost(h) == 0
+
+
 def test_heartbeats_name_the_topic_id_of_each_position() -> None:
     from datetime import UTC, datetime, timedelta
 
