@@ -19,7 +19,7 @@ from typing import Literal, Protocol
 
 from ingress.metrics import IngressMetrics
 from replicator.core.compacted_topic import ensure_compacted_topic
-from replicator.core.errors import ReplicatorError, TopicError
+from replicator.core.errors import ReplicatorError, RetriableError, TopicError
 from replicator.core.settings import IngressSourceSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import (
@@ -200,6 +200,7 @@ class SourceState:
     warned_missing: float = 0.0
     configs_checked: tuple[tuple[str, str], ...] | None = None
     config_problems: frozenset[str] = frozenset()
+    config_check_failed: bool = False
 
 
 def check_sources(states: Iterable[SourceState], store: ObjectStore, admin: TopicAdmin,
@@ -275,9 +276,19 @@ def _ensure(admin: TopicAdmin, metrics: IngressMetrics, dest: str,
             metrics.source_stopped.labels(region=src.region, topic=src.topic).set(0)
         try:
             check_destination_configs(admin, metrics, dest, st, meta, align=align)
+            st.config_check_failed = False
         except ReplicatorError as e:
-            log.error("cannot compare the configs of destination topic %s with source "
-                      "%s/%s, retrying: %s", dest, src.region, src.topic, e)
+            # A topic just created may not be known yet to the broker asked for its configs
+            # (Unknown topic or partition): the first failure of a never-compared topic is
+            # routine, a second one in a row is not.
+            first = (isinstance(e, RetriableError) and st.configs_checked is None
+                     and not st.config_check_failed)
+            log.log(logging.INFO if first else logging.ERROR,
+                    "cannot compare the configs of destination topic %s with source %s/%s, "
+                    "retrying%s: %s", dest, src.region, src.topic,
+                    " (a topic just created may not be known to every broker yet)"
+                    if first else "", e)
+            st.config_check_failed = True
         if st.partitions != meta.partitions:
             log.info("source %s/%s has %d partition(s) -> %s", src.region, src.topic,
                      meta.partitions, dest)

@@ -213,3 +213,43 @@ def test_align_sets_the_losing_configs_like_the_source() -> None:
     assert admin.configs["t"] == {"message.timestamp.type": "CreateTime", "retention.ms": "-1"}
     assert metrics.value("replicator_ingress_destination_config_mismatch",
                          {"topic": "t", "config": "retention.ms"}) in (None, 0)
+
+
+def test_a_topic_just_created_and_not_yet_known_for_its_configs_is_no_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Seen on Apache Kafka: DescribeConfigs right after CreateTopics answered "Unknown topic
+    # or partition"; the next check compares. One such answer is routine, two in a row are
+    # an ERROR.
+    from ingress.metrics import IngressMetrics
+    from ingress.topics import SourceState, check_sources
+    from replicator.core.errors import KafkaRetriableError
+    from replicator.core.metrics import Metrics
+    from replicator.core.settings import IngressSourceSettings
+
+    class NotYetKnown(FakeAdmin):
+        unknown_for = 0
+
+        def effective_topic_config(self, topic: str) -> dict[str, str]:
+            if self.unknown_for:
+                self.unknown_for -= 1
+                raise KafkaRetriableError(f"describe configs of {topic}: Unknown topic or "
+                                          "partition")
+            return super().effective_topic_config(topic)
+
+    store = MemoryObjectStore("b")
+    store.put("data/r1/t/_topic.json", TopicMetadata(1, {"retention.ms": "-1"}).encode())
+    m = IngressMetrics.create(Metrics())
+
+    def errors_after(checks: int, unknown_for: int) -> list[str]:
+        admin = NotYetKnown()
+        admin.unknown_for = unknown_for
+        st = SourceState(IngressSourceSettings(region="r1", topic="t"))
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ingress.topics"):
+            for _ in range(checks):
+                check_sources([st], store, admin, "data", m)
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+    assert errors_after(3, unknown_for=1) == []
+    assert any("cannot compare the configs" in e for e in errors_after(3, unknown_for=2))
+    assert "cannot compare" in caplog.text
