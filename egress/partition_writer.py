@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 import pyarrow as pa
@@ -106,7 +107,8 @@ class Incarnations(Protocol):
     """``egress.topic_meta.TopicMetadataPublisher``: topic ids and their key locations."""
 
     def topic_id(self, topic: str) -> str | None: ...
-    def incarnation(self, topic: str, topic_id: str) -> str: ...
+    def incarnation(self, topic: str, topic_id: str, *, later: Collection[str] = (),
+                    seen_at: datetime | None = None) -> str: ...
     def seal(self, ref: PartitionRef, start: int) -> None: ...
     def has_incarnations(self, topic: str) -> bool: ...
 
@@ -184,6 +186,8 @@ class PartitionWriter:
         self.epoch = 0
         self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
         """The topic id of each epoch, once read (workers)."""
+        self._seen_at: dict[int, datetime] = {} if topic_id is None else {0: ctx.wall()}
+        """When each epoch's id was read: its topic existed then (creation order)."""
         self._epoch_starts: dict[int, int] = {}
         """Where each epoch after a reset began reading (poll thread)."""
         self.appends = 0
@@ -433,6 +437,7 @@ class PartitionWriter:
             return
         if tid is not None:
             self._topic_ids[self.epoch] = tid
+            self._seen_at.setdefault(self.epoch, self.ctx.wall())
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):
@@ -554,6 +559,7 @@ class PartitionWriter:
             # of the earlier topic's positions).
             self.epoch += 1
             self._topic_ids[self.epoch] = switch
+            self._seen_at.setdefault(self.epoch, self.ctx.wall())
             self.expected = self.next_offset = self.position = None
             self.committed_offset = None
             self.resumed = False
@@ -727,14 +733,25 @@ class PartitionWriter:
         """The id and location of a segment being named: its epoch's, checked against the
         id now (``IncarnationChanged`` when the topic was created again meanwhile).
         """
-        topic_id, label = self._incarnation_of(seg.epoch)
         inc = self.ctx.incarnations
+        # Ids read after this epoch's are later topics': its own goes before them in the
+        # chain even when one of them was recorded first (two recreates in a row).
+        later = {t for e, t in self._topic_ids.items() if e > seg.epoch and t is not None}
+        now = None
+        if inc is not None and seg.epoch == self.epoch \
+                and self._topic_ids.get(seg.epoch) is not None:
+            now = self._retry(lambda: inc.topic_id(self.ref.topic),
+                              f"{self.name}: read the topic id again")
+            if now is not None and now != self._topic_ids[seg.epoch]:
+                later.add(now)
+        topic_id, label = self._incarnation_of(seg.epoch, later)
         if topic_id is None or inc is None or seg.epoch != self.epoch:
             # A later epoch exists: the offsets went back after this segment's records,
             # where the topic changed; they are its epoch's topic's.
             return topic_id, label
-        now = self._retry(lambda: inc.topic_id(self.ref.topic),
-                          f"{self.name}: read the topic id again")
+        if now is None:
+            now = self._retry(lambda: inc.topic_id(self.ref.topic),
+                              f"{self.name}: read the topic id again")
         if now is not None and now != topic_id:
             self._hold(seg, IncarnationChanged(topic_id, now))
         return topic_id, label
@@ -770,7 +787,8 @@ class PartitionWriter:
         self.metrics.lost.inc(seg.count)
         self._switch_to = e.now
 
-    def _incarnation_of(self, epoch: int) -> tuple[str | None, str]:
+    def _incarnation_of(self, epoch: int, later: Collection[str] = ()
+                        ) -> tuple[str | None, str]:
         """The topic id of an epoch (read once per epoch) and its key location (worker
         thread). Without ids (none known to the broker, or not asked): ``(None, "")``,
         the documented key shape.
@@ -788,6 +806,7 @@ class PartitionWriter:
         if epoch not in self._topic_ids:
             self._topic_ids[epoch] = self._retry(
                 lambda: inc.topic_id(self.ref.topic), f"{self.name}: read the topic id")
+            self._seen_at.setdefault(epoch, self.ctx.wall())
         topic_id = self._topic_ids[epoch]
         if topic_id is None and any(t is not None for t in self._topic_ids.values()):
             # The topic is gone (deleted, not created again yet): its location is unknown,
@@ -804,7 +823,10 @@ class PartitionWriter:
                 raise RetriableError(f"{self.name}: the source topic has no id now while "
                                      "_topic.json lists incarnations; the segment waits")
             return None, ""
-        label = self._retry(lambda: inc.incarnation(self.ref.topic, topic_id),
+        seen = self._seen_at.get(epoch)
+        label = self._retry(lambda: inc.incarnation(self.ref.topic, topic_id,
+                                                    later=[t for t in later if t != topic_id],
+                                                    seen_at=seen),
                             f"{self.name}: record incarnation {topic_id}")
         return topic_id, label
 

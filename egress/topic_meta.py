@@ -28,11 +28,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from egress.incarnation_chain import ChainStore, merge
+from egress.incarnation_chain import ChainStore, insert, merge
 from egress.metrics import EgressMetrics
 from replicator.core.clock import Clock
 from replicator.core.errors import (
@@ -72,17 +72,20 @@ NULL_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 """Kafka's zero id (a broker without topic ids answers with it): no id."""
 
 
-def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: datetime
-                     ) -> tuple[Incarnation, ...] | None:
+def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: datetime,
+                     *, later: Collection[str] = ()) -> tuple[Incarnation, ...] | None:
     """The incarnation list once ``topic_id`` is known (pure): unchanged (``None``) when it
     is listed already; the first id ever recorded is the one stored at the documented key
-    shape (label ``""``: the segments already there are taken as its own); a new id is
-    appended as the live incarnation, its label derived from the id.
+    shape (label ``""``: the segments already there are taken as its own); a new id, its
+    label derived from the id, goes in creation order (``incarnation_chain.insert``: when
+    first seen, ``now``, and the ids ``later`` its writer knows came after it), which is
+    the end unless it was recorded after a later topic's.
     """
     if any(i.topic_id == topic_id for i in incarnations):
         return None
     label = BASE_INCARNATION if not incarnations else incarnation_label(topic_id)
-    return (*incarnations, Incarnation(topic_id, label, created_at=now))
+    return insert(incarnations, Incarnation(topic_id, label, created_at=now),
+                  later=later)[0]
 
 
 def with_count(incarnations: tuple[Incarnation, ...], topic_id: str, partitions: int
@@ -164,6 +167,8 @@ class TopicMetadataPublisher:
                                   retry_policy=retry_policy)
         self._pinned: dict[str, tuple[Incarnation, ...]] = {}
         """The chain known to be in each ``_incarnations.json``."""
+        self._seen: dict[tuple[str, str], datetime] = {}
+        """(topic, topic id) -> when this process first read that id (its creation order)."""
 
     def set_topics(self, topics: Iterable[str]) -> None:
         """Follow the selection: new topics get their ``_topic.json`` at the next check;
@@ -545,11 +550,21 @@ class TopicMetadataPublisher:
         """
         tid = self.admin.topic_id(topic)
         # A client that got no id from the broker may print it as "None".
-        return None if not tid or tid in (NULL_TOPIC_ID, "None") else tid
+        if not tid or tid in (NULL_TOPIC_ID, "None"):
+            return None
+        now = self.wall()
+        with self._mutex:
+            self._seen.setdefault((topic, tid), now)
+        return tid
 
-    def incarnation(self, topic: str, topic_id: str) -> str:
+    def incarnation(self, topic: str, topic_id: str, *, later: Collection[str] = (),
+                    seen_at: datetime | None = None) -> str:
         """The label of the incarnation with ``topic_id``, recorded in ``_topic.json`` first
-        when it is new (a worker thread, before a segment of it is named).
+        when it is new (a worker thread, before a segment of it is named), in creation
+        order: before the topics ``later`` names (ids the writer read after this one) and
+        those first seen after it (``seen_at``, when the writer read it, or when this
+        process did if earlier), not after every topic recorded so far: two recreates in a
+        row can name the later topic's segments first.
 
         Raises:
             ReplicatorError: ``_topic.json`` could not be read or written (the segment
@@ -559,24 +574,37 @@ class TopicMetadataPublisher:
             known = self._labels.get((topic, topic_id))
         if known is not None:
             return known
+        with self._mutex:
+            seen = self._seen.get((topic, topic_id))
+        if seen_at is not None and (seen is None or seen_at < seen):
+            seen = seen_at
         lock = self._topic_locks.setdefault(topic, threading.Lock())
         with lock:
             def add(cur: TopicMetadata | None) -> TopicMetadata | None:
                 if cur is None:
                     raise StorageError(f"{topic}: _topic.json is not written yet; the "
                                        "incarnation waits for it")
-                incs = self._with_id(topic, cur.incarnations, topic_id, self.wall())
+                incs = self._with_id(topic, cur.incarnations, topic_id,
+                                     seen if seen is not None else self.wall(), later=later)
                 if incs is None:
                     return None
-                if len(incs) > 1:
+                at = [i.topic_id for i in incs].index(topic_id)
+                if len(incs) > 1 and at == len(incs) - 1:
                     # The file's count is the earlier topic's until a check sees the new one.
                     incs = with_count(incs, incs[-2].topic_id, cur.partitions)
+                if at < len(incs) - 1:
+                    log.warning("%s: topic id %s is recorded before %s, recorded earlier: "
+                                "it was created first (read before it); the partitions %s "
+                                "of %s now follow it", topic, topic_id,
+                                incs[at + 1].topic_id,
+                                sorted(incs[at + 1].previous_ends) or "(none yet)",
+                                incs[at + 1].topic_id)
                 if cur.incarnations:
                     log.warning("%s: the source topic was deleted and created again (topic "
                                 "id %s, was %s): its segments go to their own location "
                                 "(%s/_incarnations/%s/); the earlier ones stay as they are",
-                                topic, topic_id, cur.incarnations[-1].topic_id, topic,
-                                incs[-1].label)
+                                topic, topic_id, incs[at - 1].topic_id if at else "none",
+                                topic, incs[at].label)
                     self.m.incarnations.labels(self.region, topic).inc()
                 return dataclasses.replace(cur, incarnations=incs, updated_at=self.wall())
 
@@ -610,7 +638,8 @@ class TopicMetadataPublisher:
         return bool(pinned or (restored is not None and restored.incarnations))
 
     def _with_id(self, topic: str, incarnations: tuple[Incarnation, ...], topic_id: str,
-                 now: datetime) -> tuple[Incarnation, ...] | None:
+                 now: datetime, *, later: Collection[str] = ()
+                 ) -> tuple[Incarnation, ...] | None:
         """``with_incarnation``, but the documented shape is never given to ``topic_id``
         when no incarnation is recorded while the bucket says another id owns it (a
         segment footer there names another id: that one is recorded first) or cannot
@@ -634,7 +663,7 @@ class TopicMetadataPublisher:
                           "named until the chain is restored (docs/upgrades.md)", topic,
                           topic, topic_id)
                 raise StorageError(f"{topic}: the incarnation chain was lost")
-        return with_incarnation(incarnations, topic_id, now)
+        return with_incarnation(incarnations, topic_id, now, later=later)
 
     def seal(self, ref: PartitionRef, start: int) -> None:
         """Before the partition's first segment of a later incarnation is visible, record
