@@ -148,6 +148,25 @@ def insert(chain: tuple[Incarnation, ...], new: Incarnation, *,
     return (*chain[:at], placed, moved, *chain[at + 1:]), at
 
 
+def unsealed(chain: tuple[Incarnation, ...], sealed: Collection[tuple[str, int]]
+             ) -> list[tuple[str, int, int]]:
+    """The seals (label, partition) of ``sealed`` that ``chain`` no longer holds in full
+    (pure), with where each incarnation begins there: an entry up to the sealed one
+    without its predecessor's end for the partition (an insert merged with a seal written
+    against the chain before it dropped ends recorded against another predecessor). A
+    label no longer listed is left out (nothing to seal against).
+    """
+    labels = [i.label for i in chain]
+    out = []
+    for label, p in sorted(sealed):
+        if label not in labels or labels.index(label) == 0:
+            continue
+        rank = labels.index(label)
+        if any(p not in chain[n].previous_ends for n in range(1, rank + 1)):
+            out.append((label, p, chain[rank].first_positions.get(p, 0)))
+    return out
+
+
 def encode(chain: tuple[Incarnation, ...]) -> bytes:
     """The object's body."""
     return json.dumps({"incarnations": [i.to_json() for i in chain]}, indent=2,

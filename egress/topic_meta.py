@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from egress.incarnation_chain import ChainStore, insert, merge
+from egress.incarnation_chain import ChainStore, insert, merge, unsealed
 from egress.metrics import EgressMetrics
 from replicator.core.clock import Clock
 from replicator.core.errors import (
@@ -203,6 +203,11 @@ class TopicMetadataPublisher:
                     if n is None:
                         log.warning("%s: source topic does not exist (yet)", topic)
                         continue
+                    try:
+                        self._check_seals(topic)
+                    except ReplicatorError as e:
+                        log.warning("%s: seals not checked, trying again in %s: %s", topic,
+                                    self.interval, e)
                     tid = self._id_for_check(topic)
                     with self._mutex:
                         id_known = tid is None or (topic, tid) in self._labels
@@ -244,6 +249,32 @@ class TopicMetadataPublisher:
                          "" if old is None or old == n else f", was {old}",
                          "" if old_configs is None or old_configs == configs
                          else f"; configs now {dict(sorted(configs.items()))}")
+
+    def _check_seals(self, topic: str) -> None:
+        """Seal again the partitions this process sealed whose ends the chain no longer
+        holds: a seal written against the chain as it was before an incarnation was
+        inserted (two recreates in a row, recorded out of order) can be dropped by the
+        merge, and its partition's next segment would not seal again (ingress would wait
+        there for good). One GET per check of a topic this process sealed.
+
+        Raises:
+            ReplicatorError: S3 failed.
+        """
+        with self._mutex:
+            sealed = {(label, p) for t, label, p in self._sealed if t == topic}
+        if not sealed:
+            return
+        key = topic_meta_key(self.prefix, self.region, topic)
+        data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+        cur, _ = self._restore(topic, TopicMetadata.parse(data, where=key), fresh=False)
+        assert cur is not None
+        for label, p, start in unsealed(cur.incarnations, sealed):
+            log.warning("%s[%d]: the chain lacks the seal of incarnation %s recorded here "
+                        "(dropped by a merge with an incarnation recorded late); sealing "
+                        "again", topic, p, label or "first")
+            with self._mutex:
+                self._sealed.discard((topic, label, p))
+            self.seal(PartitionRef(self.prefix, self.region, topic, p, label), start)
 
     def _chain_dropped(self, topic: str) -> bool:
         """Whether ``_topic.json`` lacks incarnations this process pinned (an egress of an

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from egress.incarnation_chain import insert, merge
+from egress.incarnation_chain import encode, insert, merge
 from replicator.core.keys import PartitionRef
 from replicator.core.wire import Incarnation, TopicMetadata
 from tests.unit.egress.fakes import RecordingStore
@@ -78,3 +78,30 @@ def test_the_publisher_records_an_earlier_topic_before_a_later_one() -> None:
     assert pub2.incarnation("t", "Z") == "Z"
     meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
     assert ids(meta.incarnations) == ["X", "Y", "Z"]
+
+
+def test_a_seal_dropped_by_a_merge_with_a_late_incarnation_is_written_again() -> None:
+    # Member A seals Z in partition 1 against (X, Z) while member B inserts Y before Z:
+    # the merge keeps B's ends for Z (against Y) and drops A's (against X). A's next
+    # metadata check finds its seal missing and seals again against (X, Y, Z).
+    store = RecordingStore()
+    admin = Admin(tid="X", partitions=2)
+    a = publisher(admin, store)
+    write_x = PartitionRef("data", "r1", "t", 1)
+    store.put(write_x.segments_prefix(0) + "00000000000000000000-00000000000000000009",
+              b"not read")
+    a.incarnation("t", "Z", seen_at=T0 + timedelta(seconds=20))
+    a.seal(PartitionRef("data", "r1", "t", 1, "Z"), 0)
+    # What the race leaves: Y inserted, Z's and Y's ends of partition 1 not recorded.
+    lost = (X, Incarnation("Y", "Y", created_at=T0 + timedelta(seconds=10)),
+            Incarnation("Z", "Z", {}, {1: 0}, created_at=T0 + timedelta(seconds=20)))
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    store.put(TOPIC_JSON, TopicMetadata(2, {}, "t", "r1", T0, meta.first_positions,
+                                        lost).encode())
+    store.put("data/r1/t/_incarnations.json", encode(lost))
+    a._pinned.clear()
+    admin.id = "Z"
+    a.check()
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    assert [(i.topic_id, i.previous_ends) for i in meta.incarnations] == [
+        ("X", {}), ("Y", {1: 9}), ("Z", {1: None})]
