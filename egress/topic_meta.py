@@ -227,8 +227,11 @@ class TopicMetadataPublisher:
                         if tid is not None:
                             incs = self._with_id(topic, incs, tid, now) or incs
                             if cur is not None and len(incs) > max(1, len(cur.incarnations)):
-                                # The file's count is the earlier topic's (a new id).
-                                incs = with_count(incs, incs[-2].topic_id, cur.partitions)
+                                # The file's count is the earlier topic's (a new id):
+                                # the live one it listed (the new one may not be last).
+                                was = (cur.incarnations[-1] if cur.incarnations
+                                       else incs[-2]).topic_id
+                                incs = with_count(incs, was, cur.partitions)
                             incs = with_count(incs, tid, n)
                         return dataclasses.replace(
                             TopicMetadata.of(topic, self.region, n, configs, now,
