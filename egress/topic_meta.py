@@ -167,8 +167,10 @@ class TopicMetadataPublisher:
                                   retry_policy=retry_policy)
         self._pinned: dict[str, tuple[Incarnation, ...]] = {}
         """The chain known to be in each ``_incarnations.json``."""
-        self._seen: dict[tuple[str, str], datetime] = {}
-        """(topic, topic id) -> when this process first read that id (its creation order)."""
+        self._seen: dict[tuple[str, str], tuple[datetime, int]] = {}
+        """(topic, topic id) -> when this process first read that id, and how many ids it
+        had read before (the creation order: exact within the process, whatever its
+        clock)."""
 
     def set_topics(self, topics: Iterable[str]) -> None:
         """Follow the selection: new topics get their ``_topic.json`` at the next check;
@@ -588,7 +590,7 @@ class TopicMetadataPublisher:
             return None
         now = self.wall()
         with self._mutex:
-            self._seen.setdefault((topic, tid), now)
+            self._seen.setdefault((topic, tid), (now, len(self._seen)))
         return tid
 
     def incarnation(self, topic: str, topic_id: str, *, later: Collection[str] = (),
@@ -608,10 +610,7 @@ class TopicMetadataPublisher:
             known = self._labels.get((topic, topic_id))
         if known is not None:
             return known
-        with self._mutex:
-            seen = self._seen.get((topic, topic_id))
-        if seen_at is not None and (seen is None or seen_at < seen):
-            seen = seen_at
+        later, seen = self._order_hints(topic, topic_id, later, seen_at)
         lock = self._topic_locks.setdefault(topic, threading.Lock())
         with lock:
             def add(cur: TopicMetadata | None) -> TopicMetadata | None:
@@ -649,6 +648,22 @@ class TopicMetadataPublisher:
         with self._mutex:
             self._labels[(topic, topic_id)] = inc.label
         return inc.label
+
+    def _order_hints(self, topic: str, topic_id: str, later: Collection[str],
+                     seen_at: datetime | None) -> tuple[Collection[str], datetime | None]:
+        """What places ``topic_id`` in the chain: the ids known to be later (the writer's,
+        and those this process read after it, whatever the clocks say) and when it was
+        first seen (by the writer or this process, the earlier).
+        """
+        with self._mutex:
+            first = self._seen.get((topic, topic_id))
+            if first is not None:
+                later = {*later, *(t for (tp, t), (_, n) in self._seen.items()
+                                   if tp == topic and n > first[1])}
+        seen = None if first is None else first[0]
+        if seen_at is not None and (seen is None or seen_at < seen):
+            seen = seen_at
+        return later, seen
 
     def has_incarnations(self, topic: str) -> bool:
         """Whether ``_topic.json`` (or ``_incarnations.json``) lists any incarnation of

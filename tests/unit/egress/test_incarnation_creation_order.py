@@ -105,3 +105,17 @@ def test_a_seal_dropped_by_a_merge_with_a_late_incarnation_is_written_again() ->
     meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
     assert [(i.topic_id, i.previous_ends) for i in meta.incarnations] == [
         ("X", {}), ("Y", {1: 9}), ("Z", {1: None})]
+
+
+def test_ids_one_process_read_in_turn_are_ordered_whatever_its_clock() -> None:
+    store = RecordingStore()
+    admin = Admin(tid="X", partitions=2)
+    pub = publisher(admin, store)          # its clock never moves
+    admin.id = "Y"
+    assert pub.topic_id("t") == "Y"        # a reset read it
+    admin.id = "Z"
+    assert pub.topic_id("t") == "Z"        # the metadata check, or another partition
+    pub.incarnation("t", "Z")
+    pub.incarnation("t", "Y")              # no hint from the writer
+    meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
+    assert ids(meta.incarnations) == ["X", "Y", "Z"]
