@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from egress.metrics import EgressMetrics
-from egress.partition_writer import PartitionWriter
+from egress.partition_writer import PartitionWriter, WriterContext
 from egress.rotation import CloseReason
 from egress.topic_meta import TopicMetadataPublisher
 from formats.records import Record
@@ -78,22 +78,35 @@ class RecreatesInARow(RuleBasedStateMachine):
         self.fetched: dict[str, set[tuple[int, int]]] = {}
         self.seen: dict[str, bytes] = {}
         # Each partition on an egress member of its own (caches of its own).
-        self.pubs = [TopicMetadataPublisher(
-            ["t"], self.admin, self.store, prefix="data", region="r1",
-            metrics=EgressMetrics(Metrics()), wall=self._wall,
-            retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
-            interval=timedelta(minutes=1)) for _ in PARTITIONS]
-        for pub in self.pubs:
-            pub.check()
         self.h = Harness(store=self.store)
-        self.ctxs = [dataclasses.replace(self.h.ctx, wall=self._wall, incarnations=pub,
-                                         first_positions=pub.record_first_position)
-                     for pub in self.pubs]
+        self.pubs: list[TopicMetadataPublisher] = []
+        self.ctxs: list[WriterContext] = []
+        for _ in PARTITIONS:
+            self._member()
         self.writers: dict[int, PartitionWriter] = {}
         self.pos: dict[int, int] = {}
         self.reading: dict[int, str] = {}
         for p in PARTITIONS:
             self._assign(p)
+
+    def _member(self, p: int | None = None) -> None:
+        """An egress member (new, or member ``p`` restarted: nothing cached; its check at
+        start is the ``metadata_check`` rule's, left to the search).
+        """
+        pub = TopicMetadataPublisher(
+            ["t"], self.admin, self.store, prefix="data", region="r1",
+            metrics=EgressMetrics(Metrics()), wall=self._wall,
+            retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
+            interval=timedelta(minutes=1))
+        if p is None:
+            pub.check()
+        ctx = dataclasses.replace(self.h.ctx, wall=self._wall, incarnations=pub,
+                                  first_positions=pub.record_first_position)
+        if p is None:
+            self.pubs.append(pub)
+            self.ctxs.append(ctx)
+        else:
+            self.pubs[p], self.ctxs[p] = pub, ctx
 
     def _wall(self) -> datetime:
         return NOW + timedelta(seconds=self.tick)
@@ -108,7 +121,7 @@ class RecreatesInARow(RuleBasedStateMachine):
         w = PartitionWriter(PartitionRef("data", "r1", "t", p), self.h.limits, None,
                             ctx=self.ctxs[p], metrics=self.h.m.for_partition("r1", "t", p),
                             commit=self.h._commit, topic_id=tid)
-        w.hold_seconds = 0.05
+        w.hold_seconds = 0.0       # the model delivers no reset while a segment waits
         self.writers[p], self.pos[p], self.reading[p] = w, 0, tid
 
     def _settle(self, p: int) -> None:
@@ -209,13 +222,16 @@ class RecreatesInARow(RuleBasedStateMachine):
         self.pubs[p].check()
 
     @precondition(lambda self: any(self.reading[p] != self.live[0] for p in PARTITIONS))
-    @rule(p=st.sampled_from(PARTITIONS))
-    def assign_again(self, p: int) -> None:
+    @rule(p=st.sampled_from(PARTITIONS), restarted=st.booleans())
+    def assign_again(self, p: int, restarted: bool = False) -> None:
         if self.reading[p] == self.live[0]:
             return
-        # Revoked (its open segment closed and named), then assigned again.
+        # Revoked (its open segment closed and named), then assigned again, on the same
+        # member or on one that restarted meanwhile.
         self.writers[p].close(CloseReason.AGE)
         self._settle(p)
+        if restarted:
+            self._member(p)
         self._assign(p)
 
     # --- the end -----------------------------------------------------------------------
@@ -302,7 +318,7 @@ class RecreatesInARow(RuleBasedStateMachine):
 
 
 RecreatesInARow.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=25, deadline=None,
+    max_examples=50, stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestRecreatesInARow = RecreatesInARow.TestCase
 
