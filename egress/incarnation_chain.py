@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from formats.segment_io import open_segment
@@ -52,28 +53,118 @@ MAX_CONFLICTS = 20
 
 def merge(pinned: tuple[Incarnation, ...], other: tuple[Incarnation, ...]
           ) -> tuple[Incarnation, ...]:
-    """The union of two chains (pure): ``pinned``'s order first (its first entry keeps the
-    documented shape), then the entries only ``other`` lists, in its order. An entry both
-    list keeps every partition either records (``pinned`` wins a disagreement: what was
-    written first). A later entry of ``other`` whose label is the documented shape while
+    """The union of two chains (pure): ``pinned``'s order (its first entry keeps the
+    documented shape), with each entry only ``other`` lists placed before the first entry
+    that follows it in ``other`` (a topic recorded after a later one was: ``insert``),
+    else at the end. A later entry of ``other`` whose label is the documented shape while
     ``pinned`` has a first entry takes its derived label (it cannot own the shape).
+
+    An entry's ``previous_ends`` say where its predecessor's segments end: kept from the
+    chain whose predecessor of it is the merged chain's (``pinned`` wins a disagreement:
+    what was written first), never from one where another incarnation preceded it (those
+    ends are another topic's; an end not recorded is waited for, a wrong one skips).
     """
     out = list(pinned)
-    index = {inc.topic_id: n for n, inc in enumerate(out)}
-    for entry in other:
-        n = index.get(entry.topic_id)
-        inc = entry
-        if n is None:
-            if inc.label == BASE_INCARNATION and out:
-                inc = replace(inc, label=incarnation_label(inc.topic_id))
-            index[inc.topic_id] = len(out)
-            out.append(inc)
+    for k, entry in enumerate(other):
+        if any(i.topic_id == entry.topic_id for i in out):
             continue
-        mine = out[n]
-        out[n] = replace(mine, previous_ends={**inc.previous_ends, **mine.previous_ends},
-                         first_positions={**inc.first_positions, **mine.first_positions},
-                         created_at=mine.created_at or inc.created_at)
-    return tuple(out)
+        inc = entry
+        if inc.label == BASE_INCARNATION and out:
+            inc = replace(inc, label=incarnation_label(inc.topic_id))
+        ids = [i.topic_id for i in out]
+        at = next((ids.index(e.topic_id) for e in other[k + 1:] if e.topic_id in ids),
+                  len(out))
+        out.insert(max(at, 1) if out else 0, inc)
+    before = {i.topic_id: (out[n - 1].topic_id if n else None) for n, i in enumerate(out)}
+    result = []
+    for inc in out:
+        mine, mine_pred = _entry(pinned, inc.topic_id)
+        theirs, their_pred = _entry(other, inc.topic_id)
+        pred = before[inc.topic_id]
+        ends: dict[int, int | None] = {}
+        if mine is not None and _follows(pinned, mine_pred, pred):
+            ends = dict(mine.previous_ends)
+        if theirs is not None and _follows(other, their_pred, pred):
+            ends = {**theirs.previous_ends, **ends}
+        firsts = {**(theirs.first_positions if theirs is not None else {}),
+                  **(mine.first_positions if mine is not None else {})}
+        created = (mine.created_at if mine is not None else None) or (
+            theirs.created_at if theirs is not None else None)
+        result.append(replace(inc if mine is None else mine, previous_ends=ends,
+                              first_positions=firsts, created_at=created))
+    return tuple(result)
+
+
+def _follows(chain: tuple[Incarnation, ...], was: str | None, now: str | None) -> bool:
+    """Whether an entry whose predecessor in ``chain`` is ``was`` has ``now`` before it in
+    the merged chain as far as ``chain`` knows (one that lists it first, without ``now``,
+    is a part of the chain: its ends are taken as they are).
+    """
+    return was == now or (was is None and all(i.topic_id != now for i in chain))
+
+
+def _entry(chain: tuple[Incarnation, ...], topic_id: str
+           ) -> tuple[Incarnation | None, str | None]:
+    """``topic_id``'s entry in ``chain`` and its predecessor's id (``None``: none)."""
+    for n, inc in enumerate(chain):
+        if inc.topic_id == topic_id:
+            return inc, (chain[n - 1].topic_id if n else None)
+    return None, None
+
+
+def insert(chain: tuple[Incarnation, ...], new: Incarnation, *,
+           later: Collection[str] = ()) -> tuple[tuple[Incarnation, ...], int]:
+    """``chain`` with ``new`` (not listed yet) in creation order (pure), and its index.
+
+    Topics of one name never exist at once, so any two moments each saw one id order the
+    two topics: ``new`` goes before the first later entry (index 1 on) that ``later``
+    names (ids its writer read after ``new``'s: a later epoch, the id when its segment is
+    named) or from which on every entry was first seen after ``new`` (``created_at``
+    strictly later); else at the end. Inserted before an entry, it takes that entry's
+    ``previous_ends`` (its predecessor's ends, final: a later topic existed), and that
+    entry's ends there become ``None``: nothing of ``new`` could be named before it was
+    listed, so a segment of it that comes later reaches ingress as one of an incarnation
+    already passed (reported lost) rather than as positions of another topic.
+    """
+    if not chain:
+        return (new,), 0
+    at = len(chain)
+    for n in range(1, len(chain)):
+        if chain[n].topic_id in later:
+            at = n
+            break
+    if new.created_at is not None:
+        for n in range(len(chain) - 1, 0, -1):
+            c = chain[n].created_at
+            if c is None or c <= new.created_at:
+                break
+            at = min(at, n)
+    if at == len(chain):
+        return (*chain, new), at
+    nxt = chain[at]
+    placed = replace(new, previous_ends=dict(nxt.previous_ends),
+                     first_positions={p: 0 for p in nxt.previous_ends})
+    moved = replace(nxt, previous_ends={p: None for p in nxt.previous_ends})
+    return (*chain[:at], placed, moved, *chain[at + 1:]), at
+
+
+def unsealed(chain: tuple[Incarnation, ...], sealed: Collection[tuple[str, int]]
+             ) -> list[tuple[str, int, int]]:
+    """The seals (label, partition) of ``sealed`` that ``chain`` no longer holds in full
+    (pure), with where each incarnation begins there: an entry up to the sealed one
+    without its predecessor's end for the partition (an insert merged with a seal written
+    against the chain before it dropped ends recorded against another predecessor). A
+    label no longer listed is left out (nothing to seal against).
+    """
+    labels = [i.label for i in chain]
+    out = []
+    for label, p in sorted(sealed):
+        if label not in labels or labels.index(label) == 0:
+            continue
+        rank = labels.index(label)
+        if any(p not in chain[n].previous_ends for n in range(1, rank + 1)):
+            out.append((label, p, chain[rank].first_positions.get(p, 0)))
+    return out
 
 
 def encode(chain: tuple[Incarnation, ...]) -> bytes:

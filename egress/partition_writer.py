@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from egress.commits import Commit, NotOwner
 from egress.encode_gate import EncodeCancelled, EncodeGate
+from egress.epoch_ids import EpochIds, IncarnationChanged, Incarnations
 from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
 from egress.rotation import (
@@ -91,24 +92,6 @@ class WriterContext:
 ID_CHANGE_HOLD = 30.0
 """Seconds a segment whose topic id changed under it waits for the reset that shows its
 records came before the change (``PartitionWriter._hold``)."""
-
-
-class IncarnationChanged(ReplicatorError):
-    """The topic id when a segment is named is not its epoch's."""
-
-    def __init__(self, was: str, now: str) -> None:
-        super().__init__(f"topic id is {now}, was {was}")
-        self.was = was
-        self.now = now
-
-
-class Incarnations(Protocol):
-    """``egress.topic_meta.TopicMetadataPublisher``: topic ids and their key locations."""
-
-    def topic_id(self, topic: str) -> str | None: ...
-    def incarnation(self, topic: str, topic_id: str) -> str: ...
-    def seal(self, ref: PartitionRef, start: int) -> None: ...
-    def has_incarnations(self, topic: str) -> bool: ...
 
 
 class FirstPositions(Protocol):
@@ -182,8 +165,9 @@ class PartitionWriter:
         self.flush_bytes = FLUSH_BYTES
         """Held bytes of buffered rows at which they become one batch (poll thread)."""
         self.epoch = 0
-        self._topic_ids: dict[int, str | None] = {} if topic_id is None else {0: topic_id}
-        """The topic id of each epoch, once read (workers)."""
+        self.ids = EpochIds(ref.topic, self.name, ctx.incarnations, wall=ctx.wall,
+                            retry=self._retry, topic_id=topic_id)
+        """The topic id of each epoch (``egress.epoch_ids``)."""
         self._epoch_starts: dict[int, int] = {}
         """Where each epoch after a reset began reading (poll thread)."""
         self.appends = 0
@@ -196,7 +180,7 @@ class PartitionWriter:
     @property
     def topic_id(self) -> str | None:
         """The current epoch's topic id, once read (heartbeats)."""
-        return self._topic_ids.get(self.epoch)
+        return self.ids.get(self.epoch)
 
     # --- poll thread ------------------------------------------------------------------
 
@@ -325,7 +309,7 @@ class PartitionWriter:
         if record is None or self._first_recorded or self.cancel.is_set():
             return not self.cancel.is_set()
         try:
-            _, label = self._incarnation_of(self.epoch)
+            _, label = self.ids.of(self.epoch)
             if label == BASE_INCARNATION:
                 self._retry(lambda: record(self.ref, position, resumed=resumed),
                             f"{self.name}: record the first position {position}")
@@ -343,7 +327,7 @@ class PartitionWriter:
             return
         try:
             self._commit(position, start, first=first,
-                         topic_id=self._topic_ids.get(self.epoch))
+                         topic_id=self.ids.get(self.epoch))
         except NotOwner as e:
             log.info("%s: %s", self.name, e)
             return
@@ -426,12 +410,12 @@ class PartitionWriter:
             earlier one is lost or overwritten, so a WARNING); ``None`` otherwise (the same
             id: the log was truncated under egress; or an id unknown), which is an ERROR.
         """
-        before = self._topic_ids.get(self.epoch)
+        before = self.ids.get(self.epoch)
         self.epoch += 1
         self._epoch_starts[self.epoch] = start
         self._went_back()
-        self._read_epoch_id()
-        after = self._topic_ids.get(self.epoch)
+        self.ids.read_at_reset(self.epoch)
+        after = self.ids.get(self.epoch)
         if before is None or after is None or before == after:
             return None
         return f"topic id {before}, then {after}"
@@ -444,24 +428,6 @@ class PartitionWriter:
         """
         self.position = None
         self.committed_offset = None
-
-    def _read_epoch_id(self) -> None:
-        """The topic id of a new epoch, read when the reset is seen (poll thread): read
-        only when its first segment is named, a topic created once more meanwhile would
-        give this epoch's records the later topic's id and location. A failed read is
-        left to the naming (WARNING).
-        """
-        inc = self.ctx.incarnations
-        if inc is None:
-            return
-        try:
-            tid = inc.topic_id(self.ref.topic)
-        except ReplicatorError as e:
-            log.warning("%s: the topic id after the reset was not read (read when the "
-                        "segment is named): %s", self.name, e)
-            return
-        if tid is not None:
-            self._topic_ids[self.epoch] = tid
 
     def _flush(self, seg: Segment) -> None:
         if not len(seg.columns):
@@ -582,7 +548,7 @@ class PartitionWriter:
             # The new topic from its oldest record, a new epoch of its id (never a resume
             # of the earlier topic's positions).
             self.epoch += 1
-            self._topic_ids[self.epoch] = switch
+            self.ids.record(self.epoch, switch)
             self.expected = self.next_offset = self.position = None
             self.committed_offset = None
             self.resumed = False
@@ -756,14 +722,23 @@ class PartitionWriter:
         """The id and location of a segment being named: its epoch's, checked against the
         id now (``IncarnationChanged`` when the topic was created again meanwhile).
         """
-        topic_id, label = self._incarnation_of(seg.epoch)
-        inc = self.ctx.incarnations
-        if topic_id is None or inc is None or seg.epoch != self.epoch:
+        ids = self.ids
+        # Ids read after this epoch's are later topics': its own goes before them in the
+        # chain even when one of them was recorded first (two recreates in a row).
+        later = ids.later(seg.epoch)
+        now = None
+        if ids.inc is not None and seg.epoch == self.epoch \
+                and ids.get(seg.epoch) is not None:
+            now = ids.now()
+            if now is not None and now != ids.get(seg.epoch):
+                later.add(now)
+        topic_id, label = ids.of(seg.epoch, later)
+        if topic_id is None or ids.inc is None or seg.epoch != self.epoch:
             # A later epoch exists: the offsets went back after this segment's records,
             # where the topic changed; they are its epoch's topic's.
             return topic_id, label
-        now = self._retry(lambda: inc.topic_id(self.ref.topic),
-                          f"{self.name}: read the topic id again")
+        if now is None:
+            now = ids.now()
         if now is not None and now != topic_id:
             self._hold(seg, IncarnationChanged(topic_id, now))
         return topic_id, label
@@ -798,44 +773,6 @@ class PartitionWriter:
                   e.now)
         self.metrics.lost.inc(seg.count)
         self._switch_to = e.now
-
-    def _incarnation_of(self, epoch: int) -> tuple[str | None, str]:
-        """The topic id of an epoch (read once per epoch) and its key location (worker
-        thread). Without ids (none known to the broker, or not asked): ``(None, "")``,
-        the documented key shape.
-        """
-        inc = self.ctx.incarnations
-        if inc is None:
-            return None, ""
-        if epoch not in self._topic_ids and any(
-                e > epoch and t is not None for e, t in self._topic_ids.items()):
-            # Its id was never read (a failed describe at assignment) and a later epoch's
-            # was: the id now is the later topic's, never this epoch's.
-            now = self._topic_ids[max(self._topic_ids)]
-            assert now is not None
-            raise IncarnationChanged("an unknown id", now)
-        if epoch not in self._topic_ids:
-            self._topic_ids[epoch] = self._retry(
-                lambda: inc.topic_id(self.ref.topic), f"{self.name}: read the topic id")
-        topic_id = self._topic_ids[epoch]
-        if topic_id is None and any(t is not None for t in self._topic_ids.values()):
-            # The topic is gone (deleted, not created again yet): its location is unknown,
-            # and the documented shape may hold another incarnation's segments.
-            del self._topic_ids[epoch]
-            raise RetriableError(f"{self.name}: the source topic has no id now (deleted?); "
-                                 "the segment waits for it")
-        if topic_id is None:
-            if self._retry(lambda: inc.has_incarnations(self.ref.topic),
-                           f"{self.name}: read the incarnations"):
-                # The documented shape is the first incarnation's: a topic with no id now
-                # (deleted, or a describe that gave none) must not write there.
-                del self._topic_ids[epoch]
-                raise RetriableError(f"{self.name}: the source topic has no id now while "
-                                     "_topic.json lists incarnations; the segment waits")
-            return None, ""
-        label = self._retry(lambda: inc.incarnation(self.ref.topic, topic_id),
-                            f"{self.name}: record incarnation {topic_id}")
-        return topic_id, label
 
     def _record_start(self, seg: Segment, key: SegmentKey) -> None:
         if not key.incarnation:

@@ -28,11 +28,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from egress.incarnation_chain import ChainStore, merge
+from egress.incarnation_chain import ChainStore, insert, merge, unsealed
 from egress.metrics import EgressMetrics
 from replicator.core.clock import Clock
 from replicator.core.errors import (
@@ -72,17 +72,20 @@ NULL_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 """Kafka's zero id (a broker without topic ids answers with it): no id."""
 
 
-def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: datetime
-                     ) -> tuple[Incarnation, ...] | None:
+def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: datetime,
+                     *, later: Collection[str] = ()) -> tuple[Incarnation, ...] | None:
     """The incarnation list once ``topic_id`` is known (pure): unchanged (``None``) when it
     is listed already; the first id ever recorded is the one stored at the documented key
-    shape (label ``""``: the segments already there are taken as its own); a new id is
-    appended as the live incarnation, its label derived from the id.
+    shape (label ``""``: the segments already there are taken as its own); a new id, its
+    label derived from the id, goes in creation order (``incarnation_chain.insert``: when
+    first seen, ``now``, and the ids ``later`` its writer knows came after it), which is
+    the end unless it was recorded after a later topic's.
     """
     if any(i.topic_id == topic_id for i in incarnations):
         return None
     label = BASE_INCARNATION if not incarnations else incarnation_label(topic_id)
-    return (*incarnations, Incarnation(topic_id, label, created_at=now))
+    return insert(incarnations, Incarnation(topic_id, label, created_at=now),
+                  later=later)[0]
 
 
 def with_count(incarnations: tuple[Incarnation, ...], topic_id: str, partitions: int
@@ -164,6 +167,10 @@ class TopicMetadataPublisher:
                                   retry_policy=retry_policy)
         self._pinned: dict[str, tuple[Incarnation, ...]] = {}
         """The chain known to be in each ``_incarnations.json``."""
+        self._seen: dict[tuple[str, str], tuple[datetime, int]] = {}
+        """(topic, topic id) -> when this process first read that id, and how many ids it
+        had read before (the creation order: exact within the process, whatever its
+        clock)."""
 
     def set_topics(self, topics: Iterable[str]) -> None:
         """Follow the selection: new topics get their ``_topic.json`` at the next check;
@@ -198,6 +205,11 @@ class TopicMetadataPublisher:
                     if n is None:
                         log.warning("%s: source topic does not exist (yet)", topic)
                         continue
+                    try:
+                        self._check_seals(topic)
+                    except ReplicatorError as e:
+                        log.warning("%s: seals not checked, trying again in %s: %s", topic,
+                                    self.interval, e)
                     tid = self._id_for_check(topic)
                     with self._mutex:
                         id_known = tid is None or (topic, tid) in self._labels
@@ -217,8 +229,11 @@ class TopicMetadataPublisher:
                         if tid is not None:
                             incs = self._with_id(topic, incs, tid, now) or incs
                             if cur is not None and len(incs) > max(1, len(cur.incarnations)):
-                                # The file's count is the earlier topic's (a new id).
-                                incs = with_count(incs, incs[-2].topic_id, cur.partitions)
+                                # The file's count is the earlier topic's (a new id):
+                                # the live one it listed (the new one may not be last).
+                                was = (cur.incarnations[-1] if cur.incarnations
+                                       else incs[-2]).topic_id
+                                incs = with_count(incs, was, cur.partitions)
                             incs = with_count(incs, tid, n)
                         return dataclasses.replace(
                             TopicMetadata.of(topic, self.region, n, configs, now,
@@ -239,6 +254,32 @@ class TopicMetadataPublisher:
                          "" if old is None or old == n else f", was {old}",
                          "" if old_configs is None or old_configs == configs
                          else f"; configs now {dict(sorted(configs.items()))}")
+
+    def _check_seals(self, topic: str) -> None:
+        """Seal again the partitions this process sealed whose ends the chain no longer
+        holds: a seal written against the chain as it was before an incarnation was
+        inserted (two recreates in a row, recorded out of order) can be dropped by the
+        merge, and its partition's next segment would not seal again (ingress would wait
+        there for good). One GET per check of a topic this process sealed.
+
+        Raises:
+            ReplicatorError: S3 failed.
+        """
+        with self._mutex:
+            sealed = {(label, p) for t, label, p in self._sealed if t == topic}
+        if not sealed:
+            return
+        key = topic_meta_key(self.prefix, self.region, topic)
+        data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
+        cur, _ = self._restore(topic, TopicMetadata.parse(data, where=key), fresh=False)
+        assert cur is not None
+        for label, p, start in unsealed(cur.incarnations, sealed):
+            log.warning("%s[%d]: the chain lacks the seal of incarnation %s recorded here "
+                        "(dropped by a merge with an incarnation recorded late); sealing "
+                        "again", topic, p, label or "first")
+            with self._mutex:
+                self._sealed.discard((topic, label, p))
+            self.seal(PartitionRef(self.prefix, self.region, topic, p, label), start)
 
     def _chain_dropped(self, topic: str) -> bool:
         """Whether ``_topic.json`` lacks incarnations this process pinned (an egress of an
@@ -545,11 +586,21 @@ class TopicMetadataPublisher:
         """
         tid = self.admin.topic_id(topic)
         # A client that got no id from the broker may print it as "None".
-        return None if not tid or tid in (NULL_TOPIC_ID, "None") else tid
+        if not tid or tid in (NULL_TOPIC_ID, "None"):
+            return None
+        now = self.wall()
+        with self._mutex:
+            self._seen.setdefault((topic, tid), (now, len(self._seen)))
+        return tid
 
-    def incarnation(self, topic: str, topic_id: str) -> str:
+    def incarnation(self, topic: str, topic_id: str, *, later: Collection[str] = (),
+                    seen_at: datetime | None = None) -> str:
         """The label of the incarnation with ``topic_id``, recorded in ``_topic.json`` first
-        when it is new (a worker thread, before a segment of it is named).
+        when it is new (a worker thread, before a segment of it is named), in creation
+        order: before the topics ``later`` names (ids the writer read after this one) and
+        those first seen after it (``seen_at``, when the writer read it, or when this
+        process did if earlier), not after every topic recorded so far: two recreates in a
+        row can name the later topic's segments first.
 
         Raises:
             ReplicatorError: ``_topic.json`` could not be read or written (the segment
@@ -559,24 +610,34 @@ class TopicMetadataPublisher:
             known = self._labels.get((topic, topic_id))
         if known is not None:
             return known
+        later, seen = self._order_hints(topic, topic_id, later, seen_at)
         lock = self._topic_locks.setdefault(topic, threading.Lock())
         with lock:
             def add(cur: TopicMetadata | None) -> TopicMetadata | None:
                 if cur is None:
                     raise StorageError(f"{topic}: _topic.json is not written yet; the "
                                        "incarnation waits for it")
-                incs = self._with_id(topic, cur.incarnations, topic_id, self.wall())
+                incs = self._with_id(topic, cur.incarnations, topic_id,
+                                     seen if seen is not None else self.wall(), later=later)
                 if incs is None:
                     return None
-                if len(incs) > 1:
+                at = [i.topic_id for i in incs].index(topic_id)
+                if len(incs) > 1 and at == len(incs) - 1:
                     # The file's count is the earlier topic's until a check sees the new one.
                     incs = with_count(incs, incs[-2].topic_id, cur.partitions)
+                if at < len(incs) - 1:
+                    log.warning("%s: topic id %s is recorded before %s, recorded earlier: "
+                                "it was created first (read before it); the partitions %s "
+                                "of %s now follow it", topic, topic_id,
+                                incs[at + 1].topic_id,
+                                sorted(incs[at + 1].previous_ends) or "(none yet)",
+                                incs[at + 1].topic_id)
                 if cur.incarnations:
                     log.warning("%s: the source topic was deleted and created again (topic "
                                 "id %s, was %s): its segments go to their own location "
                                 "(%s/_incarnations/%s/); the earlier ones stay as they are",
-                                topic, topic_id, cur.incarnations[-1].topic_id, topic,
-                                incs[-1].label)
+                                topic, topic_id, incs[at - 1].topic_id if at else "none",
+                                topic, incs[at].label)
                     self.m.incarnations.labels(self.region, topic).inc()
                 return dataclasses.replace(cur, incarnations=incs, updated_at=self.wall())
 
@@ -587,6 +648,22 @@ class TopicMetadataPublisher:
         with self._mutex:
             self._labels[(topic, topic_id)] = inc.label
         return inc.label
+
+    def _order_hints(self, topic: str, topic_id: str, later: Collection[str],
+                     seen_at: datetime | None) -> tuple[Collection[str], datetime | None]:
+        """What places ``topic_id`` in the chain: the ids known to be later (the writer's,
+        and those this process read after it, whatever the clocks say) and when it was
+        first seen (by the writer or this process, the earlier).
+        """
+        with self._mutex:
+            first = self._seen.get((topic, topic_id))
+            if first is not None:
+                later = {*later, *(t for (tp, t), (_, n) in self._seen.items()
+                                   if tp == topic and n > first[1])}
+        seen = None if first is None else first[0]
+        if seen_at is not None and (seen is None or seen_at < seen):
+            seen = seen_at
+        return later, seen
 
     def has_incarnations(self, topic: str) -> bool:
         """Whether ``_topic.json`` (or ``_incarnations.json``) lists any incarnation of
@@ -610,7 +687,8 @@ class TopicMetadataPublisher:
         return bool(pinned or (restored is not None and restored.incarnations))
 
     def _with_id(self, topic: str, incarnations: tuple[Incarnation, ...], topic_id: str,
-                 now: datetime) -> tuple[Incarnation, ...] | None:
+                 now: datetime, *, later: Collection[str] = ()
+                 ) -> tuple[Incarnation, ...] | None:
         """``with_incarnation``, but the documented shape is never given to ``topic_id``
         when no incarnation is recorded while the bucket says another id owns it (a
         segment footer there names another id: that one is recorded first) or cannot
@@ -634,7 +712,7 @@ class TopicMetadataPublisher:
                           "named until the chain is restored (docs/upgrades.md)", topic,
                           topic, topic_id)
                 raise StorageError(f"{topic}: the incarnation chain was lost")
-        return with_incarnation(incarnations, topic_id, now)
+        return with_incarnation(incarnations, topic_id, now, later=later)
 
     def seal(self, ref: PartitionRef, start: int) -> None:
         """Before the partition's first segment of a later incarnation is visible, record

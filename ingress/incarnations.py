@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from ingress.topic_meta_cache import TopicMetaCache
@@ -85,7 +85,7 @@ class Move:
 
 
 def advance(label: str, position: int | None, chain: Chain, *,
-            has_segments: bool = True) -> list[Move]:
+            has_segments: bool = True, with_segments: Collection[str] = ()) -> list[Move]:
     """The moves from ``label`` at ``position`` (the last position replayed, ``None``:
     nothing yet) that ``chain`` allows (pure): while the next incarnation records the end
     of the current one for the partition and the position reached it, or the current one
@@ -94,12 +94,20 @@ def advance(label: str, position: int | None, chain: Chain, *,
     recorded either (no position to wait from). With its first position recorded, a
     worker without a checkpoint that sees a later incarnation first waits for the earlier
     one's segments (S3 replication keeps no order) like for any gap.
+
+    An incarnation entered by a move is passed through in the same step only when its
+    end is recorded as ``None`` and none of its segments is known (``with_segments``: the
+    labels of segments known in the partition): one with segments is replayed first (the
+    planner then waits for what is missing like for any gap), whatever the chain says
+    (an end recorded before a topic created earlier was listed said "none" of it).
     """
     moves: list[Move] = []
     r = chain.rank(label)
     while r is not None and r + 1 < len(chain.labels):
         recorded, end = chain.previous_ends[r + 1]
         if not recorded:
+            break
+        if moves and end is None and chain.labels[r] in with_segments:
             break
         begins = chain.firsts[r]
         if end is not None and ((position is None and (
@@ -264,7 +272,7 @@ class IncarnationTracker:
             return usable, position, None
         chain = self.lineage.refresh(self.label, labels)
         for move in advance(self.label, position, chain,
-                            has_segments=self.label in labels):
+                            has_segments=self.label in labels, with_segments=labels):
             log.warning("%s: the source topic was deleted and created again: incarnation %s "
                         "(topic id %s) replayed through %s; replaying incarnation %s (topic "
                         "id %s) after it, from position %d", self.where,

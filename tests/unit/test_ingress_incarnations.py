@@ -330,3 +330,46 @@ def test_listing_only_the_incarnations_a_worker_can_enter_skips_nothing(
     expected = [(segs[0].incarnation, o) for segs in incs
                 for o in range(max(s.end for s in segs) + 1)]
     assert replayed == expected
+
+
+def test_an_incarnation_with_known_segments_is_not_passed_through_in_one_step() -> None:
+    # The chain an egress before the fix wrote for two recreates in a row named out of
+    # order (X, Z, Y): Z's end in the partition recorded as "none" while a Z segment is
+    # in the bucket. The worker at X's end enters Z and replays it before moving on.
+    chain = Chain(("", "Z", "Y"), ("x", "z", "y"),
+                  ((False, None), (True, 9), (True, None)), (0, 0, 0))
+    moves = advance("", 9, chain, with_segments={"", "Z", "Y"})
+    assert [(m.entered, m.position) for m in moves] == [("Z", -1)]
+    assert [m.entered for m in advance("Z", 5, chain, with_segments={"", "Z", "Y"})] \
+        == ["Y"]
+    # Without a segment of it known, nothing to replay: passed through, as before.
+    assert [m.entered for m in advance("", 9, chain, with_segments={"", "Y"})] == ["Z", "Y"]
+
+
+def test_a_worker_replays_an_incarnation_whose_end_was_recorded_as_none_before_leaving_it(
+) -> None:
+    # The chain of two recreates named out of order by an egress before the fix
+    # (X, Z, Y; Z's end recorded as "none" although a Z segment is archived): the worker
+    # replays Z's segment rather than moving through Z into Y in one step.
+    h = Harness()
+    try:
+        write(h.store, key(0, 9))
+        for tid, end in (("IdZ", 5), ("IdY", 2)):
+            k = SegmentKey("data", "us-east-1", "t", 3, 0, 0, end, tid)
+            up = SegmentUpload(h.store, FMT, "temp", WriterOptions())
+            up.write_batch(records_to_batch([Record(o, 1_700_000_000_000, None,
+                                                    f"{tid}:{o}".encode())
+                                             for o in range(end + 1)]))
+            publish_segment(h.store, up.finish(SegmentMetadata.for_key(
+                k, k.span, topic_id=tid)).key, k)
+        incs = (Incarnation("IdX", ""), Incarnation("IdZ", "IdZ", {3: 9}, {3: 0}),
+                Incarnation("IdY", "IdY", {3: None}, {3: 0}))
+        h.store.put("data/us-east-1/t/_topic.json",
+                    TopicMetadata(4, {}, "t", "us-east-1", None, {3: 0}, incs).encode())
+        w = h.start()
+        h.wait(lambda: len(h.sink.committed) == 10 + 6 + 3)
+        assert values(h) == old(range(10)) + [f"IdZ:{o}".encode() for o in range(6)] + [
+            f"IdY:{o}".encode() for o in range(3)]
+        h.wait(lambda: w.checkpointed == 2)
+    finally:
+        h.stop()
