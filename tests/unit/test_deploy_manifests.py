@@ -1487,3 +1487,23 @@ def test_every_image_tag_is_the_release_version() -> None:
     for path, found in tags.items():
         assert set(found) <= {version}, (path, found)
     assert f"## [{version}]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_the_commented_mirror_names_the_peer_bucket_the_mirror_policy_grants(
+        overlay: Path) -> None:
+    text = (overlay / "config.toml").read_text()
+    lines = text.splitlines()
+    at = lines.index("# [egress.mirror]")
+    for i in range(at, at + 3):
+        lines[i] = lines[i].removeprefix("# ")
+    s = load_settings(data=tomllib.loads("\n".join(lines)), environ={})
+    assert s.egress is not None and s.egress.mirror is not None
+    mirror = s.egress.mirror
+    peer = "us-west-1" if s.region == "us-east-1" else "us-east-1"
+    assert (mirror.bucket, mirror.region) == (f"replicator-{peer}", peer)
+    assert mirror.bucket != s.s3.bucket
+    policy = Policy(_aws("iam/egress-mirror.json", REGION=s.region, PEER_REGION=peer,
+                         PEER_BUCKET=mirror.bucket, PREFIX=s.s3.prefix))
+    seg = f"{s.s3.prefix}/{s.region}/sensor.events/0/0/00000000000000000000-00000000000000000009"
+    assert policy.allows("s3:PutObject", f"arn:aws:s3:::{mirror.bucket}/{seg}")
