@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -192,3 +193,27 @@ def test_shutdown_waits_for_pending_copies_within_its_timeout() -> None:
     assert mirror.close(10) == 0
     assert len(dest.keys()) == 10
     assert total(metrics, "copies_total") == 10
+
+
+def test_the_destination_client_is_the_destination_regions() -> None:
+    from egress.mirror import make_mirror
+    from replicator.core.settings import load_settings
+
+    base = {"region": "us-east-1", "s3": {"bucket": "src-bucket"},
+            "kafka": {"brokers": "k:9092"}, "egress": {"topics": {"t": {}}}}
+    m = EgressMetrics(Metrics())
+    off = load_settings(data=base, environ={})
+    assert make_mirror(off, MemoryObjectStore("src"), m, None) is None
+    on = load_settings(data={**base, "egress": {"topics": {"t": {}}, "mirror": {
+        "bucket": "dest-bucket", "region": "us-west-2", "endpoint_url": "http://127.0.0.1:9",
+        "threads": 3, "max_pending": 5}}}, environ={})
+    mirror = make_mirror(on, MemoryObjectStore("src"), m, "STANDARD_IA")
+    assert mirror is not None
+    try:
+        dest: Any = mirror.destination
+        assert dest.bucket == "dest-bucket"
+        assert dest.client.meta.region_name == "us-west-2"
+        assert dest.client.meta.endpoint_url == "http://127.0.0.1:9"
+        assert (mirror.max_pending, mirror.storage_class) == (5, "STANDARD_IA")
+    finally:
+        mirror.close(0)
