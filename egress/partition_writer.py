@@ -620,12 +620,12 @@ class PartitionWriter:
            ``SegmentKey(prefix, region, topic, partition, 0, start, end)`` with the level-0
            storage class (server-side; multipart above the copy threshold). From here on
            the segment is visible and complete.
-           With ``[egress.mirror]``, the segment's copy into the destination region's
-           bucket is queued here (``egress.mirror``); nothing after waits for it.
         3. Delete the temp object. A failure only leaves garbage that the bucket's
            lifecycle rule for ``temp/`` expires; it does not stop the commit.
            (Steps 2 and 3 are ``formats.segment_io.publish_segment``, which compaction
-           publishes its outputs with too.)
+           publishes its outputs with too.) With ``[egress.mirror]``, the segment's copy
+           into the destination region's bucket is queued right after
+           (``egress.mirror``); nothing after waits for it.
         4. Commit offset ``end + 1`` for this partition, synchronously (past it when the
            records after the segment were skipped: ``skip_origins``; the commit's metadata
            then says the next segment starts at ``end + 1``).
