@@ -38,21 +38,21 @@ class DelayedReplication:
     version appeared. The destination bucket's notifications turn each PUT into the S3
     event ingress reads from its queue, as a replica written by S3 replication does.
 
-    With ``mirror``, each object is copied twice: at once (standing in for egress copying
-    each segment into the destination bucket itself, docs/sizing.md, "Low-RPO mode") and
-    again ``delay`` after it appeared (S3 replication, kept as the backstop, writing the
-    same key and bytes once more: a second S3 event for the same segment).
+    With egress's ``[egress.mirror]`` on (``failover_drill.py --mirror``), each segment
+    reaches the destination bucket twice: egress's own copy at once, and this copier's
+    ``delay`` later (S3 replication kept as the backstop, writing the same key and bytes
+    once more: a second S3 event for the same segment).
 
     ``halt()`` is the region going down with its bucket: nothing pending is copied.
     ``drain()`` is the bucket surviving (or coming back): everything it holds is copied now.
     """
 
     def __init__(self, source: ObjectStore, destination: ObjectStore, prefix: str,
-                 delay: float, poll: float = 0.2, *, mirror: bool = False) -> None:
+                 delay: float, poll: float = 0.2) -> None:
         self.source = source
         self.destination = destination
         self.prefix = prefix
-        self.delays = (0.0, delay) if mirror else (delay,)
+        self.delays = (delay,)
         self.poll = poll
         # (key, etag, copy number) -> (when to copy, the version's bytes). A rewritten
         # object's bytes are read when the version is first seen (S3 replicates each version of a
@@ -76,8 +76,7 @@ class DelayedReplication:
 
     def drain(self) -> list[str]:
         """Copy everything the source bucket holds and the destination lacks, at once;
-        return the keys copied (those whose first copy was pending when the copier halted;
-        with ``mirror``, the backstop's second copies are made too)."""
+        return the keys copied (those whose copy was pending when the copier halted)."""
         self._scan(time.monotonic())
         keys = [item[0] for item in self._in_order(float("inf"))
                 if self._copy(item) and item[2] == 0]

@@ -43,11 +43,13 @@ Profiles: ``defaults`` (the shipped segment thresholds: 5 min, 100 MiB, 1M recor
 group export every 30 s) and ``low-latency`` (1 s segments of at most 4 MiB, group export
 every 5 s). Ingress runs with its shipped defaults in both. ``--replication-delay 0``
 stands for egress writing straight into the destination region's bucket (plus this
-copier's listing interval, 0.2 s); ``--mirror`` copies each object at once and again after
-the delay (the designed low-RPO mode with S3 replication kept as the backstop: the second
-copy gives ingress a second event for a segment it has replayed). AWS adds its own
-replication time instead of the stated delay: see docs/runbooks.md, "Measured: an
-unplanned failover, drilled".
+copier's listing interval, 0.2 s); ``--mirror`` runs egress in the low-RPO mode
+(``[egress.mirror]`` names the destination bucket: egress copies each segment into it as
+soon as it is published, docs/sizing.md, "Low-RPO mode") with the delayed copier kept as
+S3 replication's backstop (its copy gives ingress a second event for a segment it has
+replayed); the run also reports egress's mirror metrics, scraped just before the kill.
+AWS adds its own replication time instead of the stated delay: see docs/runbooks.md,
+"Measured: an unplanned failover, drilled".
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ from drill_parts import (
     start_consumer,
 )
 from lib import BenchStack, percentile, stop_all, wait_until, write_toml
+
+from replicator.devstack.processes import free_port
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 
@@ -143,6 +147,11 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         ing["ingress"].pop("sqs_wait_time", None)
         for key in ("first_segment_delay", "lost_segment_timeout", "late_segment_retries"):
             ing["ingress"]["sources"][0].pop(key, None)
+        if args.mirror:
+            # The low-RPO mode: egress copies each segment into the destination bucket.
+            eg["metrics"]["port"] = free_port()
+            eg["egress"]["mirror"] = {"bucket": ing["s3"]["bucket"], "region": ing["region"],
+                                      "endpoint_url": ing["s3"]["endpoint_url"]}
         eg_path = write_toml(workdir / "egress.toml", eg)
         ing_path = write_toml(workdir / "ingress.toml", ing)
         ing_settings = validate_settings(ing)
@@ -150,8 +159,8 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         src_store = stack.store(validate_settings(eg))
         dst_store = stack.store(ing_settings)
 
-        copier = DelayedReplication(src_store, dst_store, "data", args.replication_delay,
-                                    mirror=args.mirror).start()
+        copier = DelayedReplication(src_store, dst_store, "data",
+                                    args.replication_delay).start()
         egress = _spawn("egress", eg_path, workdir)
         procs.append(egress)
         wait_until(lambda: any(o.key.endswith("/_topic.json")
@@ -167,6 +176,7 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         kill_after = rng.uniform(*profile.kill_window)
         time.sleep(kill_after)
 
+        mirror = _mirror_metrics(eg["metrics"]["port"]) if args.mirror else {}
         # The source region dies; the decision to fail over is taken at this moment.
         os.killpg(egress.pid, signal.SIGKILL)
         os.kill(stack.broker_pid("source"), signal.SIGKILL)
@@ -232,8 +242,31 @@ def one_run(workdir: Path, profile: Profile, args: argparse.Namespace,
         "consumer_s": t_read - t_synced,
         "consumer_read_record": first.first_record_at is not None,
         "group_exported": bool(exported), "resume": resume,
-        "ingress_errors": errors[:5], "started_at": t_start,
+        "ingress_errors": errors[:5], "started_at": t_start, "egress_mirror": mirror,
     }
+
+
+def _mirror_metrics(port: int) -> dict[str, float]:
+    """Egress's ``replicator_egress_mirror_*`` totals from its /metrics (just before the
+    kill): copies, failures, drops, and the mean publish-to-copy seconds."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError as e:
+        return {"error": str(e)}  # type: ignore[dict-item]
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("replicator_egress_mirror_"):
+            name = line.split("{")[0].split(" ")[0]
+            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    count = sums.get("replicator_egress_mirror_copy_seconds_count", 0.0)
+    return {"copies": sums.get("replicator_egress_mirror_copies_total", 0.0),
+            "failures": sums.get("replicator_egress_mirror_failures_total", 0.0),
+            "dropped": sums.get("replicator_egress_mirror_dropped_total", 0.0),
+            "copy_seconds_mean": (sums.get("replicator_egress_mirror_copy_seconds_sum", 0.0)
+                                  / count if count else float("nan"))}
 
 
 def _loss(acked: dict[int, Any], copy: list[tuple[int, int, int]], t_kill: float
@@ -291,9 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds from an object's appearance in the source bucket to its "
                          "copy in the destination bucket")
     ap.add_argument("--mirror", action="store_true",
-                    help="stand in for the designed low-RPO mode: each object is copied at "
-                         "once (egress writing into the destination bucket) and again after "
-                         "the replication delay (S3 replication as the backstop)")
+                    help="egress in the low-RPO mode ([egress.mirror]: each segment copied "
+                         "into the destination bucket as soon as it is published), the "
+                         "delayed copy kept as S3 replication's backstop")
     ap.add_argument("--rate", type=float, default=200.0, help="records per second")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--consumer-window", type=float, default=4.0,
@@ -339,12 +372,13 @@ def main(argv: list[str] | None = None) -> int:
                       f", consumer {r['consumer_s']:.1f}); resume {r['resume']}; holes "
                       f"{r['holes']}, duplicates {r['duplicates']}; copies past their due "
                       f"time p50 {r['replication_late_s']['p50']:.2f}s max "
-                      f"{r['replication_late_s']['max']:.2f}s", flush=True)
+                      f"{r['replication_late_s']['max']:.2f}s"
+                      + (f"; mirror {r['egress_mirror']}" if args.mirror else ""), flush=True)
             if runs:
                 results["profiles"][name] = {"summary": summarize(runs), "runs": runs}
     results["failed_runs"] = failed
     load = os.getloadavg()[0]
-    mirror = ", segments also copied at once (--mirror)" if args.mirror else ""
+    mirror = ", egress with [egress.mirror] (--mirror)" if args.mirror else ""
     print(f"\nfailover drill, replication delay {args.replication_delay:g}s{mirror}, "
           f"{args.rate:g} "
           f"records/s over {args.partitions} partitions (load {load:.1f}):")

@@ -40,6 +40,7 @@ from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
 from egress.heartbeat import HeartbeatPublisher, caught_up
 from egress.metrics import EgressMetrics
+from egress.mirror import SegmentMirror, make_mirror
 from egress.origin import origin_filter
 from egress.out_of_range import READ_TIMEOUT
 from egress.partition_writer import PartitionWriter, WriterContext
@@ -146,6 +147,7 @@ class Egress:
         self._gate: EncodeGate | None = None
         self._meta: TopicMetadataPublisher | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._mirror: SegmentMirror | None = None
         self._watch: DependencyWatch | None = None
         """Kafka and S3 asked every few seconds while running (``/readyz``)."""
         self._ctx: WriterContext | None = None
@@ -195,6 +197,8 @@ class Egress:
             wall=self.wall, retry_policy=self.retry_policy,
             interval=self.config.topic_metadata_interval)
         self._gate = EncodeGate(segment_budget(self.config.max_buffered_bytes))
+        self._mirror = make_mirror(self.settings, self.store, self.m,
+                                   self.settings.s3.storage_class_for(0))
         self._ctx = WriterContext(
             store=self.store, fmt=self.fmt,
             options=WriterOptions.from_settings(self.settings.format),
@@ -203,7 +207,8 @@ class Egress:
             pool=self._pool, report=self._outcomes.put, clock=self.clock, wall=self.wall,
             retry_policy=self.retry_policy,
             first_positions=self._meta.record_first_position, incarnations=self._meta,
-            gate=self._gate)
+            gate=self._gate,
+            mirror=self._mirror.submit if self._mirror is not None else None)
         self._meta.check()
         self._last_meta = self.clock()
         if self.config.group_export.enabled:
@@ -305,6 +310,10 @@ class Egress:
             self._watch.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._mirror is not None:
+            # After the upload pool: segments made durable at shutdown queue their copies.
+            self._mirror.close(self.config.mirror.shutdown_timeout.total_seconds()
+                               if self.config.mirror is not None else 0.0)
         if self._server is not None:
             self._server.close()
         log.info("egress closed")

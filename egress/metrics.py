@@ -11,6 +11,8 @@ _PART = ("region", "topic", "partition")
 
 # Segment sizes from a few KiB (age-closed, idle topics) to several GiB.
 _SIZE_BUCKETS = [2.0**p for p in range(12, 34, 2)]
+# A cross-region copy: tens of milliseconds to seconds, minutes when the queue backs up.
+_LATENCY_BUCKETS = [0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]
 
 
 class EgressMetrics:
@@ -128,6 +130,25 @@ class EgressMetrics:
             "Source topics found deleted and created again (a new topic id): the new "
             "incarnation's segments go to a location of their own "
             "(docs/architecture.md, \"Topic incarnations\").", ("region", "topic"))
+
+        self.mirror_copies = metrics.counter(
+            "egress_mirror_copies_total", "Segments copied into the destination region's "
+            "bucket by [egress.mirror] (the low-RPO mode).", ("region", "topic"))
+        self.mirror_failures = metrics.counter(
+            "egress_mirror_failures_total", "Segment copies into the destination bucket "
+            "([egress.mirror]) that failed; each is logged at WARNING with its key and "
+            "delivered by S3 replication instead.", ("region", "topic"))
+        self.mirror_dropped = metrics.counter(
+            "egress_mirror_dropped_total", "Segments not copied into the destination bucket "
+            "because max_pending copies were waiting, or abandoned at shutdown ([egress.mirror]); "
+            "S3 replication delivers them.", ("region", "topic"))
+        self.mirror_pending = metrics.gauge(
+            "egress_mirror_pending", "Segment copies into the destination bucket queued or "
+            "running ([egress.mirror]).", ("region",))
+        self.mirror_seconds = metrics.histogram(
+            "egress_mirror_copy_seconds", "From a segment's publish to its copy in the "
+            "destination bucket, queueing included ([egress.mirror]).", ("region",),
+            buckets=_LATENCY_BUCKETS)
 
     def for_partition(self, region: str, topic: str, partition: int) -> PartitionMetrics:
         """Label-bound children for one partition (binding once keeps the hot path cheap)."""

@@ -39,7 +39,12 @@ from egress.rotation import (
 from egress.segment import Segment, SegmentOutcome, SegmentState
 from formats.base import BATCH_OVERHEAD, SegmentFormat, SegmentMetadata, WriterOptions
 from formats.parquet import ENCODE_UNIT
-from formats.segment_io import SegmentUpload, largest_row_bytes, publish_segment
+from formats.segment_io import (
+    Published,
+    SegmentUpload,
+    largest_row_bytes,
+    publish_segment,
+)
 from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.kafka import OFFSET_BEGINNING, Message
@@ -86,6 +91,9 @@ class WriterContext:
     the documented key shape, as before topic ids were known)."""
     gate: EncodeGate | None = None
     """Admits encodes within the memory budget (``None``: every encode runs at once)."""
+    mirror: Callable[[SegmentKey], object] | None = None
+    """Queues the copy of a just-published segment into the destination region's bucket
+    (``egress.mirror.SegmentMirror.submit``: never blocks nor raises; ``None``: off)."""
 
 
 
@@ -610,7 +618,9 @@ class PartitionWriter:
         3. Delete the temp object. A failure only leaves garbage that the bucket's
            lifecycle rule for ``temp/`` expires; it does not stop the commit.
            (Steps 2 and 3 are ``formats.segment_io.publish_segment``, which compaction
-           publishes its outputs with too.)
+           publishes its outputs with too.) With ``[egress.mirror]``, the segment's copy
+           into the destination region's bucket is queued right after
+           (``egress.mirror``); nothing after waits for it.
         4. Commit offset ``end + 1`` for this partition, synchronously (past it when the
            records after the segment were skipped: ``skip_origins``; the commit's metadata
            then says the next segment starts at ``end + 1``).
@@ -661,10 +671,7 @@ class PartitionWriter:
                           seg.start)
             self._fail(seg, step, e)
             return
-        if published.temp_error is not None:
-            log.warning("%s: temp object %s of segment %s stays behind (the lifecycle rule "
-                        "expires it): %s", self.name, temp_key, final, published.temp_error)
-            self.metrics.temp_leftovers.inc()
+        self._published(key, temp_key, published)
         if self.cancel.is_set():
             # Revoked past the shutdown timeout, or lost, while the copy ran: the partition
             # belongs to another writer now, which reads from the commit it found. Never
@@ -699,6 +706,18 @@ class PartitionWriter:
                  seg.stored_bytes, seg.reason, seg.commit_to)
         self._release(seg)
         self.ctx.report(SegmentOutcome(self, seg, SegmentState.COMMITTED, key))
+
+    def _published(self, key: SegmentKey, temp_key: str, published: Published) -> None:
+        """After step 2: queue the mirror's copy, report a temp object left behind."""
+        if self.ctx.mirror is not None:
+            # The low-RPO mode: the segment is visible under its final key; its copy into
+            # the destination bucket is queued, and nothing after waits for it.
+            self.ctx.mirror(key)
+        if published.temp_error is not None:
+            log.warning("%s: temp object %s of segment %s stays behind (the lifecycle rule "
+                        "expires it): %s", self.name, temp_key, key.to_key(),
+                        published.temp_error)
+            self.metrics.temp_leftovers.inc()
 
     def _finish(self, seg: Segment, upload: SegmentUpload, meta: SegmentMetadata) -> ObjectInfo:
         # The last row group is encoded and sent here (a retry only completes the upload).

@@ -5,6 +5,7 @@
 #   deploy/aws/setup-region.sh bucket       # bucket (versioned, encrypted, TLS-only, lifecycle) + SQS queue + notification
 #   deploy/aws/setup-region.sh iam          # IRSA roles for egress/ingress/compaction (+ its Spark driver) + the S3 replication role
 #                                           # (+ with ARCHIVE=true: the archive committer's role and compaction's table swap)
+#                                           # (+ with MIRROR=true: egress's grant to copy its segments into the peer bucket)
 #   deploy/aws/setup-region.sh replication  # S3 replication to the peer bucket (run after both regions' `bucket`)
 #
 # Settings (environment):
@@ -20,6 +21,10 @@
 #   ARCHIVE           true: the archive tables ([catalog] with AWS Glue, deploy/k8s/components/archive):
 #                     `iam` creates the role of the archive committer and adds iam/archive-compaction.json
 #                     to compaction's roles; false (default): neither (and that policy is removed again)
+#   MIRROR            true: egress runs with [egress.mirror] (the low-RPO mode, docs/sizing.md):
+#                     `iam` adds iam/egress-mirror.json to egress's role (PutObject on the peer
+#                     bucket's data/$REGION/, the peer key through S3); false (default): that
+#                     policy is removed again
 #   WAREHOUSE_PREFIX  default iceberg: the Iceberg warehouse in $BUCKET ([catalog] warehouse =
 #                     "s3://$BUCKET/$WAREHOUSE_PREFIX"); never under PREFIX or TEMP_PREFIX
 #   GLUE_DATABASE     default replicator: the Glue database ([catalog] namespace, one level)
@@ -44,6 +49,8 @@ export ARCHIVE="${ARCHIVE:-false}" WAREHOUSE_PREFIX="${WAREHOUSE_PREFIX:-iceberg
 export GLUE_DATABASE="${GLUE_DATABASE:-replicator}"
 export GLUE_ACCOUNT_ID="${GLUE_ACCOUNT_ID:-$ACCOUNT_ID}" GLUE_REGION="${GLUE_REGION:-$REGION}"
 case "$ARCHIVE" in true|false) ;; *) echo "ARCHIVE must be true or false" >&2; exit 2 ;; esac
+export MIRROR="${MIRROR:-false}"
+case "$MIRROR" in true|false) ;; *) echo "MIRROR must be true or false" >&2; exit 2 ;; esac
 # The lifecycle expires temp/ after a day, and segments are only what is under PREFIX.
 case "$WAREHOUSE_PREFIX/" in
   "$PREFIX/"*|"$TEMP_PREFIX/"*)
@@ -68,7 +75,7 @@ render() {
   (
     cd "$HERE"
     for f in s3/*.json sqs/*.json iam/egress.json iam/ingress.json iam/compaction.json \
-             iam/archive.json iam/archive-compaction.json \
+             iam/archive.json iam/archive-compaction.json iam/egress-mirror.json \
              iam/s3-replication.json iam/s3-replication-trust.json; do
       CONTROLLER="" envsubst "$VARS" < "$f" > "$OUT/$f"
     done
@@ -146,6 +153,19 @@ iam() {
     ensure_role "replicator-$REGION-$c" "$OUT/iam/irsa-trust-$c.json"
     aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-$c" \
       --policy-name "replicator-$policy" --policy-document "file://$OUT/iam/$policy.json"
+    # Egress with [egress.mirror] copies each segment into the peer bucket: a second
+    # policy of its role, only while the mirror is on.
+    if [ "$c" = egress ]; then
+      if [ "$MIRROR" = true ]; then
+        aws iam put-role-policy --region "$REGION" --role-name "replicator-$REGION-egress" \
+          --policy-name replicator-egress-mirror \
+          --policy-document "file://$OUT/iam/egress-mirror.json"
+      elif aws iam get-role-policy --region "$REGION" --role-name "replicator-$REGION-egress" \
+             --policy-name replicator-egress-mirror >/dev/null 2>&1; then
+        aws iam delete-role-policy --region "$REGION" --role-name "replicator-$REGION-egress" \
+          --policy-name replicator-egress-mirror
+      fi
+    fi
     # Compaction swaps its inputs for its output in the archive tables before it deletes
     # them ([catalog] enabled): a second policy of its roles, only while the archive is on.
     if [ "$policy" = compaction ]; then

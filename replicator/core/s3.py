@@ -263,6 +263,21 @@ class S3ObjectStore(ObjectStore):
                               _etag(result.get("ETag")), storage_class or STANDARD)
         return self._multipart_copy(src, dst, head, storage_class, what)
 
+    def copy_from(self, source: ObjectStore, key: str, *,
+                  storage_class: str | None = None) -> None:
+        # One CopyObject sent to this store's client (the destination region's endpoint);
+        # S3 reads the source object itself. No HEAD first: a segment is far below the
+        # 5 GiB a single CopyObject takes, and S3 refuses a larger one by itself.
+        what = f"copy s3://{source.bucket}/{key} to {self.url(key)}"
+        with aws_errors(what):
+            resp = self.client.copy_object(
+                Bucket=self.bucket, Key=key, CopySource={"Bucket": source.bucket, "Key": key},
+                **self.write_args(storage_class))
+        if not resp.get("CopyObjectResult"):
+            # S3 may answer 200 with an error in the body; botocore raises it, but a body
+            # without a result is no copy either.
+            raise StorageError(f"{what}: no CopyObjectResult in the answer")
+
     def _multipart_copy(self, src: str, dst: str, head: dict[str, Any],
                         storage_class: str | None, what: str) -> ObjectInfo:
         """Copy ``src`` in UploadPartCopy ranges; abort the upload on any failure."""

@@ -10,6 +10,9 @@ Semantics every implementation keeps:
 * ``open_upload`` streams an object: bytes become visible at ``complete()`` only;
   ``abort()`` leaves nothing behind. Memory held is at most one part.
 * ``copy`` is server-side; objects above the multipart-copy threshold are copied in parts.
+* ``copy_from`` copies an object of another bucket into this one, server-side and sent to
+  this store's endpoint (the destination region's): the bytes never pass through the
+  caller. One request, so up to 5 GiB (larger objects raise ``StorageFatalError``).
 * ``list`` yields objects in lexical key order, paginating transparently.
 * An object written without a storage class (put, upload, copy) has S3's default,
   ``"STANDARD"``; ``copy`` does not carry the source's class over (as S3).
@@ -193,6 +196,18 @@ class ObjectStore(ABC):
             ObjectNotFound: ``src`` does not exist.
         """
 
+    def copy_from(self, source: ObjectStore, key: str, *,
+                  storage_class: str | None = None) -> None:
+        """Server-side copy of ``source``'s object ``key`` into this bucket, same key.
+
+        Raises:
+            ObjectNotFound: ``key`` does not exist in ``source``.
+            StorageFatalError: the store cannot copy across buckets, or refused (access
+                denied, object above 5 GiB).
+            StorageError: retriable failure (the destination endpoint did not answer).
+        """
+        raise StorageFatalError(f"{type(self).__name__} cannot copy from another bucket")
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete one object; a missing key is not an error."""
@@ -348,6 +363,15 @@ class MemoryObjectStore(ObjectStore):
             new = _Stored(obj.data, self._stamp(), storage_class or STANDARD)
             self._objects[dst] = new
             return new.info(dst)
+
+    def copy_from(self, source: ObjectStore, key: str, *,
+                  storage_class: str | None = None) -> None:
+        if not isinstance(source, MemoryObjectStore):
+            raise StorageFatalError(f"cannot copy from {source!r} into memory bucket "
+                                    f"{self.bucket} (both must be in memory)")
+        obj = source._lookup(key)
+        with self._lock:
+            self._objects[key] = _Stored(obj.data, self._stamp(), storage_class or STANDARD)
 
     def delete(self, key: str) -> None:
         with self._lock:

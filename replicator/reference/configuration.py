@@ -22,6 +22,7 @@ from replicator.core.settings import (
     CatalogSettings,
     CompactionSettings,
     CompactionTopicSettings,
+    EgressMirrorSettings,
     EgressSelectSettings,
     EgressSettings,
     EgressTopicSettings,
@@ -52,6 +53,9 @@ SECTIONS: list[tuple[str, type[BaseModel], str]] = [
      "thresholds of selected topics, and of keys a table leaves out)."),
     ("[egress.group_export]", GroupExportSettings,
      "Source consumer-group offsets exported next to the segments (docs/failover.md)."),
+    ("[egress.mirror]", EgressMirrorSettings,
+     "The low-RPO mode: each segment also copied into the destination region's bucket "
+     "(off when absent; docs/sizing.md, \"Low-RPO mode\")."),
     ("[ingress]", IngressSettings, "The ingress controller (destination region)."),
     ("[[ingress.sources]]", IngressSourceSettings, "One entry per replicated source topic."),
     ("[compaction]", CompactionSettings, "The compaction job (per region)."),

@@ -3,7 +3,8 @@
 ``tests/unit/test_object_store_memory.py`` runs it on ``MemoryObjectStore`` and
 ``tests/integration/test_object_store_s3.py`` on ``S3ObjectStore`` against the session's
 moto server. A subclass provides, through an autouse fixture, ``self.store`` (an empty
-bucket), ``self.part_size`` (the store's upload part size), ``self.copy_threshold`` (the
+bucket), ``self.other`` (a second empty bucket of the same kind, for ``copy_from``),
+``self.part_size`` (the store's upload part size), ``self.copy_threshold`` (the
 multipart-copy threshold) and implements ``open_uploads()`` (multipart uploads left open).
 """
 
@@ -27,6 +28,7 @@ def payload(size: int, seed: int = 0) -> bytes:
 
 class ObjectStoreContract:
     store: ObjectStore
+    other: ObjectStore
     part_size: int
     copy_threshold: int
 
@@ -233,6 +235,18 @@ class ObjectStoreContract:
         self.store.put("dst", b"old")
         self.store.copy("src", "dst")
         assert self.store.get("dst") == b"new"
+
+    def test_copy_from_another_bucket_keeps_key_and_bytes(self) -> None:
+        data = payload(70_000, seed=8)
+        self.other.put("data/r/t/0/seg", data, storage_class="STANDARD_IA")
+        self.store.copy_from(self.other, "data/r/t/0/seg")
+        assert self.store.get("data/r/t/0/seg") == data
+        assert self.store.head("data/r/t/0/seg").storage_class == "STANDARD"
+        self.store.copy_from(self.other, "data/r/t/0/seg", storage_class="STANDARD_IA")
+        assert self.store.head("data/r/t/0/seg").storage_class == "STANDARD_IA"
+        assert self.other.get("data/r/t/0/seg") == data        # the source is untouched
+        with pytest.raises(ObjectNotFound):
+            self.store.copy_from(self.other, "data/missing")
 
     # --- list -----------------------------------------------------------------------
 

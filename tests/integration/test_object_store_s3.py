@@ -37,6 +37,9 @@ class TestS3ObjectStore(ObjectStoreContract):
         self.s3 = S3ObjectStore(s3_client, bucket, part_size=self.part_size,
                                 multipart_copy_threshold=self.copy_threshold, page_size=7)
         self.store = self.s3
+        other = unique_name("b")
+        create_bucket(s3_client, other, "us-east-1")
+        self.other = S3ObjectStore(s3_client, other)
 
     def open_uploads(self) -> int:
         return len(self.s3.open_multipart_uploads())

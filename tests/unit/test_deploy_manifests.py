@@ -1049,7 +1049,38 @@ def test_setup_region_iam_without_the_archive_revokes_the_swap(tmp_path: Path) -
                if c[:2] == ["iam", "delete-role-policy"]}
     assert deleted == {("replicator-us-east-1-compaction", "replicator-archive-compaction"),
                        ("replicator-us-east-1-compaction-driver",
-                        "replicator-archive-compaction")}
+                        "replicator-archive-compaction"),
+                       ("replicator-us-east-1-egress", "replicator-egress-mirror")}
+
+
+def test_setup_region_iam_with_the_mirror_adds_egress_its_peer_bucket_grant(
+        tmp_path: Path) -> None:
+    calls = _run_setup_region(tmp_path, "iam", MIRROR="true")
+    assert _inline_policies(calls)["replicator-us-east-1-egress"] == {
+        "replicator-egress": "egress.json", "replicator-egress-mirror": "egress-mirror.json"}
+    rendered = json.loads((tmp_path / "out" / "iam" / "egress-mirror.json").read_text())
+    assert rendered == _aws("iam/egress-mirror.json")
+
+
+def test_the_mirror_policy_grants_egress_only_its_own_prefix_of_the_peer_bucket() -> None:
+    # [egress.mirror]: one CopyObject into the peer bucket, same key (data/<region>/...);
+    # its source is read under egress.json's grant on the own bucket.
+    peer = f"arn:aws:s3:::{AWS_VALUES['PEER_BUCKET']}"
+    seg = "data/us-east-1/sensor.events/3/0/00000000000000000100-00000000000000000199"
+    both = Policy({"Statement": [*_statements(_aws("iam/egress.json")),
+                                 *_statements(_aws("iam/egress-mirror.json"))]})
+    peer_key = AWS_VALUES["PEER_KMS_KEY_ARN"]
+    via_peer = {"kms:ViaService": "s3.us-west-1.amazonaws.com"}
+    assert both.allows("s3:PutObject", f"{peer}/{seg}")
+    assert both.allows("s3:GetObject", f"{B}/{seg}")                   # the copy's source
+    assert both.allows("kms:GenerateDataKey", peer_key, **via_peer)
+    assert not Policy(_aws("iam/egress.json")).allows("s3:PutObject", f"{peer}/{seg}")
+    for action, resource in [
+            ("s3:PutObject", f"{peer}/data/us-west-1/sensor.events/3/0/x"),  # its own data
+            ("s3:PutObject", f"{peer}/temp/x"),
+            ("s3:GetObject", f"{peer}/{seg}"), ("s3:DeleteObject", f"{peer}/{seg}"),
+            ("kms:GenerateDataKey", peer_key)]:                       # only through S3
+        assert not both.allows(action, resource), (action, resource)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -1456,3 +1487,23 @@ def test_every_image_tag_is_the_release_version() -> None:
     for path, found in tags.items():
         assert set(found) <= {version}, (path, found)
     assert f"## [{version}]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_the_commented_mirror_names_the_peer_bucket_the_mirror_policy_grants(
+        overlay: Path) -> None:
+    text = (overlay / "config.toml").read_text()
+    lines = text.splitlines()
+    at = lines.index("# [egress.mirror]")
+    for i in range(at, at + 3):
+        lines[i] = lines[i].removeprefix("# ")
+    s = load_settings(data=tomllib.loads("\n".join(lines)), environ={})
+    assert s.egress is not None and s.egress.mirror is not None
+    mirror = s.egress.mirror
+    peer = "us-west-1" if s.region == "us-east-1" else "us-east-1"
+    assert (mirror.bucket, mirror.region) == (f"replicator-{peer}", peer)
+    assert mirror.bucket != s.s3.bucket
+    policy = Policy(_aws("iam/egress-mirror.json", REGION=s.region, PEER_REGION=peer,
+                         PEER_BUCKET=mirror.bucket, PREFIX=s.s3.prefix))
+    seg = f"{s.s3.prefix}/{s.region}/sensor.events/0/0/00000000000000000000-00000000000000000009"
+    assert policy.allows("s3:PutObject", f"arn:aws:s3:::{mirror.bucket}/{seg}")

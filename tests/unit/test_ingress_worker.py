@@ -1201,3 +1201,53 @@ def test_a_refused_record_stops_the_partition_at_it_until_retried(
         assert any("replicating again" in r.getMessage() for r in caplog.records)
     finally:
         h.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_a_segment_event_repeated_after_its_replay_adds_no_record(exactly_once: bool) -> None:
+    # Egress's [egress.mirror] copies a segment into this bucket, and S3 replication writes
+    # the same key and bytes again later: ingress gets a second "created" event for a
+    # segment it has replayed (below its checkpoint), which must add nothing.
+    h = Harness(exactly_once=exactly_once)
+    try:
+        write(h.store, key(0, 9))
+        w = h.start()
+        h.wait(lambda: h.offsets()[-1:] == [9] and w.checkpointed == 9)
+        write(h.store, key(0, 9))                   # the replica: same key, same bytes
+        w.offer(SegmentEvent("created", key(0, 9)))
+        write(h.store, key(10, 19))
+        w.offer(SegmentEvent("created", key(10, 19)))
+        h.wait(lambda: h.offsets()[-1:] == [19] and w.checkpointed == 19)
+        write(h.store, key(10, 19))                 # the last segment's replica, too
+        w.offer(SegmentEvent("created", key(10, 19)))
+        w.offer(SegmentEvent("created", key(0, 9)))  # and the first one's, once more
+        write(h.store, key(20, 29))
+        w.offer(SegmentEvent("created", key(20, 29)))
+        h.wait(lambda: h.offsets()[-1:] == [29] and w.checkpointed == 29)
+        assert h.offsets() == list(range(30))
+        assert h.metric("replicator_ingress_segments_lost_total") == 0
+    finally:
+        h.stop()
+
+
+@pytest.mark.parametrize("exactly_once", [True, False], ids=["exactly-once", "at-least-once"])
+def test_a_segment_event_repeated_while_it_replays_adds_no_record(exactly_once: bool) -> None:
+    # The replica's event may also come while the mirrored copy is still being replayed
+    # (small batches: several transactions per segment), and for a segment not replayed
+    # yet (the mirror's copy and the replica both ahead of the checkpoint).
+    h = Harness(exactly_once=exactly_once, batch_size=3)
+    try:
+        write(h.store, key(0, 29))
+        write(h.store, key(30, 59))
+        w = h.start()
+        for _ in range(3):
+            w.offer(SegmentEvent("created", key(0, 29)))
+            w.offer(SegmentEvent("created", key(30, 59)))
+        h.wait(lambda: h.offsets()[-1:] == [59] and w.checkpointed == 59)
+        w.offer(SegmentEvent("created", key(30, 59)))
+        write(h.store, key(60, 69))
+        w.offer(SegmentEvent("created", key(60, 69)))
+        h.wait(lambda: h.offsets()[-1:] == [69] and w.checkpointed == 69)
+        assert h.offsets() == list(range(70))
+    finally:
+        h.stop()

@@ -15,6 +15,7 @@ class TestMemoryObjectStore(ObjectStoreContract):
         self.copy_threshold = 64 * 1024
         self.memory = MemoryObjectStore("mem-bucket", part_size=self.part_size)
         self.store = self.memory
+        self.other = MemoryObjectStore("mem-other", part_size=self.part_size)
 
     def open_uploads(self) -> int:
         return len(self.memory.uploads_open)

@@ -587,3 +587,55 @@ def test_durations_that_would_loop_or_lose_are_refused_naming_the_key(
     dotted = "ingress.sources.0" if section == "source" else section
     with pytest.raises(ConfigErrors, match=rf"{dotted}\.{key}: must be at least"):
         load_settings(data=data, environ={})
+
+
+MIRROR = {"bucket": "dest-bucket", "region": "us-west-2"}
+
+
+def test_mirror_is_off_when_absent_and_typed_when_given() -> None:
+    s = load_settings(data=with_(egress={"topics": {"t": {}}}), environ=NO_ENV)
+    assert s.egress is not None and s.egress.mirror is None
+    s = load_settings(data=with_(egress={"topics": {"t": {}}, "mirror": {
+        **MIRROR, "endpoint_url": "http://127.0.0.1:9", "max_pending": 7,
+        "shutdown_timeout": "2s"}}), environ=NO_ENV)
+    assert s.egress is not None and s.egress.mirror is not None
+    m = s.egress.mirror
+    assert (m.bucket, m.region, m.endpoint_url, m.threads, m.max_pending) == (
+        "dest-bucket", "us-west-2", "http://127.0.0.1:9", 2, 7)
+    assert m.shutdown_timeout == timedelta(seconds=2)
+    with pytest.raises(ValidationError):
+        m.bucket = "other"  # type: ignore[misc]  # frozen
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("bucket", "Not_A_Bucket"), ("region", "US West"), ("max_pending", 0),
+    ("threads", 0), ("shutdown_timeout", "-1s"), ("oops", 1)])
+def test_a_bad_mirror_value_is_named(key: str, value: object) -> None:
+    errs = errors_of(with_(egress={"topics": {"t": {}}, "mirror": {**MIRROR, key: value}}))
+    assert list(errs) == [f"egress.mirror.{key}"]
+
+
+def test_a_mirror_without_bucket_or_region_is_named() -> None:
+    errs = errors_of(with_(egress={"topics": {"t": {}}, "mirror": {}}))
+    assert set(errs) == {"egress.mirror.bucket", "egress.mirror.region"}
+
+
+def test_a_mirror_into_the_own_bucket_is_refused() -> None:
+    errs = errors_of(with_(s3={"bucket": "src-bucket"}, egress={"topics": {"t": {}}, "mirror": {
+        "bucket": "src-bucket", "region": "us-west-2"}}))
+    assert list(errs) == ["egress.mirror.bucket"]
+    assert "own bucket" in errs["egress.mirror.bucket"]
+
+
+def test_a_bad_mirror_exits_2_naming_the_key(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from replicator.cli.egress import main
+
+    cfg = tmp_path / "egress.toml"
+    cfg.write_text('region = "us-east-1"\n[s3]\nbucket = "b"\n[kafka]\nbrokers = "k:9092"\n'
+                   '[egress.topics."t"]\n[egress.mirror]\nbucket = "dest"\nregion = "us-west-2"\n'
+                   'max_pending = 0\n')
+    result = CliRunner().invoke(main, ["--config", str(cfg)])
+    assert result.exit_code == 2
+    assert "egress.mirror.max_pending" in result.output

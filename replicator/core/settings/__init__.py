@@ -40,6 +40,7 @@ from replicator.core.settings.sections import (
 from replicator.core.settings.services import (
     CompactionSettings,
     CompactionTopicSettings,
+    EgressMirrorSettings,
     EgressSelectSettings,
     EgressSettings,
     EgressTopicSettings,
@@ -55,6 +56,7 @@ __all__ = [
     "CompactionSettings",
     "CompactionTopicSettings",
     "Duration",
+    "EgressMirrorSettings",
     "EgressSelectSettings",
     "EgressSettings",
     "EgressTopicSettings",

@@ -107,6 +107,19 @@ class Settings(Model):
         return self
 
     @model_validator(mode="after")
+    def _mirror_elsewhere(self) -> Settings:
+        # The mirror copies each segment to the same key in another bucket: into this
+        # region's own bucket it would copy every segment onto itself.
+        mirror = self.egress.mirror if self.egress is not None else None
+        if mirror is not None and mirror.bucket == self.s3.bucket \
+                and mirror.endpoint_url == self.s3.endpoint_url:
+            raise KeyedValueError(
+                "egress.mirror.bucket",
+                f"{mirror.bucket!r} is this region's own bucket (s3.bucket): name the "
+                "destination region's bucket, the one its ingress reads")
+        return self
+
+    @model_validator(mode="after")
     def _segments_fit_in_parts(self) -> Settings:
         # A segment streams into one multipart upload of at most MAX_PARTS parts of
         # s3.part_size bytes (egress writes it, compaction writes its outputs).

@@ -177,6 +177,54 @@ class GroupExportSettings(Model):
         return v
 
 
+class EgressMirrorSettings(Model):
+    """The low-RPO mode (``[egress.mirror]``; docs/sizing.md, "Low-RPO mode"): each segment
+    is also copied server-side into the destination region's bucket right after it is
+    published, without waiting for S3 replication.
+    """
+
+    bucket: str = Field(description="The destination region's bucket (the one ingress "
+                                    "reads; S3 replication into it stays on as the backstop).")
+    region: str = Field(description="AWS region of the destination bucket: the CopyObject "
+                                    "requests go to that region's endpoint.")
+    endpoint_url: str | None = Field(
+        None, description="Endpoint of an S3-compatible store for the destination bucket "
+                          "(default: AWS's endpoint of region).")
+    threads: int = Field(2, ge=1, le=16, description="Copies running at once (a pool of "
+                                                     "its own, apart from upload_threads).")
+    max_pending: int = Field(
+        1000, ge=1, le=100_000, description="Copies queued or running at most; a segment "
+        "published while that many wait is not mirrored (WARNING, "
+        "replicator_egress_mirror_dropped_total): S3 replication delivers it. Memory: one "
+        "key each.")
+    shutdown_timeout: Duration = Field(
+        timedelta(seconds=5), description="On shutdown, how long queued copies get to "
+        "finish; those still queued then are abandoned (logged with their count; S3 "
+        "replication delivers them).")
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket_ok(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", v):
+            raise ValueError(f"{v!r} is not an S3 bucket name (3-63 characters: lower-case "
+                             "letters, digits, dots and hyphens)")
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region_ok(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9-]+", v):
+            raise ValueError(f"{v!r} is not an AWS region name (e.g. us-west-2)")
+        return v
+
+    @field_validator("shutdown_timeout")
+    @classmethod
+    def _shutdown_ok(cls, v: timedelta) -> timedelta:
+        if v < timedelta(0):
+            raise ValueError("must not be negative (0: abandon every queued copy at once)")
+        return v
+
+
 class EgressSettings(Model):
     """The egress controller (``[egress]``)."""
 
@@ -244,6 +292,10 @@ class EgressSettings(Model):
         "record is a hole in position space, like a transaction marker, never loss. Empty: "
         "every record is copied and headers are not looked at.")
     origin_header: str = Field(ORIGIN_HEADER, description=_ORIGIN_HEADER_HELP)
+    mirror: EgressMirrorSettings | None = Field(
+        None, description="Also copy each segment into the destination region's bucket as "
+        "soon as it is published (the low-RPO mode; off when absent; docs/sizing.md, "
+        "\"Low-RPO mode\").")
 
     @field_validator("shutdown_timeout")
     @classmethod
