@@ -91,6 +91,9 @@ class Commits:
 
     def __init__(self, ing: Ingress) -> None:
         self.ing = ing
+        self._begin()
+
+    def _begin(self) -> None:
         self.times: list[float] = []
         self._last = -1.0
         self._stop = threading.Event()
@@ -133,6 +136,7 @@ class Flow:
     feed: Feed
     commits: Commits
     errors: list[logging.LogRecord] = field(default_factory=list)
+    egress: Egress | None = None
 
 
 class ErrorLines(logging.Handler):
@@ -152,7 +156,7 @@ def flow(cluster: KafkaCluster, moto_endpoint: str) -> Iterator[Flow]:
     handler = ErrorLines(errors)
     logging.getLogger().addHandler(handler)
     with ExitStack() as stack:
-        stack.enter_context(running_egress(Egress(pipe.egress_settings())))
+        egress = stack.enter_context(running_egress(Egress(pipe.egress_settings())))
         ing = stack.enter_context(running_ingress(pipe.ingress_settings()))
         feed = Feed(pipe)
         stack.callback(feed.close)
@@ -160,7 +164,7 @@ def flow(cluster: KafkaCluster, moto_endpoint: str) -> Iterator[Flow]:
         stack.callback(commits.close)
         feed.resume()
         wait_for(lambda: commits.committed() >= 5, 90, "ingress committing")
-        yield Flow(cluster, pipe, ing, feed, commits, errors)
+        yield Flow(cluster, pipe, ing, feed, commits, errors, egress)
     logging.getLogger().removeHandler(handler)
     print("\nCLUSTER-RESULTS " + json.dumps(RESULTS, sort_keys=True))
 
@@ -207,6 +211,26 @@ def transaction_coordinator(cluster: KafkaCluster, transactional_id: str) -> int
     return int(row.split()[head.split().index("CoordinatorId")])
 
 
+def group_coordinator(cluster: KafkaCluster, group: str) -> int:
+    """The node coordinating ``group`` (the leader of its ``__consumer_offsets`` partition)."""
+    fut = cluster.admin._admin.describe_consumer_groups([group], request_timeout=10)[group]
+    return int(fut.result(timeout=10).coordinator.id)
+
+
+class SegmentCommits(Commits):
+    """Samples egress's committed segments (durable, offsets committed) like ``Commits``."""
+
+    def __init__(self, egress: Egress) -> None:
+        self.egress = egress
+        self._begin()
+
+    def committed(self) -> float:
+        return self.egress.metrics.total("egress_segments_total")
+
+    def failed(self) -> float:
+        return self.egress.metrics.total("egress_commit_failures_total")
+
+
 def kill_and_restart(cluster: KafkaCluster, node: int, down: float = 3.0) -> None:
     cluster.kill(node)
     time.sleep(down)             # records keep flowing with the node down
@@ -231,6 +255,32 @@ def test_kill_the_transaction_coordinator_of_ingress(flow: Flow) -> None:
     node = transaction_coordinator(flow.cluster, flow.ingress.transactional_id(0))
     scenario(flow, "ingress transaction coordinator kill -9",
              lambda: kill_and_restart(flow.cluster, node))
+
+
+def test_kill_the_group_coordinator_of_egress(flow: Flow) -> None:
+    """The node coordinating egress's consumer group: its members rejoin at the new
+    coordinator, a commit in flight fails retriably (the segment is durable; the next
+    commit covers it). The stall measured is egress's (between two committed segments)
+    beside ingress's."""
+    assert flow.egress is not None
+    node = group_coordinator(flow.cluster, flow.pipe.egress_group)
+    segments = SegmentCommits(flow.egress)
+    rebalances0 = flow.egress.metrics.total("egress_rebalance_events_total")
+    commit_failures0 = segments.failed()
+    try:
+        t0 = time.monotonic()
+        out = scenario(flow, "egress group coordinator kill -9",
+                       lambda: kill_and_restart(flow.cluster, node))
+        t2 = time.monotonic()
+        out["egress_stall_s"] = round(segments.stall(t0, t2), 1)
+        out["egress_commit_failures"] = int(segments.failed() - commit_failures0)
+        out["egress_rebalance_events"] = int(
+            flow.egress.metrics.total("egress_rebalance_events_total") - rebalances0)
+    finally:
+        segments.close()
+    print("\nCLUSTER-SCENARIO egress group coordinator (egress side): "
+          + json.dumps(out, sort_keys=True), flush=True)
+    assert not [e for e in out["error_lines"] if "cannot reach Kafka" in e], out
 
 
 def test_rolling_restart(flow: Flow) -> None:
