@@ -22,16 +22,24 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from egress.controller import Egress
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.controller import Ingress
+from ingress.delivery import AtLeastOnce
+from ingress.replica_stall import ReplicaStallWatch, UnacknowledgedWatch, stalled_gauge
+from ingress.rows import Rows
 from replicator.core.errors import KafkaRetriableError
 from replicator.core.kafka import Admin, Producer
+from replicator.core.metrics import Metrics
+from replicator.core.wire import Checkpoint
+from replicator.ops.verify import read_partition
 from tests.cluster.cluster import NODES, KafkaCluster, quorum_leader
-from tests.conftest import RECENT_MS
+from tests.conftest import RECENT_MS, unique_name
 from tests.integration.pipeline import (
     Pipeline,
     new_pipeline,
@@ -299,13 +307,66 @@ def test_kill_the_active_controller(flow: Flow) -> None:
     scenario(flow, "active controller kill -9", lambda: kill_and_restart(flow.cluster, node))
 
 
+class AtLeastOnceSide:
+    """Ingress's at-least-once delivery (the shared idempotent producer, its sink and the
+    worker's delivery protocol) writing ``count`` records into a topic of its own, with
+    ``min.insync.replicas`` 3: refused like the copy while a node is down. A second
+    ingress would cost a second pipeline; this costs nothing but the fault's window."""
+
+    def __init__(self, cluster: KafkaCluster, count: int = 20) -> None:
+        self.topic = unique_name("alo")
+        admin = Admin(cluster.kafka, timeout=30)
+        assert admin.create_topic(self.topic, 1, {"min.insync.replicas": "3"})
+        assert admin.create_topic(self.topic + ".cps", 1)
+        self.metrics = Metrics()
+        self.shared = SharedAcks(cluster.kafka, unacknowledged=UnacknowledgedWatch(
+            ReplicaStallWatch(lambda: Admin(cluster.kafka, timeout=5.0),
+                              stalled_gauge(self.metrics))))
+        self.count = count
+        self.done: list[BaseException | None] = []
+        self._thread = threading.Thread(target=self._deliver, name="alo", daemon=True)
+
+    def stalled(self) -> float:
+        return self.metrics.total("ingress_destination_stalled", reason="not_enough_replicas")
+
+    def start(self) -> None:
+        self.shared.start()
+        self._thread.start()
+
+    def _deliver(self) -> None:
+        sink = SharedAckSink(self.shared, topic=self.topic, partition=0,
+                             checkpoint_topic=self.topic + ".cps")
+        try:
+            sink.start()
+            d = AtLeastOnce(sink, "alo", f"alo->{self.topic}[0]",
+                            on_checkpointed=lambda cp: None, on_aborted=lambda: None)
+            n = self.count
+            d.deliver(Rows(list(range(n)), [RECENT_MS + i for i in range(n)],
+                           [b"k"] * n, [b"a%04d" % i for i in range(n)], [None] * n),
+                      Checkpoint(n - 1, "seg", datetime.now(UTC)))
+            d.settle()
+            sink.close()
+            self.done.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test thread raises it
+            self.done.append(e)
+
+    def join(self) -> list[bytes | None]:
+        """The records the topic holds once the delivery ended."""
+        self._thread.join(150)
+        assert self.done == [None], self.done
+        self.shared.producer.flush(10)
+        return [m.value() for m in read_partition(self.shared.kafka_settings, self.topic, 0)]
+
+
 def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     """NOT_ENOUGH_REPLICAS: one node down (its partitions' ISR shrinks to 2) and the
     destination topic's min.insync.replicas raised to 3: every record of the copy is
     refused. Ingress stalls with the ERROR and the gauge, loses nothing, resumes by itself
-    once the node is back (the setting stays at 3 meanwhile)."""
+    once the node is back (the setting stays at 3 meanwhile). Its at-least-once delivery
+    too, in the same window (``AtLeastOnceSide``)."""
     c, dest = flow.cluster, flow.pipe.dest_topic
     gauge = "ingress_destination_stalled"
+    alo = AtLeastOnceSide(c)
 
     def stalled() -> float:
         return flow.ingress.metrics.total(gauge, reason="not_enough_replicas")
@@ -324,7 +385,11 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
         wait_for(lambda: all(c.isr(dest, p) == 2 for p in range(PARTITIONS)), 60,
                  "the ISR to shrink")
         set_min_isr("3")
+        wait_for(lambda: c.isr(alo.topic, 0) == 2, 60, "the at-least-once topic's ISR")
+        alo.start()
         wait_for(lambda: stalled() >= 1, 90, "replicator_ingress_destination_stalled")
+        wait_for(lambda: alo.stalled() >= 1, 60, "the gauge of at-least-once delivery")
+        assert not alo.done, alo.done          # waiting, neither delivered nor failed
         c.restart(victim)
         wait_for(lambda: stalled() == 0, 120, "the stall to clear by itself")
 
@@ -334,6 +399,11 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     finally:
         set_min_isr("2")
     assert any("NOT_ENOUGH_REPLICAS" in e and f"{dest}[" in e for e in out["error_lines"]), out
+    # At-least-once: the same ERROR for its topic, every record delivered, the gauge 0.
+    assert any("NOT_ENOUGH_REPLICAS" in e and f"{alo.topic}[0]" in e
+               for e in out["error_lines"]), out
+    assert alo.join() == [b"a%04d" % i for i in range(alo.count)]
+    assert alo.stalled() == 0
 
 
 def _answered(ask: Callable[[], None]) -> bool:
