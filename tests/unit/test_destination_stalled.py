@@ -19,10 +19,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingress import offsets_deadline, transactions
-from ingress.replica_stall import Replicas, ReplicaStallWatch, stalled_gauge, under_min_isr
+from ingress.replica_stall import (
+    Replicas,
+    ReplicaStallWatch,
+    UnacknowledgedWatch,
+    stalled_gauge,
+    under_min_isr,
+)
 from replicator.core.kafka import Producer
 from replicator.core.metrics import Metrics
 from tests.promql import fires, scrape
+from tests.unit.test_ingress_acks import CPS, Acks, cp, rows
 from tests.unit.test_ingress_shared import FakeProducer, Harness, T
 
 GAUGE = "replicator_ingress_destination_stalled"
@@ -229,9 +236,6 @@ def test_at_least_once_below_min_isr_one_error_a_gauge_no_checkpoint_then_resume
     worker's acknowledgement timeout. Now the same ERROR and gauge as the transaction
     loop's, no checkpoint past the unacknowledged records, and once the replicas are back
     the records are acknowledged, the checkpoint follows and the gauge is 0 again."""
-    from ingress.replica_stall import UnacknowledgedWatch
-    from tests.unit.test_ingress_acks import CPS, Acks, cp, rows
-
     acks = Acks(monkeypatch, auto=False, ack_timeout=30.0)
     dest = Destination()
     dest.in_sync = 1                       # two of three destination nodes down
@@ -280,8 +284,6 @@ def test_at_least_once_asks_only_about_records_waiting_without_progress() -> Non
     """A sink whose records keep being acknowledged (a busy, healthy destination: always
     some unanswered) is never asked about; one with no progress for ``after`` is, at most
     once per ``every``; progress clears its gauge."""
-    from ingress.replica_stall import UnacknowledgedWatch
-
     now = [0.0]
     dest = Destination()
     dest.in_sync = 1
