@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.ownership import TP
+from ingress.replica_stall import UnacknowledgedWatch
 from ingress.rows import Rows
 from ingress.sink import PURGE_WAIT, Interrupted, ReplaySink
 from ingress.throttle import ProduceThrottle, rows_bytes
@@ -52,8 +53,13 @@ class SharedAcks:
 
     def __init__(self, kafka_settings: KafkaSettings, *, timeout: float = 60.0,
                  make_producer: Callable[[], Producer] | None = None,
-                 limits: DestinationLimits | None = None) -> None:
+                 limits: DestinationLimits | None = None,
+                 unacknowledged: UnacknowledgedWatch | None = None) -> None:
         self.kafka_settings = kafka_settings
+        self.unacknowledged = unacknowledged
+        """Reports partitions whose records stay unacknowledged because fewer of their
+        replicas are in sync than ``min.insync.replicas`` (``ingress.replica_stall``);
+        ``None``: not asked."""
         self.timeout = timeout
         self.limits = limits
         self._gates: dict[TP, threading.Lock] = {}
@@ -90,6 +96,8 @@ class SharedAcks:
         """The session ended."""
         with self.lock:
             self._sinks.discard(sink)
+        if self.unacknowledged is not None:
+            self.unacknowledged.forget(sink)
 
     def produce(self, sink: SharedAckSink, rows: Rows) -> None:
         """Enqueue ``rows`` for the sink's partition (refused once the sink is purged).
@@ -218,6 +226,9 @@ class SharedAcks:
         p = self.producer
         p.poll(timeout)
         n = self.unanswered(sink, p)
+        if self.unacknowledged is not None:
+            # NOT_ENOUGH_REPLICAS is retried by librdkafka unseen: ask while they wait.
+            self.unacknowledged.note(sink, sink.tp, n, sink.ended)
         sink.raise_failures()
         return n
 
@@ -340,6 +351,12 @@ class SharedAckSink(ReplaySink):
         """``n`` more records of this sink are being enqueued."""
         with self._lock:
             self._sent += n
+
+    @property
+    def ended(self) -> int:
+        """Records of this sink whose delivery ended (acknowledged or failed)."""
+        with self._lock:
+            return self._ended
 
     def unanswered(self) -> int:
         """Records of this sink whose delivery has not ended."""

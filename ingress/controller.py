@@ -39,6 +39,7 @@ from ingress.origin import origin_marker
 from ingress.ownership import Ownership
 from ingress.permits import ByteBudget, FifoPermits
 from ingress.relay import EventQueue, SqsRelay
+from ingress.replica_stall import ReplicaStallWatch, UnacknowledgedWatch
 from ingress.scheduler import Scheduler
 from ingress.segment_events import KafkaSegmentEvents, SegmentEvents
 from ingress.sink import ReplaySink
@@ -250,7 +251,11 @@ class Ingress:
                 loop.start()
                 self.transactions.append(loop)
         else:
-            self.shared_acks = SharedAcks(self.settings.kafka, limits=self.limits)
+            kafka = self.settings.kafka
+            self.shared_acks = SharedAcks(
+                kafka, limits=self.limits,
+                unacknowledged=UnacknowledgedWatch(ReplicaStallWatch(
+                    lambda: Admin(kafka, timeout=5.0), self.m.destination_stalled)))
             self.shared_acks.throttle = throttle
             self.shared_acks.start()
 

@@ -172,3 +172,60 @@ class ReplicaStallWatch:
         for (t, p), secs in back:
             log.info("destination %s[%d] accepts ingress's records again after %.0fs "
                      "(enough replicas in sync)", t, p, secs)
+
+
+class UnacknowledgedWatch:
+    """At-least-once: the shared producer's sinks whose records stay unacknowledged.
+
+    The transaction loop asks ``ReplicaStallWatch`` while one flush waits; the
+    at-least-once path has no such wait, only workers asking their sink how much is still
+    outstanding (``ingress.acks``). ``note`` is told, on each such question, how many of a
+    sink's records are unanswered and how many have ended so far: a sink whose records
+    stayed unanswered with no progress for ``after`` seconds has its partition asked about
+    (at most once per ``every`` over all sinks, by one thread at a time: the others go on
+    waiting); progress, or nothing unanswered, clears its partition.
+
+    Args:
+        watch: reports (ERROR, gauge) the partitions below ``min.insync.replicas``.
+    """
+
+    def __init__(self, watch: ReplicaStallWatch, *, after: float = CHECK_AFTER,
+                 every: float = CHECK_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.watch = watch
+        self.after = after
+        self.every = every
+        self.clock = clock
+        self._waiting: dict[object, tuple[tuple[str, int], int, float]] = {}
+        """Per sink: its partition, its records ended, and since when none has ended."""
+        self._next = 0.0
+        self._lock = threading.Lock()
+        self._asking = threading.Lock()
+
+    def note(self, sink: object, tp: tuple[str, int], unanswered: int, ended: int) -> None:
+        """``sink`` (writing ``tp``) has ``unanswered`` records not acknowledged, after
+        ``ended`` records ended (acknowledged or failed) in all.
+        """
+        now = self.clock()
+        with self._lock:
+            before = self._waiting.pop(sink, None)
+            moved = before is not None and before[1] != ended
+            if unanswered:
+                since = now if before is None or moved else before[2]
+                self._waiting[sink] = (tp, ended, since)
+            waiting = sorted({w[0] for w in self._waiting.values() if now - w[2] >= self.after})
+            due = bool(waiting) and now >= self._next
+            if due:
+                self._next = now + self.every
+        if before is not None and (moved or not unanswered):
+            self.watch.clear([tp])      # the partition took records: not refusing them
+        if due and self._asking.acquire(blocking=False):
+            try:
+                self.watch.check(waiting)
+            finally:
+                self._asking.release()
+
+    def forget(self, sink: object) -> None:
+        """``sink``'s session ended (its partition's next session is noted afresh)."""
+        with self._lock:
+            self._waiting.pop(sink, None)

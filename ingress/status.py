@@ -8,6 +8,8 @@ checkpoint past them (``checkpointed``) clears them.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from ingress.metrics import IngressMetrics
 from ingress.worker_config import FENCED_STALL, refusal_backoff, session_backoff
@@ -15,6 +17,10 @@ from replicator.core.errors import ProducerFenced, RecordRefused
 from replicator.core.wire import Checkpoint, Refusal
 
 log = logging.getLogger(__name__)
+
+QUIET_RETRIABLE = 60.0
+"""Seconds retriable session failures in a row are WARNINGs (a group coordinator or a
+leader moving with one node of the cluster restarting: routine), before they are ERRORs."""
 
 
 class PartitionStatus:
@@ -27,8 +33,13 @@ class PartitionStatus:
         labels: the partition's labels.
     """
 
-    def __init__(self, where: str, metrics: IngressMetrics, labels: dict[str, str]) -> None:
+    def __init__(self, where: str, metrics: IngressMetrics, labels: dict[str, str], *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.where = where
+        self.clock = clock
+        self.failing_since: float | None = None
+        """When the sessions' current run of failures began (``None``: the last one
+        checkpointed)."""
         self.metrics = metrics
         self.labels = labels
         self.refused: RecordRefused | None = None
@@ -91,10 +102,23 @@ class PartitionStatus:
         return delay
 
     def session_failed(self, e: BaseException, kind: str) -> float:
-        """A session failed (``kind``: retriable, fatal, unexpected); returns the delay."""
+        """A session failed (``kind``: retriable, fatal, unexpected); returns the delay.
+
+        Retriable failures are WARNINGs while they have lasted less than
+        ``QUIET_RETRIABLE`` without a checkpoint in between (one node of the destination
+        restarting moves group coordinators and leaders: the sessions fail and are redone
+        from their checkpoints, nothing lost), ERRORs after; the others at once.
+        """
         delay = self.backoff.next()
-        log.error("%s: replay session failed (%s), restarting from the checkpoint in %.1fs: "
-                  "%s", self.where, kind, delay, e)
+        now = self.clock()
+        if self.failing_since is None:
+            self.failing_since = now
+        lasted = now - self.failing_since
+        quiet = kind == "retriable" and lasted < QUIET_RETRIABLE
+        log.log(logging.WARNING if quiet else logging.ERROR,
+                "%s: replay session failed (%s), restarting from the checkpoint in %.1fs%s: "
+                "%s", self.where, kind, delay,
+                f" (failing for {lasted:.0f}s)" if lasted >= 1 else "", e)
         self.metrics.worker_errors.labels(**self.labels, kind=kind).inc()
         self.failed = e
         return delay
@@ -115,7 +139,8 @@ class PartitionStatus:
         return None if refusal is None else refusal.offset
 
     def checkpointed(self, cp: Checkpoint) -> None:
-        """``cp`` is durable: a refusal it has passed, and fencings, are over."""
+        """``cp`` is durable: a refusal it has passed, fencings and failures are over."""
+        self.failing_since = None
         refusal = self.refusal
         if refusal is not None and cp.refused is None and cp.offset >= refusal.offset:
             if self.refused is not None:

@@ -22,16 +22,24 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from egress.controller import Egress
+from ingress.acks import SharedAcks, SharedAckSink
 from ingress.controller import Ingress
+from ingress.delivery import AtLeastOnce
+from ingress.replica_stall import ReplicaStallWatch, UnacknowledgedWatch, stalled_gauge
+from ingress.rows import Rows
 from replicator.core.errors import KafkaRetriableError
 from replicator.core.kafka import Admin, Producer
+from replicator.core.metrics import Metrics
+from replicator.core.wire import Checkpoint
+from replicator.ops.verify import read_partition
 from tests.cluster.cluster import NODES, KafkaCluster, quorum_leader
-from tests.conftest import RECENT_MS
+from tests.conftest import RECENT_MS, unique_name
 from tests.integration.pipeline import (
     Pipeline,
     new_pipeline,
@@ -91,6 +99,9 @@ class Commits:
 
     def __init__(self, ing: Ingress) -> None:
         self.ing = ing
+        self._begin()
+
+    def _begin(self) -> None:
         self.times: list[float] = []
         self._last = -1.0
         self._stop = threading.Event()
@@ -133,6 +144,7 @@ class Flow:
     feed: Feed
     commits: Commits
     errors: list[logging.LogRecord] = field(default_factory=list)
+    egress: Egress | None = None
 
 
 class ErrorLines(logging.Handler):
@@ -152,7 +164,7 @@ def flow(cluster: KafkaCluster, moto_endpoint: str) -> Iterator[Flow]:
     handler = ErrorLines(errors)
     logging.getLogger().addHandler(handler)
     with ExitStack() as stack:
-        stack.enter_context(running_egress(Egress(pipe.egress_settings())))
+        egress = stack.enter_context(running_egress(Egress(pipe.egress_settings())))
         ing = stack.enter_context(running_ingress(pipe.ingress_settings()))
         feed = Feed(pipe)
         stack.callback(feed.close)
@@ -160,7 +172,7 @@ def flow(cluster: KafkaCluster, moto_endpoint: str) -> Iterator[Flow]:
         stack.callback(commits.close)
         feed.resume()
         wait_for(lambda: commits.committed() >= 5, 90, "ingress committing")
-        yield Flow(cluster, pipe, ing, feed, commits, errors)
+        yield Flow(cluster, pipe, ing, feed, commits, errors, egress)
     logging.getLogger().removeHandler(handler)
     print("\nCLUSTER-RESULTS " + json.dumps(RESULTS, sort_keys=True))
 
@@ -207,6 +219,26 @@ def transaction_coordinator(cluster: KafkaCluster, transactional_id: str) -> int
     return int(row.split()[head.split().index("CoordinatorId")])
 
 
+def group_coordinator(cluster: KafkaCluster, group: str) -> int:
+    """The node coordinating ``group`` (the leader of its ``__consumer_offsets`` partition)."""
+    fut = cluster.admin._admin.describe_consumer_groups([group], request_timeout=10)[group]
+    return int(fut.result(timeout=10).coordinator.id)
+
+
+class SegmentCommits(Commits):
+    """Samples egress's committed segments (durable, offsets committed) like ``Commits``."""
+
+    def __init__(self, egress: Egress) -> None:
+        self.egress = egress
+        self._begin()
+
+    def committed(self) -> float:
+        return self.egress.metrics.total("egress_segments_total")
+
+    def failed(self) -> float:
+        return self.egress.metrics.total("egress_commit_failures_total")
+
+
 def kill_and_restart(cluster: KafkaCluster, node: int, down: float = 3.0) -> None:
     cluster.kill(node)
     time.sleep(down)             # records keep flowing with the node down
@@ -233,6 +265,32 @@ def test_kill_the_transaction_coordinator_of_ingress(flow: Flow) -> None:
              lambda: kill_and_restart(flow.cluster, node))
 
 
+def test_kill_the_group_coordinator_of_egress(flow: Flow) -> None:
+    """The node coordinating egress's consumer group: its members rejoin at the new
+    coordinator, a commit in flight fails retriably (the segment is durable; the next
+    commit covers it). The stall measured is egress's (between two committed segments)
+    beside ingress's."""
+    assert flow.egress is not None
+    node = group_coordinator(flow.cluster, flow.pipe.egress_group)
+    segments = SegmentCommits(flow.egress)
+    rebalances0 = flow.egress.metrics.total("egress_rebalance_events_total")
+    commit_failures0 = segments.failed()
+    try:
+        t0 = time.monotonic()
+        out = scenario(flow, "egress group coordinator kill -9",
+                       lambda: kill_and_restart(flow.cluster, node))
+        t2 = time.monotonic()
+        out["egress_stall_s"] = round(segments.stall(t0, t2), 1)
+        out["egress_commit_failures"] = int(segments.failed() - commit_failures0)
+        out["egress_rebalance_events"] = int(
+            flow.egress.metrics.total("egress_rebalance_events_total") - rebalances0)
+    finally:
+        segments.close()
+    print("\nCLUSTER-SCENARIO egress group coordinator (egress side): "
+          + json.dumps(out, sort_keys=True), flush=True)
+    assert not [e for e in out["error_lines"] if "cannot reach Kafka" in e], out
+
+
 def test_rolling_restart(flow: Flow) -> None:
     def roll() -> None:
         for n in range(1, NODES + 1):
@@ -249,13 +307,66 @@ def test_kill_the_active_controller(flow: Flow) -> None:
     scenario(flow, "active controller kill -9", lambda: kill_and_restart(flow.cluster, node))
 
 
+class AtLeastOnceSide:
+    """Ingress's at-least-once delivery (the shared idempotent producer, its sink and the
+    worker's delivery protocol) writing ``count`` records into a topic of its own, with
+    ``min.insync.replicas`` 3: refused like the copy while a node is down. A second
+    ingress would cost a second pipeline; this costs nothing but the fault's window."""
+
+    def __init__(self, cluster: KafkaCluster, count: int = 20) -> None:
+        self.topic = unique_name("alo")
+        admin = Admin(cluster.kafka, timeout=30)
+        assert admin.create_topic(self.topic, 1, {"min.insync.replicas": "3"})
+        assert admin.create_topic(self.topic + ".cps", 1)
+        self.metrics = Metrics()
+        self.shared = SharedAcks(cluster.kafka, unacknowledged=UnacknowledgedWatch(
+            ReplicaStallWatch(lambda: Admin(cluster.kafka, timeout=5.0),
+                              stalled_gauge(self.metrics))))
+        self.count = count
+        self.done: list[BaseException | None] = []
+        self._thread = threading.Thread(target=self._deliver, name="alo", daemon=True)
+
+    def stalled(self) -> float:
+        return self.metrics.total("ingress_destination_stalled", reason="not_enough_replicas")
+
+    def start(self) -> None:
+        self.shared.start()
+        self._thread.start()
+
+    def _deliver(self) -> None:
+        sink = SharedAckSink(self.shared, topic=self.topic, partition=0,
+                             checkpoint_topic=self.topic + ".cps")
+        try:
+            sink.start()
+            d = AtLeastOnce(sink, "alo", f"alo->{self.topic}[0]",
+                            on_checkpointed=lambda cp: None, on_aborted=lambda: None)
+            n = self.count
+            d.deliver(Rows(list(range(n)), [RECENT_MS + i for i in range(n)],
+                           [b"k"] * n, [b"a%04d" % i for i in range(n)], [None] * n),
+                      Checkpoint(n - 1, "seg", datetime.now(UTC)))
+            d.settle()
+            sink.close()
+            self.done.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test thread raises it
+            self.done.append(e)
+
+    def join(self) -> list[bytes | None]:
+        """The records the topic holds once the delivery ended."""
+        self._thread.join(150)
+        assert self.done == [None], self.done
+        self.shared.producer.flush(10)
+        return [m.value() for m in read_partition(self.shared.kafka_settings, self.topic, 0)]
+
+
 def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     """NOT_ENOUGH_REPLICAS: one node down (its partitions' ISR shrinks to 2) and the
     destination topic's min.insync.replicas raised to 3: every record of the copy is
     refused. Ingress stalls with the ERROR and the gauge, loses nothing, resumes by itself
-    once the node is back (the setting stays at 3 meanwhile)."""
+    once the node is back (the setting stays at 3 meanwhile). Its at-least-once delivery
+    too, in the same window (``AtLeastOnceSide``)."""
     c, dest = flow.cluster, flow.pipe.dest_topic
     gauge = "ingress_destination_stalled"
+    alo = AtLeastOnceSide(c)
 
     def stalled() -> float:
         return flow.ingress.metrics.total(gauge, reason="not_enough_replicas")
@@ -274,7 +385,11 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
         wait_for(lambda: all(c.isr(dest, p) == 2 for p in range(PARTITIONS)), 60,
                  "the ISR to shrink")
         set_min_isr("3")
+        wait_for(lambda: c.isr(alo.topic, 0) == 2, 60, "the at-least-once topic's ISR")
+        alo.start()
         wait_for(lambda: stalled() >= 1, 90, "replicator_ingress_destination_stalled")
+        wait_for(lambda: alo.stalled() >= 1, 60, "the gauge of at-least-once delivery")
+        assert not alo.done, alo.done          # waiting, neither delivered nor failed
         c.restart(victim)
         wait_for(lambda: stalled() == 0, 120, "the stall to clear by itself")
 
@@ -284,6 +399,11 @@ def test_fewer_in_sync_replicas_than_min_insync_replicas(flow: Flow) -> None:
     finally:
         set_min_isr("2")
     assert any("NOT_ENOUGH_REPLICAS" in e and f"{dest}[" in e for e in out["error_lines"]), out
+    # At-least-once: the same ERROR for its topic, every record delivered, the gauge 0.
+    assert any("NOT_ENOUGH_REPLICAS" in e and f"{alo.topic}[0]" in e
+               for e in out["error_lines"]), out
+    assert alo.join() == [b"a%04d" % i for i in range(alo.count)]
+    assert alo.stalled() == 0
 
 
 def _answered(ask: Callable[[], None]) -> bool:

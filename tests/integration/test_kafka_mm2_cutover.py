@@ -5,10 +5,13 @@
 topic. MM2 is killed (SIGKILL): its own stored offsets may lag behind what it wrote, which
 the cutover does not use. The destination is then the source record for record
 (read_committed: no gap, no duplicate), and a group MM2 synced resumes at exactly the right
-record after the cutover, both at an offset MM2 copied and at one ingress copied.
+record after the cutover, both at an offset MM2 copied and at one ingress copied. Then the
+rollback: ingress stops while records flow, its checkpoints become MM2's stored offsets,
+and MM2 started again continues with no gap and no duplicate.
 
-Cost: one MirrorMaker 2 JVM; 92-133 s measured at load averages of 12-24 on 2 cores (most of it
-MM2's start-up and first copy).
+Cost: one MirrorMaker 2 JVM, started twice; 130 s measured at a load average of 9-11 on
+2 cores (the rollback 34 s of it; 92-133 s before it at load averages of 12-24), most of it
+MM2's start-ups and first copies.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -108,10 +111,10 @@ def _mirrormaker(pipe: Pipeline, group: str, work: Path) -> Iterator[subprocess.
 class Trickle:
     """Distinct records into every partition of the source until stopped."""
 
-    def __init__(self, pipe: Pipeline) -> None:
+    def __init__(self, pipe: Pipeline, first: int = 0) -> None:
         self.pipe = pipe
         self.stopping = threading.Event()
-        self.sent = 0
+        self.sent = first
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -158,17 +161,37 @@ def _archived_to(pipe: Pipeline) -> dict[int, int]:
     return out
 
 
-def _mm2_source_offsets(pipe: Pipeline) -> dict[int, int]:
-    """The last source offset MM2 stored per partition (its Connect offsets topic in the
-    target cluster: what a rollback to MM2 rewrites, docs/migrating-from-mirrormaker.md)."""
-    out: dict[int, int] = {}
-    for m in read_to_end(pipe.dest_kafka, f"mm2-offsets.{ALIAS}.internal", timeout=30):
-        key, value = json.loads(m.key() or b"null"), m.value()
+MM2_OFFSETS = f"mm2-offsets.{ALIAS}.internal"
+
+
+def _mm2_offset_records(pipe: Pipeline) -> dict[int, list[tuple[bytes, int, int]]]:
+    """Per source partition, MM2's stored records in its Connect offsets topic (in the
+    target cluster: what a rollback to MM2 rewrites, docs/migrating-from-mirrormaker.md):
+    each record's key as stored, the offsets topic's partition it is in, and the source
+    offset, in the order read (one offsets-topic partition's records in their order)."""
+    out: dict[int, list[tuple[bytes, int, int]]] = {}
+    for m in read_to_end(pipe.dest_kafka, MM2_OFFSETS, timeout=30):
+        raw, value = m.key() or b"null", m.value()
+        key = json.loads(raw)
         if isinstance(key, list) and key[0] == "MirrorSourceConnector" and value:
             part = key[1]
             if part.get("topic") == pipe.topic:
-                out[int(part["partition"])] = int(json.loads(value)["offset"])
+                out.setdefault(int(part["partition"]), []).append(
+                    (raw, m.partition() or 0, int(json.loads(value)["offset"])))
     return out
+
+
+def _mm2_source_offsets(pipe: Pipeline) -> dict[int, int]:
+    """The last source offset MM2 stored per partition."""
+    return {p: recs[-1][2] for p, recs in _mm2_offset_records(pipe).items()}
+
+
+def _mm2_offset_key(topic: str, partition: int) -> bytes:
+    """The key MM2 stores a source partition's offset under (docs/migrating-from-mirrormaker.md,
+    "Rollback to MirrorMaker 2"): Connect's JSON, no spaces."""
+    return json.dumps(["MirrorSourceConnector",
+                       {"cluster": ALIAS, "partition": partition, "topic": topic}],
+                      separators=(",", ":")).encode()
 
 
 def _config(pipe: Pipeline, tmp_path: Path) -> Path:
@@ -191,6 +214,21 @@ def _first_read(pipe: Pipeline, group: str, dest: str) -> dict[int, Rec]:
     finally:
         consumer.close()
     return out
+
+
+def _record_at(kafka: KafkaSettings, topic: str, partition: int, offset: int) -> Rec:
+    consumer = Consumer(kafka, unique_name("reader"))
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    found: list[Rec] = []
+    try:
+        def read() -> bool:
+            for msgs in consumer.fetch(1, 0.2).runs.values():
+                found.append((msgs[0].key(), msgs[0].value()))
+            return bool(found)
+        wait_for(read, 30, f"{topic}[{partition}] at {offset}")
+    finally:
+        consumer.close()
+    return found[0]
 
 
 def _source_records(pipe: Pipeline) -> dict[int, dict[int, Rec]]:
@@ -258,38 +296,104 @@ def test_ingress_continues_where_mirrormaker_2_stopped(pipe: Pipeline, tmp_path:
                                           str(_config(pipe, tmp_path))])
         assert again.exit_code == 1 and "already has checkpoints" in again.output
 
-        with running_ingress(ingress_settings):
-            wait_for(lambda: min(_ends(pipe.dest_kafka, dest).values())
-                     > max(copied_by_mm2.values()) + 25, 60, "ingress copying")
-            trickle.stop()
-            reports = []
+        with ExitStack() as rolling_back:
+            with running_ingress(ingress_settings) as ing:
+                wait_for(lambda: min(_ends(pipe.dest_kafka, dest).values())
+                         > max(copied_by_mm2.values()) + 25, 60, "ingress copying")
+                trickle.stop()
+                reports = []
 
-            def copied() -> bool:
-                reports.append(verify_topics(pipe.source_kafka, pipe.topic, pipe.dest_kafka,
-                                             dest))
-                totals = reports[-1].totals()
-                return totals["destination_records"] >= totals["source_records"]
-            wait_for(copied, 60, "the destination to reach the source's end")
-            assert reports[-1].ok, report_text(reports[-1])
+                def copied() -> bool:
+                    reports.append(verify_topics(pipe.source_kafka, pipe.topic, pipe.dest_kafka,
+                                                 dest))
+                    totals = reports[-1].totals()
+                    return totals["destination_records"] >= totals["source_records"]
+                wait_for(copied, 60, "the destination to reach the source's end")
+                assert reports[-1].ok, report_text(reports[-1])
 
-            # The group MM2 synced: translated exactly through the cutover's map entries.
-            source = _source_records(pipe)
-            wait_for(lambda: {r.state for r in _plan(pipe, ingress_settings)
-                              if r.group == group} <= {TO_SYNC, SYNCED}, 30,
-                     "the group's translation")
-            CliRunner().invoke(main, ["groups", "sync", "--config",
-                                      str(_config(pipe, tmp_path))], catch_exceptions=False)
-            first = _first_read(pipe, group, dest)
-            assert first == {p: source[p][o] for p, o in mm2_part.items()}
+                # The group MM2 synced: translated exactly through the cutover's map entries.
+                source = _source_records(pipe)
+                wait_for(lambda: {r.state for r in _plan(pipe, ingress_settings)
+                                  if r.group == group} <= {TO_SYNC, SYNCED}, 30,
+                         "the group's translation")
+                CliRunner().invoke(main, ["groups", "sync", "--config",
+                                          str(_config(pipe, tmp_path))], catch_exceptions=False)
+                first = _first_read(pipe, group, dest)
+                assert first == {p: source[p][o] for p, o in mm2_part.items()}
 
-            # Later, past the cutover: the group committed in ingress's part.
-            after = {p: copied_by_mm2[p] + 20 for p in range(PARTITIONS)}
-            source_admin.alter_group_offsets(group, {(pipe.topic, p): o
-                                                     for p, o in after.items()})
-            wait_for(lambda: all(r.source_committed == after[r.partition]
-                                 for r in _plan(pipe, ingress_settings) if r.group == group),
-                     30, "the new export")
-            CliRunner().invoke(main, ["groups", "sync", "--config",
-                                      str(_config(pipe, tmp_path))], catch_exceptions=False)
-            assert _first_read(pipe, group, dest) == {p: source[p][o]
-                                                       for p, o in after.items()}
+                # Later, past the cutover: the group committed in ingress's part.
+                after = {p: copied_by_mm2[p] + 20 for p in range(PARTITIONS)}
+                source_admin.alter_group_offsets(group, {(pipe.topic, p): o
+                                                         for p, o in after.items()})
+                wait_for(lambda: all(r.source_committed == after[r.partition]
+                                     for r in _plan(pipe, ingress_settings) if r.group == group),
+                         30, "the new export")
+                CliRunner().invoke(main, ["groups", "sync", "--config",
+                                          str(_config(pipe, tmp_path))], catch_exceptions=False)
+                assert _first_read(pipe, group, dest) == {p: source[p][o]
+                                                           for p, o in after.items()}
+
+                # The rollback: records flow again, and ingress stops while they do.
+                rollback = rolling_back.enter_context(Trickle(pipe, first=trickle.sent))
+                ends = _ends(pipe.source_kafka, pipe.topic)
+                wait_for(lambda: all(pipe.checkpoint_offsets(ing).get(p, -1) >= ends[p] + 5
+                                     for p in range(PARTITIONS)), 60,
+                         "ingress copying the new records")
+            _roll_back_to_mirrormaker_2(pipe, group, tmp_path, dest, rollback)
+
+
+def _roll_back_to_mirrormaker_2(pipe: Pipeline, group: str, tmp_path: Path, dest: str,
+                                trickle: Trickle) -> None:
+    """docs/migrating-from-mirrormaker.md, "Rollback to MirrorMaker 2", as written: with
+    ingress stopped (records still produced), its checkpoints from ``checkpoints show``
+    become MM2's stored source offsets (the same keys, into the partitions they are in),
+    and MM2 started again continues after ingress's last record: the destination is the
+    source with no gap and no duplicate."""
+    shown = CliRunner().invoke(main, ["checkpoints", "show", "--config",
+                                      str(_config(pipe, tmp_path)), "--output", "json"])
+    assert shown.exit_code == 0, shown.output
+    checkpoints = {r["partition"]: r["checkpoint"]
+                   for r in json.loads(shown.output[shown.output.index("["):])}
+    # The known point: the destination ends with the checkpoint's source record (the
+    # source is read at that offset only: it keeps growing).
+    for p in range(PARTITIONS):
+        (last,) = list(read_partition(pipe.dest_kafka, dest, p))[-1:]
+        assert (last.key(), last.value()) == _record_at(pipe.source_kafka, pipe.topic, p,
+                                                        checkpoints[p]), p
+    # MM2 was killed before it stored any offset (a graceful stop stores them): the keys
+    # are written as the documentation gives them, with the console producer's partitioner
+    # (murmur2), so they land where MM2 writes them.
+    stored = _mm2_offset_records(pipe)
+    producer = Producer(KafkaSettings(brokers=pipe.dest_brokers,
+                                      config={"partitioner": "murmur2_random"}))
+    for p in range(PARTITIONS):
+        key = stored[p][-1][0] if p in stored else _mm2_offset_key(pipe.topic, p)
+        producer.produce(MM2_OFFSETS, json.dumps({"offset": checkpoints[p]}).encode(), key)
+    assert producer.flush(30) == 0
+    written = _mm2_offset_records(pipe)
+    assert {p: recs[-1][2] for p, recs in written.items()} == checkpoints
+    work = tmp_path / "rollback"
+    work.mkdir()
+    with _mirrormaker(pipe, group, work) as mm2:
+        resumed = _ends(pipe.dest_kafka, dest)
+        wait_for(lambda: all(e > resumed[p] + 10
+                             for p, e in _ends(pipe.dest_kafka, dest).items()), 120,
+                 "MirrorMaker 2 copying again")
+        trickle.stop()
+        reports = []
+
+        def copied() -> bool:
+            reports.append(verify_topics(pipe.source_kafka, pipe.topic, pipe.dest_kafka,
+                                         dest))
+            totals = reports[-1].totals()
+            return totals["destination_records"] >= totals["source_records"]
+        wait_for(copied, 60, "MirrorMaker 2 to reach the source's end")
+        assert reports[-1].ok, report_text(reports[-1])
+        # Stopped gracefully, MM2 stores its offsets: under exactly the keys and in exactly
+        # the partitions written above (else a later restart could read the rollback's
+        # value after MM2's newer one).
+        os.killpg(mm2.pid, signal.SIGTERM)
+        mm2.wait(60)
+    for p, recs in _mm2_offset_records(pipe).items():
+        assert {(key, partition) for key, partition, _ in recs} == {written[p][-1][:2]}, recs
+        assert recs[-1][2] > checkpoints[p], recs

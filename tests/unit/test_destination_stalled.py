@@ -19,10 +19,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingress import offsets_deadline, transactions
-from ingress.replica_stall import Replicas, ReplicaStallWatch, stalled_gauge, under_min_isr
+from ingress.replica_stall import (
+    Replicas,
+    ReplicaStallWatch,
+    UnacknowledgedWatch,
+    stalled_gauge,
+    under_min_isr,
+)
 from replicator.core.kafka import Producer
 from replicator.core.metrics import Metrics
 from tests.promql import fires, scrape
+from tests.unit.test_ingress_acks import CPS, Acks, cp, rows
 from tests.unit.test_ingress_shared import FakeProducer, Harness, T
 
 GAUGE = "replicator_ingress_destination_stalled"
@@ -220,3 +227,78 @@ def test_send_offsets_that_never_returns_abandons_the_producer_and_the_batch_is_
     finally:
         release.set()
         h.loop.close()
+
+
+def test_at_least_once_below_min_isr_one_error_a_gauge_no_checkpoint_then_resumes(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The at-least-once path (the shared idempotent producer, ``ingress.acks``): its
+    records wait unacknowledged while the destination refuses them. Was: silent until the
+    worker's acknowledgement timeout. Now the same ERROR and gauge as the transaction
+    loop's, no checkpoint past the unacknowledged records, and once the replicas are back
+    the records are acknowledged, the checkpoint follows and the gauge is 0 again."""
+    acks = Acks(monkeypatch, auto=False, ack_timeout=30.0)
+    dest = Destination()
+    dest.in_sync = 1                       # two of three destination nodes down
+    m = Metrics()
+    acks.shared.unacknowledged = UnacknowledgedWatch(
+        ReplicaStallWatch(lambda: dest, stalled_gauge(m)), after=0.05, every=0.05)
+    sink = acks.sink(0)
+    d = acks.delivery(sink, "src")
+    labels = {"topic": sink.topic, "partition": "0", "reason": "not_enough_replicas"}
+    settled: list[BaseException | None] = []
+
+    def settle() -> None:
+        try:
+            d.deliver(rows(0, 3), cp(2))
+            d.settle()
+            settled.append(None)
+        except BaseException as e:  # noqa: BLE001 - reported to the test thread
+            settled.append(e)
+
+    with caplog.at_level(logging.INFO, "ingress.replica_stall"):
+        t = threading.Thread(target=settle, daemon=True)
+        t.start()
+        wait(lambda: m.value(GAUGE, labels) == 1, "the gauge")
+        asked = dest.asked
+        wait(lambda: dest.asked >= asked + 3, "more questions while it lasts")
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert "NOT_ENOUGH_REPLICAS" in errors[0]
+        assert (f"{sink.topic}[0] has 1 of 3 replica(s) in sync, min.insync.replicas=2"
+                in errors[0])
+        with acks.client.lock:             # nothing checkpointed, not even queued
+            assert not settled and not [q for q in acks.client.queued + acks.client.log
+                                        if q.topic == CPS]
+        dest.in_sync = 3                   # the nodes are back: the broker answers
+        acks.client.auto = True
+        t.join(10)
+    assert settled == [None]
+    assert acks.checkpoints("src") == [2]
+    assert [q.value for q in acks.client.log if q.topic == sink.topic] == [b"v"] * 3
+    assert m.value(GAUGE, labels) == 0
+    assert any(r.levelno == logging.INFO and "accepts ingress's records again"
+               in r.getMessage() for r in caplog.records)
+
+
+def test_at_least_once_asks_only_about_records_waiting_without_progress() -> None:
+    """A sink whose records keep being acknowledged (a busy, healthy destination: always
+    some unanswered) is never asked about; one with no progress for ``after`` is, at most
+    once per ``every``; progress clears its gauge."""
+    now = [0.0]
+    dest = Destination()
+    dest.in_sync = 1
+    m = Metrics()
+    w = UnacknowledgedWatch(ReplicaStallWatch(lambda: dest, stalled_gauge(m)),
+                            after=3, every=5, clock=lambda: now[0])
+    for t in range(20):                    # 10 unanswered throughout, 10 more end each second
+        now[0] = float(t)
+        w.note("busy", (T, 0), 10, 10 * t)
+    assert dest.asked == 0
+    for t in range(20, 31):                # stuck from 20 s on
+        now[0] = float(t)
+        w.note("busy", (T, 0), 10, 200)
+    assert dest.asked == 2                 # at 23 s and 28 s
+    assert m.value(GAUGE, {"topic": T, "partition": "0", "reason": "not_enough_replicas"}) == 1
+    now[0] = 31.0
+    w.note("busy", (T, 0), 10, 210)        # records acknowledged again
+    assert m.value(GAUGE, {"topic": T, "partition": "0", "reason": "not_enough_replicas"}) == 0

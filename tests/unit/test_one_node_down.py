@@ -5,6 +5,7 @@ WARNINGs; only every broker down is an ERROR."""
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 import pytest
 
@@ -136,3 +137,44 @@ def test_an_admin_question_without_an_answer_is_retriable_not_a_raw_timeout() ->
                 lambda: admin.alter_topic_config("t", {"retention.ms": "1"})):
         with pytest.raises(KafkaRetriableError, match="no answer within"):
             ask()
+
+
+def test_retriable_session_failures_are_warnings_for_a_minute_then_errors(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One node restarting moved the coordinator of ingress's placement group
+    (tests/cluster/test_node_failures.py, egress's group coordinator killed, the same node
+    coordinating ingress's group): every partition's sessions failed "in no generation"
+    for ~15 s, each logged at ERROR (15 lines), though redone from the checkpoint and
+    nothing lost. Now WARNINGs while they last under a minute; a run that lasts, or a
+    fatal or unexpected failure, is an ERROR; a checkpoint ends the run."""
+    from ingress.metrics import IngressMetrics
+    from ingress.status import QUIET_RETRIABLE, PartitionStatus
+    from replicator.core.errors import GenerationFenced, KafkaFatalError
+    from replicator.core.wire import Checkpoint
+
+    now = [0.0]
+    status = PartitionStatus("src[0]", IngressMetrics.create(Metrics()),
+                             {"region": "us-east-1", "topic": "src", "partition": "0"},
+                             clock=lambda: now[0])
+    fenced = GenerationFenced("this process is in no generation of the placement group")
+
+    def levels() -> list[tuple[int, str]]:
+        out = [(r.levelno, r.getMessage()) for r in caplog.records
+               if "replay session failed" in r.getMessage()]
+        caplog.clear()
+        return out
+
+    with caplog.at_level(logging.INFO, "ingress.status"):
+        for t in (0.0, 0.5, 1.4, 3.1, 6.4, 15.5):
+            now[0] = t
+            status.session_failed(fenced, "retriable")
+        assert [level for level, _ in levels()] == [logging.WARNING] * 6
+        now[0] = QUIET_RETRIABLE
+        status.session_failed(fenced, "retriable")
+        ((level, message),) = levels()               # still failing after a minute
+        assert level == logging.ERROR and "(failing for 60s)" in message, message
+        status.checkpointed(Checkpoint(5, "seg", datetime.now(UTC)))
+        now[0] += 1
+        status.session_failed(fenced, "retriable")
+        status.session_failed(KafkaFatalError("boom"), "fatal")
+        assert [level for level, _ in levels()] == [logging.WARNING, logging.ERROR]
