@@ -46,7 +46,8 @@ def visible(keys: Iterable[SegmentKey]) -> set[SegmentKey]:
 @dataclass(frozen=True, order=True)
 class Piece:
     """The positions ``lo``..``hi`` (inclusive) of segment ``key``: the whole segment, or
-    the rows of a trimmed copy of it."""
+    the rows of a trimmed copy of it.
+    """
 
     key: SegmentKey
     lo: int
@@ -114,7 +115,8 @@ def claims(keys: Iterable[SegmentKey], prefer: Iterable[SegmentKey] = ()) -> set
 @dataclass(frozen=True)
 class TablePlan:
     """What one commit changes: keys to add whole, trimmed pieces to write and add, table
-    paths to remove (and why)."""
+    paths to remove (and why).
+    """
 
     add: list[SegmentKey] = field(default_factory=list)
     remove_covered: list[str] = field(default_factory=list)
