@@ -554,12 +554,15 @@ class ArchiveCommitter:
             except ReplicatorError as e:
                 log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
                             "next expiry tries again", table.name, e)
-            try:
-                self.clean_trims(table)
-            except ReplicatorError as e:
-                log.warning("%s: trimmed copies no snapshot lists not deleted (%s); the next "
-                            "expiry tries again", table.name, e)
+            self._clean_trims_logged(table)
         return n
+
+    def _clean_trims_logged(self, table: IcebergTable) -> None:
+        try:
+            self.clean_trims(table)
+        except ReplicatorError as e:
+            log.warning("%s: trimmed copies no snapshot lists not deleted (%s); the next "
+                        "expiry tries again", table.name, e)
 
     def clean_trims(self, table: IcebergTable) -> int:
         """Delete the trimmed copies (``archive.trims``) that no snapshot of the table's
@@ -666,6 +669,8 @@ class ArchiveCommitter:
                 log.warning("%s: snapshots listing segments to delete not expired (%s); they "
                             "are deleted by a later run", table.name, e)
                 ok = {k for k in ok if keys[k] not in removals}
+            else:
+                self._clean_trims_logged(table)
         swap.allowed = sorted(ok)
         return ok
 
