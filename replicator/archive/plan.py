@@ -65,24 +65,29 @@ class Piece:
         return str(self.key) if self.whole else f"{self.key}[{self.lo}-{self.hi}]"
 
 
-def claims(keys: Iterable[SegmentKey], prefer: Iterable[SegmentKey] = ()) -> set[Piece]:
+def claims(keys: Iterable[SegmentKey], prefer: Iterable[SegmentKey] = (),
+           listed: Iterable[SegmentKey] = ()) -> set[Piece]:
     """Per partition, the pieces that hold every position of ``keys``' ranges once.
 
-    Keys claim positions in order: the widest first (it is never trimmed for a narrower
-    one, so trimmed copies stay small), then the highest level (a compaction output over
-    its inputs), then a key of ``prefer`` (what the table lists whole stays so: a late
-    segment is trimmed, not the one listed before it), then by start. A key gets the
-    positions of its range no earlier key took: its whole range (``Piece.whole``), some
-    of it (one or more trimmed pieces), or nothing.
+    A key another key covers gets nothing (``visible``: a compaction output hides its
+    inputs). The others, which only partly overlap, claim positions in order: the keys
+    the table lists whole (``prefer``; they never overlap one another), then those it
+    lists trimmed copies of (``listed``), then new ones — so a segment that lands late is
+    trimmed and what the table lists stays, and a commit never adds a file that holds
+    positions a file it keeps already holds —; within each, the widest first (trimmed
+    copies stay small), the highest level, then by start. A key gets the positions of its
+    range no earlier key took: its whole range (``Piece.whole``), part of it (one or more
+    trimmed pieces), or nothing.
     """
-    preferred = set(prefer)
+    whole = set(prefer)
+    trimmed = set(listed)
     by_part: dict[PartitionRef, list[SegmentKey]] = defaultdict(list)
-    for k in set(keys):
+    for k in visible(keys):
         by_part[k.partition_ref].append(k)
     out: set[Piece] = set()
     for ks in by_part.values():
-        ks.sort(key=lambda k: (-k.span, -k.level, k not in preferred, k.start, k.end,
-                               k.to_key()))
+        ks.sort(key=lambda k: (0 if k in whole else 1 if k in trimmed else 2, -k.span,
+                               -k.level, k.start, k.end, k.to_key()))
         # Disjoint, sorted, never adjacent: what earlier keys took.
         starts: list[int] = []
         ends: list[int] = []
@@ -170,7 +175,8 @@ def plan_table(table_paths: Iterable[str], listed: Iterable[SegmentKey], *,
         if piece is not None:
             in_table[piece].append(path)
     whole = {p.key for p in in_table if p.whole}
-    target = claims((k for k in present if k not in skip), prefer=whole)
+    target = claims((k for k in present if k not in skip), prefer=whole,
+                    listed={p.key for p in in_table})
     add = sorted(p.key for p in target if p.whole and p not in in_table)
     trim = sorted(p for p in target if not p.whole and p not in in_table)
     covered: list[str] = []
