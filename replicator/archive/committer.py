@@ -565,8 +565,8 @@ class ArchiveCommitter:
                         "expiry tries again", table.name, e)
 
     def clean_trims(self, table: IcebergTable) -> int:
-        """Delete the trimmed copies (``archive.trims``) that no snapshot of the table's
-        lineage lists and that are older than ``ORPHAN_GRACE`` (younger ones may belong to
+        """Delete the trimmed copies (``archive.trims``) that no snapshot the table keeps
+        lists and that are older than ``ORPHAN_GRACE`` (younger ones may belong to
         a commit in flight); their count. Called after an expiry, the only time a copy
         the table once listed can become unlisted by every kept snapshot.
         """
@@ -577,8 +577,10 @@ class ArchiveCommitter:
         cutoff = self.clock() - ORPHAN_GRACE
         candidates = {p for p, modified in stored.items() if modified < cutoff}
         candidates -= table.files().keys()
-        if candidates:
-            candidates -= table.removals(candidates).keys()
+        for snap in reversed(table.snapshots()):   # every kept one, lineage or not
+            if not candidates:
+                break
+            candidates -= table.files(snap.snapshot_id).keys()
         for path in sorted(candidates):
             table.delete_file(path)
         if candidates:

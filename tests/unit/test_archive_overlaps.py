@@ -212,6 +212,45 @@ def test_trimmed_copies_leave_the_warehouse_once_no_snapshot_lists_them(
         check_snapshots(store, committer)
 
 
+def test_two_committers_at_once_list_one_copy_and_the_losers_copy_is_collected(
+        tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    first = ArchiveCommitter(settings, store, clock=LATER)
+    second = ArchiveCommitter(settings, store, clock=LATER)
+    put(store, 0, 0, 0, 99)
+    put(store, 0, 0, 50, 149)
+    real = first._commit
+    calls: list[int] = []
+
+    def commit_after_the_other(*args: Any) -> int | None:
+        if not calls:   # the other committer commits between this one's plan and commit
+            second.sync("r1", "t")
+        calls.append(1)
+        return real(*args)
+
+    first._commit = commit_after_the_other  # type: ignore[method-assign,assignment]
+    r = first.sync("r1", "t")
+    assert r.conflicts == 1 and not r.committed   # re-planned: nothing left to do
+    assert table_rows(store, first) == expected(segments(store))
+    table = first.table("r1", "t", create=False)
+    assert table is not None
+    assert len(table.list_files(trim_root(table.location))) == 2   # the loser's copy
+    assert first.clean_trims(table) == 1
+    assert len(table.list_files(trim_root(table.location))) == 1
+    assert table_rows(store, first) == expected(segments(store))
+    # Within the grace, a copy no snapshot lists yet (a commit in flight) is kept.
+    young = ArchiveCommitter(settings, store)
+    put(store, 0, 0, 140, 160)
+    young._commit = lambda *a: (_ for _ in ()).throw(RuntimeError("died"))  # type: ignore
+    try:
+        young.sync("r1", "t")
+    except RuntimeError:
+        pass
+    assert len(table.list_files(trim_root(table.location))) == 2
+    assert young.clean_trims(table) == 0
+
+
 def test_a_copy_reads_only_the_row_groups_of_its_offsets(monkeypatch: Any) -> None:
     store = MemoryObjectStore("b")
     key = put(store, 0, 0, 0, 999, group_bytes=2048)   # many small row groups
