@@ -503,7 +503,8 @@ class ArchiveCommitter:
         self.m.last_sync.labels(region, topic).set(now.timestamp())
         # How late the table was: the oldest segment this step brought in had waited so
         # long since it landed in the bucket (0: the table was up to date).
-        landed = [self._landed[k] for k in plan.add if k in self._landed]
+        landed = [self._landed[k] for k in [*plan.add, *(p.key for p in plan.trim)]
+                  if k in self._landed]
         lag = max(0.0, (now - min(landed)).total_seconds()) if landed and snapshot else 0.0
         self.m.lag.labels(region, topic).set(lag)
 
