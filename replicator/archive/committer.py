@@ -48,7 +48,7 @@ from replicator.archive.plan import Piece, TablePlan, plan_table
 from replicator.archive.trims import parse_trim_path, trim_path, trim_root, write_trim
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
-from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
+from replicator.core.keys import PartitionRef, SegmentKey, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
@@ -93,12 +93,22 @@ class SyncResult:
         return bool(self.added or self.removed_covered or self.removed_gone)
 
 
-def _holds(ranges: list[tuple[int, int]], lo: int, hi: int) -> bool:
+def _ranges(pieces: Iterable[Piece]) -> dict[PartitionRef, list[tuple[int, int, SegmentKey]]]:
+    """The pieces' ranges per partition, sorted (with the segment each is of)."""
+    out: dict[PartitionRef, list[tuple[int, int, SegmentKey]]] = {}
+    for p in pieces:
+        out.setdefault(p.key.partition_ref, []).append((p.lo, p.hi, p.key))
+    for ranges in out.values():
+        ranges.sort()
+    return out
+
+
+def _holds(ranges: Iterable[tuple[int, int, SegmentKey]], lo: int, hi: int) -> bool:
     """True when the sorted inclusive ``ranges`` together hold every position of
     ``lo``..``hi``.
     """
     reach = lo - 1
-    for a, b in ranges:
+    for a, b, _ in ranges:
         if a > reach + 1:
             return False   # reach + 1 (<= hi) is in no range
         reach = max(reach, b)
@@ -442,9 +452,10 @@ class ArchiveCommitter:
         after = {piece for p in paths
                  if p not in gone and (piece := self.piece_of(table, p)) is not None}
         after |= {Piece.of(k) for k in plan.add} | set(plan.trim)
+        by_part = _ranges(after)
+        # A segment's own pieces never count: it is about to be deleted.
         return {d for d in removing
-                if not _holds(sorted((a.lo, a.hi) for a in after
-                                     if a.key != d and a.key.partition_ref == d.partition_ref),
+                if not _holds([r for r in by_part.get(d.partition_ref, ()) if r[2] != d],
                               d.start, d.end)}
 
     def _trimmed_files(self, table: IcebergTable, pieces: list[Piece], result: SyncResult
@@ -520,13 +531,12 @@ class ArchiveCommitter:
         # both go in one `replace`; other new files are an `append`, files that left the
         # bucket a `delete` (streaming readers read appends and skip the rest).
         # A trimmed copy of positions the removed files held is a replacement too.
-        removed = [r for p in plan.remove_covered if (r := self.piece_of(table, p)) is not None]
+        removed = _ranges(r for p in plan.remove_covered
+                          if (r := self.piece_of(table, p)) is not None)
         swap_in = [f for f in new if (k := self.piece_of(table, f.path)) is not None
-                   and (any(k.key.partition_ref == r.key.partition_ref and r.lo >= k.lo
-                            and r.hi <= k.hi for r in removed)
-                        or _holds(sorted((r.lo, r.hi) for r in removed
-                                         if r.key.partition_ref == k.key.partition_ref),
-                                  k.lo, k.hi))]
+                   and (any(k.lo <= lo and hi <= k.hi
+                            for lo, hi, _ in removed.get(k.key.partition_ref, ()))
+                        or _holds(removed.get(k.key.partition_ref, []), k.lo, k.hi))]
         swapped = {f.path for f in swap_in}
         append = [f for f in new if f.path not in swapped]
         snapshot = table.commit(append, plan.remove_gone, summary,
