@@ -212,6 +212,19 @@ def test_trimmed_copies_leave_the_warehouse_once_no_snapshot_lists_them(
         check_snapshots(store, committer)
 
 
+def test_a_copy_a_retained_snapshot_lists_stays_for_time_travel(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    with committer_in(tmp_path, store, snapshot_retention="10h") as committer:
+        a, b = put(store, 0, 0, 0, 99), put(store, 0, 0, 50, 149)
+        before = committer.sync("r1", "t").snapshot_id
+        assert before is not None
+        compact(store, committer, [a, b], lambda: table_rows(store, committer))
+        table = committer.table("r1", "t", create=False)
+        assert table is not None and table.has_snapshot(before)   # within the retention
+        assert committer.clean_trims(table) == 0
+        assert table_rows(store, committer, before) == expected([a, b])   # still reads
+
+
 def test_two_committers_at_once_list_one_copy_and_the_losers_copy_is_collected(
         tmp_path: Path) -> None:
     store = MemoryObjectStore("b")
