@@ -155,6 +155,7 @@ def test_a_rewritten_range_is_listed_once(tmp_path: Path) -> None:
         assert table is not None
         assert sum(f.records for f in table.files().values()) == 200
         assert committer.sync("r1", "t").committed is False   # stable: nothing to redo
+        assert committer.sync("r1", "t", partition=0).committed is False
 
 
 def test_a_late_segment_is_trimmed_and_the_listed_one_stays(tmp_path: Path) -> None:
