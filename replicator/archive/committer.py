@@ -44,11 +44,11 @@ from replicator.archive.ownership import (
     check_owner,
     collisions,
 )
-from replicator.archive.plan import Piece, TablePlan, plan_table
-from replicator.archive.trims import parse_trim_path, trim_path, trim_root, write_trim
+from replicator.archive.plan import Piece, TablePlan, holds, plan_table, ranges_by_partition
+from replicator.archive.trims import CopyUnfit, collect_trims, copy_piece, parse_trim_path
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
-from replicator.core.keys import PartitionRef, SegmentKey, region_prefix, topic_prefix
+from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
@@ -91,30 +91,6 @@ class SyncResult:
     @property
     def committed(self) -> bool:
         return bool(self.added or self.removed_covered or self.removed_gone)
-
-
-def _ranges(pieces: Iterable[Piece]) -> dict[PartitionRef, list[tuple[int, int, SegmentKey]]]:
-    """The pieces' ranges per partition, sorted (with the segment each is of)."""
-    out: dict[PartitionRef, list[tuple[int, int, SegmentKey]]] = {}
-    for p in pieces:
-        out.setdefault(p.key.partition_ref, []).append((p.lo, p.hi, p.key))
-    for ranges in out.values():
-        ranges.sort()
-    return out
-
-
-def _holds(ranges: Iterable[tuple[int, int, SegmentKey]], lo: int, hi: int) -> bool:
-    """True when the sorted inclusive ``ranges`` together hold every position of
-    ``lo``..``hi``.
-    """
-    reach = lo - 1
-    for a, b, _ in ranges:
-        if a > reach + 1:
-            return False   # reach + 1 (<= hi) is in no range
-        reach = max(reach, b)
-        if reach >= hi:
-            return True
-    return reach >= hi
 
 
 class ArchiveCommitter:
@@ -452,10 +428,10 @@ class ArchiveCommitter:
         after = {piece for p in paths
                  if p not in gone and (piece := self.piece_of(table, p)) is not None}
         after |= {Piece.of(k) for k in plan.add} | set(plan.trim)
-        by_part = _ranges(after)
+        by_part = ranges_by_partition(after)
         # A segment's own pieces never count: it is about to be deleted.
         return {d for d in removing
-                if not _holds([r for r in by_part.get(d.partition_ref, ()) if r[2] != d],
+                if not holds([r for r in by_part.get(d.partition_ref, ()) if r[2] != d],
                               d.start, d.end)}
 
     def _trimmed_files(self, table: IcebergTable, pieces: list[Piece], result: SyncResult
@@ -467,38 +443,26 @@ class ArchiveCommitter:
         files, skipped = [], set()
         for piece in pieces:
             k = piece.key
-            if piece in self._trims:   # written by an attempt of this step that conflicted
-                files.append(self._trims[piece])
-                continue
-            try:
-                data, footer = write_trim(self.store, piece)
-            except ObjectNotFound:
-                skipped.add(k)   # deleted since the listing: the next step removes it
-                continue
-            except SegmentCorrupt as e:
-                log.error("%s: not added to the table: %s", k, e)
-                self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
-                result.unreadable.append(k.to_key())
-                skipped.add(k)
-                continue
-            with data:
-                f = NewFile(trim_path(table.location, piece), footer.serialized_size,
-                            k.partition, footer)
-                problem = table.unfit(f)
-                if problem is not None:
+            # A copy an attempt of this step wrote before a conflict is listed, not rewritten.
+            if piece not in self._trims:
+                try:
+                    self._trims[piece] = copy_piece(self.store, table, piece)
+                except ObjectNotFound:
+                    skipped.add(k)   # deleted since the listing: the next step removes it
+                    continue
+                except SegmentCorrupt as e:
+                    log.error("%s: not added to the table: %s", k, e)
+                    self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
+                    result.unreadable.append(k.to_key())
+                    skipped.add(k)
+                    continue
+                except CopyUnfit as e:
                     log.error("%s: quarantined, not added to the table (its records are not "
-                              "in it; the others are): %s", k, problem)
+                              "in it; the others are): %s", k, e)
                     self._quarantined.add(k)
                     result.quarantined.append(k.to_key())
                     skipped.add(k)
                     continue
-                data.seek(0, 2)
-                size = data.tell()
-                data.seek(0)
-                table.put_file(f.path, data)
-            log.info("%s: listed as a trimmed copy of offsets %d-%d (other segments hold "
-                     "the rest of its range): %s", k, piece.lo, piece.hi, f.path)
-            self._trims[piece] = NewFile(f.path, size, k.partition, footer)
             files.append(self._trims[piece])
         return files, skipped
 
@@ -531,12 +495,12 @@ class ArchiveCommitter:
         # both go in one `replace`; other new files are an `append`, files that left the
         # bucket a `delete` (streaming readers read appends and skip the rest).
         # A trimmed copy of positions the removed files held is a replacement too.
-        removed = _ranges(r for p in plan.remove_covered
+        removed = ranges_by_partition(r for p in plan.remove_covered
                           if (r := self.piece_of(table, p)) is not None)
         swap_in = [f for f in new if (k := self.piece_of(table, f.path)) is not None
                    and (any(k.lo <= lo and hi <= k.hi
                             for lo, hi, _ in removed.get(k.key.partition_ref, ()))
-                        or _holds(removed.get(k.key.partition_ref, []), k.lo, k.hi))]
+                        or holds(removed.get(k.key.partition_ref, []), k.lo, k.hi))]
         swapped = {f.path for f in swap_in}
         append = [f for f in new if f.path not in swapped]
         snapshot = table.commit(append, plan.remove_gone, summary,
@@ -576,28 +540,11 @@ class ArchiveCommitter:
                         "expiry tries again", table.name, e)
 
     def clean_trims(self, table: IcebergTable) -> int:
-        """Delete the trimmed copies (``archive.trims``) that no snapshot the table keeps
-        lists and that are older than ``ORPHAN_GRACE`` (younger ones may belong to
-        a commit in flight); their count. Called after an expiry, the only time a copy
-        the table once listed can become unlisted by every kept snapshot.
+        """Delete the trimmed copies no snapshot the table keeps lists, older than
+        ``ORPHAN_GRACE`` (``archive.trims.collect_trims``); their count. Called after each
+        expiry: only then can a copy the table listed become unlisted by every snapshot.
         """
-        table.refresh()
-        stored = table.list_files(trim_root(table.location))
-        if not stored:
-            return 0
-        cutoff = self.clock() - ORPHAN_GRACE
-        candidates = {p for p, modified in stored.items() if modified < cutoff}
-        candidates -= table.files().keys()
-        for snap in reversed(table.snapshots()):   # every kept one, lineage or not
-            if not candidates:
-                break
-            candidates -= table.files(snap.snapshot_id).keys()
-        for path in sorted(candidates):
-            table.delete_file(path)
-        if candidates:
-            log.info("%s: deleted %d trimmed copies no snapshot lists", table.name,
-                     len(candidates))
-        return len(candidates)
+        return collect_trims(table, self.clock() - ORPHAN_GRACE)
 
     def clean_metadata(self, table: IcebergTable) -> int:
         """Delete the files under the table's ``metadata/`` that its state does not refer

@@ -186,3 +186,28 @@ def plan_table(table_paths: Iterable[str], listed: Iterable[SegmentKey], *,
         for path in extra:
             (covered if piece.key in present or piece.key in deleted else gone).append(path)
     return TablePlan(add, sorted(covered), sorted(gone), trim)
+
+
+def ranges_by_partition(pieces: Iterable[Piece]
+                        ) -> dict[PartitionRef, list[tuple[int, int, SegmentKey]]]:
+    """The pieces' ranges per partition, sorted (with the segment each is of)."""
+    out: dict[PartitionRef, list[tuple[int, int, SegmentKey]]] = defaultdict(list)
+    for p in pieces:
+        out[p.key.partition_ref].append((p.lo, p.hi, p.key))
+    for ranges in out.values():
+        ranges.sort()
+    return dict(out)
+
+
+def holds(ranges: Iterable[tuple[int, int, SegmentKey]], lo: int, hi: int) -> bool:
+    """True when the sorted inclusive ``ranges`` together hold every position of
+    ``lo``..``hi``.
+    """
+    reach = lo - 1
+    for a, b, _ in ranges:
+        if a > reach + 1:
+            return False   # reach + 1 (<= hi) is in no range
+        reach = max(reach, b)
+        if reach >= hi:
+            return True
+    return reach >= hi

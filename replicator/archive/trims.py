@@ -14,15 +14,18 @@ segments), and it is deleted once no snapshot the table keeps lists it
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 import uuid
+from datetime import datetime
 from typing import BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from replicator.archive.iceberg import IcebergTable, NewFile
 from replicator.archive.plan import Piece
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.keys import SegmentKey
@@ -33,6 +36,8 @@ TRIM_DIR = "data/trimmed"
 
 SPOOL_BYTES = 64 * 1024**2
 """A copy is written to memory up to this size, then to a temporary file, before upload."""
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"(\d{20})-(\d{20})-([0-9a-f]{32})\.parquet")
 
@@ -123,3 +128,53 @@ def _copy_rows(src: pq.ParquetFile, piece: Piece, out: BinaryIO) -> pq.FileMetaD
         writer.close()
     out.seek(0)
     return pq.read_metadata(pa.PythonFile(out, mode="r"))
+
+
+class CopyUnfit(Exception):
+    """A copy the table's schema cannot list (the segment's columns are not the table's)."""
+
+
+def copy_piece(store: ObjectStore, table: IcebergTable, piece: Piece) -> NewFile:
+    """Write the trimmed copy of ``piece`` under the table's location; the file to add.
+
+    Raises:
+        ObjectNotFound / SegmentCorrupt: as ``write_trim``.
+        CopyUnfit: the table cannot list it (nothing is written).
+        CatalogError: the copy could not be written.
+    """
+    data, footer = write_trim(store, piece)
+    with data:
+        path = trim_path(table.location, piece)
+        data.seek(0, 2)
+        size = data.tell()
+        data.seek(0)
+        f = NewFile(path, size, piece.key.partition, footer)
+        problem = table.unfit(f)
+        if problem is not None:
+            raise CopyUnfit(problem)
+        table.put_file(path, data)
+    log.info("%s: listed as a trimmed copy of offsets %d-%d (other segments hold the rest "
+             "of its range): %s", piece.key, piece.lo, piece.hi, path)
+    return f
+
+
+def collect_trims(table: IcebergTable, cutoff: datetime) -> int:
+    """Delete the trimmed copies of ``table`` that no snapshot it keeps lists (lineage or
+    not) and that were written before ``cutoff`` (younger ones may belong to a commit in
+    flight); their count.
+    """
+    table.refresh()
+    stored = table.list_files(trim_root(table.location))
+    candidates = {p for p, modified in stored.items() if modified < cutoff}
+    if candidates:
+        candidates -= table.files().keys()
+    for snap in reversed(table.snapshots()):
+        if not candidates:
+            break
+        candidates -= table.files(snap.snapshot_id).keys()
+    for path in sorted(candidates):
+        table.delete_file(path)
+    if candidates:
+        log.info("%s: deleted %d trimmed copies no snapshot lists", table.name,
+                 len(candidates))
+    return len(candidates)
