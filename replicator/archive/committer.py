@@ -44,7 +44,8 @@ from replicator.archive.ownership import (
     check_owner,
     collisions,
 )
-from replicator.archive.plan import TablePlan, plan_table
+from replicator.archive.plan import Piece, TablePlan, holds, plan_table, ranges_by_partition
+from replicator.archive.trims import CopyUnfit, collect_trims, copy_piece, parse_trim_path
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
 from replicator.core.keys import (
@@ -123,6 +124,7 @@ class ArchiveCommitter:
         self._landed: dict[SegmentKey, datetime] = {}
         self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
+        self._trims: dict[Piece, NewFile] = {}
         self._bucket = getattr(store, "bucket", "bucket")
 
     # --- naming -------------------------------------------------------------------------
@@ -135,6 +137,13 @@ class ArchiveCommitter:
         """The segment a table path names (``None``: not a segment of this bucket)."""
         head = f"s3://{self._bucket}/"
         return SegmentKey.try_parse(path[len(head):]) if path.startswith(head) else None
+
+    def piece_of(self, table: IcebergTable, path: str) -> Piece | None:
+        """The positions a table path holds: a whole segment of this bucket, or a trimmed
+        copy of one (``archive.trims``); ``None``: neither.
+        """
+        k = self.key_of(path)
+        return Piece.of(k) if k is not None else parse_trim_path(table.location, path)
 
     def identity(self, region: str, topic: str) -> TableIdentity:
         return TableIdentity(region, topic,
@@ -209,7 +218,7 @@ class ArchiveCommitter:
             ForeignWrites: with the snapshots and files (counted here).
         """
         snaps = table.foreign_snapshots()
-        odd = sorted(p for p in files if not self._own_path(p, region, topic))
+        odd = sorted(p for p in files if not self._own_path(table, p, region, topic))
         if not snaps and not odd:
             return
         self.m.refused.labels(region, topic, "foreign-write").inc()
@@ -220,8 +229,9 @@ class ArchiveCommitter:
                "last replicator snapshot, or rebuild it (replicator archive rebuild --drop)")
         raise ForeignWrites(msg)   # logged at ERROR by the caller
 
-    def _own_path(self, path: str, region: str, topic: str) -> bool:
-        k = self.key_of(path)
+    def _own_path(self, table: IcebergTable, path: str, region: str, topic: str) -> bool:
+        piece = self.piece_of(table, path)
+        k = None if piece is None else piece.key
         return k is not None and (k.prefix, k.region, k.topic) == (
             self.settings.s3.prefix, region, topic)
 
@@ -335,13 +345,14 @@ class ArchiveCommitter:
         table = self.table(region, topic)
         assert table is not None
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
+        self._trims.clear()
         for _attempt in range(MAX_ATTEMPTS):
             files = table.files()
             self.check_authored(table, region, topic, files)
             paths = list(files)
             if partition is not None:
-                paths = [p for p in paths
-                         if (k := self.key_of(p)) is not None and k.partition == partition]
+                paths = [p for p in paths if (piece := self.piece_of(table, p)) is not None
+                         and piece.key.partition == partition]
             listed = self._listing(region, topic, partition)
             plan, new, removing = self._plan(table, paths, listed, deleting, result)
             try:
@@ -356,7 +367,7 @@ class ArchiveCommitter:
             except CatalogError:
                 # Outcome unknown: the next step re-plans from what the catalog holds.
                 raise
-            result.added += len(plan.add)
+            result.added += len(plan.add) + len(plan.trim)
             result.removed_covered += len(plan.remove_covered)
             result.removed_gone += len(plan.remove_gone)
             result.snapshot_id = snapshot
@@ -378,6 +389,7 @@ class ArchiveCommitter:
                     result.expired = self._expire_beyond(table)
             self._sizes.clear()
             self._landed.clear()
+            self._trims.clear()
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
@@ -392,10 +404,14 @@ class ArchiveCommitter:
         removing = set(deleting)
         while True:
             plan = plan_table(paths, listed, url=self.url, key_of=self.key_of,
+                              trim_of=lambda p: parse_trim_path(table.location, p),
                               unaddable=unaddable, deleting=removing)
             new, skipped = self._new_files(table, plan.add, result)
+            trimmed, unfit = self._trimmed_files(table, plan.trim, result)
+            new += trimmed
+            skipped |= unfit
             unaddable |= skipped
-            uncovered = self._uncovered(removing - unaddable, paths, plan)
+            uncovered = self._uncovered(table, removing - unaddable, paths, plan)
             removing -= uncovered
             if not skipped and not uncovered:
                 break
@@ -408,34 +424,70 @@ class ArchiveCommitter:
         result.kept = kept
         return plan, new, removing
 
-    def _uncovered(self, removing: set[SegmentKey], paths: list[str],
+    def _uncovered(self, table: IcebergTable, removing: set[SegmentKey], paths: list[str],
                    plan: TablePlan) -> set[SegmentKey]:
-        """The segments of ``removing`` no file the table lists after ``plan`` covers
-        (segments that cannot be data files are left out by the caller: no table lists
-        them either way).
+        """The segments of ``removing`` whose positions the files the table lists after
+        ``plan`` do not all hold (segments that cannot be data files are left out by the
+        caller: no table lists them either way).
         """
         if not removing:
             return set()
         gone = set(plan.remove)
-        after = {k for p in paths if p not in gone and (k := self.key_of(p)) is not None}
-        after |= set(plan.add)
+        after = {piece for p in paths
+                 if p not in gone and (piece := self.piece_of(table, p)) is not None}
+        after |= {Piece.of(k) for k in plan.add} | set(plan.trim)
+        by_part = ranges_by_partition(after)
+        # A segment's own pieces never count: it is about to be deleted.
         return {d for d in removing
-                if not any(a != d and a.partition_ref == d.partition_ref and a.covers(d)
-                           for a in after)}
+                if not holds([r for r in by_part.get(d.partition_ref, ()) if r[2] != d],
+                              d.start, d.end)}
+
+    def _trimmed_files(self, table: IcebergTable, pieces: list[Piece], result: SyncResult
+                       ) -> tuple[list[NewFile], set[SegmentKey]]:
+        """Trimmed copies of ``pieces`` written under the table's location
+        (``archive.trims``); the segments that cannot be copied are returned apart (as
+        ``_new_files``: they neither enter the table nor hide what they cover).
+        """
+        files, skipped = [], set()
+        for piece in pieces:
+            k = piece.key
+            # A copy an attempt of this step wrote before a conflict is listed, not rewritten.
+            if piece not in self._trims:
+                try:
+                    self._trims[piece] = copy_piece(self.store, table, piece)
+                except ObjectNotFound:
+                    skipped.add(k)   # deleted since the listing: the next step removes it
+                    continue
+                except SegmentCorrupt as e:
+                    log.error("%s: not added to the table: %s", k, e)
+                    self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
+                    result.unreadable.append(k.to_key())
+                    skipped.add(k)
+                    continue
+                except CopyUnfit as e:
+                    log.error("%s: quarantined, not added to the table (its records are not "
+                              "in it; the others are): %s", k, e)
+                    self._quarantined.add(k)
+                    result.quarantined.append(k.to_key())
+                    skipped.add(k)
+                    continue
+            files.append(self._trims[piece])
+        return files, skipped
 
     def _count(self, region: str, topic: str, plan: TablePlan,
                deleting: frozenset[SegmentKey], snapshot: int | None) -> None:
         if snapshot is not None:
             reason = "compaction" if deleting else "sync"
             self.m.commits.labels(region, topic, reason).inc()
-            self.m.files_added.labels(region, topic).inc(len(plan.add))
+            self.m.files_added.labels(region, topic).inc(len(plan.add) + len(plan.trim))
             self.m.files_removed.labels(region, topic, "covered").inc(len(plan.remove_covered))
             self.m.files_removed.labels(region, topic, "gone").inc(len(plan.remove_gone))
         now = self.clock()
         self.m.last_sync.labels(region, topic).set(now.timestamp())
         # How late the table was: the oldest segment this step brought in had waited so
         # long since it landed in the bucket (0: the table was up to date).
-        landed = [self._landed[k] for k in plan.add if k in self._landed]
+        landed = [self._landed[k] for k in [*plan.add, *(p.key for p in plan.trim)]
+                  if k in self._landed]
         lag = max(0.0, (now - min(landed)).total_seconds()) if landed and snapshot else 0.0
         self.m.lag.labels(region, topic).set(lag)
 
@@ -450,10 +502,13 @@ class ArchiveCommitter:
         # A new file that covers a removed one is its replacement (a compaction output):
         # both go in one `replace`; other new files are an `append`, files that left the
         # bucket a `delete` (streaming readers read appends and skip the rest).
-        removed = [k for p in plan.remove_covered if (k := self.key_of(p)) is not None]
-        swap_in = [f for f in new if (k := self.key_of(f.path)) is not None
-                   and any(k.partition_ref == r.partition_ref and k.covers(r)
-                           for r in removed)]
+        # A trimmed copy of positions the removed files held is a replacement too.
+        removed = ranges_by_partition(r for p in plan.remove_covered
+                          if (r := self.piece_of(table, p)) is not None)
+        swap_in = [f for f in new if (k := self.piece_of(table, f.path)) is not None
+                   and (any(k.lo <= lo and hi <= k.hi
+                            for lo, hi, _ in removed.get(k.key.partition_ref, ()))
+                        or holds(removed.get(k.key.partition_ref, []), k.lo, k.hi))]
         swapped = {f.path for f in swap_in}
         append = [f for f in new if f.path not in swapped]
         snapshot = table.commit(append, plan.remove_gone, summary,
@@ -482,7 +537,22 @@ class ArchiveCommitter:
             except ReplicatorError as e:
                 log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
                             "next expiry tries again", table.name, e)
+            self._clean_trims_logged(table)
         return n
+
+    def _clean_trims_logged(self, table: IcebergTable) -> None:
+        try:
+            self.clean_trims(table)
+        except ReplicatorError as e:
+            log.warning("%s: trimmed copies no snapshot lists not deleted (%s); the next "
+                        "expiry tries again", table.name, e)
+
+    def clean_trims(self, table: IcebergTable) -> int:
+        """Delete the trimmed copies no snapshot the table keeps lists, older than
+        ``ORPHAN_GRACE`` (``archive.trims.collect_trims``); their count. Called after each
+        expiry: only then can a copy the table listed become unlisted by every snapshot.
+        """
+        return collect_trims(table, self.clock() - ORPHAN_GRACE)
 
     def clean_metadata(self, table: IcebergTable) -> int:
         """Delete the files under the table's ``metadata/`` that its state does not refer
@@ -567,6 +637,8 @@ class ArchiveCommitter:
                 log.warning("%s: snapshots listing segments to delete not expired (%s); they "
                             "are deleted by a later run", table.name, e)
                 ok = {k for k in ok if keys[k] not in removals}
+            else:
+                self._clean_trims_logged(table)
         swap.allowed = sorted(ok)
         return ok
 

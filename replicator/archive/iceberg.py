@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -630,6 +631,47 @@ class IcebergTable:
             return sorted(t.file.file_path for t in scan.plan_files())
         except Exception as e:
             raise _wrap(f"planning a scan of {self.name}", e) from e
+
+    # --- files of the table's own (trimmed copies, archive/trims.py) ---------------------
+
+    def put_file(self, path: str, source: BinaryIO) -> None:
+        """Write ``source`` (read to its end) at ``path`` through the table's FileIO (the
+        warehouse's credentials and endpoint).
+        """
+        try:
+            with self._table.io.new_output(path).create(overwrite=True) as out:
+                while chunk := source.read(8 * 1024**2):
+                    out.write(chunk)
+        except Exception as e:
+            raise _wrap(f"writing {path}", e) from e
+
+    def list_files(self, under: str) -> dict[str, datetime]:
+        """The files below ``under`` (a folder of the table's location), with their last
+        modification times; ``{}`` when it does not exist.
+        """
+        try:
+            io = self._table.io
+            if not isinstance(io, PyArrowFileIO):
+                raise CatalogError(f"{self.name}: its FileIO ({type(io).__name__}) cannot "
+                                   "list files")
+            scheme, netloc, path = PyArrowFileIO.parse_location(under)
+            fs = io.fs_by_scheme(scheme, netloc)
+            infos = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
+            return {f"{scheme}://{i.path}": (i.mtime or datetime.fromtimestamp(0, UTC))
+                    .astimezone(UTC) for i in infos if i.type == FileType.File}
+        except CatalogError:
+            raise
+        except Exception as e:
+            raise _wrap(f"listing {under}", e) from e
+
+    def delete_file(self, path: str) -> None:
+        """Delete the file at ``path`` (absent: nothing to do)."""
+        try:
+            self._table.io.delete(path)
+        except FileNotFoundError:
+            pass
+        except Exception as e:
+            raise _wrap(f"deleting {path}", e) from e
 
 
 class _ReplaceFiles(_OverwriteFiles):

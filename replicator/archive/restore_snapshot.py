@@ -59,9 +59,11 @@ def snapshot_segments(settings: Settings, store: ObjectStore, region: str, topic
             f"own; replicator archive snapshots lists the {len(kept)} kept)")
     keys = set()
     for path in table.files(snapshot_id):
-        key = committer.key_of(path)
-        if key is None:
+        # A trimmed copy stands for its segment: restore reads segments, and ingress takes
+        # each position once from the overlapping ones (archive/trims.py).
+        piece = committer.piece_of(table, path)
+        if piece is None:
             raise SnapshotUnknown(f"snapshot {snapshot_id} of {table.name} lists {path}, "
                                   "not a segment of this bucket")
-        keys.add(key)
+        keys.add(piece.key)
     return frozenset(keys)

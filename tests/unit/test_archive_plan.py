@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicator.archive.naming import TableIdentity, sanitize, table_identifier
-from replicator.archive.plan import plan_table, visible
+from replicator.archive.plan import Piece, claims, plan_table, visible
 from replicator.core.errors import ConfigError
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import CatalogSettings, load_settings
@@ -93,3 +93,51 @@ def test_table_names_are_sanitized_and_the_template_is_checked() -> None:
     with pytest.raises(ConfigError, match=r"catalog\.namespace"):
         load_settings(data={**base, "catalog": {"namespace": "A-b"}}, environ={})
     assert not load_settings(data=base, environ={}).catalog.enabled
+
+
+@settings(max_examples=300, deadline=None)
+@given(ranges, st.data())
+def test_claims_hold_every_position_of_every_key_exactly_once(
+        specs: list[tuple[int, int, int, int]], data: st.DataObject) -> None:
+    keys = sorted({k(level, s, s + n, p) for level, s, n, p in specs})
+    prefer = data.draw(st.sets(st.sampled_from(keys)) if keys else st.just(set()))
+    pieces = claims(keys, prefer)
+    for p in pieces:
+        assert p.key in keys and p.key.start <= p.lo <= p.hi <= p.key.end
+    for part in {key.partition for key in keys}:
+        want = sorted({o for key in keys if key.partition == part
+                       for o in range(key.start, key.end + 1)})
+        got = sorted(o for p in pieces if p.key.partition == part
+                     for o in range(p.lo, p.hi + 1))
+        assert got == want   # every position once
+    # Segments that merely cover one another are listed as before: the visible ones, whole.
+    if all(a == b or not (a.partition == b.partition and a.start <= b.end
+                          and b.start <= a.end) or a.covers(b) or b.covers(a)
+           for a in keys for b in keys):
+        assert pieces == {Piece.of(v) for v in visible(keys)}
+    # Without a listing to keep, a trimmed copy is never of the widest segment.
+    for p in claims(keys) if prefer else pieces:
+        if not p.whole:
+            assert any(o.partition == p.key.partition and o.span >= p.key.span
+                       and o != p.key for o in keys)
+
+
+def test_overlapping_rewrites_are_listed_once_and_late_segments_are_the_ones_trimmed() -> None:
+    a, b, c = k(0, 0, 99), k(0, 50, 149), k(0, 150, 199)
+    plan = plan_table([], [a, b, c], url=url, key_of=key_of)
+    assert plan.add == [a, c] and plan.trim == [Piece(b, 100, 149)]
+    # b listed first, a arrives late: a is trimmed (an append), b stays whole.
+    plan = plan_table([url(b)], [a, b], url=url, key_of=key_of)
+    assert plan.add == [] and plan.trim == [Piece(a, 0, 49)] and not plan.remove
+    # A trimmed copy stays while its piece is wanted, and leaves when an output covers it.
+    trims = {"w/trim-b": Piece(b, 100, 149)}
+    table = [url(a), "w/trim-b", url(c)]
+    assert plan_table(table, [a, b, c], url=url, key_of=key_of, trim_of=trims.get).empty
+    out = k(1, 0, 199)
+    plan = plan_table(table, [a, b, c, out], url=url, key_of=key_of, trim_of=trims.get,
+                      deleting=[a, b, c])
+    assert plan.add == [out] and plan.trim == []
+    assert plan.remove_covered == sorted([url(a), "w/trim-b", url(c)])
+    # Its segment left the bucket otherwise: the copy is gone too.
+    plan = plan_table(table, [a, c], url=url, key_of=key_of, trim_of=trims.get)
+    assert plan.remove_gone == ["w/trim-b"] and plan.add == [] and plan.trim == []

@@ -53,3 +53,16 @@ def test_an_unknown_snapshot_no_table_and_catalog_off_are_refused(tmp_path: Path
     off = catalog_settings(tmp_path, enabled=False)
     with pytest.raises(ConfigError, match=r"catalog\.enabled"):
         snapshot_segments(off, store, "r1", "t", 1)
+
+
+def test_a_trimmed_copy_in_a_snapshot_stands_for_its_segment(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    committer = ArchiveCommitter(settings, store)
+    seed(store, [(0, 9), (5, 14)])   # a range published twice: [5-14] listed as 10-14
+    snap = committer.sync("r1", "t").snapshot_id
+    assert snap is not None
+    assert snapshot_segments(settings, store, "r1", "t", snap) == {k(0, 0, 9), k(0, 5, 14)}
+    req = RestoreRequest("r1", "t", "t.restored", "cp", RestoreRange(), snapshot=snap)
+    p = make_plan(store, settings.s3.prefix, req, listed=[k(0, 0, 9), k(0, 5, 14)])
+    assert not p.missing and not p.gaps
