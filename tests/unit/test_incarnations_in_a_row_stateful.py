@@ -272,8 +272,10 @@ class RecreatesInARow(RuleBasedStateMachine):
         label_of = {i.topic_id: i.label for i in meta.incarnations}
         id_of = {i.label: i.topic_id for i in meta.incarnations}
         archived: dict[str, set[tuple[int, int]]] = {}
-        rows_of: dict[tuple[int, str], list[tuple[int, bytes]]] = {}
-        for k in self.h.final_keys():
+        segments: dict[int, list[tuple[SegmentKey, list[tuple[int, bytes]]]]] = {}
+        # Named order (the order the objects appeared): S3 replication delivers them so.
+        for k in sorted(self.h.final_keys(), key=lambda k: list(self.seen).index(k)
+                        if k in self.seen else len(self.seen)):
             key = SegmentKey.try_parse(k)
             if key is None:
                 continue
@@ -287,7 +289,7 @@ class RecreatesInARow(RuleBasedStateMachine):
             for o, v in rows:
                 assert v == f"{tid}:{key.partition}:{o}".encode(), (k, o, v)
                 archived.setdefault(str(tid), set()).add((key.partition, o))
-            rows_of.setdefault((key.partition, key.incarnation), []).extend(rows)
+            segments.setdefault(key.partition, []).append((key, rows))
         lost = sum(float(self.h.m.for_partition("r1", "t", p).lost._value.get())
                    for p in PARTITIONS)
         missing = sum(len(self.fetched.get(t, set()) - archived.get(t, set()))
@@ -297,24 +299,48 @@ class RecreatesInARow(RuleBasedStateMachine):
         assert archived.get(live, set()) == {(p, o) for p in PARTITIONS
                                              for o in range(counts[p])}, "the live topic"
         for p in PARTITIONS:
-            chain = Chain.of(meta, p)
-            known = {lab for (q, lab) in rows_of if q == p}
-            out: list[bytes] = []
-            label, position = chain.labels[0], None
-            for _ in range(len(chain.labels) + 1):
-                rows = sorted(set(rows_of.get((p, label), [])))
-                for o, v in rows:
-                    if position is None or o > position:
-                        out.append(v)
-                        position = o
-                moves = advance(label, position, chain, has_segments=bool(rows),
-                                with_segments=known)
-                if not moves:
-                    break
-                label, position = moves[-1].entered, moves[-1].position
             want = [f"{t}:{p}:{o}".encode() for t in listed
                     for o in sorted(o for q, o in archived.get(t, set()) if q == p)]
-            assert out == want, (p, [label_of[t] for t in listed])
+            for at_once in (True, False):
+                out = replay(Chain.of(meta, p), segments.get(p, []), at_once=at_once)
+                assert out == want, (p, at_once, [label_of[t] for t in listed])
+
+
+def replay(chain: Chain, arrivals: list[tuple[SegmentKey, list[tuple[int, bytes]]]], *,
+           at_once: bool) -> list[bytes]:
+    """The values one ingress worker replays of a partition whose segments are all in the
+    bucket at its start (``at_once``) or arrive one at a time in ``arrivals``' order. Each
+    planning step replays one segment that follows its position in the incarnation it is
+    in, then moves on as far as ``advance`` allows with only the segments arrived so far.
+    """
+    out: list[bytes] = []
+    label, position = chain.labels[0], None
+    known: list[tuple[SegmentKey, list[tuple[int, bytes]]]] = []
+    for arrival in [None] if at_once else [*arrivals, None]:
+        if at_once:
+            known = list(arrivals)
+        elif arrival is not None:
+            known.append(arrival)
+        for _ in range(2 * len(arrivals) + len(chain.labels) + 2):
+            mine = sorted((k.start, rows) for k, rows in known if k.incarnation == label)
+            before = (label, position)
+            for _start, rows in mine:
+                new = [(o, v) for o, v in sorted(set(rows))
+                       if position is None or o > position]
+                if new and (position is None or new[0][0] == position + 1):
+                    out += [v for _o, v in new]
+                    position = new[-1][0]
+                    break
+            ends: dict[str, int] = {}
+            for k, _rows in known:
+                ends[k.incarnation] = max(k.end, ends.get(k.incarnation, k.end))
+            moves = advance(label, position, chain, has_segments=bool(mine),
+                            known_ends=ends)
+            if moves:
+                label, position = moves[-1].entered, moves[-1].position
+            if (label, position) == before:
+                break
+    return out
 
 
 RecreatesInARow.TestCase.settings = settings(
