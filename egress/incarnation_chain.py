@@ -54,10 +54,13 @@ MAX_CONFLICTS = 20
 def merge(pinned: tuple[Incarnation, ...], other: tuple[Incarnation, ...]
           ) -> tuple[Incarnation, ...]:
     """The union of two chains (pure): ``pinned``'s order (its first entry keeps the
-    documented shape), with each entry only ``other`` lists placed before the first entry
-    that follows it in ``other`` (a topic recorded after a later one was: ``insert``),
-    else at the end. A later entry of ``other`` whose label is the documented shape while
-    ``pinned`` has a first entry takes its derived label (it cannot own the shape).
+    documented shape), with each entry only ``other`` lists placed in creation order as
+    ``insert`` places a new one (``place``: after the entries ``other`` lists before it
+    or that name it later, before those ``other`` lists after it or that it names later,
+    then by ``created_at``): two members recording two recreates at once, each pinning
+    against the chain the other just wrote, end in creation order. A later entry of
+    ``other`` whose label is the documented shape while ``pinned`` has a first entry
+    takes its derived label (it cannot own the shape).
 
     An entry's ``previous_ends`` say where its predecessor's segments end: kept from the
     chain whose predecessor of it is the merged chain's (``pinned`` wins a disagreement:
@@ -71,10 +74,8 @@ def merge(pinned: tuple[Incarnation, ...], other: tuple[Incarnation, ...]
         inc = entry
         if inc.label == BASE_INCARNATION and out:
             inc = replace(inc, label=incarnation_label(inc.topic_id))
-        ids = [i.topic_id for i in out]
-        at = next((ids.index(e.topic_id) for e in other[k + 1:] if e.topic_id in ids),
-                  len(out))
-        out.insert(max(at, 1) if out else 0, inc)
+        out.insert(place(tuple(out), inc, later={e.topic_id for e in other[k + 1:]},
+                         earlier={e.topic_id for e in other[:k]}), inc)
     before = {i.topic_id: (out[n - 1].topic_id if n else None) for n, i in enumerate(out)}
     result = []
     for inc in out:
@@ -90,8 +91,11 @@ def merge(pinned: tuple[Incarnation, ...], other: tuple[Incarnation, ...]
                   **(mine.first_positions if mine is not None else {})}
         created = (mine.created_at if mine is not None else None) or (
             theirs.created_at if theirs is not None else None)
+        later = {*(mine.later if mine is not None else ()),
+                 *(theirs.later if theirs is not None else ())}
         result.append(replace(inc if mine is None else mine, previous_ends=ends,
-                              first_positions=firsts, created_at=created))
+                              first_positions=firsts, created_at=created,
+                              later=tuple(sorted(later))))
     return tuple(result)
 
 
@@ -112,38 +116,59 @@ def _entry(chain: tuple[Incarnation, ...], topic_id: str
     return None, None
 
 
+def place(chain: tuple[Incarnation, ...], new: Incarnation, *,
+          later: Collection[str] = (), earlier: Collection[str] = ()) -> int:
+    """Where ``new`` (not listed) goes in ``chain`` (pure): index 1 on, after every entry
+    known to be earlier (``earlier``, or an entry whose ``later`` names ``new``) and
+    before the first entry known to be later (``later`` or ``new.later``: ids a writer
+    read after ``new``'s, exact within one process whatever its clock); between the two,
+    before the entries from which on every one was first seen after ``new``
+    (``created_at`` strictly later: clocks of different members, the last resort). When
+    the facts contradict the chain's order (decided earlier by clocks), the later one
+    wins: ``new`` goes before it.
+    """
+    if not chain:
+        return 0
+    after_ids = {*later, *new.later}
+    lo = max([1] + [n + 1 for n, i in enumerate(chain)
+                    if i.topic_id in earlier or new.topic_id in i.later])
+    hi = next((n for n in range(1, len(chain)) if chain[n].topic_id in after_ids),
+              len(chain))
+    lo = min(lo, hi)
+    at = hi
+    if new.created_at is not None:
+        for n in range(hi - 1, lo - 1, -1):
+            c = chain[n].created_at
+            if c is None or c <= new.created_at:
+                break
+            at = n
+    return at
+
+
 def insert(chain: tuple[Incarnation, ...], new: Incarnation, *,
            later: Collection[str] = ()) -> tuple[tuple[Incarnation, ...], int]:
     """``chain`` with ``new`` (not listed yet) in creation order (pure), and its index.
 
     Topics of one name never exist at once, so any two moments each saw one id order the
-    two topics: ``new`` goes before the first later entry (index 1 on) that ``later``
-    names (ids its writer read after ``new``'s: a later epoch, the id when its segment is
-    named) or from which on every entry was first seen after ``new`` (``created_at``
-    strictly later); else at the end. Inserted before an entry, it takes that entry's
-    ``previous_ends`` (its predecessor's ends, final: a later topic existed), and that
-    entry's ends there become ``None``: nothing of ``new`` could be named before it was
-    listed, so a segment of it that comes later reaches ingress as one of an incarnation
-    already passed (reported lost) rather than as positions of another topic.
+    two topics: ``new`` goes where ``place`` says (ids its writer read after ``new``'s: a
+    later epoch, the id when its segment is named; entries whose writers read ``new``
+    after them; then when each was first seen), else at the end; ``later`` is kept in
+    the entry so that a merge with another member's chain places it the same way.
+    Inserted before an entry, it takes that entry's ``previous_ends`` (its predecessor's
+    ends, final: a later topic existed), and that entry's ends there become ``None``:
+    nothing of ``new`` could be named before it was listed, so a segment of it that comes
+    later reaches ingress as one of an incarnation already passed (reported lost) rather
+    than as positions of another topic. Its first positions are left to its seals (each
+    partition's first segment says where it begins).
     """
+    new = replace(new, later=tuple(sorted({*new.later, *later} - {new.topic_id})))
     if not chain:
         return (new,), 0
-    at = len(chain)
-    for n in range(1, len(chain)):
-        if chain[n].topic_id in later:
-            at = n
-            break
-    if new.created_at is not None:
-        for n in range(len(chain) - 1, 0, -1):
-            c = chain[n].created_at
-            if c is None or c <= new.created_at:
-                break
-            at = min(at, n)
+    at = place(chain, new)
     if at == len(chain):
         return (*chain, new), at
     nxt = chain[at]
-    placed = replace(new, previous_ends=dict(nxt.previous_ends),
-                     first_positions={p: 0 for p in nxt.previous_ends})
+    placed = replace(new, previous_ends=dict(nxt.previous_ends))
     moved = replace(nxt, previous_ends={p: None for p in nxt.previous_ends})
     return (*chain[:at], placed, moved, *chain[at + 1:]), at
 

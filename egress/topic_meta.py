@@ -32,8 +32,9 @@ from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Literal, Protocol
 
-from egress.incarnation_chain import ChainStore, insert, merge, unsealed
+from egress.incarnation_chain import ChainStore, insert, merge
 from egress.metrics import EgressMetrics
+from egress.topic_seals import TopicSeals, _Seal
 from replicator.core.clock import Clock
 from replicator.core.errors import (
     ObjectNotFound,
@@ -109,19 +110,7 @@ def at_start(cur: TopicMetadata | None, partitions: int) -> int:
     return cur.partitions_at_start if cur.partitions_at_start is not None else cur.partitions
 
 
-@dataclasses.dataclass(frozen=True)
-class _Seal:
-    """One partition's seal waiting to be written (``TopicMetadataPublisher.seal``)."""
-
-    labels: tuple[str, ...]
-    """The chain up to the sealed incarnation, as read (must still hold when written)."""
-    partition: int
-    start: int
-    ends: dict[int, int | None]
-    """Chain index -> the end of its predecessor's segments of the partition."""
-
-
-class TopicMetadataPublisher:
+class TopicMetadataPublisher(TopicSeals):
     """Writes ``_topic.json`` of the configured topics when their partition count is new.
 
     Args:
@@ -254,32 +243,6 @@ class TopicMetadataPublisher:
                          "" if old is None or old == n else f", was {old}",
                          "" if old_configs is None or old_configs == configs
                          else f"; configs now {dict(sorted(configs.items()))}")
-
-    def _check_seals(self, topic: str) -> None:
-        """Seal again the partitions this process sealed whose ends the chain no longer
-        holds: a seal written against the chain as it was before an incarnation was
-        inserted (two recreates in a row, recorded out of order) can be dropped by the
-        merge, and its partition's next segment would not seal again (ingress would wait
-        there for good). One GET per check of a topic this process sealed.
-
-        Raises:
-            ReplicatorError: S3 failed.
-        """
-        with self._mutex:
-            sealed = {(label, p) for t, label, p in self._sealed if t == topic}
-        if not sealed:
-            return
-        key = topic_meta_key(self.prefix, self.region, topic)
-        data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
-        cur, _ = self._restore(topic, TopicMetadata.parse(data, where=key), fresh=False)
-        assert cur is not None
-        for label, p, start in unsealed(cur.incarnations, sealed):
-            log.warning("%s[%d]: the chain lacks the seal of incarnation %s recorded here "
-                        "(dropped by a merge with an incarnation recorded late); sealing "
-                        "again", topic, p, label or "first")
-            with self._mutex:
-                self._sealed.discard((topic, label, p))
-            self.seal(PartitionRef(self.prefix, self.region, topic, p, label), start)
 
     def _chain_dropped(self, topic: str) -> bool:
         """Whether ``_topic.json`` lacks incarnations this process pinned (an egress of an
@@ -713,95 +676,3 @@ class TopicMetadataPublisher:
                           topic, topic_id)
                 raise StorageError(f"{topic}: the incarnation chain was lost")
         return with_incarnation(incarnations, topic_id, now, later=later)
-
-    def seal(self, ref: PartitionRef, start: int) -> None:
-        """Before the partition's first segment of a later incarnation is visible, record
-        where the previous incarnation's segments of the partition end (the highest end in
-        the bucket, all levels; ``None`` when it has none) and where this one begins. An
-        incarnation between them that never had a segment of the partition (the topic was
-        recreated twice) gets its entry too, so the chain has no hole. Entries already
-        there win.
-
-        Raises:
-            ReplicatorError: ``_topic.json`` could not be read, listed or written.
-        """
-        if ref.incarnation == BASE_INCARNATION:
-            return
-        token = (ref.topic, ref.incarnation, ref.partition)
-        with self._mutex:
-            if token in self._sealed:
-                return
-        data = retry(lambda: self.store.get(topic_meta_key(ref.prefix, ref.region, ref.topic)),
-                     self.retry_policy, what=f"get _topic.json of {ref.topic}")
-        read = TopicMetadata.parse(data, where=f"_topic.json of {ref.topic}")
-        cur, _ = self._restore(ref.topic, read, fresh=False)
-        assert cur is not None
-        labels = [i.label for i in cur.incarnations]
-        if ref.incarnation not in labels or labels.index(ref.incarnation) == 0:
-            raise StorageError(f"{ref}: incarnation {ref.incarnation} is not a later one in "
-                               "_topic.json")
-        rank = labels.index(ref.incarnation)
-        p = ref.partition
-        # Every incarnation up to this one that does not say where its predecessor ends
-        # here: its predecessor is over (a later topic exists), so its highest end is final.
-        ends = {n: self._highest_end(ref.of_incarnation(labels[n - 1]))
-                for n in range(1, rank + 1) if p not in cur.incarnations[n].previous_ends}
-        if ends:
-            self._seal_batched(ref, _Seal(tuple(labels[:rank + 1]), p, start, ends))
-            log.info("%s: the previous incarnation's segments end at %s; this one begins at "
-                     "%d", ref, ends.get(rank, "(recorded already)"), start)
-        with self._mutex:
-            self._sealed.add(token)
-
-    def _seal_batched(self, ref: PartitionRef, seal: _Seal) -> None:
-        """Write one seal, with every other seal of the topic waiting in this process, in
-        one conditional put: members sealing many partitions at once after a recreate
-        would otherwise refuse each other's puts (each a read-modify-write of the one
-        ``_topic.json``) until some seal gives up.
-        """
-        topic = ref.topic
-        token = (topic, ref.incarnation, ref.partition)
-        with self._mutex:
-            self._pending_seals.setdefault(topic, {})[token] = seal
-        with self._topic_locks.setdefault(topic, threading.Lock()):
-            with self._mutex:
-                if token in self._sealed:
-                    return
-                pending = dict(self._pending_seals.get(topic, {}))
-
-            def add(c: TopicMetadata | None) -> TopicMetadata | None:
-                if c is None:
-                    raise StorageError(f"{topic}: _topic.json is gone")
-                have = tuple(i.label for i in c.incarnations)
-                incs = list(c.incarnations)
-                changed = False
-                for one in pending.values():
-                    if have[:len(one.labels)] != one.labels:
-                        raise StorageError(f"{topic}: _topic.json changed its incarnations")
-                    rank = len(one.labels) - 1
-                    for n, end in one.ends.items():
-                        if one.partition in incs[n].previous_ends:
-                            continue
-                        first = one.start if n == rank else 0
-                        incs[n] = dataclasses.replace(
-                            incs[n], previous_ends={**incs[n].previous_ends,
-                                                    one.partition: end},
-                            first_positions={one.partition: first, **incs[n].first_positions})
-                        changed = True
-                if not changed:
-                    return None
-                return dataclasses.replace(c, incarnations=tuple(incs), updated_at=self.wall())
-
-            self._update(topic, add)
-            with self._mutex:
-                for t in pending:
-                    self._pending_seals.get(topic, {}).pop(t, None)
-                    self._sealed.add(t)
-
-    def _highest_end(self, ref: PartitionRef) -> int | None:
-        prefix = ref.segments_prefix()
-        keys = retry(lambda: [o.key for o in self.store.list(prefix)], self.retry_policy,
-                     what=f"list {prefix}")
-        ends = [k.end for k in map(SegmentKey.try_parse, keys)
-                if k is not None and k.partition_ref == ref]
-        return max(ends) if ends else None

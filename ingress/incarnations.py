@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ingress.topic_meta_cache import TopicMetaCache
@@ -85,7 +85,8 @@ class Move:
 
 
 def advance(label: str, position: int | None, chain: Chain, *,
-            has_segments: bool = True, with_segments: Collection[str] = ()) -> list[Move]:
+            has_segments: bool = True, known_ends: Mapping[str, int] | None = None
+            ) -> list[Move]:
     """The moves from ``label`` at ``position`` (the last position replayed, ``None``:
     nothing yet) that ``chain`` allows (pure): while the next incarnation records the end
     of the current one for the partition and the position reached it, or the current one
@@ -95,19 +96,23 @@ def advance(label: str, position: int | None, chain: Chain, *,
     worker without a checkpoint that sees a later incarnation first waits for the earlier
     one's segments (S3 replication keeps no order) like for any gap.
 
-    An incarnation entered by a move is passed through in the same step only when its
-    end is recorded as ``None`` and none of its segments is known (``with_segments``: the
-    labels of segments known in the partition): one with segments is replayed first (the
-    planner then waits for what is missing like for any gap), whatever the chain says
-    (an end recorded before a topic created earlier was listed said "none" of it).
+    An incarnation whose end is recorded as ``None`` is left (the worker in it, or
+    entering it in the same step) only once no segment of it known reaches past the
+    position (``known_ends``: the highest end of the known segments of each label in the
+    partition; ``None``: not known, the chain decides alone): its known segments are
+    replayed first (the planner then waits for what is missing like for any gap),
+    whatever the chain says (an end recorded before a topic created earlier was listed
+    said "none" of it), on every planning step, not only the one that entered it.
     """
+    known = known_ends or {}
     moves: list[Move] = []
     r = chain.rank(label)
     while r is not None and r + 1 < len(chain.labels):
         recorded, end = chain.previous_ends[r + 1]
         if not recorded:
             break
-        if moves and end is None and chain.labels[r] in with_segments:
+        here = known.get(chain.labels[r])
+        if end is None and here is not None and (position is None or here > position):
             break
         begins = chain.firsts[r]
         if end is not None and ((position is None and (
@@ -271,8 +276,11 @@ class IncarnationTracker:
         if labels <= {self.label} and not self.lineage.chain.labels:
             return usable, position, None
         chain = self.lineage.refresh(self.label, labels)
+        known: dict[str, int] = {}
+        for s in usable:
+            known[s.incarnation] = max(s.end, known.get(s.incarnation, s.end))
         for move in advance(self.label, position, chain,
-                            has_segments=self.label in labels, with_segments=labels):
+                            has_segments=self.label in labels, known_ends=known):
             log.warning("%s: the source topic was deleted and created again: incarnation %s "
                         "(topic id %s) replayed through %s; replaying incarnation %s (topic "
                         "id %s) after it, from position %d", self.where,

@@ -101,6 +101,10 @@ class Incarnation:
     egress of an earlier release). Ingress keeps a replay worker for every partition any
     incarnation had: a topic recreated with fewer partitions still has the earlier one's
     tail of its higher partitions to replay."""
+    later: tuple[str, ...] = ()
+    """Topic ids the writer that recorded this incarnation read after its id (topics
+    created after it, whatever any clock says), sorted: a merge of two members' chains
+    places the entries by them (``egress.incarnation_chain.place``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this entry."""
@@ -114,6 +118,8 @@ class Incarnation:
             doc["created_at"] = rfc3339(self.created_at)
         if self.partitions is not None:
             doc["partitions"] = self.partitions
+        if self.later:
+            doc["later"] = sorted(self.later)
         return doc
 
     @classmethod
@@ -147,7 +153,10 @@ class Incarnation:
         count = doc.get("partitions")
         partitions = count if isinstance(count, int) and not isinstance(count, bool) \
             and count > 0 else None
-        return cls(doc["topic_id"], doc["label"], ends, firsts, created, partitions)
+        later_raw = doc.get("later") or []
+        later = tuple(sorted({t for t in later_raw if isinstance(t, str)})) \
+            if isinstance(later_raw, list) else ()
+        return cls(doc["topic_id"], doc["label"], ends, firsts, created, partitions, later)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 deleted and created again while one partition still holds a segment of an earlier topic
 and the other, assigned again (Kafka drops the group's offsets with the topic), reads the
 later one; each partition names its segments when it closes them, so the later topic's
-segments can be named before an earlier topic's.
+segments can be named before an earlier topic's. Each partition is on a member of its own,
+and a member's check can land between another member's read of the chain and its write
+(two publishers racing: the write is refused and merged).
 
 Invariants (docs/architecture.md, "Topic incarnations"):
 
@@ -12,9 +14,10 @@ Invariants (docs/architecture.md, "Topic incarnations"):
   of its own partition, in the location the chain gives that incarnation;
 * every record egress fetched is archived, or counted lost; the live topic is archived in
   full;
-* replaying each partition as ingress does (``ingress.incarnations.advance``, every move it
-  allows in one step) delivers every archived record once, incarnation after incarnation
-  in creation order, each in offset order.
+* replaying each partition as ingress does (``ingress.incarnations.advance`` after each
+  segment, with only the segments in the bucket then: all at the start, or arriving one
+  at a time in the order they were named) delivers every archived record once,
+  incarnation after incarnation in creation order, each in offset order.
 
 Out of the model (documented limits kept by ``test_incarnations_stateful.py`` and
 ``egress/test_incarnation_ids.py``): a new log that reaches a partition's read position
@@ -25,7 +28,9 @@ partition resets (out of range) or is assigned again.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -42,6 +47,7 @@ from replicator.core.kafka import OFFSET_BEGINNING
 from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
+from replicator.core.storage import ObjectInfo
 from replicator.core.wire import TopicMetadata
 from tests.unit.egress.fakes import FakeMessage, Harness, RecordingStore
 
@@ -64,10 +70,28 @@ class Admin:
         return self.id
 
 
+class RacingStore(RecordingStore):
+    """Runs ``hook`` (once) just before a member's next conditional put of
+    ``_incarnations.json``: another member's whole read-modify-write lands between that
+    member's read of the chain and its put (which is refused and merged).
+    """
+
+    hook: Callable[[], bool] | None = None
+    """Returns False when it cannot run now (it stays armed)."""
+
+    def put(self, key: str, data: bytes, **kw: Any) -> ObjectInfo:
+        if key.endswith("_incarnations.json") and self.hook is not None:
+            hook = self.hook
+            self.hook = None
+            if not hook():
+                self.hook = hook
+        return super().put(key, data, **kw)
+
+
 class RecreatesInARow(RuleBasedStateMachine):
     def __init__(self, *, ticking: bool = True) -> None:
         super().__init__()
-        self.store = RecordingStore()
+        self.store = RacingStore()
         self.admin = Admin()
         self.tick = 0
         self.ticking = ticking
@@ -221,6 +245,19 @@ class RecreatesInARow(RuleBasedStateMachine):
         # A member's periodic check records the live topic's id, named or not.
         self.pubs[p].check()
 
+    @rule(p=st.sampled_from(PARTITIONS))
+    def race_next_pin(self, p: int) -> None:
+        # Two publishers racing: member p's check records the live topic's id in the
+        # middle of the next chain write of another member.
+        def check() -> bool:
+            pub = self.pubs[p]
+            if pub.running:
+                return False       # its own check is writing: not a race
+            pub.check()
+            return True
+
+        self.store.hook = check
+
     @precondition(lambda self: any(self.reading[p] != self.live[0] for p in PARTITIONS))
     @rule(p=st.sampled_from(PARTITIONS), restarted=st.booleans())
     def assign_again(self, p: int, restarted: bool = False) -> None:
@@ -244,6 +281,7 @@ class RecreatesInARow(RuleBasedStateMachine):
             self.h.close()
 
     def _drain(self) -> None:
+        self.store.hook = None
         for _ in range(10):
             done = True
             for p in PARTITIONS:
@@ -272,8 +310,10 @@ class RecreatesInARow(RuleBasedStateMachine):
         label_of = {i.topic_id: i.label for i in meta.incarnations}
         id_of = {i.label: i.topic_id for i in meta.incarnations}
         archived: dict[str, set[tuple[int, int]]] = {}
-        rows_of: dict[tuple[int, str], list[tuple[int, bytes]]] = {}
-        for k in self.h.final_keys():
+        segments: dict[int, list[tuple[SegmentKey, list[tuple[int, bytes]]]]] = {}
+        # Named order (the order the objects appeared): S3 replication delivers them so.
+        for k in sorted(self.h.final_keys(), key=lambda k: list(self.seen).index(k)
+                        if k in self.seen else len(self.seen)):
             key = SegmentKey.try_parse(k)
             if key is None:
                 continue
@@ -287,7 +327,7 @@ class RecreatesInARow(RuleBasedStateMachine):
             for o, v in rows:
                 assert v == f"{tid}:{key.partition}:{o}".encode(), (k, o, v)
                 archived.setdefault(str(tid), set()).add((key.partition, o))
-            rows_of.setdefault((key.partition, key.incarnation), []).extend(rows)
+            segments.setdefault(key.partition, []).append((key, rows))
         lost = sum(float(self.h.m.for_partition("r1", "t", p).lost._value.get())
                    for p in PARTITIONS)
         missing = sum(len(self.fetched.get(t, set()) - archived.get(t, set()))
@@ -297,24 +337,48 @@ class RecreatesInARow(RuleBasedStateMachine):
         assert archived.get(live, set()) == {(p, o) for p in PARTITIONS
                                              for o in range(counts[p])}, "the live topic"
         for p in PARTITIONS:
-            chain = Chain.of(meta, p)
-            known = {lab for (q, lab) in rows_of if q == p}
-            out: list[bytes] = []
-            label, position = chain.labels[0], None
-            for _ in range(len(chain.labels) + 1):
-                rows = sorted(set(rows_of.get((p, label), [])))
-                for o, v in rows:
-                    if position is None or o > position:
-                        out.append(v)
-                        position = o
-                moves = advance(label, position, chain, has_segments=bool(rows),
-                                with_segments=known)
-                if not moves:
-                    break
-                label, position = moves[-1].entered, moves[-1].position
             want = [f"{t}:{p}:{o}".encode() for t in listed
                     for o in sorted(o for q, o in archived.get(t, set()) if q == p)]
-            assert out == want, (p, [label_of[t] for t in listed])
+            for at_once in (True, False):
+                out = replay(Chain.of(meta, p), segments.get(p, []), at_once=at_once)
+                assert out == want, (p, at_once, [label_of[t] for t in listed])
+
+
+def replay(chain: Chain, arrivals: list[tuple[SegmentKey, list[tuple[int, bytes]]]], *,
+           at_once: bool) -> list[bytes]:
+    """The values one ingress worker replays of a partition whose segments are all in the
+    bucket at its start (``at_once``) or arrive one at a time in ``arrivals``' order. Each
+    planning step replays one segment that follows its position in the incarnation it is
+    in, then moves on as far as ``advance`` allows with only the segments arrived so far.
+    """
+    out: list[bytes] = []
+    label, position = chain.labels[0], None
+    known: list[tuple[SegmentKey, list[tuple[int, bytes]]]] = []
+    for arrival in [None] if at_once else [*arrivals, None]:
+        if at_once:
+            known = list(arrivals)
+        elif arrival is not None:
+            known.append(arrival)
+        for _ in range(2 * len(arrivals) + len(chain.labels) + 2):
+            mine = sorted((k.start, rows) for k, rows in known if k.incarnation == label)
+            before = (label, position)
+            for _start, rows in mine:
+                new = [(o, v) for o, v in sorted(set(rows))
+                       if position is None or o > position]
+                if new and (position is None or new[0][0] == position + 1):
+                    out += [v for _o, v in new]
+                    position = new[-1][0]
+                    break
+            ends: dict[str, int] = {}
+            for k, _rows in known:
+                ends[k.incarnation] = max(k.end, ends.get(k.incarnation, k.end))
+            moves = advance(label, position, chain, has_segments=bool(mine),
+                            known_ends=ends)
+            if moves:
+                label, position = moves[-1].entered, moves[-1].position
+            if (label, position) == before:
+                break
+    return out
 
 
 RecreatesInARow.TestCase.settings = settings(
@@ -367,5 +431,22 @@ def test_three_recreates_in_a_row_named_out_of_order() -> None:
         state.close_segment(0)
         state.produce(1, 2)            # partition 1's position 4: out of range
         state.fetch(1, 1, produced=0)
+    finally:
+        state.teardown()
+
+
+def test_two_members_racing_record_two_recreates_in_creation_order() -> None:
+    # Partition 1 names its segment of the middle topic (read before the last one was
+    # created); member 0's check records the last topic between member 1's read of the
+    # chain and its write.
+    state = RecreatesInARow()
+    try:
+        state.archived_before(n=1)
+        state.recreate(n=0)
+        state.fetch(1, 1)
+        state.race_next_pin(0)
+        state.recreate(n=0)
+        state.close_segment(1)
+        assert state.store.hook is None, "the race did not happen"
     finally:
         state.teardown()

@@ -338,28 +338,46 @@ def test_an_incarnation_with_known_segments_is_not_passed_through_in_one_step() 
     # in the bucket. The worker at X's end enters Z and replays it before moving on.
     chain = Chain(("", "Z", "Y"), ("x", "z", "y"),
                   ((False, None), (True, 9), (True, None)), (0, 0, 0))
-    moves = advance("", 9, chain, with_segments={"", "Z", "Y"})
+    moves = advance("", 9, chain, known_ends={"": 9, "Z": 5, "Y": 2})
     assert [(m.entered, m.position) for m in moves] == [("Z", -1)]
-    assert [m.entered for m in advance("Z", 5, chain, with_segments={"", "Z", "Y"})] \
+    assert [m.entered for m in advance("Z", 5, chain, known_ends={"": 9, "Z": 5, "Y": 2})] \
         == ["Y"]
     # Without a segment of it known, nothing to replay: passed through, as before.
-    assert [m.entered for m in advance("", 9, chain, with_segments={"", "Y"})] == ["Z", "Y"]
+    assert [m.entered for m in advance("", 9, chain, known_ends={"": 9, "Y": 2})] \
+        == ["Z", "Y"]
 
 
-def test_a_worker_replays_an_incarnation_whose_end_was_recorded_as_none_before_leaving_it(
+def test_a_worker_in_an_incarnation_does_not_leave_it_while_a_known_segment_is_ahead(
 ) -> None:
+    # In Z (entered at an earlier step, or a checkpoint naming it), 0-5 replayed while
+    # Z's 6-10 is known: the end "none" recorded before Z's place was known does not let
+    # the worker move on, at this step or after a restart without a position.
+    chain = Chain(("", "Z", "Y"), ("x", "z", "y"),
+                  ((False, None), (True, 9), (True, None)), (0, 0, 0))
+    known = {"": 9, "Z": 10, "Y": 2}
+    assert advance("Z", 5, chain, known_ends=known) == []
+    assert advance("Z", None, chain, known_ends=known) == []
+    assert [m.entered for m in advance("Z", 10, chain, known_ends=known)] == ["Y"]
+
+
+@pytest.mark.parametrize("z_segments", [((0, 5),), ((0, 5), (6, 8))],
+                         ids=["one-segment", "two-segments"])
+def test_a_worker_replays_an_incarnation_whose_end_was_recorded_as_none_before_leaving_it(
+        z_segments: tuple[tuple[int, int], ...]) -> None:
     # The chain of two recreates named out of order by an egress before the fix
-    # (X, Z, Y; Z's end recorded as "none" although a Z segment is archived): the worker
-    # replays Z's segment rather than moving through Z into Y in one step.
+    # (X, Z, Y; Z's end recorded as "none" although Z segments are archived): the worker
+    # replays all of Z's segments rather than moving through Z into Y in one step, or
+    # into Y after Z's first segment (its second one known, not replayed).
     h = Harness()
+    z_end = z_segments[-1][1]
     try:
         write(h.store, key(0, 9))
-        for tid, end in (("IdZ", 5), ("IdY", 2)):
-            k = SegmentKey("data", "us-east-1", "t", 3, 0, 0, end, tid)
+        for tid, start, end in (*(("IdZ", a, b) for a, b in z_segments), ("IdY", 0, 2)):
+            k = SegmentKey("data", "us-east-1", "t", 3, 0, start, end, tid)
             up = SegmentUpload(h.store, FMT, "temp", WriterOptions())
             up.write_batch(records_to_batch([Record(o, 1_700_000_000_000, None,
                                                     f"{tid}:{o}".encode())
-                                             for o in range(end + 1)]))
+                                             for o in range(start, end + 1)]))
             publish_segment(h.store, up.finish(SegmentMetadata.for_key(
                 k, k.span, topic_id=tid)).key, k)
         incs = (Incarnation("IdX", ""), Incarnation("IdZ", "IdZ", {3: 9}, {3: 0}),
@@ -367,8 +385,9 @@ def test_a_worker_replays_an_incarnation_whose_end_was_recorded_as_none_before_l
         h.store.put("data/us-east-1/t/_topic.json",
                     TopicMetadata(4, {}, "t", "us-east-1", None, {3: 0}, incs).encode())
         w = h.start()
-        h.wait(lambda: len(h.sink.committed) == 10 + 6 + 3)
-        assert values(h) == old(range(10)) + [f"IdZ:{o}".encode() for o in range(6)] + [
+        h.wait(lambda: len(h.sink.committed) == 10 + z_end + 1 + 3)
+        assert values(h) == old(range(10)) + [
+            f"IdZ:{o}".encode() for o in range(z_end + 1)] + [
             f"IdY:{o}".encode() for o in range(3)]
         h.wait(lambda: w.checkpointed == 2)
     finally:
