@@ -20,8 +20,9 @@ from replicator.core.keys import SegmentKey, check_region, check_topic
 from replicator.core.units import format_size, parse_size
 from replicator.ops.incarnations import choose
 from replicator.ops.pace import Progress, summary_lines
-from replicator.ops.restore import Restorer, RestoreRefused, RestoreRequest, make_plan
+from replicator.ops.restore import Restorer, make_plan
 from replicator.ops.restore_plan import Plan, RestoreRange
+from replicator.ops.restore_request import RestoreRefused, RestoreRequest
 
 log = logging.getLogger(__name__)
 

@@ -17,16 +17,9 @@ from formats.segment_io import SegmentUpload, publish_segment
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore
 from replicator.core.wire import Checkpoint, parse_checkpoint_key
-from replicator.ops.restore import (
-    RestoreMark,
-    RestoreRequest,
-    _cut,
-    make_plan,
-    overlap_refusals,
-    overlaps,
-    segment_times,
-)
+from replicator.ops.restore import _cut, make_plan, segment_times
 from replicator.ops.restore_plan import ArchivedSegment, PartitionPlan, Plan, RestoreRange, Step
+from replicator.ops.restore_request import RestoreMark, RestoreRequest, overlap_refusals, overlaps
 
 
 def key(start: int, end: int, level: int = 0) -> SegmentKey:
@@ -264,7 +257,8 @@ def test_resuming_checks_the_checkpoint_against_the_archive_as_it_is_now() -> No
     --allow-gaps, skipped loudly), never passed over."""
     from replicator.core.settings import KafkaSettings
     from replicator.ops.pace import Progress
-    from replicator.ops.restore import RestoreError, Restorer
+    from replicator.ops.restore import Restorer
+    from replicator.ops.restore_request import RestoreError
 
     def restorer(allow_gaps: bool) -> Restorer:
         req = RestoreRequest("us-east-1", "orders", "orders.restored", "cp", RestoreRange(),
@@ -292,7 +286,8 @@ def test_a_restore_reads_one_incarnation_never_two_merged() -> None:
 
     from replicator.core.wire import Incarnation, TopicMetadata
     from replicator.ops.incarnations import choose
-    from replicator.ops.restore import key_incarnation, list_archive
+    from replicator.ops.restore import list_archive
+    from replicator.ops.restore_request import key_incarnation
     from replicator.ops.segments import summarize
     store = MemoryObjectStore("b")
     publish(store, key(0, 9), 1_000)
@@ -326,7 +321,7 @@ def test_a_restore_reads_one_incarnation_never_two_merged() -> None:
 def test_the_snapshot_restored_is_part_of_the_checkpoint_key() -> None:
     from dataclasses import replace
 
-    from replicator.ops.restore import key_incarnation
+    from replicator.ops.restore_request import key_incarnation
     r = request(RestoreRange(from_offset=1, to_offset=9))
     a, b = replace(r, snapshot=11), replace(r, snapshot=12)
     assert a.checkpoint_key(0) == "restore:us-east-1:orders:0:orders.restored:1..9:..#11"
@@ -342,7 +337,7 @@ def test_a_resumed_restore_never_switches_incarnation_under_a_recreate() -> None
     # the topic was then deleted and created again, and the same command is run to resume.
     from dataclasses import replace
 
-    from replicator.ops.restore import incarnation_refusals
+    from replicator.ops.restore_request import incarnation_refusals
     started = request(RestoreRange())
     done = {0: {started.checkpoint_key(0): RestoreMark(
         RestoreRange(), 0, 499, "", (1_000, 1_499), datetime(2026, 11, 25, tzinfo=UTC))}}
@@ -387,7 +382,8 @@ def test_the_cli_tells_restore_whether_the_incarnation_was_named() -> None:
 def test_the_restorer_refuses_the_switch_before_producing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from replicator.core.settings import KafkaSettings
-    from replicator.ops.restore import Restorer, RestoreRefused
+    from replicator.ops.restore import Restorer
+    from replicator.ops.restore_request import RestoreRefused
     started = request(RestoreRange())
     marks = {0: {started.checkpoint_key(0): RestoreMark(
         RestoreRange(), 0, 499, "", (1_000, 1_499), datetime(2026, 11, 25, tzinfo=UTC))}}
@@ -471,7 +467,7 @@ def test_the_restore_command_run_again_after_a_recreate_exits_2_naming_both(
     from replicator.cli.main import main
     from replicator.core.settings import load_settings
     from replicator.core.wire import Incarnation, TopicMetadata
-    from replicator.ops.restore import RestoreRefused, incarnation_refusals
+    from replicator.ops.restore_request import RestoreRefused, incarnation_refusals
     store = MemoryObjectStore("b")
     publish(store, key(0, 9), 1_000)
     publish(store, dc_replace(key(0, 9), incarnation="IdB"), 5_000)

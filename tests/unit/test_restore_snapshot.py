@@ -14,8 +14,9 @@ from replicator.archive.committer import ArchiveCommitter
 from replicator.archive.restore_snapshot import SnapshotUnknown, snapshot_segments
 from replicator.core.errors import ConfigError
 from replicator.core.storage import MemoryObjectStore
-from replicator.ops.restore import RestoreRequest, make_plan
+from replicator.ops.restore import make_plan
 from replicator.ops.restore_plan import RestoreRange
+from replicator.ops.restore_request import RestoreRequest
 from tests.unit.test_archive_committer import catalog_settings
 from tests.unit.test_compaction_controller import k, seed
 
