@@ -17,7 +17,10 @@ older snapshot (``expire``): no snapshot kept points at a deleted object.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -29,6 +32,7 @@ from replicator.archive.iceberg import (
     IcebergCatalog,
     IcebergTable,
     NewFile,
+    TableFile,
 )
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
@@ -63,6 +67,11 @@ to a commit in flight."""
 
 MAX_ATTEMPTS = 8
 """Plans of one step before it gives up (each conflict means another writer progressed)."""
+
+KNOWN_FILES_MAX = 2_000_000
+"""Data files the committer remembers across steps, over all tables (least recently
+stepped tables forgotten first): a table still at the snapshot of the committer's own last
+commit is planned without reading its manifests again."""
 
 
 @dataclass
@@ -118,6 +127,13 @@ class ArchiveCommitter:
         self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
         self._bucket = getattr(store, "bucket", "bucket")
+        self._lock = threading.Lock()
+        self._known: OrderedDict[str, tuple[int, dict[str, TableFile]]] = OrderedDict()
+        """Per table: the files of the snapshot this committer last committed."""
+        self._manifest_lists: dict[str, list[str]] = {}
+        """Manifests of each manifest list read (immutable files), for ``clean_metadata``."""
+        self._pending: dict[tuple[str, str], datetime] = {}
+        """Per table: when the oldest segment the last plan would add landed."""
 
     # --- naming -------------------------------------------------------------------------
 
@@ -249,7 +265,8 @@ class ArchiveCommitter:
 
     # --- one step -----------------------------------------------------------------------
 
-    def _listing(self, region: str, topic: str, partition: int | None) -> list[SegmentKey]:
+    def _listing(self, region: str, topic: str, partition: int | None,
+                 seen: set[SegmentKey]) -> list[SegmentKey]:
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         if partition is not None:
             prefix = f"{prefix}{partition}/"
@@ -262,6 +279,7 @@ class ArchiveCommitter:
             if k is not None and k.prefix == self.settings.s3.prefix \
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
+                seen.add(k)
                 self._sizes[k] = info.size
                 self._landed[k] = info.last_modified
         return keys
@@ -323,19 +341,33 @@ class ArchiveCommitter:
             CatalogError: the catalog failed, or conflicts went on for ``MAX_ATTEMPTS``.
             StorageError: the bucket could not be listed or read.
         """
-        deleting = frozenset(deleting)
+        seen: set[SegmentKey] = set()   # this step's entries in _sizes and _landed
+        try:
+            return self._sync(region, topic, partition, frozenset(deleting), expire, seen)
+        except ReplicatorError:
+            self._lag_of_failed_step(region, topic)
+            raise
+        finally:
+            for key in seen:
+                self._sizes.pop(key, None)
+                self._landed.pop(key, None)
+
+    def _sync(self, region: str, topic: str, partition: int | None,
+              deleting: frozenset[SegmentKey], expire: bool,
+              seen: set[SegmentKey]) -> SyncResult:
         table = self.table(region, topic)
         assert table is not None
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         for _attempt in range(MAX_ATTEMPTS):
-            files = table.files()
+            files = self._files(table)
             self.check_authored(table, region, topic, files)
             paths = list(files)
             if partition is not None:
                 paths = [p for p in paths
                          if (k := self.key_of(p)) is not None and k.partition == partition]
-            listed = self._listing(region, topic, partition)
+            listed = self._listing(region, topic, partition, seen)
             plan, new, removing = self._plan(table, paths, listed, deleting, result)
+            self._note_pending(region, topic, plan)
             try:
                 snapshot = self._commit(table, plan, new, frozenset(removing))
             except CommitConflict as e:
@@ -352,6 +384,7 @@ class ArchiveCommitter:
             result.removed_covered += len(plan.remove_covered)
             result.removed_gone += len(plan.remove_gone)
             result.snapshot_id = snapshot
+            self._remember(table, files, plan, new)
             self._count(region, topic, plan, deleting, snapshot)
             if plan.remove_gone:
                 log.warning("%s: %d files left the bucket without compaction (a lifecycle "
@@ -368,11 +401,54 @@ class ArchiveCommitter:
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)
-            self._sizes.clear()
-            self._landed.clear()
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
+
+    def _files(self, table: IcebergTable) -> dict[str, TableFile]:
+        """The table's files: remembered when the table is still at this committer's last
+        commit (only what changed since is planned, not every manifest every step), else
+        read from its manifests (another writer, a restart, a compaction elsewhere).
+        """
+        current = table.snapshot_id
+        with self._lock:
+            known = self._known.get(table.name)
+            if known is not None and current is not None and known[0] == current:
+                self._known.move_to_end(table.name)
+                return dict(known[1])
+        return table.files()
+
+    def _remember(self, table: IcebergTable, files: dict[str, TableFile], plan: TablePlan,
+                  new: list[NewFile]) -> None:
+        """Remember the files of the snapshot just committed (``KNOWN_FILES_MAX``)."""
+        current = table.snapshot_id
+        with self._lock:
+            self._known.pop(table.name, None)
+            if current is None:
+                return
+            removed = set(plan.remove)
+            after = {p: f for p, f in files.items() if p not in removed}
+            after.update((f.path, TableFile(f.path, f.footer.num_rows, f.size)) for f in new)
+            self._known[table.name] = (current, after)
+            total = sum(len(v[1]) for v in self._known.values())
+            while total > KNOWN_FILES_MAX and self._known:
+                total -= len(self._known.popitem(last=False)[1][1])
+
+    def _note_pending(self, region: str, topic: str, plan: TablePlan) -> None:
+        landed = [self._landed[k] for k in plan.add if k in self._landed]
+        if landed:
+            self._pending[(region, topic)] = min(landed)
+        else:
+            self._pending.pop((region, topic), None)
+
+    def _lag_of_failed_step(self, region: str, topic: str) -> None:
+        """A step that failed leaves segments out of the table: the lag is the age of the
+        oldest one its last plan would have added, and grows with every failed step.
+        """
+        since = self._pending.get((region, topic))
+        if since is not None:
+            self.m.lag.labels(region, topic).set(
+                max(0.0, (self.clock() - since).total_seconds()))
 
     def _plan(self, table: IcebergTable, paths: list[str], listed: list[SegmentKey],
               deleting: frozenset[SegmentKey], result: SyncResult
@@ -430,6 +506,7 @@ class ArchiveCommitter:
         landed = [self._landed[k] for k in plan.add if k in self._landed]
         lag = max(0.0, (now - min(landed)).total_seconds()) if landed and snapshot else 0.0
         self.m.lag.labels(region, topic).set(lag)
+        self._pending.pop((region, topic), None)
 
     def _commit(self, table: IcebergTable, plan: TablePlan, new: list[NewFile],
                 deleting: frozenset[SegmentKey]) -> int | None:
@@ -486,7 +563,15 @@ class ArchiveCommitter:
         if not location.startswith(head):
             return 0
         table.refresh()
-        used = table.metadata_in_use()
+        with self._lock:
+            lists = dict(self._manifest_lists)
+        used = table.metadata_in_use(lists)
+        with self._lock:
+            # Only the lists the table still keeps (expired ones are never read again).
+            self._manifest_lists.update(lists)
+            for gone in [m for m in self._manifest_lists if m.startswith(location)
+                         and m not in used]:
+                del self._manifest_lists[gone]
         cutoff = self.clock() - ORPHAN_GRACE
         stale = [o.key for o in self.store.list(location[len(head):])
                  if head + o.key not in used and o.last_modified < cutoff]
@@ -584,15 +669,34 @@ class ArchiveCommitter:
         return self._expire_ids(table, [newest, *table.ancestors(newest)])
 
     def sync_all(self) -> list[SyncResult]:
-        """One step for every topic; a topic that fails is logged and the others go on."""
-        out = []
+        """One step for every topic, ``catalog.sync_workers`` tables at once (in topic
+        order); a topic that fails is logged and counted, and the others go on.
+        """
+        # Topics whose names map to one table (refused at start: check_mapping) are
+        # stepped one after the other, in topic order: the first one's table it stays.
+        groups: dict[object, list[tuple[str, str]]] = {}
         for region, topic in self.topics():
-            try:
-                out.append(self.sync(region, topic))
-            except ReplicatorError as e:
-                self.m.failures.labels(region, topic).inc()
-                log.error("%s/%s: table not updated this time: %s", region, topic, e)
-        return out
+            shared = ("{incarnation}" not in self.cfg.table_name
+                      and self.identifier(TableIdentity(region, topic)))
+            groups.setdefault(shared or (region, topic), []).append((region, topic))
+        if not groups:
+            return []
+        workers = min(self.cfg.sync_workers, len(groups))
+        with ThreadPoolExecutor(workers, thread_name_prefix="archive-sync") as pool:
+            done = list(pool.map(lambda g: [self._sync_or_log(*rt) for rt in g],
+                                 groups.values()))
+        return [r for results in done for r in results if r is not None]
+
+    def _sync_or_log(self, region: str, topic: str) -> SyncResult | None:
+        try:
+            return self.sync(region, topic)
+        except ReplicatorError as e:
+            self.m.failures.labels(region, topic).inc()
+            log.error("%s/%s: table not updated this time: %s", region, topic, e)
+        except Exception:   # one table's bug must not stop the other tables' steps
+            self.m.failures.labels(region, topic).inc()
+            log.exception("%s/%s: table not updated this time", region, topic)
+        return None
 
     def rebuild(self, region: str, topic: str, *, drop: bool = False,
                 register: str | None = None) -> SyncResult:

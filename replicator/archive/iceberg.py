@@ -16,6 +16,7 @@ per table (``commit.retry.num-retries = 0``): a caller re-plans from the new sna
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -207,6 +208,7 @@ class IcebergCatalog:
 
     def __init__(self, settings: Settings) -> None:
         self._warehouse = warehouse(settings)
+        self._namespaces = threading.Lock()
         props = catalog_properties(settings)
         try:
             self._catalog: Catalog = load_catalog("replicator", **props)
@@ -233,12 +235,8 @@ class IcebergCatalog:
         table = self.load(identifier)
         if table is not None:
             return table
-        namespace = identifier[:-1]
         try:
-            try:
-                self._catalog.create_namespace(namespace)
-            except NamespaceAlreadyExistsError:
-                pass
+            self._ensure_namespace(identifier[:-1])
             location = "/".join((self._warehouse, *identifier))
             if not over_metadata and self._has_metadata(location):
                 raise TableLocationInUse(
@@ -264,6 +262,15 @@ class IcebergCatalog:
             return again
         except Exception as e:
             raise _wrap(f"creating table {'.'.join(identifier)}", e) from e
+
+    def _ensure_namespace(self, namespace: tuple[str, ...]) -> None:
+        # One at a time: tables of one namespace are created by parallel steps
+        # (catalog.sync_workers), and two creates of one namespace break the SQL catalog.
+        with self._namespaces:
+            try:
+                self._catalog.create_namespace(namespace)
+            except NamespaceAlreadyExistsError:
+                pass
 
     def _has_metadata(self, location: str) -> bool:
         """True when ``{location}/metadata/`` holds a table with history: any file but the
@@ -292,10 +299,7 @@ class IcebergCatalog:
         loss: the table, its snapshots and history come back as they were).
         """
         try:
-            try:
-                self._catalog.create_namespace(identifier[:-1])
-            except NamespaceAlreadyExistsError:
-                pass
+            self._ensure_namespace(identifier[:-1])
             return IcebergTable(self._catalog.register_table(identifier, metadata_location))
         except Exception as e:
             raise _wrap(f"registering {'.'.join(identifier)} from {metadata_location}",
@@ -358,16 +362,21 @@ class IcebergTable:
         """The table's base location (its metadata is under ``{location}/metadata/``)."""
         return self._table.location().rstrip("/")
 
-    def metadata_in_use(self) -> set[str]:
+    def metadata_in_use(self, known: dict[str, list[str]] | None = None) -> set[str]:
         """Every metadata file the table's current state refers to: the metadata files
-        it logs, and each kept snapshot's manifest list and manifests.
+        it logs, and each kept snapshot's manifest list and manifests. ``known``: the
+        manifests of manifest lists read before (immutable files: read once), updated.
         """
         meta = self._table.metadata
         used = {self._table.metadata_location, *(e.metadata_file for e in meta.metadata_log)}
+        known = {} if known is None else known
         try:
             for snap in meta.snapshots:
                 used.add(snap.manifest_list)
-                used.update(m.manifest_path for m in snap.manifests(self._table.io))
+                if snap.manifest_list not in known:
+                    known[snap.manifest_list] = [
+                        m.manifest_path for m in snap.manifests(self._table.io)]
+                used.update(known[snap.manifest_list])
         except Exception as e:
             raise _wrap(f"reading the manifest lists of {self.name}", e) from e
         return used
