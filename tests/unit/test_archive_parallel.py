@@ -195,3 +195,25 @@ def test_manifest_lists_are_read_once_for_the_metadata_in_use(
 
     monkeypatch.setattr(Snapshot, "manifests", no_read)
     assert table.metadata_in_use(known) == used
+
+
+def test_a_query_reads_the_topic_metadata_of_the_tables_it_names_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicator.archive.query import query_tables
+
+    store = MemoryObjectStore("b")
+    for t in TOPICS:
+        put(store, 0, 9, topic=t)
+    committer = committer_of(tmp_path, store)
+    committer.sync_all()
+    gets: list[str] = []
+    real_get = store.get
+
+    def get(key: str, *a: Any, **kw: Any) -> Any:
+        gets.append(key)
+        return real_get(key, *a, **kw)
+
+    monkeypatch.setattr(store, "get", get)
+    assert list(query_tables(committer, {"t3"})) == ["t3"]
+    # Was: the _topic.json of every topic in the bucket, for its name.
+    assert {g for g in gets if g.endswith("_topic.json")} <= {"data/r1/t3/_topic.json"}
