@@ -82,10 +82,10 @@ def main() -> None:
     archive_scale.add_arguments(ap)
     args = ap.parse_args()
     if args.scale:
-        out = archive_scale.run(args, Path(tempfile.mkdtemp(prefix="archive-scale-")))
-        print(json.dumps(out, indent=2))
+        scaled = archive_scale.run(args, Path(tempfile.mkdtemp(prefix="archive-scale-")))
+        print(json.dumps(scaled, indent=2))
         if args.json:
-            args.json.write_text(json.dumps(out, indent=2))
+            args.json.write_text(json.dumps(scaled, indent=2))
         return
     rng = random.Random(7)
     tmp = Path(tempfile.mkdtemp(prefix="archive-bench-"))
