@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ from replicator.archive.iceberg import (
     IcebergCatalog,
     IcebergTable,
     NewFile,
-    TableFile,
 )
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
@@ -49,6 +47,7 @@ from replicator.archive.ownership import (
     collisions,
 )
 from replicator.archive.plan import TablePlan, plan_table
+from replicator.archive.step_memory import Remembered, StepMemory, affected
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
 from replicator.core.keys import SegmentKey, region_prefix, topic_prefix
@@ -68,10 +67,6 @@ to a commit in flight."""
 MAX_ATTEMPTS = 8
 """Plans of one step before it gives up (each conflict means another writer progressed)."""
 
-KNOWN_FILES_MAX = 2_000_000
-"""Data files the committer remembers across steps, over all tables (least recently
-stepped tables forgotten first): a table still at the snapshot of the committer's own last
-commit is planned without reading its manifests again."""
 
 
 @dataclass
@@ -128,8 +123,7 @@ class ArchiveCommitter:
         self._sizes: dict[SegmentKey, int] = {}
         self._bucket = getattr(store, "bucket", "bucket")
         self._lock = threading.Lock()
-        self._known: OrderedDict[str, tuple[int, dict[str, TableFile]]] = OrderedDict()
-        """Per table: the files of the snapshot this committer last committed."""
+        self._memory = StepMemory()
         self._manifest_lists: dict[str, list[str]] = {}
         """Manifests of each manifest list read (immutable files), for ``clean_metadata``."""
         self._pending: dict[tuple[str, str], datetime] = {}
@@ -266,7 +260,11 @@ class ArchiveCommitter:
     # --- one step -----------------------------------------------------------------------
 
     def _listing(self, region: str, topic: str, partition: int | None,
-                 seen: set[SegmentKey]) -> list[SegmentKey]:
+                 seen: set[SegmentKey], parsed: dict[str, SegmentKey],
+                 known: dict[str, SegmentKey]) -> list[SegmentKey]:
+        """The topic's segments in the bucket (``parsed``: their keys by object key;
+        ``known``: those of an earlier listing, not parsed again).
+        """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         if partition is not None:
             prefix = f"{prefix}{partition}/"
@@ -275,7 +273,9 @@ class ArchiveCommitter:
         live = live_location(self.store, self.settings.s3.prefix, region, topic)
         keys = []
         for info in self.store.list(prefix):
-            k = SegmentKey.try_parse(info.key)
+            k = known.get(info.key) or SegmentKey.try_parse(info.key)
+            if k is not None:
+                parsed[info.key] = k
             if k is not None and k.prefix == self.settings.s3.prefix \
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
@@ -359,14 +359,24 @@ class ArchiveCommitter:
         assert table is not None
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         for _attempt in range(MAX_ATTEMPTS):
-            files = self._files(table)
-            self.check_authored(table, region, topic, files)
+            mem = self._memory.get(table.name, table.snapshot_id)
+            files = self._files(table, region, topic, mem)
             paths = list(files)
             if partition is not None:
-                paths = [p for p in paths
-                         if (k := self.key_of(p)) is not None and k.partition == partition]
-            listed = self._listing(region, topic, partition, seen)
-            plan, new, removing = self._plan(table, paths, listed, deleting, result)
+                paths = [p for p in paths if files[p].partition == partition]
+            parsed: dict[str, SegmentKey] = {}
+            listed = self._listing(region, topic, partition, seen, parsed,
+                                   mem.parsed if mem else {})
+            if mem is not None and mem.listing is not None and not deleting \
+                    and partition is None:
+                # Only what changed since the step the table matched (step_memory.py).
+                near = affected(mem.listing.symmetric_difference(listed),
+                                [*listed, *files.values()])
+                plan, new, removing = self._plan(
+                    table, [p for p in paths if files[p] in near],
+                    [k for k in listed if k in near], deleting, result)
+            else:
+                plan, new, removing = self._plan(table, paths, listed, deleting, result)
             self._note_pending(region, topic, plan)
             try:
                 snapshot = self._commit(table, plan, new, frozenset(removing))
@@ -384,7 +394,10 @@ class ArchiveCommitter:
             result.removed_covered += len(plan.remove_covered)
             result.removed_gone += len(plan.remove_gone)
             result.snapshot_id = snapshot
-            self._remember(table, files, plan, new)
+            self._remember(table, files, plan, new, parsed, listed if (
+                partition is None and not deleting and not result.kept
+                and not result.quarantined and not result.unreadable
+                and not result.not_parquet) else None)
             self._count(region, topic, plan, deleting, snapshot)
             if plan.remove_gone:
                 log.warning("%s: %d files left the bucket without compaction (a lifecycle "
@@ -405,34 +418,32 @@ class ArchiveCommitter:
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
 
-    def _files(self, table: IcebergTable) -> dict[str, TableFile]:
-        """The table's files: remembered when the table is still at this committer's last
-        commit (only what changed since is planned, not every manifest every step), else
-        read from its manifests (another writer, a restart, a compaction elsewhere).
+    def _files(self, table: IcebergTable, region: str, topic: str,
+               mem: Remembered | None) -> dict[str, SegmentKey]:
+        """The table's files, checked to be this replicator's: remembered when the table is
+        still at this committer's last commit (checked when they were read), else read from
+        its manifests (another writer, a restart, a compaction elsewhere).
         """
-        current = table.snapshot_id
-        with self._lock:
-            known = self._known.get(table.name)
-            if known is not None and current is not None and known[0] == current:
-                self._known.move_to_end(table.name)
-                return dict(known[1])
-        return table.files()
+        if mem is not None:
+            self.check_authored(table, region, topic, ())
+            return mem.files
+        paths = table.files()
+        self.check_authored(table, region, topic, paths)
+        return {p: k for p in paths if (k := self.key_of(p)) is not None}
 
-    def _remember(self, table: IcebergTable, files: dict[str, TableFile], plan: TablePlan,
-                  new: list[NewFile]) -> None:
-        """Remember the files of the snapshot just committed (``KNOWN_FILES_MAX``)."""
+    def _remember(self, table: IcebergTable, files: dict[str, SegmentKey], plan: TablePlan,
+                  new: list[NewFile], parsed: dict[str, SegmentKey],
+                  matched: list[SegmentKey] | None) -> None:
+        """Remember the table after a step (``matched``: the listing it matches now)."""
         current = table.snapshot_id
-        with self._lock:
-            self._known.pop(table.name, None)
-            if current is None:
-                return
-            removed = set(plan.remove)
-            after = {p: f for p, f in files.items() if p not in removed}
-            after.update((f.path, TableFile(f.path, f.footer.num_rows, f.size)) for f in new)
-            self._known[table.name] = (current, after)
-            total = sum(len(v[1]) for v in self._known.values())
-            while total > KNOWN_FILES_MAX and self._known:
-                total -= len(self._known.popitem(last=False)[1][1])
+        if current is None:
+            self._memory.put(table.name, None)
+            return
+        removed = set(plan.remove)
+        after = {p: k for p, k in files.items() if p not in removed}
+        after.update((f.path, k) for f in new if (k := self.key_of(f.path)) is not None)
+        self._memory.put(table.name, Remembered(
+            current, after, None if matched is None else frozenset(matched), parsed))
 
     def _note_pending(self, region: str, topic: str, plan: TablePlan) -> None:
         landed = [self._landed[k] for k in plan.add if k in self._landed]

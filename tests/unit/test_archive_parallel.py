@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from replicator.archive.committer import ArchiveCommitter, SyncResult
 from replicator.archive.iceberg import CatalogError, IcebergTable
+from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore
 from tests.unit.test_archive_committer import catalog_settings
 from tests.unit.test_archive_guards import put
@@ -26,6 +29,12 @@ def committer_of(tmp_path: Path, store: MemoryObjectStore, **catalog: Any) -> Ar
     settings = catalog_settings(tmp_path, **{"topics": TOPICS, "table_name": "{topic}",
                                              **catalog})
     return ArchiveCommitter(settings, store)
+
+
+def remembered(committer: ArchiveCommitter, table: IcebergTable) -> list[str]:
+    mem = committer._memory.get(table.name, table.snapshot_id)
+    assert mem is not None
+    return list(mem.files)
 
 
 def test_a_stuck_table_holds_one_worker_and_the_others_are_stepped(
@@ -115,7 +124,7 @@ def test_a_step_reads_the_manifests_only_when_another_writer_committed(
     assert reads[0] == 1 and r.added == 1
     table = committer.table("r1", "t", create=False)
     assert table is not None
-    assert committer._files(table) == real_files(table)
+    assert sorted(remembered(committer, table)) == sorted(real_files(table))
     assert sum(f.records for f in real_files(table).values()) == 70
 
 
@@ -136,7 +145,7 @@ def test_the_files_a_step_remembers_are_those_the_table_lists(tmp_path: Path) ->
     committer.sync("r1", "t")
     table = committer.table("r1", "t", create=False)
     assert table is not None
-    assert committer._files(table) == table.files()
+    assert sorted(remembered(committer, table)) == sorted(table.files())
     assert sorted(table.files()) == [f"s3://b/{k(0, 20, 29)}", f"s3://b/{out}"]
 
 
@@ -217,3 +226,46 @@ def test_a_query_reads_the_topic_metadata_of_the_tables_it_names_only(
     assert list(query_tables(committer, {"t3"})) == ["t3"]
     # Was: the _topic.json of every topic in the bucket, for its name.
     assert {g for g in gets if g.endswith("_topic.json")} <= {"data/r1/t3/_topic.json"}
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["next", "overlap", "compact", "lose"]),
+                          st.integers(0, 1), st.integers(0, 10**6)), min_size=3, max_size=9)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=_OPS)
+def test_a_step_planned_from_what_changed_leaves_nothing_for_a_full_plan(
+        ops: list[tuple[str, int, int]]) -> None:
+    """After every step planned from the committer's memory, a committer that knows
+    nothing (a full plan: every manifest, every segment) finds nothing to commit, whatever
+    appeared or disappeared: segments, overlapping ones, compaction outputs, losses.
+    """
+    import tempfile
+
+    from tests.unit.test_compaction_controller import k
+    from tests.unit.test_compaction_helpers import make_records, write_segment
+
+    tmp = Path(tempfile.mkdtemp(prefix="archive-step-memory-"))
+    store = MemoryObjectStore("b")
+    cfg = catalog_settings(tmp, snapshot_retention="0s")
+    committer = ArchiveCommitter(cfg, store)
+    ends = [0, 0]
+    for op, p, n in ops:
+        keys = sorted((key for key in map(SegmentKey.try_parse, store.keys())
+                       if key is not None and key.partition == p), key=lambda x: x.start)
+        if op == "next" or not keys:
+            key = k(0, ends[p], ends[p] + 9, partition=p)
+        elif op == "overlap":   # a rewrite after a rebalance: starts inside the last one
+            last = keys[-1]
+            key = k(0, (last.start + last.end) // 2, last.end + 5, partition=p)
+        elif op == "compact":   # an output over a run of segments (inputs still there)
+            first = keys[n % len(keys)]
+            key = k(1, first.start, max(x.end for x in keys[n % len(keys):][:3]), partition=p)
+        else:   # a lifecycle rule or an operator deletes one
+            store.delete(keys[n % len(keys)].to_key())
+            key = None
+        if key is not None:
+            write_segment(store, key, make_records(key.start, key.end))
+            ends[p] = max(ends[p], key.end + 1)
+        committer.sync("r1", "t")
+        assert not ArchiveCommitter(cfg, store).sync("r1", "t").committed
