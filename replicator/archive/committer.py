@@ -11,7 +11,9 @@ elects one per region with a lease.
 Compaction calls ``swap`` before it deletes inputs: the same step with the inputs treated
 as gone, so the table lists the output instead of its inputs in one snapshot before any
 input object is deleted. A commit that removed files is followed by the expiry of every
-older snapshot (``expire``): no snapshot kept points at a deleted object.
+older snapshot (``expire``): no snapshot kept points at a deleted object
+(``archive.snapshot_history``). ``sync_all`` steps ``catalog.sync_workers`` tables at once;
+``archive.step_memory`` keeps what a step needs of the last one to plan only what changed.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ import logging
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
@@ -47,6 +48,12 @@ from replicator.archive.ownership import (
     collisions,
 )
 from replicator.archive.plan import TablePlan, plan_table
+from replicator.archive.snapshot_history import (
+    KEEP_SNAPSHOTS,
+    ORPHAN_GRACE,
+    SnapshotHistory,
+    SyncResult,
+)
 from replicator.archive.step_memory import Remembered, StepMemory, affected
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
@@ -55,48 +62,16 @@ from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
+__all__ = ["KEEP_SNAPSHOTS", "MAX_ATTEMPTS", "ORPHAN_GRACE", "ArchiveCommitter", "SyncResult"]
+
 log = logging.getLogger(__name__)
-
-KEEP_SNAPSHOTS = 100
-"""Snapshots a table keeps at most (time travel within them; older ones are expired)."""
-
-ORPHAN_GRACE = timedelta(minutes=30)
-"""Metadata files no snapshot refers to are deleted once this old: younger ones may belong
-to a commit in flight."""
 
 MAX_ATTEMPTS = 8
 """Plans of one step before it gives up (each conflict means another writer progressed)."""
 
 
 
-@dataclass
-class SyncResult:
-    """What one step did to one table."""
-
-    table: str
-    added: int = 0
-    removed_covered: int = 0
-    removed_gone: int = 0
-    snapshot_id: int | None = None
-    expired: int = 0
-    conflicts: int = 0
-    not_parquet: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
-    deleting: list[str] = field(default_factory=list)
-    """Table paths of the segments about to be deleted (a compaction swap)."""
-    quarantined: list[str] = field(default_factory=list)
-    """Keys of Parquet objects the table's schema cannot list (ERROR, metric)."""
-    kept: list[str] = field(default_factory=list)
-    """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
-    allowed: list[str] | None = None
-    """Keys of ``deleting`` that ``deletable`` let go (``None``: not asked)."""
-
-    @property
-    def committed(self) -> bool:
-        return bool(self.added or self.removed_covered or self.removed_gone)
-
-
-class ArchiveCommitter:
+class ArchiveCommitter(SnapshotHistory):
     """Tables of one bucket's topics (``[catalog]``).
 
     Args:
@@ -125,7 +100,6 @@ class ArchiveCommitter:
         self._lock = threading.Lock()
         self._memory = StepMemory()
         self._manifest_lists: dict[str, list[str]] = {}
-        """Manifests of each manifest list read (immutable files), for ``clean_metadata``."""
         self._pending: dict[tuple[str, str], datetime] = {}
         """Per table: when the oldest segment the last plan would add landed."""
 
@@ -541,143 +515,6 @@ class ArchiveCommitter:
         log.info("%s: snapshot %s: +%d files, -%d covered, -%d gone", table.name, snapshot,
                  len(new), len(plan.remove_covered), len(plan.remove_gone))
         return snapshot
-
-    def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
-        the metadata files no kept snapshot refers to (``clean_metadata``).
-        """
-        return self._expire_ids(table, table.ancestors(snapshot))
-
-    def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
-        try:
-            n = table.expire(ids)
-        except CommitConflict as e:
-            # A newer commit exists; the snapshots listing deleted files are expired by the
-            # next expiry, which selects them by lineage.
-            log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
-            return 0
-        if n:
-            try:
-                self.clean_metadata(table)
-            except ReplicatorError as e:
-                log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
-                            "next expiry tries again", table.name, e)
-        return n
-
-    def clean_metadata(self, table: IcebergTable) -> int:
-        """Delete the files under the table's ``metadata/`` that its state does not refer
-        to and that are older than ``ORPHAN_GRACE`` (manifests of expired snapshots, files
-        of commits that failed); only when the table lives in this bucket. Their count.
-        """
-        head = f"s3://{self._bucket}/"
-        location = table.location + "/metadata/"
-        if not location.startswith(head):
-            return 0
-        table.refresh()
-        with self._lock:
-            lists = dict(self._manifest_lists)
-        used = table.metadata_in_use(lists)
-        with self._lock:
-            # Only the lists the table still keeps (expired ones are never read again).
-            self._manifest_lists.update(lists)
-            for gone in [m for m in self._manifest_lists if m.startswith(location)
-                         and m not in used]:
-                del self._manifest_lists[gone]
-        cutoff = self.clock() - ORPHAN_GRACE
-        stale = [o.key for o in self.store.list(location[len(head):])
-                 if head + o.key not in used and o.last_modified < cutoff]
-        if stale:
-            self.store.delete_many(stale)
-            log.info("%s: deleted %d metadata files no snapshot refers to", table.name,
-                     len(stale))
-        return len(stale)
-
-    def _expire_beyond(self, table: IcebergTable) -> int:
-        """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add
-        files would otherwise pile up, one per interval).
-        """
-        snaps = table.snapshots()
-        if len(snaps) <= KEEP_SNAPSHOTS:
-            return 0
-        return self.expire(table, snaps[-KEEP_SNAPSHOTS].snapshot_id)
-
-    def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
-        """Compaction's hook, called before ``deleting`` is deleted: one snapshot lists the
-        outputs (present in the bucket) instead of the inputs. When it returns, no snapshot
-        the table keeps lists a key of ``deleting`` except those older than the swap, which
-        ``after_delete`` expires.
-
-        Raises:
-            CatalogError / StorageError: the swap did not commit; delete nothing.
-        """
-        return self.sync(region, topic, deleting=deleting, expire=False)
-
-    def deletable(self, region: str, topic: str, swap: SyncResult) -> set[str]:
-        """The keys of the swap's ``deleting`` compaction may delete now: no snapshot of
-        the table lists them, or the snapshot that took them out of the table is older than
-        ``catalog.snapshot_retention``. The snapshots listing those are expired first
-        (Iceberg's order: a snapshot never outlives a file it lists).
-        """
-        head = f"s3://{self._bucket}/"
-        kept = set(swap.kept)
-        keys = {p[len(head):]: p for p in swap.deleting if p[len(head):] not in kept}
-        if not keys:
-            return set()
-        table = self.table(region, topic)
-        assert table is not None
-        removals = table.removals(keys.values())
-        cutoff = self.clock() - self.cfg.snapshot_retention
-        ok = set()
-        listing: set[int] = set()
-        waiting = 0
-        for key, path in keys.items():
-            if path not in removals:
-                ok.add(key)
-                continue
-            sid, left = removals[path]
-            if left is None or left > cutoff:
-                waiting += 1
-                continue
-            ok.add(key)
-            listing.add(sid)
-        current = table.snapshot_id
-        lineage = [] if current is None else [current, *table.ancestors(current)]
-        # The newest snapshot listing a key to delete: it and all older ones go.
-        expire_from = next((sid for sid in lineage if sid in listing), None)
-        if waiting:
-            log.info("%s: %d segments swapped out of the table stay until their snapshots "
-                     "are older than catalog.snapshot_retention (%s)", table.name, waiting,
-                     self.cfg.snapshot_retention)
-        if expire_from is not None:
-            try:
-                table.expire([expire_from, *table.ancestors(expire_from)])
-            except CatalogError as e:
-                log.warning("%s: snapshots listing segments to delete not expired (%s); they "
-                            "are deleted by a later run", table.name, e)
-                ok = {k for k in ok if keys[k] not in removals}
-        swap.allowed = sorted(ok)
-        return ok
-
-    def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
-        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
-        newest of the table's lineage that lists one, and all its ancestors. Selected by
-        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
-        committed before it died (its deletes done by this run) are expired too.
-        """
-        paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
-                                                            for key in swap.allowed]
-        if not paths:   # (segments held for catalog.snapshot_retention keep their history)
-            return 0
-        table = self.table(region, topic)
-        assert table is not None
-        newest = table.newest_listing(paths)
-        if newest is None:
-            return 0
-        if newest == table.snapshot_id:
-            log.error("%s: the current snapshot lists segments deleted by compaction; the "
-                      "next step removes them", table.name)
-            return self._expire_ids(table, table.ancestors(newest))
-        return self._expire_ids(table, [newest, *table.ancestors(newest)])
 
     def sync_all(self) -> list[SyncResult]:
         """One step for every topic, ``catalog.sync_workers`` tables at once (in topic
