@@ -29,10 +29,10 @@ from replicator.archive.iceberg import (
     ENFORCED_PROPERTIES,
     CatalogError,
     CommitConflict,
-    IcebergCatalog,
     IcebergTable,
     NewFile,
 )
+from replicator.archive.iceberg_catalog import IcebergCatalog
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
     TableIdentity,
