@@ -203,6 +203,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     meta_bytes = sum(Path(p.removeprefix("file://")).stat().st_size for p in used)
     committer.cfg = committer.cfg.model_copy(update={"topics": [*topics, big]})
     opened = query_metadata_reads(committer, big, nxt[big] - 100)
+    first_big = big_steps[0] if big_steps else float("nan")   # every manifest read
     steps.sort()
     fresh.sort()
     big_steps.sort()
@@ -217,6 +218,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "freshness_seconds_p99": round(percentile(fresh, 99), 1),
         "big_table_step_seconds_p50": round(percentile(big_steps, 50), 3),
         "big_table_step_seconds_p99": round(percentile(big_steps, 99), 3),
+        "big_table_first_step_seconds": round(first_big, 3),
+        "big_table_slowest_steps_seconds": [round(x, 2) for x in big_steps[-5:]],
         "big_table_snapshots_kept": len(table.snapshots()),
         "big_table_data_bytes": data_bytes,
         "big_table_metadata_files_in_use": len(used),
