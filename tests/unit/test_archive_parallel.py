@@ -242,10 +242,14 @@ def test_a_step_planned_from_what_changed_leaves_nothing_for_a_full_plan(
     """
     import tempfile
 
+    with tempfile.TemporaryDirectory(prefix="archive-step-memory-") as name:
+        replay(Path(name), ops)
+
+
+def replay(tmp: Path, ops: list[tuple[str, int, int]]) -> None:
     from tests.unit.test_compaction_controller import k
     from tests.unit.test_compaction_helpers import make_records, write_segment
 
-    tmp = Path(tempfile.mkdtemp(prefix="archive-step-memory-"))
     store = MemoryObjectStore("b")
     cfg = catalog_settings(tmp, snapshot_retention="0s")
     committer = ArchiveCommitter(cfg, store)
