@@ -4,6 +4,7 @@ table's metadata bytes against its data bytes.
     .venv/bin/python bench/archive_tables.py [--partitions 4] [--steps 30] [--records 2000]
                                              [--value-size 200] [--compact-every 10]
                                              [--json out.json]
+    .venv/bin/python bench/archive_tables.py --scale ...   (bench/archive_scale.py)
 
 On the embedded moto S3 server and pyiceberg's SQL catalog (SQLite): every step, each
 partition publishes one segment (as egress does), then one committer step runs
@@ -28,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import archive_scale
 from lib import percentile, text_value
 
 from compaction.controller import Compaction
@@ -75,7 +77,16 @@ def main() -> None:
     ap.add_argument("--value-size", type=int, default=200)
     ap.add_argument("--compact-every", type=int, default=10)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--scale", action="store_true",
+                    help="many topics with weeks of history instead (bench/archive_scale.py)")
+    archive_scale.add_arguments(ap)
     args = ap.parse_args()
+    if args.scale:
+        scaled = archive_scale.run(args, Path(tempfile.mkdtemp(prefix="archive-scale-")))
+        print(json.dumps(scaled, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(scaled, indent=2))
+        return
     rng = random.Random(7)
     tmp = Path(tempfile.mkdtemp(prefix="archive-bench-"))
     moto = start_moto(tmp)

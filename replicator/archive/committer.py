@@ -11,25 +11,28 @@ elects one per region with a lease.
 Compaction calls ``swap`` before it deletes inputs: the same step with the inputs treated
 as gone, so the table lists the output instead of its inputs in one snapshot before any
 input object is deleted. A commit that removed files is followed by the expiry of every
-older snapshot (``expire``): no snapshot kept points at a deleted object.
+older snapshot (``expire``): no snapshot kept points at a deleted object
+(``archive.snapshot_history``). ``sync_all`` steps ``catalog.sync_workers`` tables at once;
+``archive.step_memory`` keeps what a step needs of the last one to plan only what changed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 from replicator.archive.footers import read_parquet_footer
 from replicator.archive.iceberg import (
     ENFORCED_PROPERTIES,
     CatalogError,
     CommitConflict,
-    IcebergCatalog,
     IcebergTable,
     NewFile,
 )
+from replicator.archive.iceberg_catalog import IcebergCatalog
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
     TableIdentity,
@@ -45,7 +48,14 @@ from replicator.archive.ownership import (
     collisions,
 )
 from replicator.archive.plan import Piece, TablePlan, holds, plan_table, ranges_by_partition
-from replicator.archive.trims import CopyUnfit, collect_trims, copy_piece, parse_trim_path
+from replicator.archive.snapshot_history import (
+    KEEP_SNAPSHOTS,
+    ORPHAN_GRACE,
+    SnapshotHistory,
+    SyncResult,
+)
+from replicator.archive.step_memory import Remembered, StepMemory, affected
+from replicator.archive.trims import CopyUnfit, copy_piece, parse_trim_path
 from replicator.core.clock import Clock, utc_now
 from replicator.core.errors import ConfigError, ObjectNotFound, ReplicatorError, SegmentCorrupt
 from replicator.core.keys import (
@@ -59,47 +69,16 @@ from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
 
+__all__ = ["KEEP_SNAPSHOTS", "MAX_ATTEMPTS", "ORPHAN_GRACE", "ArchiveCommitter", "SyncResult"]
+
 log = logging.getLogger(__name__)
-
-KEEP_SNAPSHOTS = 100
-"""Snapshots a table keeps at most (time travel within them; older ones are expired)."""
-
-ORPHAN_GRACE = timedelta(minutes=30)
-"""Metadata files no snapshot refers to are deleted once this old: younger ones may belong
-to a commit in flight."""
 
 MAX_ATTEMPTS = 8
 """Plans of one step before it gives up (each conflict means another writer progressed)."""
 
 
-@dataclass
-class SyncResult:
-    """What one step did to one table."""
 
-    table: str
-    added: int = 0
-    removed_covered: int = 0
-    removed_gone: int = 0
-    snapshot_id: int | None = None
-    expired: int = 0
-    conflicts: int = 0
-    not_parquet: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
-    deleting: list[str] = field(default_factory=list)
-    """Table paths of the segments about to be deleted (a compaction swap)."""
-    quarantined: list[str] = field(default_factory=list)
-    """Keys of Parquet objects the table's schema cannot list (ERROR, metric)."""
-    kept: list[str] = field(default_factory=list)
-    """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
-    allowed: list[str] | None = None
-    """Keys of ``deleting`` that ``deletable`` let go (``None``: not asked)."""
-
-    @property
-    def committed(self) -> bool:
-        return bool(self.added or self.removed_covered or self.removed_gone)
-
-
-class ArchiveCommitter:
+class ArchiveCommitter(SnapshotHistory):
     """Tables of one bucket's topics (``[catalog]``).
 
     Args:
@@ -126,6 +105,11 @@ class ArchiveCommitter:
         self._sizes: dict[SegmentKey, int] = {}
         self._trims: dict[Piece, NewFile] = {}
         self._bucket = getattr(store, "bucket", "bucket")
+        self._lock = threading.Lock()
+        self._memory = StepMemory()
+        self._manifest_lists: dict[str, list[str]] = {}
+        self._pending: dict[tuple[str, str], datetime] = {}
+        """Per table: when the oldest segment the last plan would add landed."""
 
     # --- naming -------------------------------------------------------------------------
 
@@ -265,7 +249,12 @@ class ArchiveCommitter:
 
     # --- one step -----------------------------------------------------------------------
 
-    def _listing(self, region: str, topic: str, partition: int | None) -> list[SegmentKey]:
+    def _listing(self, region: str, topic: str, partition: int | None,
+                 seen: set[SegmentKey], parsed: dict[str, SegmentKey],
+                 known: dict[str, SegmentKey]) -> list[SegmentKey]:
+        """The topic's segments in the bucket (``parsed``: their keys by object key;
+        ``known``: those of an earlier listing, not parsed again).
+        """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         # One incarnation per table: the live one's location (a topic deleted and created
         # again has its later incarnations under _incarnations/, docs/architecture.md).
@@ -276,10 +265,13 @@ class ArchiveCommitter:
             prefix = f"{prefix}{partition}/"
         keys = []
         for info in self.store.list(prefix):
-            k = SegmentKey.try_parse(info.key)
+            k = known.get(info.key) or SegmentKey.try_parse(info.key)
+            if k is not None:
+                parsed[info.key] = k
             if k is not None and k.prefix == self.settings.s3.prefix \
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
+                seen.add(k)
                 self._sizes[k] = info.size
                 self._landed[k] = info.last_modified
         return keys
@@ -341,20 +333,45 @@ class ArchiveCommitter:
             CatalogError: the catalog failed, or conflicts went on for ``MAX_ATTEMPTS``.
             StorageError: the bucket could not be listed or read.
         """
-        deleting = frozenset(deleting)
+        seen: set[SegmentKey] = set()   # this step's entries in _sizes and _landed
+        try:
+            return self._sync(region, topic, partition, frozenset(deleting), expire, seen)
+        except ReplicatorError:
+            self._lag_of_failed_step(region, topic)
+            raise
+        finally:
+            for key in seen:
+                self._sizes.pop(key, None)
+                self._landed.pop(key, None)
+            self._trims.clear()
+
+    def _sync(self, region: str, topic: str, partition: int | None,
+              deleting: frozenset[SegmentKey], expire: bool,
+              seen: set[SegmentKey]) -> SyncResult:
         table = self.table(region, topic)
         assert table is not None
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         self._trims.clear()
         for _attempt in range(MAX_ATTEMPTS):
-            files = table.files()
-            self.check_authored(table, region, topic, files)
+            mem = self._memory.get(table.name, table.snapshot_id)
+            files = self._files(table, region, topic, mem)
             paths = list(files)
             if partition is not None:
-                paths = [p for p in paths if (piece := self.piece_of(table, p)) is not None
-                         and piece.key.partition == partition]
-            listed = self._listing(region, topic, partition)
-            plan, new, removing = self._plan(table, paths, listed, deleting, result)
+                paths = [p for p in paths if files[p].partition == partition]
+            parsed: dict[str, SegmentKey] = {}
+            listed = self._listing(region, topic, partition, seen, parsed,
+                                   mem.parsed if mem else {})
+            if mem is not None and mem.listing is not None and not deleting \
+                    and partition is None and not self._has_trims(table, paths):
+                # Only what changed since the step the table matched (step_memory.py).
+                near = affected(mem.listing.symmetric_difference(listed),
+                                [*listed, *files.values()])
+                plan, new, removing = self._plan(
+                    table, [p for p in paths if files[p] in near],
+                    [k for k in listed if k in near], deleting, result)
+            else:
+                plan, new, removing = self._plan(table, paths, listed, deleting, result)
+            self._note_pending(region, topic, plan)
             try:
                 snapshot = self._commit(table, plan, new, frozenset(removing))
             except CommitConflict as e:
@@ -371,6 +388,10 @@ class ArchiveCommitter:
             result.removed_covered += len(plan.remove_covered)
             result.removed_gone += len(plan.remove_gone)
             result.snapshot_id = snapshot
+            self._remember(table, files, plan, new, parsed, listed if (
+                partition is None and not deleting and not result.kept
+                and not result.quarantined and not result.unreadable
+                and not result.not_parquet) else None)
             self._count(region, topic, plan, deleting, snapshot)
             if plan.remove_gone:
                 log.warning("%s: %d files left the bucket without compaction (a lifecycle "
@@ -387,12 +408,61 @@ class ArchiveCommitter:
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)
-            self._sizes.clear()
-            self._landed.clear()
-            self._trims.clear()
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
+
+    def _files(self, table: IcebergTable, region: str, topic: str,
+               mem: Remembered | None) -> dict[str, SegmentKey]:
+        """The table's files, checked to be this replicator's: remembered when the table is
+        still at this committer's last commit (checked when they were read), else read from
+        its manifests (another writer, a restart, a compaction elsewhere).
+        """
+        if mem is not None:
+            self.check_authored(table, region, topic, ())
+            return mem.files
+        paths = table.files()
+        self.check_authored(table, region, topic, paths)
+        return {p: piece.key for p in paths if (piece := self.piece_of(table, p)) is not None}
+
+    def _has_trims(self, table: IcebergTable, paths: list[str]) -> bool:
+        """Whether the table lists a trimmed copy: a step then plans in full (which
+        positions a copy holds depends on segments beyond those overlapping a change).
+        """
+        return any(self.key_of(p) is None and parse_trim_path(table.location, p) is not None
+                   for p in paths)
+
+    def _remember(self, table: IcebergTable, files: dict[str, SegmentKey], plan: TablePlan,
+                  new: list[NewFile], parsed: dict[str, SegmentKey],
+                  matched: list[SegmentKey] | None) -> None:
+        """Remember the table after a step (``matched``: the listing it matches now)."""
+        current = table.snapshot_id
+        if current is None:
+            self._memory.put(table.name, None)
+            return
+        removed = set(plan.remove)
+        after = {p: k for p, k in files.items() if p not in removed}
+        after.update((f.path, piece.key) for f in new
+                     if (piece := self.piece_of(table, f.path)) is not None)
+        self._memory.put(table.name, Remembered(
+            current, after, None if matched is None else frozenset(matched), parsed))
+
+    def _note_pending(self, region: str, topic: str, plan: TablePlan) -> None:
+        landed = [self._landed[k] for k in [*plan.add, *(p.key for p in plan.trim)]
+                  if k in self._landed]
+        if landed:
+            self._pending[(region, topic)] = min(landed)
+        else:
+            self._pending.pop((region, topic), None)
+
+    def _lag_of_failed_step(self, region: str, topic: str) -> None:
+        """A step that failed leaves segments out of the table: the lag is the age of the
+        oldest one its last plan would have added, and grows with every failed step.
+        """
+        since = self._pending.get((region, topic))
+        if since is not None:
+            self.m.lag.labels(region, topic).set(
+                max(0.0, (self.clock() - since).total_seconds()))
 
     def _plan(self, table: IcebergTable, paths: list[str], listed: list[SegmentKey],
               deleting: frozenset[SegmentKey], result: SyncResult
@@ -490,6 +560,7 @@ class ArchiveCommitter:
                   if k in self._landed]
         lag = max(0.0, (now - min(landed)).total_seconds()) if landed and snapshot else 0.0
         self.m.lag.labels(region, topic).set(lag)
+        self._pending.pop((region, topic), None)
 
     def _commit(self, table: IcebergTable, plan: TablePlan, new: list[NewFile],
                 deleting: frozenset[SegmentKey]) -> int | None:
@@ -517,162 +588,35 @@ class ArchiveCommitter:
                  len(new), len(plan.remove_covered), len(plan.remove_gone))
         return snapshot
 
-    def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
-        the metadata files no kept snapshot refers to (``clean_metadata``).
-        """
-        return self._expire_ids(table, table.ancestors(snapshot))
-
-    def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
-        try:
-            n = table.expire(ids)
-        except CommitConflict as e:
-            # A newer commit exists; the snapshots listing deleted files are expired by the
-            # next expiry, which selects them by lineage.
-            log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
-            return 0
-        if n:
-            try:
-                self.clean_metadata(table)
-            except ReplicatorError as e:
-                log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
-                            "next expiry tries again", table.name, e)
-            self._clean_trims_logged(table)
-        return n
-
-    def _clean_trims_logged(self, table: IcebergTable) -> None:
-        try:
-            self.clean_trims(table)
-        except ReplicatorError as e:
-            log.warning("%s: trimmed copies no snapshot lists not deleted (%s); the next "
-                        "expiry tries again", table.name, e)
-
-    def clean_trims(self, table: IcebergTable) -> int:
-        """Delete the trimmed copies no snapshot the table keeps lists, older than
-        ``ORPHAN_GRACE`` (``archive.trims.collect_trims``); their count. Called after each
-        expiry: only then can a copy the table listed become unlisted by every snapshot.
-        """
-        return collect_trims(table, self.clock() - ORPHAN_GRACE)
-
-    def clean_metadata(self, table: IcebergTable) -> int:
-        """Delete the files under the table's ``metadata/`` that its state does not refer
-        to and that are older than ``ORPHAN_GRACE`` (manifests of expired snapshots, files
-        of commits that failed); only when the table lives in this bucket. Their count.
-        """
-        head = f"s3://{self._bucket}/"
-        location = table.location + "/metadata/"
-        if not location.startswith(head):
-            return 0
-        table.refresh()
-        used = table.metadata_in_use()
-        cutoff = self.clock() - ORPHAN_GRACE
-        stale = [o.key for o in self.store.list(location[len(head):])
-                 if head + o.key not in used and o.last_modified < cutoff]
-        if stale:
-            self.store.delete_many(stale)
-            log.info("%s: deleted %d metadata files no snapshot refers to", table.name,
-                     len(stale))
-        return len(stale)
-
-    def _expire_beyond(self, table: IcebergTable) -> int:
-        """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add
-        files would otherwise pile up, one per interval).
-        """
-        snaps = table.snapshots()
-        if len(snaps) <= KEEP_SNAPSHOTS:
-            return 0
-        return self.expire(table, snaps[-KEEP_SNAPSHOTS].snapshot_id)
-
-    def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
-        """Compaction's hook, called before ``deleting`` is deleted: one snapshot lists the
-        outputs (present in the bucket) instead of the inputs. When it returns, no snapshot
-        the table keeps lists a key of ``deleting`` except those older than the swap, which
-        ``after_delete`` expires.
-
-        Raises:
-            CatalogError / StorageError: the swap did not commit; delete nothing.
-        """
-        return self.sync(region, topic, deleting=deleting, expire=False)
-
-    def deletable(self, region: str, topic: str, swap: SyncResult) -> set[str]:
-        """The keys of the swap's ``deleting`` compaction may delete now: no snapshot of
-        the table lists them, or the snapshot that took them out of the table is older than
-        ``catalog.snapshot_retention``. The snapshots listing those are expired first
-        (Iceberg's order: a snapshot never outlives a file it lists).
-        """
-        head = f"s3://{self._bucket}/"
-        kept = set(swap.kept)
-        keys = {p[len(head):]: p for p in swap.deleting if p[len(head):] not in kept}
-        if not keys:
-            return set()
-        table = self.table(region, topic)
-        assert table is not None
-        removals = table.removals(keys.values())
-        cutoff = self.clock() - self.cfg.snapshot_retention
-        ok = set()
-        listing: set[int] = set()
-        waiting = 0
-        for key, path in keys.items():
-            if path not in removals:
-                ok.add(key)
-                continue
-            sid, left = removals[path]
-            if left is None or left > cutoff:
-                waiting += 1
-                continue
-            ok.add(key)
-            listing.add(sid)
-        current = table.snapshot_id
-        lineage = [] if current is None else [current, *table.ancestors(current)]
-        # The newest snapshot listing a key to delete: it and all older ones go.
-        expire_from = next((sid for sid in lineage if sid in listing), None)
-        if waiting:
-            log.info("%s: %d segments swapped out of the table stay until their snapshots "
-                     "are older than catalog.snapshot_retention (%s)", table.name, waiting,
-                     self.cfg.snapshot_retention)
-        if expire_from is not None:
-            try:
-                table.expire([expire_from, *table.ancestors(expire_from)])
-            except CatalogError as e:
-                log.warning("%s: snapshots listing segments to delete not expired (%s); they "
-                            "are deleted by a later run", table.name, e)
-                ok = {k for k in ok if keys[k] not in removals}
-            else:
-                self._clean_trims_logged(table)
-        swap.allowed = sorted(ok)
-        return ok
-
-    def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
-        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
-        newest of the table's lineage that lists one, and all its ancestors. Selected by
-        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
-        committed before it died (its deletes done by this run) are expired too.
-        """
-        paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
-                                                            for key in swap.allowed]
-        if not paths:   # (segments held for catalog.snapshot_retention keep their history)
-            return 0
-        table = self.table(region, topic)
-        assert table is not None
-        newest = table.newest_listing(paths)
-        if newest is None:
-            return 0
-        if newest == table.snapshot_id:
-            log.error("%s: the current snapshot lists segments deleted by compaction; the "
-                      "next step removes them", table.name)
-            return self._expire_ids(table, table.ancestors(newest))
-        return self._expire_ids(table, [newest, *table.ancestors(newest)])
-
     def sync_all(self) -> list[SyncResult]:
-        """One step for every topic; a topic that fails is logged and the others go on."""
-        out = []
+        """One step for every topic, ``catalog.sync_workers`` tables at once (in topic
+        order); a topic that fails is logged and counted, and the others go on.
+        """
+        # Topics whose names map to one table (refused at start: check_mapping) are
+        # stepped one after the other, in topic order: the first one's table it stays.
+        groups: dict[object, list[tuple[str, str]]] = {}
         for region, topic in self.topics():
-            try:
-                out.append(self.sync(region, topic))
-            except ReplicatorError as e:
-                self.m.failures.labels(region, topic).inc()
-                log.error("%s/%s: table not updated this time: %s", region, topic, e)
-        return out
+            shared = ("{incarnation}" not in self.cfg.table_name
+                      and self.identifier(TableIdentity(region, topic)))
+            groups.setdefault(shared or (region, topic), []).append((region, topic))
+        if not groups:
+            return []
+        workers = min(self.cfg.sync_workers, len(groups))
+        with ThreadPoolExecutor(workers, thread_name_prefix="archive-sync") as pool:
+            done = list(pool.map(lambda g: [self._sync_or_log(*rt) for rt in g],
+                                 groups.values()))
+        return [r for results in done for r in results if r is not None]
+
+    def _sync_or_log(self, region: str, topic: str) -> SyncResult | None:
+        try:
+            return self.sync(region, topic)
+        except ReplicatorError as e:
+            self.m.failures.labels(region, topic).inc()
+            log.error("%s/%s: table not updated this time: %s", region, topic, e)
+        except Exception:   # one table's bug must not stop the other tables' steps
+            self.m.failures.labels(region, topic).inc()
+            log.exception("%s/%s: table not updated this time", region, topic)
+        return None
 
     def rebuild(self, region: str, topic: str, *, drop: bool = False,
                 register: str | None = None) -> SyncResult:

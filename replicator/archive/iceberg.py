@@ -1,5 +1,6 @@
-"""The Apache Iceberg seam: the only module that imports pyiceberg (docs/archive.md;
-docs/architecture.md, "The archive as Iceberg tables").
+"""The Apache Iceberg seam, with ``archive.iceberg_catalog`` (the catalog): the only modules
+that import pyiceberg (docs/archive.md; docs/architecture.md, "The archive as Iceberg
+tables"). This one: a table, its schema and properties, its commits and scans.
 
 A table's data files **are** segments: they are registered as they are (``DataFile``
 entries built from each segment's Parquet footer), never rewritten. Segments carry no field
@@ -24,12 +25,8 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow.fs import FileSelector, FileType
-from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
     CommitFailedException,
-    NamespaceAlreadyExistsError,
-    NoSuchTableError,
-    TableAlreadyExistsError,
 )
 from pyiceberg.expressions import (
     AlwaysTrue,
@@ -41,7 +38,6 @@ from pyiceberg.expressions import (
     LessThan,
     LessThanOrEqual,
 )
-from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
     compute_statistics_plan,
@@ -51,9 +47,7 @@ from pyiceberg.io.pyarrow import (
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
-from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
@@ -69,8 +63,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from replicator.core.errors import FatalError, ReplicatorError, RetriableError
-from replicator.core.settings import Settings
+from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.settings.catalog import redact_urls
 
 log = logging.getLogger(__name__)
@@ -98,7 +91,7 @@ SEGMENT_PARTITION_SPEC = PartitionSpec(
                    name="partition"))
 """One segment holds one source partition: ``partition = 3`` prunes files in the manifests."""
 
-_TABLE_PROPERTIES = {
+TABLE_PROPERTIES = {
     # Conflicts are re-planned by the caller (module docstring).
     "commit.retry.num-retries": "0",
     # Segments are deleted by compaction and lifecycle rules only: engines' snapshot expiry,
@@ -124,7 +117,7 @@ _TABLE_PROPERTIES = {
 }
 
 
-ENFORCED_PROPERTIES = {k: _TABLE_PROPERTIES[k]
+ENFORCED_PROPERTIES = {k: TABLE_PROPERTIES[k]
                        for k in ("gc.enabled", "read.parquet.vectorization.enabled",
                                  "commit.manifest-merge.enabled",
                                  "commit.manifest.min-count-to-merge")}
@@ -133,10 +126,6 @@ ENFORCED_PROPERTIES = {k: _TABLE_PROPERTIES[k]
 
 class CatalogError(RetriableError):
     """The catalog or the table's metadata could not be read or written."""
-
-
-class TableLocationInUse(FatalError):
-    """A table would be created where another catalog's table metadata already is."""
 
 
 class CommitConflict(CatalogError):
@@ -174,156 +163,13 @@ class SnapshotInfo:
     current: bool
 
 
-def catalog_properties(settings: Settings) -> dict[str, str]:
-    """Pyiceberg catalog properties: ``[catalog]``'s, over the S3 FileIO's from ``[s3]``."""
-    s3 = settings.s3
-    props = {"type": settings.catalog.type, "s3.region": settings.s3_region}
-    if s3.endpoint_url:
-        props["s3.endpoint"] = s3.endpoint_url
-    if s3.access_key_id is not None and s3.secret_access_key is not None:
-        props["s3.access-key-id"] = s3.access_key_id.get_secret_value()
-        props["s3.secret-access-key"] = s3.secret_access_key.get_secret_value()
-    props["warehouse"] = warehouse(settings)
-    return props | dict(settings.catalog.properties)
-
-
-def warehouse(settings: Settings) -> str:
-    """Where table metadata is written."""
-    return (settings.catalog.warehouse or f"s3://{settings.s3.bucket}/iceberg").rstrip("/")
-
-
-def _wrap(what: str, e: Exception) -> CatalogError:
-    # Drivers may quote the connection URL (and its password) in their messages.
+def wrap_error(what: str, e: Exception) -> CatalogError:
+    """``e`` as a ``CatalogError`` (``CommitConflict`` for a refused commit), redacted:
+    drivers may quote the connection URL (and its password) in their messages.
+    """
     if isinstance(e, CommitFailedException):
         return CommitConflict(redact_urls(f"{what}: {e}"))
     return CatalogError(redact_urls(f"{what}: {type(e).__name__}: {e}"))
-
-
-class IcebergCatalog:
-    """An Iceberg catalog of ``[catalog]`` (any type pyiceberg loads).
-
-    Raises:
-        CatalogError: the catalog cannot be loaded.
-    """
-
-    def __init__(self, settings: Settings) -> None:
-        self._warehouse = warehouse(settings)
-        props = catalog_properties(settings)
-        try:
-            self._catalog: Catalog = load_catalog("replicator", **props)
-        except Exception as e:   # pyiceberg raises many kinds here (driver, config, network)
-            raise _wrap(f"loading the {settings.catalog.type} catalog", e) from e
-
-    def load(self, identifier: tuple[str, ...]) -> IcebergTable | None:
-        """The table, or ``None`` if it does not exist."""
-        try:
-            return IcebergTable(self._catalog.load_table(identifier))
-        except NoSuchTableError:
-            return None
-        except Exception as e:
-            raise _wrap(f"loading table {'.'.join(identifier)}", e) from e
-
-    def create(self, identifier: tuple[str, ...], properties: Mapping[str, str], *,
-               over_metadata: bool = False) -> IcebergTable:
-        """Create the table (and its namespace) unless it exists; return it.
-
-        Raises:
-            TableLocationInUse: the table's location already holds metadata (another
-                catalog's table, or a lost one: ``register``), unless ``over_metadata``.
-        """
-        table = self.load(identifier)
-        if table is not None:
-            return table
-        namespace = identifier[:-1]
-        try:
-            try:
-                self._catalog.create_namespace(namespace)
-            except NamespaceAlreadyExistsError:
-                pass
-            location = "/".join((self._warehouse, *identifier))
-            if not over_metadata and self._has_metadata(location):
-                raise TableLocationInUse(
-                    f"{'.'.join(identifier)}: {location}/metadata/ already holds table "
-                    "metadata that this catalog does not list (another catalog over the same "
-                    "warehouse, or a catalog that was lost): not created over it. Point "
-                    "[catalog] at the catalog that owns it, or register its newest "
-                    "metadata.json (replicator archive rebuild --register), or remove it")
-            props = _TABLE_PROPERTIES | {
-                "schema.name-mapping.default":
-                    create_mapping_from_schema(SEGMENT_TABLE_SCHEMA).model_dump_json(),
-            } | dict(properties)
-            created = self._catalog.create_table(
-                identifier, SEGMENT_TABLE_SCHEMA, location=location,
-                partition_spec=SEGMENT_PARTITION_SPEC, properties=props)
-            log.info("created Iceberg table %s at %s", ".".join(identifier), location)
-            return IcebergTable(created)
-        except TableLocationInUse:
-            raise
-        except TableAlreadyExistsError:   # created meanwhile by another process
-            again = self.load(identifier)
-            assert again is not None
-            return again
-        except Exception as e:
-            raise _wrap(f"creating table {'.'.join(identifier)}", e) from e
-
-    def _has_metadata(self, location: str) -> bool:
-        """True when ``{location}/metadata/`` holds a table with history: any file but the
-        one ``metadata.json`` of a create that failed after writing it (version 00000, no
-        snapshot: nothing to lose, and refusing it would wedge the table for good).
-        """
-        try:
-            io = load_file_io(dict(self._catalog.properties), location)
-            if not io.new_input(f"{location}/metadata").exists():
-                return False
-            if not isinstance(io, PyArrowFileIO):
-                return True   # cannot list: refuse
-            scheme, netloc, path = PyArrowFileIO.parse_location(f"{location}/metadata")
-            fs = io.fs_by_scheme(scheme, netloc)
-            files = fs.get_file_info(FileSelector(path, recursive=True))
-            names = [f.path.rsplit("/", 1)[-1] for f in files if f.type == FileType.File]
-            if len(names) != 1 or not names[0].startswith("00000-"):
-                return True
-            meta = FromInputFile.table_metadata(io.new_input(f"{location}/metadata/{names[0]}"))
-            return bool(meta.snapshots)
-        except Exception as e:
-            raise _wrap(f"checking {location}/metadata", e) from e
-
-    def register(self, identifier: tuple[str, ...], metadata_location: str) -> IcebergTable:
-        """Register an existing table from its ``metadata.json`` (repair after a catalog
-        loss: the table, its snapshots and history come back as they were).
-        """
-        try:
-            try:
-                self._catalog.create_namespace(identifier[:-1])
-            except NamespaceAlreadyExistsError:
-                pass
-            return IcebergTable(self._catalog.register_table(identifier, metadata_location))
-        except Exception as e:
-            raise _wrap(f"registering {'.'.join(identifier)} from {metadata_location}",
-                        e) from e
-
-    def drop(self, identifier: tuple[str, ...]) -> bool:
-        """Drop the table from the catalog (never its data files); ``False`` if absent."""
-        try:
-            self._catalog.drop_table(identifier)
-            return True
-        except NoSuchTableError:
-            return False
-        except Exception as e:
-            raise _wrap(f"dropping table {'.'.join(identifier)}", e) from e
-
-    def tables(self, namespace: tuple[str, ...]) -> list[tuple[str, ...]]:
-        """Identifiers of the tables in ``namespace`` and in the namespaces below it."""
-        out: list[tuple[str, ...]] = []
-        try:
-            out.extend(tuple(t) for t in self._catalog.list_tables(namespace))
-            for child in self._catalog.list_namespaces(namespace):
-                out.extend(self.tables(tuple(child)))
-        except Exception as e:
-            if type(e).__name__ == "NoSuchNamespaceError":
-                return out
-            raise _wrap(f"listing namespace {'.'.join(namespace)}", e) from e
-        return sorted(set(out))
 
 
 class IcebergTable:
@@ -359,18 +205,23 @@ class IcebergTable:
         """The table's base location (its metadata is under ``{location}/metadata/``)."""
         return self._table.location().rstrip("/")
 
-    def metadata_in_use(self) -> set[str]:
+    def metadata_in_use(self, known: dict[str, list[str]] | None = None) -> set[str]:
         """Every metadata file the table's current state refers to: the metadata files
-        it logs, and each kept snapshot's manifest list and manifests.
+        it logs, and each kept snapshot's manifest list and manifests. ``known``: the
+        manifests of manifest lists read before (immutable files: read once), updated.
         """
         meta = self._table.metadata
         used = {self._table.metadata_location, *(e.metadata_file for e in meta.metadata_log)}
+        known = {} if known is None else known
         try:
             for snap in meta.snapshots:
                 used.add(snap.manifest_list)
-                used.update(m.manifest_path for m in snap.manifests(self._table.io))
+                if snap.manifest_list not in known:
+                    known[snap.manifest_list] = [
+                        m.manifest_path for m in snap.manifests(self._table.io)]
+                used.update(known[snap.manifest_list])
         except Exception as e:
-            raise _wrap(f"reading the manifest lists of {self.name}", e) from e
+            raise wrap_error(f"reading the manifest lists of {self.name}", e) from e
         return used
 
     def set_properties(self, props: Mapping[str, str]) -> None:
@@ -379,14 +230,14 @@ class IcebergTable:
             with self._table.transaction() as tx:
                 tx.set_properties(dict(props))
         except Exception as e:
-            raise _wrap(f"setting properties {sorted(props)} of {self.name}", e) from e
+            raise wrap_error(f"setting properties {sorted(props)} of {self.name}", e) from e
 
     def refresh(self) -> None:
         """Load the catalog's current state of the table."""
         try:
             self._table.refresh()
         except Exception as e:
-            raise _wrap(f"refreshing table {self.name}", e) from e
+            raise wrap_error(f"refreshing table {self.name}", e) from e
 
     def has_snapshot(self, snapshot_id: int) -> bool:
         """True when the metadata keeps snapshot ``snapshot_id``."""
@@ -403,7 +254,7 @@ class IcebergTable:
             return {t.file.file_path: TableFile(t.file.file_path, t.file.record_count,
                                                 t.file.file_size_in_bytes) for t in tasks}
         except Exception as e:
-            raise _wrap(f"reading the manifests of {self.name}", e) from e
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
 
     def unfit(self, f: NewFile) -> str | None:
         """Why ``f`` cannot be a data file of this table (``None``: it can): a column the
@@ -470,7 +321,7 @@ class IcebergTable:
         except ReplicatorError:
             raise
         except Exception as e:
-            raise _wrap(f"committing {len(add) + len(swap_in)} added and "
+            raise wrap_error(f"committing {len(add) + len(swap_in)} added and "
                         f"{len(remove) + len(swap_out)} removed files to {self.name}", e) from e
         return self.snapshot_id
 
@@ -580,7 +431,7 @@ class IcebergTable:
                 manage.commit()
             self._table.maintenance.expire_snapshots().by_ids(ids).commit()
         except Exception as e:
-            raise _wrap(f"expiring {len(ids)} snapshots of {self.name}", e) from e
+            raise wrap_error(f"expiring {len(ids)} snapshots of {self.name}", e) from e
         return len(ids)
 
     def foreign_snapshots(self) -> list[SnapshotInfo]:
@@ -621,7 +472,7 @@ class IcebergTable:
             scan = self._table.scan(row_filter=bounds_filter(bounds), snapshot_id=snapshot_id)
             return scan.to_arrow_batch_reader()
         except Exception as e:
-            raise _wrap(f"scanning {self.name}", e) from e
+            raise wrap_error(f"scanning {self.name}", e) from e
 
     def planned_files(self, bounds: Sequence[Bound] = (),
                       snapshot_id: int | None = None) -> list[str]:
@@ -630,7 +481,7 @@ class IcebergTable:
             scan = self._table.scan(row_filter=bounds_filter(bounds), snapshot_id=snapshot_id)
             return sorted(t.file.file_path for t in scan.plan_files())
         except Exception as e:
-            raise _wrap(f"planning a scan of {self.name}", e) from e
+            raise wrap_error(f"planning a scan of {self.name}", e) from e
 
     # --- files of the table's own (trimmed copies, archive/trims.py) ---------------------
 
@@ -643,7 +494,7 @@ class IcebergTable:
                 while chunk := source.read(8 * 1024**2):
                     out.write(chunk)
         except Exception as e:
-            raise _wrap(f"writing {path}", e) from e
+            raise wrap_error(f"writing {path}", e) from e
 
     def list_files(self, under: str) -> dict[str, datetime]:
         """The files below ``under`` (a folder of the table's location), with their last
@@ -662,7 +513,7 @@ class IcebergTable:
         except CatalogError:
             raise
         except Exception as e:
-            raise _wrap(f"listing {under}", e) from e
+            raise wrap_error(f"listing {under}", e) from e
 
     def delete_file(self, path: str) -> None:
         """Delete the file at ``path`` (absent: nothing to do)."""
@@ -671,7 +522,7 @@ class IcebergTable:
         except FileNotFoundError:
             pass
         except Exception as e:
-            raise _wrap(f"deleting {path}", e) from e
+            raise wrap_error(f"deleting {path}", e) from e
 
 
 class _ReplaceFiles(_OverwriteFiles):

@@ -42,8 +42,10 @@ class ArchiveMetrics:
             "Steps that left a table as it was (catalog or bucket errors).", ["region", "topic"])
         self.lag = m.gauge(
             "archive_table_lag_seconds",
-            "At the last step that brought the table up to date: how long the oldest "
-            "segment it added had been in the bucket (0: nothing was waiting).",
+            "How long the oldest listed segment not yet in the table has been in the "
+            "bucket: at a step that committed, the wait of the oldest segment it added (0: "
+            "nothing was waiting); at a step that failed, the age of the oldest segment it "
+            "could not add (growing with every failed step).",
             ["region", "topic"])
         self.last_sync = m.gauge(
             "archive_last_sync_timestamp_seconds",

@@ -25,6 +25,7 @@ import pyarrow as pa
 from replicator.archive.committer import ArchiveCommitter
 from replicator.archive.duckdb_sql import QueryResult, parse_sql, run_sql
 from replicator.archive.iceberg import Bound, IcebergTable
+from replicator.archive.naming import TableIdentity
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +157,12 @@ def query_tables(committer: ArchiveCommitter, names: set[str] | None = None
     given: the others are never loaded, so a query reads the metadata of what it names).
     """
     out: dict[str, IcebergTable] = {}
+    # Without {incarnation} in the template a name needs no read of the topic's
+    # _topic.json: only the tables the query names cost requests.
+    by_name = "{incarnation}" not in committer.cfg.table_name
     for region, topic in committer.topics():
-        ident = committer.identity(region, topic)
+        ident = (TableIdentity(region, topic) if by_name
+                 else committer.identity(region, topic))
         name = committer.identifier(ident)[-1]
         if names is not None and name not in names:
             continue

@@ -242,7 +242,7 @@ def test_safe_catalog_settings_load(tmp_path: Path) -> None:
 
 def test_a_second_catalog_over_the_same_warehouse_is_refused_and_register_repairs(
         tmp_path: Path) -> None:
-    from replicator.archive.iceberg import TableLocationInUse
+    from replicator.archive.iceberg_catalog import TableLocationInUse
 
     store = MemoryObjectStore("b")
     seed(store, [(0, 9), (10, 19)])
@@ -270,7 +270,7 @@ def test_catalog_secrets_are_masked_in_what_is_logged(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from replicator.archive.iceberg import _wrap
+    from replicator.archive.iceberg import wrap_error
     from replicator.core.settings.catalog import CatalogSettings
 
     rest = CatalogSettings(enabled=True, type="rest", properties={
@@ -282,7 +282,7 @@ def test_catalog_secrets_are_masked_in_what_is_logged(
     assert "CLIENT-SECRET" not in shown and "AWS-SECRET" not in shown
     assert "DB-PASSWORD" not in shown and "iceberg:***@db.internal" in shown
     assert "https://polaris.example.com/api/catalog" in shown   # no password: as it is
-    err = _wrap("loading the sql catalog", RuntimeError(
+    err = wrap_error("loading the sql catalog", RuntimeError(
         "could not connect to postgresql://iceberg:DB-PASSWORD@db.internal/catalog"))
     assert "DB-PASSWORD" not in str(err)
     # What `archive follow` and every service log at start.

@@ -64,6 +64,11 @@ class CatalogSettings(Model):
         description="How often `replicator archive follow` commits new and removed segments "
                     "(one commit per table per interval); a segment is in its table within "
                     "this plus one listing.")
+    sync_workers: int = Field(
+        8, ge=1, le=64,
+        description="Tables `replicator archive follow` brings up to date at once (a "
+                    "bounded pool: one table's step in memory per worker); a slow or failing "
+                    "table holds one worker, the others go on.")
     lock_ttl: Duration = Field(
         timedelta(minutes=2),
         description="Expiry of the committer's lease ({prefix}/{region}/_archive.lock).")

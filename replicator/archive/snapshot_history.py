@@ -1,0 +1,240 @@
+"""A table's snapshot history: what a step keeps of it, and compaction's hooks around its
+deletes (docs/architecture.md, "The archive as Iceberg tables", snapshot expiry).
+
+Add-only steps keep the newest ``KEEP_SNAPSHOTS`` snapshots; a step that removed files
+expires every older snapshot (no snapshot kept lists a deleted object). Compaction calls
+``swap`` before it deletes inputs (one snapshot lists the outputs instead), ``deletable``
+for the inputs whose snapshots are older than ``catalog.snapshot_retention`` (expiring
+those first), and ``after_delete`` to expire, by lineage, every snapshot that still lists
+a deleted segment. ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from replicator.archive.iceberg import CatalogError, CommitConflict, IcebergTable
+from replicator.archive.trims import collect_trims
+from replicator.core.clock import Clock
+from replicator.core.errors import ReplicatorError
+from replicator.core.keys import SegmentKey
+from replicator.core.settings.catalog import CatalogSettings
+from replicator.core.storage import ObjectStore
+
+log = logging.getLogger(__name__)
+
+KEEP_SNAPSHOTS = 100
+"""Snapshots a table keeps at most (time travel within them; older ones are expired)."""
+
+ORPHAN_GRACE = timedelta(minutes=30)
+"""Metadata files no snapshot refers to are deleted once this old: younger ones may belong
+to a commit in flight."""
+
+
+@dataclass
+class SyncResult:
+    """What one step did to one table."""
+
+    table: str
+    added: int = 0
+    removed_covered: int = 0
+    removed_gone: int = 0
+    snapshot_id: int | None = None
+    expired: int = 0
+    conflicts: int = 0
+    not_parquet: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
+    deleting: list[str] = field(default_factory=list)
+    """Table paths of the segments about to be deleted (a compaction swap)."""
+    quarantined: list[str] = field(default_factory=list)
+    """Keys of Parquet objects the table's schema cannot list (ERROR, metric)."""
+    kept: list[str] = field(default_factory=list)
+    """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
+    allowed: list[str] | None = None
+    """Keys of ``deleting`` that ``deletable`` let go (``None``: not asked)."""
+
+    @property
+    def committed(self) -> bool:
+        return bool(self.added or self.removed_covered or self.removed_gone)
+
+
+class SnapshotHistory:
+    """Snapshot expiry and compaction's hooks, over ``ArchiveCommitter``'s tables."""
+
+    cfg: CatalogSettings
+    clock: Clock
+    store: ObjectStore
+    _bucket: str
+    _lock: threading.Lock
+    _manifest_lists: dict[str, list[str]]
+    """Manifests of each manifest list read (immutable files), for ``clean_metadata``."""
+
+    def url(self, key: SegmentKey) -> str:   # ArchiveCommitter's
+        raise NotImplementedError
+
+    def table(self, region: str, topic: str, *, create: bool = True,
+              over_metadata: bool = False) -> IcebergTable | None:   # ArchiveCommitter's
+        raise NotImplementedError
+
+    def sync(self, region: str, topic: str, *, partition: int | None = None,
+             deleting: Iterable[SegmentKey] = (), expire: bool = True
+             ) -> SyncResult:   # ArchiveCommitter's
+        raise NotImplementedError
+
+    def expire(self, table: IcebergTable, snapshot: int) -> int:
+        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
+        the metadata files no kept snapshot refers to (``clean_metadata``).
+        """
+        return self._expire_ids(table, table.ancestors(snapshot))
+
+    def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
+        try:
+            n = table.expire(ids)
+        except CommitConflict as e:
+            # A newer commit exists; the snapshots listing deleted files are expired by the
+            # next expiry, which selects them by lineage.
+            log.info("%s: snapshot expiry met a concurrent commit (%s); later", table.name, e)
+            return 0
+        if n:
+            try:
+                self.clean_metadata(table)
+            except ReplicatorError as e:
+                log.warning("%s: metadata files of expired snapshots not deleted (%s); the "
+                            "next expiry tries again", table.name, e)
+            self._clean_trims_logged(table)
+        return n
+
+    def _clean_trims_logged(self, table: IcebergTable) -> None:
+        try:
+            self.clean_trims(table)
+        except ReplicatorError as e:
+            log.warning("%s: trimmed copies no snapshot lists not deleted (%s); the next "
+                        "expiry tries again", table.name, e)
+
+    def clean_trims(self, table: IcebergTable) -> int:
+        """Delete the trimmed copies no snapshot the table keeps lists, older than
+        ``ORPHAN_GRACE`` (``archive.trims.collect_trims``); their count. Called after each
+        expiry: only then can a copy the table listed become unlisted by every snapshot.
+        """
+        return collect_trims(table, self.clock() - ORPHAN_GRACE)
+
+    def clean_metadata(self, table: IcebergTable) -> int:
+        """Delete the files under the table's ``metadata/`` that its state does not refer
+        to and that are older than ``ORPHAN_GRACE`` (manifests of expired snapshots, files
+        of commits that failed); only when the table lives in this bucket. Their count.
+        """
+        head = f"s3://{self._bucket}/"
+        location = table.location + "/metadata/"
+        if not location.startswith(head):
+            return 0
+        table.refresh()
+        with self._lock:
+            lists = dict(self._manifest_lists)
+        used = table.metadata_in_use(lists)
+        with self._lock:
+            # Only the lists the table still keeps (expired ones are never read again).
+            self._manifest_lists.update(lists)
+            for gone in [m for m in self._manifest_lists if m.startswith(location)
+                         and m not in used]:
+                del self._manifest_lists[gone]
+        cutoff = self.clock() - ORPHAN_GRACE
+        stale = [o.key for o in self.store.list(location[len(head):])
+                 if head + o.key not in used and o.last_modified < cutoff]
+        if stale:
+            self.store.delete_many(stale)
+            log.info("%s: deleted %d metadata files no snapshot refers to", table.name,
+                     len(stale))
+        return len(stale)
+
+    def _expire_beyond(self, table: IcebergTable) -> int:
+        """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add
+        files would otherwise pile up, one per interval).
+        """
+        snaps = table.snapshots()
+        if len(snaps) <= KEEP_SNAPSHOTS:
+            return 0
+        return self.expire(table, snaps[-KEEP_SNAPSHOTS].snapshot_id)
+
+    def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
+        """Compaction's hook, called before ``deleting`` is deleted: one snapshot lists the
+        outputs (present in the bucket) instead of the inputs. When it returns, no snapshot
+        the table keeps lists a key of ``deleting`` except those older than the swap, which
+        ``after_delete`` expires.
+
+        Raises:
+            CatalogError / StorageError: the swap did not commit; delete nothing.
+        """
+        return self.sync(region, topic, deleting=deleting, expire=False)
+
+    def deletable(self, region: str, topic: str, swap: SyncResult) -> set[str]:
+        """The keys of the swap's ``deleting`` compaction may delete now: no snapshot of
+        the table lists them, or the snapshot that took them out of the table is older than
+        ``catalog.snapshot_retention``. The snapshots listing those are expired first
+        (Iceberg's order: a snapshot never outlives a file it lists).
+        """
+        head = f"s3://{self._bucket}/"
+        kept = set(swap.kept)
+        keys = {p[len(head):]: p for p in swap.deleting if p[len(head):] not in kept}
+        if not keys:
+            return set()
+        table = self.table(region, topic)
+        assert table is not None
+        removals = table.removals(keys.values())
+        cutoff = self.clock() - self.cfg.snapshot_retention
+        ok = set()
+        listing: set[int] = set()
+        waiting = 0
+        for key, path in keys.items():
+            if path not in removals:
+                ok.add(key)
+                continue
+            sid, left = removals[path]
+            if left is None or left > cutoff:
+                waiting += 1
+                continue
+            ok.add(key)
+            listing.add(sid)
+        current = table.snapshot_id
+        lineage = [] if current is None else [current, *table.ancestors(current)]
+        # The newest snapshot listing a key to delete: it and all older ones go.
+        expire_from = next((sid for sid in lineage if sid in listing), None)
+        if waiting:
+            log.info("%s: %d segments swapped out of the table stay until their snapshots "
+                     "are older than catalog.snapshot_retention (%s)", table.name, waiting,
+                     self.cfg.snapshot_retention)
+        if expire_from is not None:
+            try:
+                table.expire([expire_from, *table.ancestors(expire_from)])
+            except CatalogError as e:
+                log.warning("%s: snapshots listing segments to delete not expired (%s); they "
+                            "are deleted by a later run", table.name, e)
+                ok = {k for k in ok if keys[k] not in removals}
+            else:
+                self._clean_trims_logged(table)
+        swap.allowed = sorted(ok)
+        return ok
+
+    def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
+        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
+        newest of the table's lineage that lists one, and all its ancestors. Selected by
+        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
+        committed before it died (its deletes done by this run) are expired too.
+        """
+        paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
+                                                            for key in swap.allowed]
+        if not paths:   # (segments held for catalog.snapshot_retention keep their history)
+            return 0
+        table = self.table(region, topic)
+        assert table is not None
+        newest = table.newest_listing(paths)
+        if newest is None:
+            return 0
+        if newest == table.snapshot_id:
+            log.error("%s: the current snapshot lists segments deleted by compaction; the "
+                      "next step removes them", table.name)
+            return self._expire_ids(table, table.ancestors(newest))
+        return self._expire_ids(table, [newest, *table.ancestors(newest)])
