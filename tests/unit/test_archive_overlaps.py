@@ -381,3 +381,25 @@ def contiguous_run(keys: list[SegmentKey], data: st.DataObject) -> list[SegmentK
     out = SegmentKey("data", "r1", "t", part, max(k.level for k in run) + 1,
                      run[0].start, reach)
     return [] if out in keys else run
+
+
+def test_a_table_with_a_trimmed_copy_is_planned_in_full_from_the_committers_memory(
+        tmp_path: Path) -> None:
+    # The committer plans from memory only the segments overlapping a change
+    # (archive/step_memory.py). A trimmed copy's positions depend on segments that do not
+    # overlap the change: here b's copy holds 100-139, between a (0-99) and c (140-199).
+    # When a leaves the bucket, only a and b overlap the change; planned without c, b
+    # would be listed whole and 140-149 twice.
+    store = MemoryObjectStore("b")
+    with committer_in(tmp_path, store) as committer:
+        a = put(store, 0, 0, 0, 99)
+        c = put(store, 0, 0, 140, 199)
+        committer.sync("r1", "t")
+        b = put(store, 0, 0, 50, 149)   # late: trimmed to the positions only it holds
+        committer.sync("r1", "t")
+        assert table_rows(store, committer) == expected([a, b, c])
+        store.delete(a.to_key())        # a lifecycle rule, say
+        committer.sync("r1", "t")
+        rows = table_rows(store, committer)
+        assert rows == expected([b, c])
+        assert committer.sync("r1", "t").committed is False
