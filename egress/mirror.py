@@ -45,6 +45,7 @@ from replicator.core.keys import SegmentKey, chain_key, topic_meta_key
 from replicator.core.storage import ObjectStore
 
 if TYPE_CHECKING:
+    from replicator.core.s3 import S3ObjectStore
     from replicator.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -234,11 +235,11 @@ class SegmentMirror:
         return left
 
 
-def make_mirror(settings: Settings, source: ObjectStore, metrics: EgressMetrics,
-                storage_class: str | None) -> SegmentMirror | None:
-    """The mirror of ``settings.egress.mirror`` (``None`` when it is off), its destination
-    an ``S3ObjectStore`` with a client for the destination region (the ``[s3]`` static keys
-    when given, otherwise the AWS credential chain).
+def mirror_destination(settings: Settings) -> S3ObjectStore | None:
+    """The destination bucket of ``settings.egress.mirror`` (``None`` when it is off): an
+    ``S3ObjectStore`` with the mirror's client, sent to the destination region (the
+    ``[s3]`` static keys when given, otherwise the AWS credential chain; short timeouts).
+    ``replicator doctor`` asks it too.
     """
     mirror = settings.egress.mirror if settings.egress is not None else None
     if mirror is None:
@@ -253,7 +254,18 @@ def make_mirror(settings: Settings, source: ObjectStore, metrics: EgressMetrics,
                            if s3.secret_access_key else None),
         max_pool_connections=mirror.threads + 1, connect_timeout=CONNECT_TIMEOUT,
         read_timeout=READ_TIMEOUT, max_attempts=MAX_ATTEMPTS - 1)  # botocore: retries
-    destination = S3ObjectStore(client, mirror.bucket)
+    return S3ObjectStore(client, mirror.bucket)
+
+
+def make_mirror(settings: Settings, source: ObjectStore, metrics: EgressMetrics,
+                storage_class: str | None) -> SegmentMirror | None:
+    """The mirror of ``settings.egress.mirror`` (``None`` when it is off), its destination
+    ``mirror_destination``'s.
+    """
+    destination = mirror_destination(settings)
+    mirror = settings.egress.mirror if settings.egress is not None else None
+    if destination is None or mirror is None:
+        return None
     log.info("mirror: each segment is also copied into s3://%s (%s) as soon as it is "
              "published", mirror.bucket, mirror.region)
     return SegmentMirror(source, destination, metrics=metrics, region=settings.region,

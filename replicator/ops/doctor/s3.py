@@ -55,6 +55,40 @@ def bucket_check(bucket: str, head: BucketHead | None, error: ReplicatorError | 
                 "or fix s3.access_key_id / the credential chain")
 
 
+MIRROR = "s3 mirror bucket"
+
+
+def mirror_check(bucket: str, region: str, head: BucketHead | None,
+                 error: ReplicatorError | None) -> Check:
+    """The low-RPO mirror's destination bucket (``[egress.mirror]``), asked with HeadBucket
+    through the mirror's own client (pure decision): PASS when it answers in
+    ``egress.mirror.region``; FAIL when it does not exist, does not answer, or is in
+    another region. HeadBucket needs ``s3:ListBucket``, which the copies do not: a 403 is a
+    WARN (the copies need ``s3:PutObject`` there, which doctor cannot try without leaving
+    an object in the destination bucket, docs/operations.md).
+    """
+    where = f"s3://{bucket}"
+    if error is None:
+        found = head.region if head is not None else None
+        if found and found != region:
+            return fail(MIRROR, f"{where} is in {found}, not egress.mirror.region {region}",
+                        f"set egress.mirror.region = \"{found}\" (or name the bucket of "
+                        f"{region})")
+        return passed(MIRROR, f"{where} answers the mirror's client ({region})")
+    if isinstance(error, ObjectNotFound):
+        return fail(MIRROR, f"{where} does not exist (NoSuchBucket)",
+                    "fix egress.mirror.bucket: the destination region's bucket, the one its "
+                    "ingress reads")
+    if isinstance(error, StorageError):
+        return fail(MIRROR, f"no answer from {where}: {error}",
+                    "check egress.mirror.region / endpoint_url and the network path to the "
+                    "destination region")
+    return warn(MIRROR, f"HeadBucket refused (AccessDenied?): {error}",
+                f"the copies need s3:PutObject on {where} (and s3:GetObject on s3.bucket); "
+                "HeadBucket also needs s3:ListBucket: grant it to check, or watch "
+                "replicator_egress_mirror_failures_total after the first segments")
+
+
 def versioning_check(bucket: str, status: str | None) -> Check:
     """WARN unless versioning is ``Enabled``: S3 replication between the regions' buckets
     needs it on both (a deployment that copies with ``replicator sync`` does not).
