@@ -63,9 +63,9 @@ def mirror_check(bucket: str, region: str, head: BucketHead | None,
     """The low-RPO mirror's destination bucket (``[egress.mirror]``), asked with HeadBucket
     through the mirror's own client (pure decision): PASS when it answers in
     ``egress.mirror.region``; FAIL when it does not exist, does not answer, or is in
-    another region. HeadBucket needs ``s3:ListBucket``, which the copies do not: a 403 is a
-    WARN (the copies need ``s3:PutObject`` there, which doctor cannot try without leaving
-    an object in the destination bucket, docs/operations.md).
+    another region. HeadBucket needs ``s3:ListBucket``, which the copies do not: a 403 says
+    the bucket exists and passes (the copies' ``s3:PutObject`` cannot be tried without
+    leaving an object in the destination bucket, docs/operations.md).
     """
     where = f"s3://{bucket}"
     if error is None:
@@ -83,10 +83,12 @@ def mirror_check(bucket: str, region: str, head: BucketHead | None,
         return fail(MIRROR, f"no answer from {where}: {error}",
                     "check egress.mirror.region / endpoint_url and the network path to the "
                     "destination region")
-    return warn(MIRROR, f"HeadBucket refused (AccessDenied?): {error}",
-                f"the copies need s3:PutObject on {where} (and s3:GetObject on s3.bucket); "
-                "HeadBucket also needs s3:ListBucket: grant it to check, or watch "
-                "replicator_egress_mirror_failures_total after the first segments")
+    # S3 answers 404 for a bucket that does not exist whoever asks, and 403 for one that
+    # exists but denies HeadBucket (s3:ListBucket, which the copies do not need and
+    # deploy/aws/iam/egress-mirror.json does not grant).
+    return passed(MIRROR, f"{where} exists (HeadBucket refused without s3:ListBucket, "
+                  f"which the copies do not need: {error}); its s3:PutObject grant is "
+                  "seen in replicator_egress_mirror_failures_total only")
 
 
 def versioning_check(bucket: str, status: str | None) -> Check:
