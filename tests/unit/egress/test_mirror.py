@@ -328,3 +328,41 @@ def test_a_copy_hanging_on_the_destination_does_not_hold_the_process_exit() -> N
                           text=True, timeout=60, env=env, check=False)
     assert done.returncode == 0, done.stderr
     assert "copy sent" in done.stdout and "closed" in done.stdout
+
+
+def test_a_metadata_write_during_its_copy_is_copied_again_before_the_next_segment() -> None:
+    """Egress records a first position while the mirror copies the previous ``_topic.json``
+    (which may have read the old bytes): the next segment of the topic waits for that copy
+    and then copies the metadata again, never after the old copy alone."""
+    class SlowMeta(Destination):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meta_hold = threading.Event()
+            self.meta_started = threading.Event()
+
+        def copy_from(self, source: ObjectStore, key: str, *,
+                      storage_class: str | None = None) -> None:
+            if key == META and not self.meta_hold.is_set():
+                data = source.get(key)              # reads the old bytes ...
+                self.meta_started.set()
+                assert self.meta_hold.wait(10)      # ... and lands after the write
+                self.order.append(key)
+                MemoryObjectStore.put(self, key, data)
+                return
+            super().copy_from(source, key, storage_class=storage_class)
+
+    source, dest = MemoryObjectStore("src"), SlowMeta()
+    mirror = SegmentMirror(source, dest, metrics=EgressMetrics(Metrics()), region="r1",
+                           threads=2, max_pending=10)
+    source.put(META, b"meta-1")
+    for start in (0, 10):
+        source.put(key(start).to_key(), b"seg%d" % start)
+    assert mirror.submit(key(0))
+    assert dest.meta_started.wait(10)
+    source.put(META, b"meta-2")                   # the first position of partition 0's ...
+    mirror.metadata_written("data", "r1", "t")
+    assert mirror.submit(key(10))                 # ... next segment
+    dest.meta_hold.set()
+    assert mirror.close(10) == 0
+    assert dest.get(META) == b"meta-2"
+    assert dest.order[:dest.order.index(key(10).to_key())].count(META) == 2
