@@ -199,6 +199,8 @@ class Egress:
         self._gate = EncodeGate(segment_budget(self.config.max_buffered_bytes))
         self._mirror = make_mirror(self.settings, self.store, self.m,
                                    self.settings.s3.storage_class_for(0))
+        if self._mirror is not None:
+            self._meta.on_written = self._mirror.metadata_written
         self._ctx = WriterContext(
             store=self.store, fmt=self.fmt,
             options=WriterOptions.from_settings(self.settings.format),

@@ -156,6 +156,10 @@ class TopicMetadataPublisher(TopicSeals):
                                   retry_policy=retry_policy)
         self._pinned: dict[str, tuple[Incarnation, ...]] = {}
         """The chain known to be in each ``_incarnations.json``."""
+        self.on_written: Callable[[str, str, str], None] | None = None
+        """Told ``(prefix, region, topic)`` after each write of a ``_topic.json`` settles
+        (written, or found already holding the change; failed too): the low-RPO mirror
+        copies the metadata again before the topic's next segment (``egress.mirror``)."""
         self._seen: dict[tuple[str, str], tuple[datetime, int]] = {}
         """(topic, topic id) -> when this process first read that id, and how many ids it
         had read before (the creation order: exact within the process, whatever its
@@ -321,6 +325,15 @@ class TopicMetadataPublisher(TopicSeals):
     def _update(self, topic: str,
                 change: Callable[[TopicMetadata | None], TopicMetadata | None], *,
                 fresh_chain: bool = False) -> TopicMetadata | None:
+        try:
+            return self._write(topic, change, fresh_chain=fresh_chain)
+        finally:
+            if self.on_written is not None:
+                self.on_written(self.prefix, self.region, topic)
+
+    def _write(self, topic: str,
+               change: Callable[[TopicMetadata | None], TopicMetadata | None], *,
+               fresh_chain: bool = False) -> TopicMetadata | None:
         """Apply ``change`` to the current ``_topic.json`` (``None``: there is none or it is
         unreadable; its incarnations restored from ``_incarnations.json``) and put the
         result conditionally, its incarnations kept in ``_incarnations.json`` first;

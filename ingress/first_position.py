@@ -10,9 +10,13 @@ any gap, and ``lost_segment_timeout`` is the only way to give up.
 
 * ``NOT_RECORDED``: the file has no ``first_positions`` (an older egress) or the source is
   configured ``start = "earliest-available"``: the ``first_segment_delay`` behaviour;
-* ``PENDING``: the map is there but this partition's entry is not yet (wait; the file is
-  read again every ``RECHECK`` seconds while waiting; the worker gives up, ``give_up``,
-  once the partition's segments have waited ``first_segment_delay``);
+* ``PENDING``: the map is there but this partition's entry is not yet, or there is no
+  ``_topic.json`` at all (``absent``: egress writes it before any segment, so it is still
+  replicating: segments copied by the low-RPO mirror or replicated out of order can
+  arrive first). Wait; the file is read again every ``RECHECK`` seconds while waiting;
+  the worker gives up, ``give_up``, once the partition's segments have waited
+  ``first_segment_delay`` (``lost_segment_timeout`` while the file is absent or older
+  than the partition's first segment: ``ingress.start_point``);
 * the position (an int): never changes once known.
 """
 
@@ -52,6 +56,8 @@ class FirstPosition:
         self._read_at = float("-inf")
         self.written_at: datetime | None = None
         """``updated_at`` of the ``_topic.json`` read last (``None``: none, or not said)."""
+        self.absent = False
+        """The last read found no ``_topic.json`` (the entry is ``PENDING``)."""
 
     def get(self) -> Known:
         """What is known now (reads ``_topic.json`` at most every ``RECHECK`` s).
@@ -71,8 +77,11 @@ class FirstPosition:
         meta = read_topic_meta(self.store, ref.prefix, ref.region, ref.topic) \
             if self._cache is None else self._cache.read(ref.prefix, ref.region, ref.topic)
         self.written_at = None if meta is None else meta.updated_at
+        self.absent = meta is None
         known: Known
-        if meta is None or meta.first_positions is None:
+        if meta is None:
+            known = PENDING
+        elif meta.first_positions is None:
             known = NOT_RECORDED
         else:
             known = meta.first_positions.get(ref.partition, PENDING)

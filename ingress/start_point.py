@@ -162,7 +162,8 @@ class StartPoint:
         delay = self.source.first_segment_delay
         if now < since + delay:
             return False
-        if now < since + self.source.lost_segment_timeout and self._meta_predates(usable):
+        if now < since + self.source.lost_segment_timeout \
+                and (self._meta_absent() or self._meta_predates(usable)):
             return False
         first = min(s.start for s in usable)
         log.error("%s: egress has not recorded where this partition's history begins "
@@ -173,6 +174,24 @@ class StartPoint:
         self.first.give_up()
         self.first_seen = since
         self.pending_logged = False
+        return True
+
+    def _meta_absent(self) -> bool:
+        """No ``_topic.json`` here although the partition has segments: egress writes it
+        before any segment, so it is still replicating (the low-RPO mirror's copies, or S3
+        replication out of order, can bring segments first). Deciding a start without it
+        would take the earliest segment known for the partition's first (a dropped first
+        copy then reads as NOT replayed), so the wait goes on, up to
+        ``lost_segment_timeout``.
+        """
+        if not self.first.absent:
+            return False
+        if not self.meta_older_logged:
+            log.warning("%s: the partition has segments but there is no _topic.json yet: "
+                        "waiting for it (at most lost_segment_timeout, %s) before deciding "
+                        "where the replay starts", self.where,
+                        self.source.lost_segment_timeout)
+            self.meta_older_logged = True
         return True
 
     def _meta_predates(self, usable: set[SegmentKey]) -> bool:

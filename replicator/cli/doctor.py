@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from egress.mirror import mirror_destination
 from egress.selection import select
 from ingress.checkpoints import KafkaCheckpointStore
 from ingress.sink import transaction_timeout_ms
@@ -32,7 +33,7 @@ from replicator.ops.doctor import Check, Status, exit_code, overall
 from replicator.ops.doctor.acls import acl_checks
 from replicator.ops.doctor.compaction import compaction_checks
 from replicator.ops.doctor.kafka import REACH, kafka_checks
-from replicator.ops.doctor.s3 import BUCKET, s3_checks
+from replicator.ops.doctor.s3 import BUCKET, mirror_check, s3_checks
 from replicator.ops.doctor.sources import refused_checks, source_checks
 from replicator.ops.doctor.sqs import sqs_checks
 
@@ -98,6 +99,21 @@ def only_controller(settings: Settings, controller: str) -> Settings:
     return settings.model_copy(update={c: None for c in CONTROLLERS if c != controller})
 
 
+def mirror_checks(settings: Settings) -> list[Check]:
+    """HeadBucket on the low-RPO mirror's destination bucket with the mirror's client
+    (``[egress.mirror]``; nothing when it is off). Nothing is written there.
+    """
+    destination = mirror_destination(settings)
+    mirror = settings.egress.mirror if settings.egress is not None else None
+    if destination is None or mirror is None:
+        return []
+    try:
+        head = destination.head_bucket()
+    except ReplicatorError as e:
+        return [mirror_check(mirror.bucket, mirror.region, None, e)]
+    return [mirror_check(mirror.bucket, mirror.region, head, None)]
+
+
 def run_checks(settings: Settings, timeout: float) -> list[Check]:
     """Every check of ``settings``: Kafka (unless the config is compaction's alone, which
     uses no Kafka), S3, ingress's sources (their ``_topic.json`` against the destination
@@ -129,6 +145,7 @@ def run_checks(settings: Settings, timeout: float) -> list[Check]:
     store = S3ObjectStore.from_settings(settings)
     s3 = s3_checks(store, store, settings, queue=queue_ref)
     checks += s3
+    checks += mirror_checks(settings)
     if admin is not None and settings.ingress is not None and _passed(checks, REACH) \
             and _passed(s3, BUCKET):
         try:

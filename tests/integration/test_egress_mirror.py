@@ -8,12 +8,13 @@ unreachable endpoint's copies fail after botocore's retries).
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
 from egress.controller import Egress
-from replicator.core.keys import SegmentKey
+from replicator.core.keys import SegmentKey, chain_key, topic_meta_key
 from replicator.devstack.aws import create_bucket
 from replicator.devstack.processes import free_port
 from tests.conftest import unique_name
@@ -56,7 +57,13 @@ def test_each_segment_appears_in_the_destination_bucket_with_identical_bytes(
     assert len(keys) == 6
     copied = sorted(o["Key"] for o in store.client.list_objects_v2(
         Bucket=dest, Prefix="data/").get("Contents", []))
-    assert copied == sorted(keys)          # segments only: no _topic.json, nothing else
+    # The segments, and the topic's metadata copied before them (egress/mirror.py): the
+    # destination's _topic.json records both partitions' first positions.
+    meta = {topic_meta_key("data", REGION, topic), chain_key("data", REGION, topic)}
+    assert sorted(set(copied) - meta) == sorted(keys)
+    assert topic_meta_key("data", REGION, topic) in copied
+    body = store.client.get_object(Bucket=dest, Key=topic_meta_key("data", REGION, topic))
+    assert json.loads(body["Body"].read())["first_positions"] == {"0": 0, "1": 0}
     for k in keys:
         assert store.client.get_object(Bucket=dest, Key=k)["Body"].read() == store.get(k)
         # The level-0 storage class of [s3] storage_class, as in the source bucket.

@@ -164,3 +164,23 @@ def test_a_group_active_in_both_regions_warns_once_and_is_not_reported_unsynced(
         (("group", "billing"),)}
     assert firing("ReplicatorConsumerGroupsNotSynced", s.history, T0) == {
         (("group", "audit"),)}
+
+
+def test_mirror_failing_fires_on_failed_or_dropped_copies_not_on_a_quiet_topic() -> None:
+    m = Metrics()
+    em = EgressMetrics(m, "us-east-1")
+    s = Scrapes(m)
+    for i in range(20):                      # a scrape a minute, a segment a minute each
+        for topic in ("orders", "payments", "clicks", "audit"):
+            em.segments.labels("us-east-1", topic, "0", "age").inc()
+        em.mirror_failures.labels("us-east-1", "orders").inc()        # every copy fails
+        em.mirror_dropped.labels("us-east-1", "payments").inc()       # every copy dropped
+        em.mirror_copies.labels("us-east-1", "clicks").inc()          # healthy
+        em.mirror_copies.labels("us-east-1", "audit").inc()
+        if i == 15:
+            em.mirror_failures.labels("us-east-1", "clicks").inc()    # one blip: 1 in 10
+        s.at(T0 + i * MIN)
+    em.mirror_copies.labels("us-east-1", "quiet").inc(0)              # no segments at all
+    assert firing("ReplicatorEgressMirrorFailing", s.history, T0 + 19 * MIN) == {
+        (("region", "us-east-1"), ("topic", "orders")),
+        (("region", "us-east-1"), ("topic", "payments"))}

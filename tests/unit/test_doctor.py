@@ -53,6 +53,7 @@ from replicator.ops.doctor.kafka import (
 from replicator.ops.doctor.s3 import (
     bucket_check,
     list_check,
+    mirror_check,
     notification_check,
     s3_checks,
     skew_check,
@@ -610,3 +611,37 @@ def test_only_names_a_section_the_config_lacks_with_exit_code_2(tmp_path: Path) 
     result = CliRunner().invoke(main, ["doctor", "--config", str(cfg), "--only", "ingress"])
     assert result.exit_code == 2, result.output
     assert "[ingress]" in result.output
+
+
+def test_mirror_bucket() -> None:
+    head = BucketHead("us-west-2", T0, T0, T0)
+    assert mirror_check("peer", "us-west-2", head, None).status is P
+    assert mirror_check("peer", "us-west-2", BucketHead(None, T0, T0, T0), None).status is P
+    elsewhere = mirror_check("peer", "eu-central-1", head, None)
+    assert elsewhere.status is F and "us-west-2" in elsewhere.seen
+    missing = mirror_check("peer", "us-west-2", None, ObjectNotFound("no"))
+    assert missing.status is F and "NoSuchBucket" in missing.seen
+    assert "egress.mirror.bucket" in missing.fix
+    silent = mirror_check("peer", "us-west-2", None, StorageError("timeout"))
+    assert silent.status is F and "egress.mirror.region" in silent.fix
+    denied = mirror_check("peer", "us-west-2", None, StorageFatalError("403 AccessDenied"))
+    assert denied.status is P and "exists" in denied.seen    # no s3:ListBucket granted
+
+
+def test_doctor_asks_the_mirror_bucket_with_the_mirrors_client(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import replicator.cli.doctor as doctor_cli
+
+    asked: list[Settings] = []
+
+    def destination(s: Settings) -> FakeBucket | None:
+        asked.append(s)
+        return FakeBucket(ObjectNotFound("no")) if s.egress and s.egress.mirror else None
+
+    monkeypatch.setattr(doctor_cli, "mirror_destination", destination)
+    assert doctor_cli.mirror_checks(settings(egress={"topics": {"t": {}}})) == []
+    on = settings(egress={"topics": {"t": {}}, "mirror": {"bucket": "peer",
+                                                          "region": "us-west-2"}})
+    [check] = doctor_cli.mirror_checks(on)
+    assert (check.name, check.status) == ("s3 mirror bucket", F)
+    assert "s3://peer" in check.seen and asked[-1] is on

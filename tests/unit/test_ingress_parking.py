@@ -33,7 +33,7 @@ from replicator.core.metrics import Metrics
 from replicator.core.settings import IngressSourceSettings, KafkaSettings
 from replicator.core.storage import MemoryObjectStore
 from replicator.core.wire import Checkpoint
-from tests.unit.test_ingress_worker import rec, write
+from tests.unit.test_ingress_worker import rec, topic_json, write
 
 DEST = "copy"
 IN_GENERATION = GroupMetadata(b"CGMDv2:\x07\x00\x00\x00grp\x00member-1\x00\x01")
@@ -110,6 +110,7 @@ class Process:
                  budget: int | None = None) -> None:
         self.n = n
         self.store = MemoryObjectStore("dest")
+        topic_json(self.store, None)     # an egress that records no first positions
         self.checkpoints = MemoryCheckpointStore()
         self.transactions: list[set[int]] = []
         self.committed: dict[int, list[int]] = {}

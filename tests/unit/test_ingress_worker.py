@@ -66,8 +66,13 @@ def write(store: MemoryObjectStore, k: SegmentKey, offsets: Sequence[int] | None
 
 class Harness:
     def __init__(self, *, exactly_once: bool = True, timeout: str = "60s", retries: int = 2,
-                 first_delay: str = "0s", batch_size: int = 7, dest: str = "copy") -> None:
+                 first_delay: str = "0s", batch_size: int = 7, dest: str = "copy",
+                 meta: bool = True) -> None:
         self.store = MemoryObjectStore("dest")
+        if meta:
+            # An egress that records no first positions (the first_segment_delay
+            # behaviour); meta=False: no _topic.json at all (still replicating).
+            topic_json(self.store, None)
         self.checkpoints = MemoryCheckpointStore()
         self.sink = MemorySink(self.checkpoints, transactional=exactly_once)
         self.metrics = Metrics()
@@ -308,6 +313,7 @@ class DeletingStore(MemoryObjectStore):
 def test_segment_deleted_while_read_continues_from_the_covering_one(h: Harness) -> None:
     store = DeletingStore()
     h.store = store
+    topic_json(store, None)
     write(store, key(0, 99))
     store.victim = key(0, 99).to_key()
     store.on_delete = lambda: write(store, key(0, 99, level=1))
@@ -750,6 +756,7 @@ def test_permits_bound_the_segments_replayed_at_once() -> None:
             return io.BufferedReader(raw, buffer_size=buffer_size)
 
     store = CountingStore("dest")
+    topic_json(store, None)
     permits = FifoPermits(1)
     pool = Scheduler(2, name="test-replay")   # fewer threads than workers
     pool.start()
@@ -1249,5 +1256,52 @@ def test_a_segment_event_repeated_while_it_replays_adds_no_record(exactly_once: 
         w.offer(SegmentEvent("created", key(60, 69)))
         h.wait(lambda: h.offsets()[-1:] == [69] and w.checkpointed == 69)
         assert h.offsets() == list(range(70))
+    finally:
+        h.stop()
+
+
+def test_segments_before_any_topic_json_wait_for_it_not_for_first_segment_delay(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The low-RPO mirror (or S3 replication out of order) can bring a partition's
+    segments before ``_topic.json``: with the first segment's copy dropped and the file
+    later than first_segment_delay, starting at the earliest segment known reported 0-99
+    NOT replayed. Without ``_topic.json`` the start is not decided (bounded by
+    lost_segment_timeout)."""
+    t0 = datetime.now(UTC)
+    now = [t0]
+    h = Harness(first_delay="5m", timeout="24h", meta=False)
+    try:
+        write(h.store, key(100, 199))            # the mirror's copy of the 2nd segment
+        with caplog.at_level(logging.WARNING, logger="ingress"):
+            w = h.start(clock=lambda: now[0])
+            h.wait(lambda: h.metric("replicator_ingress_first_position_waiting") == 1)
+            now[0] = t0 + timedelta(minutes=6)   # past first_segment_delay
+            w.offer(SegmentEvent("created", key(100, 199)))
+            h.wait(lambda: any("no _topic.json yet" in r.getMessage()
+                               for r in caplog.records))
+            assert h.offsets() == []
+        write(h.store, key(0, 99))               # S3 replication: the 1st segment ...
+        topic_json(h.store, {"3": 0})            # ... and _topic.json
+        w.offer(SegmentEvent("created", key(0, 99)))
+        h.wait(lambda: w.checkpointed == 199, timeout=20)
+        assert h.offsets() == list(range(200))
+        assert h.metric("replicator_ingress_messages_skipped_total") == 0
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        h.stop()
+
+
+def test_a_topic_json_that_never_comes_is_waited_for_lost_segment_timeout_only() -> None:
+    t0 = datetime.now(UTC)
+    now = [t0]
+    h = Harness(first_delay="5m", timeout="1h", meta=False)
+    try:
+        write(h.store, key(100, 199))
+        w = h.start(clock=lambda: now[0])
+        h.wait(lambda: h.metric("replicator_ingress_first_position_waiting") == 1)
+        now[0] = t0 + timedelta(hours=2)         # past lost_segment_timeout
+        w.offer(SegmentEvent("created", key(100, 199)))
+        h.wait(lambda: w.checkpointed == 199, timeout=20)
+        assert h.offsets() == list(range(100, 200))
     finally:
         h.stop()

@@ -627,6 +627,50 @@ def test_a_mirror_into_the_own_bucket_is_refused() -> None:
     assert "own bucket" in errs["egress.mirror.bucket"]
 
 
+@pytest.mark.parametrize(("own", "peer"), [
+    ({}, {"region": "us-east-1", "endpoint_url": "https://s3.us-east-1.amazonaws.com"}),
+    ({}, {"region": "us-west-2", "endpoint_url": "https://s3.us-west-2.amazonaws.com"}),
+    ({"endpoint_url": "https://s3.us-east-1.amazonaws.com"}, {"region": "us-west-2"}),
+    ({"endpoint_url": "http://minio:9000"},
+     {"region": "us-west-2", "endpoint_url": "http://MINIO:9000/"}),
+], ids=["aws-own-region-explicit", "aws-other-region", "own-explicit-peer-default",
+        "trailing-slash-and-case"])
+def test_the_own_bucket_through_another_spelling_of_its_endpoint_is_refused(
+        own: dict[str, str], peer: dict[str, str]) -> None:
+    """On AWS a bucket name is global: the same name through any AWS endpoint is the
+    own bucket; elsewhere endpoints are compared after normalising."""
+    errs = errors_of(with_(s3={"bucket": "src-bucket", **own}, egress={
+        "topics": {"t": {}}, "mirror": {"bucket": "src-bucket", **peer}}))
+    assert list(errs) == ["egress.mirror.bucket"]
+
+
+def test_the_same_bucket_name_on_another_store_is_allowed() -> None:
+    s = load_settings(data=with_(s3={"bucket": "bkt1", "endpoint_url": "http://minio-a:9000"},
+                                 egress={"topics": {"t": {}}, "mirror": {
+                                     "bucket": "bkt1", "region": "us-west-2",
+                                     "endpoint_url": "http://minio-b:9000"}}), environ=NO_ENV)
+    assert s.egress is not None and s.egress.mirror is not None
+
+
+@pytest.mark.parametrize("endpoint", ["https://s3.eu-central-1.amazonaws.com",
+                                      "https://s3-eu-central-1.amazonaws.com/",
+                                      "https://s3.dualstack.eu-central-1.amazonaws.com"])
+def test_an_aws_endpoint_of_another_region_than_mirror_region_is_refused(
+        endpoint: str) -> None:
+    errs = errors_of(with_(egress={"topics": {"t": {}}, "mirror": {
+        **MIRROR, "endpoint_url": endpoint}}))
+    assert list(errs) == ["egress.mirror.endpoint_url"]
+    assert "eu-central-1" in errs["egress.mirror.endpoint_url"]
+
+
+def test_a_mirror_in_the_own_aws_region_is_allowed() -> None:
+    """Same-region DR (another bucket, another account) is legitimate (docs/sizing.md)."""
+    s = load_settings(data=with_(region="us-east-1", egress={"topics": {"t": {}}, "mirror": {
+        "bucket": "peer-bucket", "region": "us-east-1",
+        "endpoint_url": "https://s3.us-east-1.amazonaws.com"}}), environ=NO_ENV)
+    assert s.egress is not None and s.egress.mirror is not None
+
+
 def test_a_bad_mirror_exits_2_naming_the_key(tmp_path: Path) -> None:
     from click.testing import CliRunner
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -22,6 +23,56 @@ from replicator.core.settings.services import (
     EgressSettings,
     IngressSettings,
 )
+
+AWS_SUFFIXES = (".amazonaws.com", ".amazonaws.com.cn")
+
+
+def normal_endpoint(url: str | None) -> str | None:
+    """``url`` compared as an endpoint (pure): scheme and host lower-cased, the default
+    port and a trailing ``/`` dropped.
+    """
+    if url is None:
+        return None
+    u = urlsplit(url.strip())
+    host = (u.hostname or "").lower()
+    default = {"http": 80, "https": 443}.get(u.scheme.lower())
+    port = "" if u.port is None or u.port == default else f":{u.port}"
+    return f"{u.scheme.lower()}://{host}{port}{u.path.rstrip('/')}"
+
+
+def is_aws_endpoint(url: str | None) -> bool:
+    """True for AWS S3 (no endpoint, or a host under ``amazonaws.com``): one global
+    namespace of bucket names, whichever region's endpoint names it.
+    """
+    if url is None:
+        return True
+    return (urlsplit(url.strip()).hostname or "").lower().endswith(AWS_SUFFIXES)
+
+
+def aws_endpoint_region(url: str | None) -> str | None:
+    """The region an AWS S3 endpoint names (``s3.us-west-2.amazonaws.com``,
+    ``s3-us-west-2``, ``s3.dualstack.us-west-2``, ``s3-fips.us-west-2``, bucket-style
+    hosts too; ``s3.amazonaws.com``: us-east-1); ``None`` for no endpoint, another store,
+    or a host whose region cannot be told (pure).
+    """
+    if url is None or not is_aws_endpoint(url):
+        return None
+    host = (urlsplit(url.strip()).hostname or "").lower()
+    for suffix in AWS_SUFFIXES:
+        host = host.removesuffix(suffix)
+    labels = host.split(".")
+    for i, label in enumerate(labels):
+        if label == "s3-accelerate":
+            return None                       # global: no region named
+        if label in ("s3", "s3-external-1") or label.startswith("s3-"):
+            rest = [x for x in labels[i + 1:] if x not in ("dualstack", "fips")]
+            if rest:
+                return rest[0]
+            if label in ("s3", "s3-external-1"):
+                return "us-east-1"
+            return label.removeprefix("s3-") if label != "s3-fips" else None
+    return None
+
 
 MAX_PARTS = 10_000
 """Parts of one S3 multipart upload, at most."""
@@ -109,14 +160,25 @@ class Settings(Model):
     @model_validator(mode="after")
     def _mirror_elsewhere(self) -> Settings:
         # The mirror copies each segment to the same key in another bucket: into this
-        # region's own bucket it would copy every segment onto itself.
+        # region's own bucket it would copy every segment onto itself. On AWS a bucket
+        # name is global, so the same name through any AWS endpoint is the same bucket.
         mirror = self.egress.mirror if self.egress is not None else None
-        if mirror is not None and mirror.bucket == self.s3.bucket \
-                and mirror.endpoint_url == self.s3.endpoint_url:
+        if mirror is None:
+            return self
+        own, peer = self.s3.endpoint_url, mirror.endpoint_url
+        if mirror.bucket == self.s3.bucket and (
+                (is_aws_endpoint(own) and is_aws_endpoint(peer))
+                or normal_endpoint(own) == normal_endpoint(peer)):
             raise KeyedValueError(
                 "egress.mirror.bucket",
                 f"{mirror.bucket!r} is this region's own bucket (s3.bucket): name the "
                 "destination region's bucket, the one its ingress reads")
+        named = aws_endpoint_region(peer)
+        if named is not None and named != mirror.region:
+            raise KeyedValueError(
+                "egress.mirror.endpoint_url",
+                f"{peer!r} is AWS's endpoint of {named}, but egress.mirror.region is "
+                f"{mirror.region!r}: the copies must go to the destination bucket's region")
         return self
 
     @model_validator(mode="after")

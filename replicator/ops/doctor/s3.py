@@ -55,6 +55,42 @@ def bucket_check(bucket: str, head: BucketHead | None, error: ReplicatorError | 
                 "or fix s3.access_key_id / the credential chain")
 
 
+MIRROR = "s3 mirror bucket"
+
+
+def mirror_check(bucket: str, region: str, head: BucketHead | None,
+                 error: ReplicatorError | None) -> Check:
+    """The low-RPO mirror's destination bucket (``[egress.mirror]``), asked with HeadBucket
+    through the mirror's own client (pure decision): PASS when it answers in
+    ``egress.mirror.region``; FAIL when it does not exist, does not answer, or is in
+    another region. HeadBucket needs ``s3:ListBucket``, which the copies do not: a 403 says
+    the bucket exists and passes (the copies' ``s3:PutObject`` cannot be tried without
+    leaving an object in the destination bucket, docs/operations.md).
+    """
+    where = f"s3://{bucket}"
+    if error is None:
+        found = head.region if head is not None else None
+        if found and found != region:
+            return fail(MIRROR, f"{where} is in {found}, not egress.mirror.region {region}",
+                        f"set egress.mirror.region = \"{found}\" (or name the bucket of "
+                        f"{region})")
+        return passed(MIRROR, f"{where} answers the mirror's client ({region})")
+    if isinstance(error, ObjectNotFound):
+        return fail(MIRROR, f"{where} does not exist (NoSuchBucket)",
+                    "fix egress.mirror.bucket: the destination region's bucket, the one its "
+                    "ingress reads")
+    if isinstance(error, StorageError):
+        return fail(MIRROR, f"no answer from {where}: {error}",
+                    "check egress.mirror.region / endpoint_url and the network path to the "
+                    "destination region")
+    # S3 answers 404 for a bucket that does not exist whoever asks, and 403 for one that
+    # exists but denies HeadBucket (s3:ListBucket, which the copies do not need and
+    # deploy/aws/iam/egress-mirror.json does not grant).
+    return passed(MIRROR, f"{where} exists (HeadBucket refused without s3:ListBucket, "
+                  f"which the copies do not need: {error}); its s3:PutObject grant is "
+                  "seen in replicator_egress_mirror_failures_total only")
+
+
 def versioning_check(bucket: str, status: str | None) -> Check:
     """WARN unless versioning is ``Enabled``: S3 replication between the regions' buckets
     needs it on both (a deployment that copies with ``replicator sync`` does not).

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from egress.metrics import EgressMetrics
-from egress.mirror import SegmentMirror
+from egress.mirror import CONNECT_TIMEOUT, MAX_ATTEMPTS, READ_TIMEOUT, SegmentMirror
 from egress.rotation import CloseReason
 from replicator.core.errors import StorageError, StorageFatalError
-from replicator.core.keys import SegmentKey
+from replicator.core.keys import SegmentKey, chain_key, topic_meta_key
 from replicator.core.metrics import Metrics
 from replicator.core.storage import MemoryObjectStore, ObjectStore
 from tests.unit.egress.fakes import Harness, messages, records
@@ -32,9 +32,17 @@ class Destination(MemoryObjectStore):
         self.hold.set()
         self.started = threading.Semaphore(0)
         self.error: Exception | None = None
+        self.meta_error: Exception | None = None
+        self.order: list[str] = []
 
     def copy_from(self, source: ObjectStore, key: str, *,
                   storage_class: str | None = None) -> None:
+        self.order.append(key)
+        if key.endswith(".json"):        # the topic's metadata: see test_metadata_*
+            if self.meta_error is not None:
+                raise self.meta_error
+            super().copy_from(source, key, storage_class=storage_class)
+            return
         self.started.release()
         assert self.hold.wait(10)
         if self.error is not None:
@@ -215,5 +223,146 @@ def test_the_destination_client_is_the_destination_regions() -> None:
         assert dest.client.meta.region_name == "us-west-2"
         assert dest.client.meta.endpoint_url == "http://127.0.0.1:9"
         assert (mirror.max_pending, mirror.storage_class) == (5, "STANDARD_IA")
+        # Short timeouts, few attempts: a stalled destination costs a copy seconds, not
+        # botocore's 60 s read timeout x 3 attempts.
+        config = dest.client.meta.config
+        assert (config.connect_timeout, config.read_timeout) == (CONNECT_TIMEOUT,
+                                                                 READ_TIMEOUT)
+        assert config.retries["total_max_attempts"] == MAX_ATTEMPTS <= 2
+        assert READ_TIMEOUT <= 15
     finally:
         mirror.close(0)
+
+
+META = topic_meta_key("data", "r1", "t")
+CHAIN = chain_key("data", "r1", "t")
+
+
+def test_metadata_is_copied_before_the_topics_first_segment_and_after_each_write() -> None:
+    """A mirrored segment never reaches the destination before the ``_topic.json`` that
+    records where its partition's history begins: ingress starting a partition without a
+    checkpoint at the mirrored segment would report the positions below it NOT replayed
+    when the first segment's copy was dropped and S3 replication is slow."""
+    source, dest = MemoryObjectStore("src"), Destination()
+    metrics = Metrics()
+    mirror = SegmentMirror(source, dest, metrics=EgressMetrics(metrics), region="r1",
+                           threads=2, max_pending=10)
+    source.put(CHAIN, b"chain-1")
+    source.put(META, b"meta-1")
+    for start in (0, 10, 20):
+        source.put(key(start).to_key(), b"seg%d" % start)
+    assert mirror.submit(key(0))
+    wait_until(lambda: mirror.pending == 0)
+    assert dest.order == [CHAIN, META, key(0).to_key()]
+    assert mirror.submit(key(10))                 # no write since: the segment alone
+    wait_until(lambda: mirror.pending == 0)
+    assert dest.order[3:] == [key(10).to_key()]
+    source.put(META, b"meta-2")                   # egress records another first position
+    mirror.metadata_written("data", "r1", "t")
+    assert mirror.submit(key(20))
+    assert mirror.close(10) == 0
+    assert dest.order[4:] == [CHAIN, META, key(20).to_key()]
+    assert dest.get(META) == b"meta-2" and dest.get(CHAIN) == b"chain-1"
+    assert total(metrics, "copies_total") == 3
+
+
+def test_a_failed_metadata_copy_keeps_the_segment_out_until_one_succeeds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    source, dest = MemoryObjectStore("src"), Destination()
+    metrics = Metrics()
+    mirror = SegmentMirror(source, dest, metrics=EgressMetrics(metrics), region="r1",
+                           threads=1, max_pending=10)
+    source.put(META, b"meta")                     # no _incarnations.json: skipped
+    for start in (0, 10):
+        source.put(key(start).to_key(), b"seg%d" % start)
+    dest.meta_error = StorageError("destination endpoint timed out")
+    with caplog.at_level(logging.WARNING, logger="egress.mirror"):
+        assert mirror.submit(key(0))
+        wait_until(lambda: total(metrics, "failures_total") == 1)
+    assert dest.keys() == []
+    assert any(key(0).to_key() in r.getMessage() and "metadata" in r.getMessage()
+               for r in caplog.records)
+    dest.meta_error = None
+    assert mirror.submit(key(10))
+    assert mirror.close(10) == 0
+    assert dest.keys() == sorted([META, key(10).to_key()])
+    assert dest.order.index(META) < dest.order.index(key(10).to_key())
+
+
+EXIT_CHILD = r'''
+import threading
+from egress.metrics import EgressMetrics
+from egress.mirror import SegmentMirror
+from replicator.core.keys import SegmentKey
+from replicator.core.metrics import Metrics
+from replicator.core.storage import MemoryObjectStore
+
+class Hangs(MemoryObjectStore):
+    def copy_from(self, source, key, *, storage_class=None):
+        print("copy sent", flush=True)
+        threading.Event().wait()      # a destination region that never answers
+
+src = MemoryObjectStore("src")
+k = SegmentKey("data", "r1", "t", 0, 0, 0, 9)
+src.put(k.to_key(), b"x")
+m = SegmentMirror(src, Hangs("dst"), metrics=EgressMetrics(Metrics()), region="r1")
+m.submit(k)
+while m.pending and not m.close(0.2):
+    pass
+print("closed", flush=True)
+'''
+
+
+def test_a_copy_hanging_on_the_destination_does_not_hold_the_process_exit() -> None:
+    """Egress's exit is bounded by ``shutdown_timeout``, not by a copy in flight: the
+    mirror's workers are daemon threads (``concurrent.futures`` joins its workers at
+    interpreter exit, which made a stalled destination hold the exit for the client's
+    timeouts x attempts). The copy here never returns: without daemon threads the child
+    never exits and ``subprocess.run`` raises ``TimeoutExpired``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", EXIT_CHILD], capture_output=True,
+                          text=True, timeout=60, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "copy sent" in done.stdout and "closed" in done.stdout
+
+
+def test_a_metadata_write_during_its_copy_is_copied_again_before_the_next_segment() -> None:
+    """Egress records a first position while the mirror copies the previous ``_topic.json``
+    (which may have read the old bytes): the next segment of the topic waits for that copy
+    and then copies the metadata again, never after the old copy alone."""
+    class SlowMeta(Destination):
+        def __init__(self) -> None:
+            super().__init__()
+            self.meta_hold = threading.Event()
+            self.meta_started = threading.Event()
+
+        def copy_from(self, source: ObjectStore, key: str, *,
+                      storage_class: str | None = None) -> None:
+            if key == META and not self.meta_hold.is_set():
+                data = source.get(key)              # reads the old bytes ...
+                self.meta_started.set()
+                assert self.meta_hold.wait(10)      # ... and lands after the write
+                self.order.append(key)
+                MemoryObjectStore.put(self, key, data)
+                return
+            super().copy_from(source, key, storage_class=storage_class)
+
+    source, dest = MemoryObjectStore("src"), SlowMeta()
+    mirror = SegmentMirror(source, dest, metrics=EgressMetrics(Metrics()), region="r1",
+                           threads=2, max_pending=10)
+    source.put(META, b"meta-1")
+    for start in (0, 10):
+        source.put(key(start).to_key(), b"seg%d" % start)
+    assert mirror.submit(key(0))
+    assert dest.meta_started.wait(10)
+    source.put(META, b"meta-2")                   # the first position of partition 0's ...
+    mirror.metadata_written("data", "r1", "t")
+    assert mirror.submit(key(10))                 # ... next segment
+    dest.meta_hold.set()
+    assert mirror.close(10) == 0
+    assert dest.get(META) == b"meta-2"
+    assert dest.order[:dest.order.index(key(10).to_key())].count(META) == 2

@@ -214,3 +214,20 @@ def test_a_changed_topic_config_is_written_within_one_check() -> None:
     meta = json.loads(store.get("data/r1/a/_topic.json"))
     assert meta["configs"]["retention.ms"] == "604800000" and meta["partitions"] == 3
     assert metrics.total("egress_topic_metadata_writes_total") == 2
+
+
+def test_the_mirror_is_told_after_each_write_settles_and_sees_the_write() -> None:
+    """``on_written`` (the low-RPO mirror copies the metadata again before the topic's
+    next segment) comes after the object holds the change, for every write path."""
+    store = MemoryObjectStore()
+    pub = publisher(store)
+    told: list[tuple[tuple[str, str, str], object]] = []
+    pub.on_written = lambda *t: told.append((t, first_positions(store)))
+    pub.check()
+    pub.record_first_position(ref(1), 40, resumed=False)
+    assert told[-1] == (("data", "r1", "a"), {"1": 40})
+    n = len(told)
+    other = publisher(store)                  # another member wrote the entry first
+    other.record_first_position(ref(2), 5, resumed=False)
+    pub.record_first_position(ref(2), 9, resumed=False)   # nothing written, still told
+    assert len(told) == n + 1 and told[-1][1] == {"1": 40, "2": 5}
