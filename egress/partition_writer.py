@@ -30,6 +30,7 @@ from egress.encode_gate import EncodeCancelled, EncodeGate
 from egress.epoch_ids import EpochIds, IncarnationChanged, Incarnations
 from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
+from egress.recreate_loss import recreate_loss, source_end
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
@@ -182,6 +183,12 @@ class PartitionWriter:
         """Runs appended (poll thread): a segment held at naming watches it."""
         self.hold_seconds = ID_CHANGE_HOLD
         self._switch_to: str | None = None
+        self._source_end: tuple[int, int] | None = None
+        """``(epoch, end)``: where the source's records ended at the last fetch (poll
+        thread, ``note_source_end``)."""
+        self._known_end: dict[int, int] = {}
+        """Each epoch's topic's end as known before an id read that still named it
+        (workers): what a switch away from it can have lost (``egress.recreate_loss``)."""
         """The id of a topic created again that the next rewind moves to (workers set it
         before the failure they report; the poll thread reads it at the rewind)."""
 
@@ -229,6 +236,13 @@ class PartitionWriter:
         if last is not None and (self.position is None or last >= self.position):
             self.position = last + 1
         return total
+
+    def note_source_end(self, high: int, consumer_position: int | None) -> None:
+        """The partition's high watermark after a fetch and the consumer's position
+        (``None``: unknown): the source's end in this epoch (``egress.recreate_loss``)."""
+        end = source_end(high, consumer_position, self.position)
+        if end is not None:
+            self._source_end = (self.epoch, end)
 
     def skipped_to(self, position: int) -> None:
         """The records up to ``position`` (exclusive) after the last appended one were
@@ -742,6 +756,8 @@ class PartitionWriter:
         id now (``IncarnationChanged`` when the topic was created again meanwhile).
         """
         ids = self.ids
+        # A fetch before the id read below was of the topic that read names.
+        seen = self._source_end
         # Ids read after this epoch's are later topics': its own goes before them in the
         # chain even when one of them was recorded first (two recreates in a row).
         later = ids.later(seg.epoch)
@@ -760,6 +776,8 @@ class PartitionWriter:
             now = ids.now()
         if now is not None and now != topic_id:
             self._hold(seg, IncarnationChanged(topic_id, now))
+        elif now is not None and seen is not None and seen[0] == seg.epoch:
+            self._known_end[seg.epoch] = max(seen[1], self._known_end.get(seg.epoch, 0))
         return topic_id, label
 
     def _hold(self, seg: Segment, changed: IncarnationChanged) -> None:
@@ -781,17 +799,29 @@ class PartitionWriter:
             waited += 0.05
 
     def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
-        """A segment whose records may be either topic's: dropped, reported as the earlier
-        topic's loss, and the partition read again from the new topic's oldest record.
+        """A segment whose records may be either topic's: dropped, and the partition read
+        again from the new topic's oldest record. The earlier topic's records past the
+        segment's start are lost up to its last known end (``egress.recreate_loss``).
         """
-        log.error("%s: the source topic was deleted and created again (topic id %s, was %s) "
-                  "while offsets %d..%d (%d records) were fetched: which topic they came from "
-                  "cannot be told, so they are not archived as %s's; its records from %d on "
-                  "are lost (the topic is deleted). Reading topic %s from its oldest record",
-                  self.name, e.now, e.was, seg.start, seg.end, seg.count, e.was, seg.start,
-                  e.now)
-        self.metrics.lost.inc(seg.count)
+        end = self._known_end.get(seg.epoch)
+        loss = recreate_loss(seg.start, end, seg.end, seg.count)
         self._switch_to = e.now
+        if loss is None:
+            log.warning("%s: the topic was recreated (topic id %s, was %s); the new topic is "
+                        "read from its oldest record. Topic %s was read to its end (offset "
+                        "%s) and archived: offsets %d..%d fetched since are the new topic's, "
+                        "nothing is lost", self.name, e.now, e.was, e.was, end, seg.start,
+                        seg.end)
+            return
+        bound = "" if loss.exact else (", an upper bound: its end is not known, these are "
+                                       "the records fetched since")
+        log.error("%s: the source topic was deleted and created again (topic id %s, was "
+                  "%s) while offsets %d..%d (%d records) were fetched: which topic they "
+                  "came from cannot be told, so they are not archived as %s's; its records "
+                  "%d..%d (%d%s) are lost (the topic is deleted). Reading topic %s from its "
+                  "oldest record", self.name, e.now, e.was, seg.start, seg.end, seg.count,
+                  e.was, loss.first, loss.last, loss.count, bound, e.now)
+        self.metrics.lost.inc(loss.count)
 
     def _record_start(self, seg: Segment, key: SegmentKey) -> None:
         if not key.incarnation:

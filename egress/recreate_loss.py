@@ -1,0 +1,67 @@
+"""What a topic deleted and created again under a fetch that went on cost: the earlier
+topic's records egress never archived, bounded by its last known high watermark.
+
+librdkafka cannot tell a recreated topic from the same one: when the new log already
+reaches egress's read position ``p``, the fetch at ``p`` returns the new topic's records
+with no sign of the change. The change shows when the segment holding them is named (the
+topic id is read again) and the segment is dropped (``PartitionWriter._switch``): which
+topic its records came from cannot be told. What can be lost is only the earlier topic's
+records from ``p`` on, up to its end. Each fetch response carries the partition's high
+watermark; one read before a topic id read that still named the earlier topic is that
+topic's (``PartitionWriter._incarnation``), so it bounds that topic's end ``H``:
+
+- ``H <= p``: egress had read the earlier topic to its end as far as it knew; the dropped
+  records are the new topic's, read again from its oldest record: nothing is lost.
+- ``H > p``: exactly the earlier topic's offsets ``p .. H - 1`` are lost.
+- ``H`` unknown: the dropped records are reported lost, an upper bound of what was fetched.
+
+Records the earlier topic received after that id read, fetched before it was deleted, are
+counted neither way: they cannot be told from the new topic's (docs/architecture.md,
+"Topic incarnations").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def source_end(high: int, consumer_position: int | None, fetched_to: int | None) -> int | None:
+    """Where the source partition's records end, from one fetch's high watermark ``high``
+    (``None`` when unknown: negative).
+
+    A consumer whose position reached ``high`` has been handed every record below it, so
+    only transaction markers (or records skipped by compaction) lie between the last one,
+    ``fetched_to`` (the offset after it), and ``high``: the end is ``fetched_to``. On a
+    transactional source the high watermark is past the last commit marker, never a record.
+    """
+    if high < 0:
+        return None
+    if consumer_position is not None and fetched_to is not None \
+            and consumer_position >= high:
+        return min(high, fetched_to)
+    return high
+
+
+@dataclass(frozen=True)
+class RecreateLoss:
+    """The earlier topic's records a dropped segment's switch loses."""
+
+    first: int
+    last: int
+    count: int
+    exact: bool
+    """``False``: the earlier topic's end is unknown, ``count`` is an upper bound (the
+    dropped segment's records)."""
+
+
+def recreate_loss(start: int, end: int | None, seg_end: int, seg_count: int
+                  ) -> RecreateLoss | None:
+    """The loss of dropping a segment from ``start`` (``seg_count`` records up to
+    ``seg_end``) whose topic was created again, given the earlier topic's known end ``end``
+    (the offset after its last record; ``None``: unknown). ``None``: nothing is lost.
+    """
+    if end is None:
+        return RecreateLoss(start, seg_end, seg_count, exact=False)
+    if end <= start:
+        return None
+    return RecreateLoss(start, end - 1, end - start, exact=True)
