@@ -864,7 +864,9 @@ class PartitionWriter:
         self._abort_upload(seg)
         if already:
             return
-        level = logging.WARNING if isinstance(error, RetriableError) else logging.ERROR
+        # A topic recreated under the segment: ``_switch`` logged what it lost, if anything.
+        level = logging.WARNING if isinstance(error, (RetriableError, IncarnationChanged)) \
+            else logging.ERROR
         log.log(level, "%s: segment from %d failed at step %s: %s", self.name, seg.start, step,
                 error)
         self.metrics.segment_failed(step)

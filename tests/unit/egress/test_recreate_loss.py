@@ -1,0 +1,144 @@
+"""A topic deleted and created again while egress's fetch went on into the new log (no
+reset): the dropped segment costs only the earlier topic's records past the read position,
+up to its last known high watermark (``egress.recreate_loss``; docs/architecture.md,
+"Topic incarnations"). Never a gap reported as a loss, never a loss unreported.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from egress.partition_writer import PartitionWriter
+from egress.recreate_loss import RecreateLoss, recreate_loss, source_end
+from egress.rotation import CloseReason
+from replicator.core.kafka import OFFSET_BEGINNING
+from replicator.core.keys import PartitionRef
+from tests.unit.egress.fakes import Harness, messages, records
+from tests.unit.egress.test_incarnation_ids import HOLD, keys, lost, writer_with
+from tests.unit.egress.test_incarnation_orders import Admin
+
+OLD = "data/r1/t/0/0/00000000000000000000-00000000000000000019"
+
+
+def assigned(admin: Admin) -> Harness:
+    """A writer assigned while the topic is ``IdA``, its first 20 records archived with the
+    high watermark of their fetch (``high``) known before the segment is named."""
+    h = writer_with(admin)
+    h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
+                               metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
+                               topic_id="IdA")
+    h.writer.hold_seconds = HOLD
+    return h
+
+
+def archive_first(h: Harness, high: int | None, position: int = 20) -> None:
+    h.writer.append(messages(records(range(20))), now=0.0)
+    if high is not None:
+        h.writer.note_source_end(high, position)
+    h.writer.close(CloseReason.AGE)
+    h.settle()
+    assert keys(h) == [OLD]
+
+
+def fetch_on_into_the_new_topic(h: Harness, admin: Admin, high: int | None,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    admin.id = "IdB"                    # deleted and created again with 30 records
+    h.writer.append(messages(records(range(20, 30), size=9)), now=0.0)
+    if high is not None:
+        h.writer.note_source_end(high, 30)   # the new topic's: after the last id read
+    h.writer.close(CloseReason.AGE)
+    with caplog.at_level(logging.WARNING):
+        h.settle()
+    assert keys(h) == [OLD]             # dropped, not archived as IdA's
+    assert h.writer.rewind_offset() == OFFSET_BEGINNING
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_the_earlier_topic_read_to_its_end_loses_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    admin = Admin()
+    h = assigned(admin)
+    try:
+        archive_first(h, 20)
+        fetch_on_into_the_new_topic(h, admin, 30, caplog)
+        assert lost(h) == 0
+        assert errors(caplog) == []
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+                  and "recreated" in r.getMessage()]
+        assert len(warned) == 1 and "IdA" in warned[0] and "IdB" in warned[0]
+        assert "the new topic is read from its oldest record" in warned[0]
+        # The new topic read again from its oldest record: every record of both archived.
+        assert h.writer.rewind() == OFFSET_BEGINNING
+        h.writer.append(messages(records(range(30), size=9)), now=0.0)
+        h.writer.close(CloseReason.AGE)
+        h.settle()
+    finally:
+        h.close()
+    assert keys(h) == [
+        OLD, "data/r1/t/_incarnations/IdB/0/0/00000000000000000000-00000000000000000029"]
+
+
+def test_the_earlier_topics_records_past_the_read_position_are_lost_exactly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The fetch of 0-19 said the log reached 25: 20-24 were never fetched.
+    admin = Admin()
+    h = assigned(admin)
+    try:
+        archive_first(h, 25)
+        fetch_on_into_the_new_topic(h, admin, 30, caplog)
+        assert lost(h) == 5                 # H - p, not the 10 records of the new topic
+        (error,) = errors(caplog)
+        assert "records 20..24 (5)" in error and "IdA" in error and "IdB" in error
+        assert "upper bound" not in error
+    finally:
+        h.close()
+
+
+def test_an_unknown_end_reports_the_fetched_records_as_an_upper_bound(
+        caplog: pytest.LogCaptureFixture) -> None:
+    admin = Admin()
+    h = assigned(admin)
+    try:
+        archive_first(h, None)
+        fetch_on_into_the_new_topic(h, admin, None, caplog)
+        assert lost(h) == 10
+        (error,) = errors(caplog)
+        assert "records 20..29 (10, an upper bound" in error
+    finally:
+        h.close()
+
+
+def test_a_watermark_fetched_after_the_last_id_read_never_bounds_the_earlier_topic(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The new topic's high watermark (30, noted before the naming that finds IdB) is not
+    # the earlier topic's: the bound stays the one known when IdA was last read (25).
+    admin = Admin()
+    h = assigned(admin)
+    try:
+        archive_first(h, 25)
+        fetch_on_into_the_new_topic(h, admin, 40, caplog)
+        assert lost(h) == 5
+    finally:
+        h.close()
+
+
+def test_a_commit_marker_after_the_last_record_is_no_record() -> None:
+    # A transactional source: records 0-19, the commit marker at 20, high watermark 21;
+    # the consumer's position is past the marker.
+    assert source_end(21, 21, 20) == 20
+    assert source_end(21, 20, 20) == 21    # not handed everything yet: 20 may be a record
+    assert source_end(21, None, 20) == 21
+    assert source_end(-1001, 21, 20) is None
+
+
+def test_the_loss_is_the_range_between_the_read_position_and_the_known_end() -> None:
+    assert recreate_loss(20, 20, 29, 10) is None
+    assert recreate_loss(20, 15, 29, 10) is None
+    assert recreate_loss(20, 25, 29, 10) == RecreateLoss(20, 24, 5, exact=True)
+    assert recreate_loss(20, 50, 29, 10) == RecreateLoss(20, 49, 30, exact=True)
+    assert recreate_loss(20, None, 29, 10) == RecreateLoss(20, 29, 10, exact=False)
