@@ -239,7 +239,8 @@ class PartitionWriter:
 
     def note_source_end(self, high: int, consumer_position: int | None) -> None:
         """The partition's high watermark after a fetch and the consumer's position
-        (``None``: unknown): the source's end in this epoch (``egress.recreate_loss``)."""
+        (``None``: unknown): the source's end in this epoch (``egress.recreate_loss``).
+        """
         end = source_end(high, consumer_position, self.position)
         if end is not None:
             self._source_end = (self.epoch, end)

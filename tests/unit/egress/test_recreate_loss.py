@@ -13,11 +13,12 @@ import pytest
 from egress.partition_writer import PartitionWriter
 from egress.recreate_loss import RecreateLoss, recreate_loss, source_end
 from egress.rotation import CloseReason
-from replicator.core.kafka import OFFSET_BEGINNING
+from replicator.core.kafka import OFFSET_BEGINNING, Fetched
 from replicator.core.keys import PartitionRef
-from tests.unit.egress.fakes import Harness, messages, records
+from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
 from tests.unit.egress.test_incarnation_ids import HOLD, keys, lost, writer_with
 from tests.unit.egress.test_incarnation_orders import Admin
+from tests.unit.egress.test_poll_loop import PositionConsumer, loop_for
 
 OLD = "data/r1/t/0/0/00000000000000000000-00000000000000000019"
 
@@ -142,3 +143,50 @@ def test_the_loss_is_the_range_between_the_read_position_and_the_known_end() -> 
     assert recreate_loss(20, 25, 29, 10) == RecreateLoss(20, 24, 5, exact=True)
     assert recreate_loss(20, 50, 29, 10) == RecreateLoss(20, 49, 30, exact=True)
     assert recreate_loss(20, None, 29, 10) == RecreateLoss(20, 29, 10, exact=False)
+
+
+class Source(PositionConsumer):
+    """Fetches prepared runs; each fetch response says the high watermark ``high``."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.runs: list[tuple[list[FakeMessage], int]] = []
+
+    def fetch(self, max_messages: int, timeout: float) -> Fetched:
+        if not self.runs:
+            return Fetched()
+        run, high = self.runs.pop(0)
+        self.highs[("t", 0)] = high
+        self.at = run[-1].offset() + 1
+        return Fetched(runs={("t", 0): run})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize(("high", "lost_records"), [
+    (20, 0),     # the fetch of 0-19 reached the log's end
+    (21, 0),     # a transactional source: a commit marker at 20, the position past it
+    (25, 5),     # 20-24 were in the earlier topic, never fetched
+])
+def test_the_poll_loop_gives_each_fetchs_high_watermark_to_its_writer(
+        high: int, lost_records: int, caplog: pytest.LogCaptureFixture) -> None:
+    admin = Admin()
+    h = assigned(admin)
+    source = Source()
+    loop = loop_for(h, source)
+    try:
+        source.runs.append((messages(records(range(20))), high))
+        loop.turn()
+        if high == 21:
+            source.at = 21                   # the consumer read on past the marker
+            loop._note_source_end(h.writer)  # the next (empty) fetch's
+        h.writer.close(CloseReason.AGE)
+        h.settle()
+        assert keys(h) == [OLD]
+        admin.id = "IdB"
+        source.runs.append((messages(records(range(20, 30), size=9)), 30))
+        loop.turn()
+        h.writer.close(CloseReason.AGE)
+        h.settle()
+        assert keys(h) == [OLD]
+        assert lost(h) == lost_records
+    finally:
+        h.close()
