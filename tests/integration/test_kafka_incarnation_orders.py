@@ -96,8 +96,9 @@ def produce_to_the_new_topic(pipe: Pipeline, tag: str, partitions: int, n: int,
     The first record keeps the new log shorter than the position egress reads the earlier
     topic from, so egress sees the offsets go back (a reset). Records produced past that
     position before egress's next fetch would be fetched with no reset: which topic they
-    came from cannot be told then, and egress reports them lost (an upper bound,
-    docs/architecture.md "Topic incarnations"), a race this file stays out of.
+    came from cannot be told then, they are dropped and read again from the new topic's
+    oldest record (docs/architecture.md "Topic incarnations"), an order only
+    ``test_records_produced_past_the_read_position_before_egress_fetches_again`` makes.
     """
     done = sum(archived(pipe).values())
     produce(pipe, tag, partitions, 1, expected)
