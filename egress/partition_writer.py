@@ -30,7 +30,7 @@ from egress.encode_gate import EncodeCancelled, EncodeGate
 from egress.epoch_ids import EpochIds, IncarnationChanged, Incarnations
 from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
-from egress.recreate_loss import recreate_loss, source_end
+from egress.recreate_loss import recreate_loss, source_end, unattributed
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
@@ -802,26 +802,34 @@ class PartitionWriter:
     def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
         """A segment whose records may be either topic's: dropped, and the partition read
         again from the new topic's oldest record. The earlier topic's records past the
-        segment's start are lost up to its last known end (``egress.recreate_loss``).
+        segment's start are lost up to its last known end; those past it are either
+        topic's, reported apart (``egress.recreate_loss``).
         """
         end = self._known_end.get(seg.epoch)
         loss = recreate_loss(seg.start, end, seg.end, seg.count)
+        either = unattributed(seg.start, end, seg.end)
         self._switch_to = e.now
+        note = ""
+        if either is not None:
+            first, last = either
+            note = (f"; offsets {first}..{last} were fetched after topic {e.was}'s id was "
+                    "last read: read again if they are the new topic's, lost if they were "
+                    f"{e.was}'s (which cannot be told)")
+            self.metrics.unattributed.inc(last - first + 1)
         if loss is None:
             log.warning("%s: the topic was recreated (topic id %s, was %s); the new topic is "
-                        "read from its oldest record. Topic %s was read to its end (offset "
-                        "%s) and archived: offsets %d..%d fetched since are the new topic's, "
-                        "nothing is lost", self.name, e.now, e.was, e.was, end, seg.start,
-                        seg.end)
+                        "read from its oldest record. Topic %s was read to its last known "
+                        "end (offset %s) and archived: nothing of it is known lost%s",
+                        self.name, e.now, e.was, e.was, end, note)
             return
         bound = "" if loss.exact else (", an upper bound: its end is not known, these are "
                                        "the records fetched since")
         log.error("%s: the source topic was deleted and created again (topic id %s, was "
                   "%s) while offsets %d..%d (%d records) were fetched: which topic they "
                   "came from cannot be told, so they are not archived as %s's; its records "
-                  "%d..%d (%d%s) are lost (the topic is deleted). Reading topic %s from its "
-                  "oldest record", self.name, e.now, e.was, seg.start, seg.end, seg.count,
-                  e.was, loss.first, loss.last, loss.count, bound, e.now)
+                  "%d..%d (%d%s) are lost (the topic is deleted)%s. Reading topic %s from "
+                  "its oldest record", self.name, e.now, e.was, seg.start, seg.end,
+                  seg.count, e.was, loss.first, loss.last, loss.count, bound, note, e.now)
         self.metrics.lost.inc(loss.count)
 
     def _record_start(self, seg: Segment, key: SegmentKey) -> None:

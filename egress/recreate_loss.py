@@ -15,9 +15,11 @@ topic's (``PartitionWriter._incarnation``), so it bounds that topic's end ``H``:
 - ``H > p``: exactly the earlier topic's offsets ``p .. H - 1`` are lost.
 - ``H`` unknown: the dropped records are reported lost, an upper bound of what was fetched.
 
-Records the earlier topic received after that id read, fetched before it was deleted, are
-counted neither way: they cannot be told from the new topic's (docs/architecture.md,
-"Topic incarnations").
+The dropped records past ``max(p, H)`` were fetched after that id read: they cannot be
+told from the new topic's (the earlier topic may have received them after the id read and
+been deleted after they were fetched). They are never claimed lost, nor passed over in
+silence: ``unattributed`` gives their range, logged and counted apart
+(docs/architecture.md, "Topic incarnations").
 """
 
 from __future__ import annotations
@@ -65,3 +67,14 @@ def recreate_loss(start: int, end: int | None, seg_end: int, seg_count: int
     if end <= start:
         return None
     return RecreateLoss(start, end - 1, end - start, exact=True)
+
+
+def unattributed(start: int, end: int | None, seg_end: int) -> tuple[int, int] | None:
+    """The offsets of a dropped segment (from ``start`` to ``seg_end``) that may be either
+    topic's: past the earlier topic's known end ``end``. ``None``: none, or the end is
+    unknown (every dropped record is then counted lost, ``recreate_loss``).
+    """
+    if end is None:
+        return None
+    first = max(start, end)
+    return (first, seg_end) if first <= seg_end else None
