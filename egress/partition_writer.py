@@ -241,7 +241,9 @@ class PartitionWriter:
         """The partition's high watermark after a fetch and the consumer's position
         (``None``: unknown): the source's end in this epoch (``egress.recreate_loss``).
         """
-        end = source_end(high, consumer_position, self.position)
+        # A run dropped while rewinding left ``position`` behind: the watermark alone then.
+        dropping = self.broken.is_set() or self.failed is not None
+        end = source_end(high, consumer_position, None if dropping else self.position)
         if end is not None:
             self._source_end = (self.epoch, end)
 
