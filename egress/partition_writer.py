@@ -30,7 +30,7 @@ from egress.encode_gate import EncodeCancelled, EncodeGate
 from egress.epoch_ids import EpochIds, IncarnationChanged, Incarnations
 from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
-from egress.recreate_loss import recreate_loss, source_end, unattributed
+from egress.recreate_loss import SourceEnds, recreate_loss, source_end, unattributed
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
@@ -181,14 +181,10 @@ class PartitionWriter:
         """Where each epoch after a reset began reading (poll thread)."""
         self.appends = 0
         """Runs appended (poll thread): a segment held at naming watches it."""
+        self.source_ends = SourceEnds()
+        """Each epoch's topic's known end: what a switch away from it can have lost."""
         self.hold_seconds = ID_CHANGE_HOLD
         self._switch_to: str | None = None
-        self._source_end: tuple[int, int] | None = None
-        """``(epoch, end)``: where the source's records ended at the last fetch (poll
-        thread, ``note_source_end``)."""
-        self._known_end: dict[int, int] = {}
-        """Each epoch's topic's end as known before an id read that still named it
-        (workers): what a switch away from it can have lost (``egress.recreate_loss``)."""
         """The id of a topic created again that the next rewind moves to (workers set it
         before the failure they report; the poll thread reads it at the rewind)."""
 
@@ -245,7 +241,8 @@ class PartitionWriter:
         dropping = self.broken.is_set() or self.failed is not None
         end = source_end(high, consumer_position, None if dropping else self.position)
         if end is not None:
-            self._source_end = (self.epoch, end)
+            # A dropped run's records came after any id read: never an idle fetch's.
+            self.source_ends.note(self.epoch, -1 if dropping else self.appends, end)
 
     def skipped_to(self, position: int) -> None:
         """The records up to ``position`` (exclusive) after the last appended one were
@@ -760,7 +757,7 @@ class PartitionWriter:
         """
         ids = self.ids
         # A fetch before the id read below was of the topic that read names.
-        seen = self._source_end
+        seen = self.source_ends.last
         # Ids read after this epoch's are later topics': its own goes before them in the
         # chain even when one of them was recorded first (two recreates in a row).
         later = ids.later(seg.epoch)
@@ -779,8 +776,8 @@ class PartitionWriter:
             now = ids.now()
         if now is not None and now != topic_id:
             self._hold(seg, IncarnationChanged(topic_id, now))
-        elif now is not None and seen is not None and seen[0] == seg.epoch:
-            self._known_end[seg.epoch] = max(seen[1], self._known_end.get(seg.epoch, 0))
+        elif now is not None:
+            self.source_ends.verified(seg.epoch, seen)
         return topic_id, label
 
     def _hold(self, seg: Segment, changed: IncarnationChanged) -> None:
@@ -807,7 +804,7 @@ class PartitionWriter:
         segment's start are lost up to its last known end; those past it are either
         topic's, reported apart (``egress.recreate_loss``).
         """
-        end = self._known_end.get(seg.epoch)
+        end = self.source_ends.end(seg.epoch)
         loss = recreate_loss(seg.start, end, seg.end, seg.count)
         either = unattributed(seg.start, end, seg.end)
         self._switch_to = e.now

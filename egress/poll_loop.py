@@ -509,4 +509,6 @@ class PollLoop:
                 position = max(w.next_offset,
                                positions.get((w.ref.topic, w.ref.partition), -1))
                 w.metrics.lag.set(max(0, high - position))
+                # An idle partition's fetches give its end too (egress.recreate_loss).
+                w.note_source_end(high, positions.get((w.ref.topic, w.ref.partition)))
         self.tails = tails

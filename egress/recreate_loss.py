@@ -78,3 +78,50 @@ def unattributed(start: int, end: int | None, seg_end: int) -> tuple[int, int] |
         return None
     first = max(start, end)
     return (first, seg_end) if first <= seg_end else None
+
+
+Note = tuple[int, int, int]
+"""``(epoch, runs, end)``: a fetch's source end, and the writer's epoch and appended runs
+when it was noted."""
+
+
+class SourceEnds:
+    """Each epoch's topic's known end, from the fetches' high watermarks.
+
+    A note (poll thread) is the earlier topic's only when no record came since its id was
+    last read: one taken before an id read that still named the epoch's topic (``verified``,
+    a worker naming a segment), or one after it with no run appended since (an idle fetch:
+    its high watermark is its position; if the new topic's log is already exactly there, the
+    earlier topic's end past it could not be known anyway, as at a reset). A run appended
+    after the last id read may be either topic's: its watermark is never used.
+    """
+
+    def __init__(self) -> None:
+        self.last: Note | None = None
+        """The last fetch's (poll thread)."""
+        self._verified: dict[int, tuple[int, int]] = {}
+        """Epoch -> (runs, end) of the last verified note (workers)."""
+        self._idle: dict[int, int] = {}
+        """Epoch -> end of notes with no run since a verified one (poll thread)."""
+
+    def note(self, epoch: int, runs: int, end: int) -> None:
+        """A fetch's end (poll thread); ``runs``: the writer's appended runs so far."""
+        self.last = (epoch, runs, end)
+        verified = self._verified.get(epoch, (0, 0) if epoch == 0 else None)
+        if verified is not None and verified[0] == runs:
+            self._idle[epoch] = max(end, self._idle.get(epoch, 0))
+
+    def verified(self, epoch: int, seen: Note | None) -> None:
+        """The id read after ``seen`` (``last`` before the read) still named ``epoch``'s
+        topic (worker).
+        """
+        if seen is None or seen[0] != epoch:
+            return
+        runs, end = self._verified.get(epoch, (0, 0))
+        self._verified[epoch] = (max(runs, seen[1]), max(end, seen[2]))
+
+    def end(self, epoch: int) -> int | None:
+        """The epoch's topic's known end (``None``: none known)."""
+        ends = [e for e in (self._verified.get(epoch, (0, None))[1], self._idle.get(epoch))
+                if e is not None]
+        return max(ends) if ends else None

@@ -272,3 +272,52 @@ def test_records_of_the_earlier_topic_fetched_after_the_last_id_read(
         assert lost(h) == 5
     finally:
         h.close()
+
+
+def resumed_at_the_end(admin: Admin) -> Harness:
+    """A writer assigned at the end of ``IdA`` (its commit at 20, all archived before)."""
+    h = writer_with(admin)
+    h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, 20, ctx=h.ctx,
+                               metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
+                               topic_id="IdA")
+    h.writer.hold_seconds = HOLD
+    return h
+
+
+def test_an_idle_partitions_watermark_is_the_earlier_topics_end(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Restarted at the end of IdA: no record, so no segment names (no id read) before the
+    # recreate; the idle fetches said the log ends at 20.
+    admin = Admin()
+    h = resumed_at_the_end(admin)
+    loop = loop_for(h, Source())
+    try:
+        source = loop.consumer
+        assert isinstance(source, Source)
+        source.highs[("t", 0)], source.at = 20, 20
+        loop._update_gauges([h.writer])          # the idle partition's tick
+        fetch_on_into_the_new_topic(h, admin, 30, caplog)
+        assert lost(h) == 0 and errors(caplog) == []
+        assert either(h) == 10
+    finally:
+        h.close()
+
+
+def test_a_watermark_after_a_run_since_the_last_id_read_is_not_idle(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # IdB's 20-29 fetched (no id read since), then an empty fetch at 30 says 30: the new
+    # topic's end, never IdA's.
+    admin = Admin()
+    h = resumed_at_the_end(admin)
+    try:
+        h.writer.note_source_end(20, 20)
+        admin.id = "IdB"
+        h.writer.append(messages(records(range(20, 30), size=9)), now=0.0)
+        h.writer.note_source_end(30, 30)
+        h.writer.note_source_end(30, 30)         # idle, but after an unread run
+        h.writer.close(CloseReason.AGE)
+        with caplog.at_level(logging.WARNING):
+            h.settle()
+        assert lost(h) == 0 and either(h) == 10
+    finally:
+        h.close()
