@@ -385,9 +385,10 @@ def test_records_produced_past_the_read_position_before_egress_fetches_again(
         if restarted:
             wait_for(lambda: metric("replicator_egress_assigned_partitions") == 1, 30,
                      "the partition assigned again")
-            # A premise, not an assertion: a fetch response (its watermark) and a tick of
-            # the idle partition before the freeze; nothing shows them outside the process.
-            time.sleep(3)
+            # A premise, not an assertion: fetch responses (their watermark) and a tick of
+            # the idle partition before the freeze (every 0.5 s and 1 s); nothing shows
+            # them outside the process. Missed, the ERROR says "its end is not known".
+            time.sleep(5)
         os.kill(proc.pid, signal.SIGSTOP)
         try:
             recreate(pipe, admin, 1)
@@ -411,8 +412,6 @@ def test_records_produced_past_the_read_position_before_egress_fetches_again(
                        "no committed offset", "lost (another member") if m in log_text]
     if saw:     # egress saw the recreate (a reset, a new assignment): not this order
         pytest.skip(f"premise not reached: egress logged {saw}")
-    if restarted and "its end is not known" in log_text:
-        pytest.skip("premise not reached: no fetch response before the freeze")
     errors = [line for line in log_text.splitlines() if " ERROR " in line]
     assert lost == 0, f"{lost} reported lost: " + " | ".join(errors)
     assert not errors, errors
