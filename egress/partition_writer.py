@@ -242,7 +242,9 @@ class PartitionWriter:
         end = source_end(high, consumer_position, None if dropping else self.position)
         if end is not None:
             # A dropped run's records came after any id read: never an idle fetch's.
-            self.source_ends.note(self.epoch, -1 if dropping else self.appends, end)
+            idle = consumer_position is not None and consumer_position >= high
+            self.source_ends.note(self.epoch, -1 if dropping else self.appends, end,
+                                  idle=idle)
 
     def skipped_to(self, position: int) -> None:
         """The records up to ``position`` (exclusive) after the last appended one were

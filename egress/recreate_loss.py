@@ -90,10 +90,12 @@ class SourceEnds:
 
     A note (poll thread) is the earlier topic's only when no record came since its id was
     last read: one taken before an id read that still named the epoch's topic (``verified``,
-    a worker naming a segment), or one after it with no run appended since (an idle fetch:
-    its high watermark is its position; if the new topic's log is already exactly there, the
-    earlier topic's end past it could not be known anyway, as at a reset). A run appended
-    after the last id read may be either topic's: its watermark is never used.
+    a worker naming a segment), or one after it with no run appended since and the
+    consumer's position at the watermark (``idle``: if the new topic's log is already
+    exactly there, the earlier topic's end past it could not be known anyway, as at a
+    reset). A run appended after the last id read may be either topic's, and so may records
+    a fetch response holds that the consumer has not handed out yet (its position below the
+    watermark): their watermark is never used unless an id read comes after it.
     """
 
     def __init__(self) -> None:
@@ -104,11 +106,13 @@ class SourceEnds:
         self._idle: dict[int, int] = {}
         """Epoch -> end of notes with no run since a verified one (poll thread)."""
 
-    def note(self, epoch: int, runs: int, end: int) -> None:
-        """A fetch's end (poll thread); ``runs``: the writer's appended runs so far."""
+    def note(self, epoch: int, runs: int, end: int, *, idle: bool) -> None:
+        """A fetch's end (poll thread); ``runs``: the writer's appended runs so far;
+        ``idle``: the consumer's position is at the watermark (nothing past it to hand out).
+        """
         self.last = (epoch, runs, end)
         verified = self._verified.get(epoch, (0, 0) if epoch == 0 else None)
-        if verified is not None and verified[0] == runs:
+        if idle and verified is not None and verified[0] == runs:
             self._idle[epoch] = max(end, self._idle.get(epoch, 0))
 
     def verified(self, epoch: int, seen: Note | None) -> None:

@@ -303,6 +303,23 @@ def test_an_idle_partitions_watermark_is_the_earlier_topics_end(
         h.close()
 
 
+def test_a_fetch_response_not_handed_out_yet_is_not_idle(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The tick comes after the client received IdB's 20-29 (its watermark 30) and before
+    # the poll hands them out: the consumer's position is still 20. Not IdA's end.
+    admin = Admin()
+    h = resumed_at_the_end(admin)
+    try:
+        h.writer.note_source_end(20, 20)         # idle at IdA's end
+        admin.id = "IdB"
+        h.writer.note_source_end(30, 20)         # the tick, before the run
+        fetch_on_into_the_new_topic(h, admin, 30, caplog)
+        assert lost(h) == 0 and errors(caplog) == []
+        assert either(h) == 10
+    finally:
+        h.close()
+
+
 def test_a_watermark_after_a_run_since_the_last_id_read_is_not_idle(
         caplog: pytest.LogCaptureFixture) -> None:
     # IdB's 20-29 fetched (no id read since), then an empty fetch at 30 says 30: the new
