@@ -242,7 +242,10 @@ class PartitionWriter:
         end = source_end(high, consumer_position, None if dropping else self.position)
         if end is not None:
             # A dropped run's records came after any id read: never an idle fetch's.
-            idle = consumer_position is not None and consumer_position >= high
+            # Nothing handed out yet since the assignment or a seek: the client's position
+            # is unknown, the writer's is where it reads from.
+            reached = [p for p in (consumer_position, self.position) if p is not None]
+            idle = max(reached, default=-1) >= high
             self.source_ends.note(self.epoch, -1 if dropping else self.appends, end,
                                   idle=idle)
 

@@ -510,5 +510,6 @@ class PollLoop:
                                positions.get((w.ref.topic, w.ref.partition), -1))
                 w.metrics.lag.set(max(0, high - position))
                 # An idle partition's fetches give its end too (egress.recreate_loss).
-                w.note_source_end(high, positions.get((w.ref.topic, w.ref.partition)))
+                at = positions.get((w.ref.topic, w.ref.partition), -1)
+                w.note_source_end(high, at if at >= 0 else None)
         self.tails = tails
