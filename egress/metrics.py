@@ -51,6 +51,13 @@ class EgressMetrics:
             "egress_source_lost_messages_total",
             "Offset positions deleted at the source (retention) before egress read them.",
             _PART)
+        self.unattributed = metrics.counter(
+            "egress_recreate_unattributed_positions_total",
+            "Offset positions fetched across a source topic deleted and created again that "
+            "could be either topic's (fetched after the earlier topic's id was last read, "
+            "past its last known high watermark): dropped, and read again from the new "
+            "topic's oldest record; lost only if they were the earlier topic's "
+            "(docs/architecture.md, 'Topic incarnations').", _PART)
         self.log_start_stalled = metrics.gauge(
             "egress_log_start_stalled_partitions",
             "Partitions stopped because their fetch position left the source log and their "
@@ -160,6 +167,7 @@ class EgressMetrics:
             segment_size=self.segment_size.labels(region, topic),
             lag=self.lag.labels(*lab),
             lost=self.lost.labels(*lab),
+            unattributed=self.unattributed.labels(*lab),
             aborted=self.aborted.labels(*lab),
             commit_failures=self.commit_failures.labels(*lab),
             dropped=self.dropped.labels(*lab),
@@ -180,6 +188,7 @@ class PartitionMetrics:
     segment_size: Any
     lag: Any
     lost: Any
+    unattributed: Any
     aborted: Any
     commit_failures: Any
     dropped: Any

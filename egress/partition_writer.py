@@ -30,6 +30,7 @@ from egress.encode_gate import EncodeCancelled, EncodeGate
 from egress.epoch_ids import EpochIds, IncarnationChanged, Incarnations
 from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
+from egress.recreate_loss import SourceEnds, recreate_loss, source_end, unattributed
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
@@ -180,6 +181,8 @@ class PartitionWriter:
         """Where each epoch after a reset began reading (poll thread)."""
         self.appends = 0
         """Runs appended (poll thread): a segment held at naming watches it."""
+        self.source_ends = SourceEnds()
+        """Each epoch's topic's known end: what a switch away from it can have lost."""
         self.hold_seconds = ID_CHANGE_HOLD
         self._switch_to: str | None = None
         """The id of a topic created again that the next rewind moves to (workers set it
@@ -229,6 +232,22 @@ class PartitionWriter:
         if last is not None and (self.position is None or last >= self.position):
             self.position = last + 1
         return total
+
+    def note_source_end(self, high: int, consumer_position: int | None) -> None:
+        """The partition's high watermark after a fetch and the consumer's position
+        (``None``: unknown): the source's end in this epoch (``egress.recreate_loss``).
+        """
+        # A run dropped while rewinding left ``position`` behind: the watermark alone then.
+        dropping = self.broken.is_set() or self.failed is not None
+        end = source_end(high, consumer_position, None if dropping else self.position)
+        if end is not None:
+            # A dropped run's records came after any id read: never an idle fetch's.
+            # Nothing handed out yet since the assignment or a seek: the client's position
+            # is unknown, the writer's is where it reads from.
+            reached = [p for p in (consumer_position, self.position) if p is not None]
+            idle = max(reached, default=-1) >= high
+            self.source_ends.note(self.epoch, -1 if dropping else self.appends, end,
+                                  idle=idle)
 
     def skipped_to(self, position: int) -> None:
         """The records up to ``position`` (exclusive) after the last appended one were
@@ -742,6 +761,8 @@ class PartitionWriter:
         id now (``IncarnationChanged`` when the topic was created again meanwhile).
         """
         ids = self.ids
+        # A fetch before the id read below was of the topic that read names.
+        seen = self.source_ends.last
         # Ids read after this epoch's are later topics': its own goes before them in the
         # chain even when one of them was recorded first (two recreates in a row).
         later = ids.later(seg.epoch)
@@ -760,6 +781,8 @@ class PartitionWriter:
             now = ids.now()
         if now is not None and now != topic_id:
             self._hold(seg, IncarnationChanged(topic_id, now))
+        elif now is not None:
+            self.source_ends.verified(seg.epoch, seen)
         return topic_id, label
 
     def _hold(self, seg: Segment, changed: IncarnationChanged) -> None:
@@ -781,17 +804,37 @@ class PartitionWriter:
             waited += 0.05
 
     def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
-        """A segment whose records may be either topic's: dropped, reported as the earlier
-        topic's loss, and the partition read again from the new topic's oldest record.
+        """A segment whose records may be either topic's: dropped, and the partition read
+        again from the new topic's oldest record. The earlier topic's records past the
+        segment's start are lost up to its last known end; those past it are either
+        topic's, reported apart (``egress.recreate_loss``).
         """
-        log.error("%s: the source topic was deleted and created again (topic id %s, was %s) "
-                  "while offsets %d..%d (%d records) were fetched: which topic they came from "
-                  "cannot be told, so they are not archived as %s's; its records from %d on "
-                  "are lost (the topic is deleted). Reading topic %s from its oldest record",
-                  self.name, e.now, e.was, seg.start, seg.end, seg.count, e.was, seg.start,
-                  e.now)
-        self.metrics.lost.inc(seg.count)
+        end = self.source_ends.end(seg.epoch)
+        loss = recreate_loss(seg.start, end, seg.end, seg.count)
+        either = unattributed(seg.start, end, seg.end)
         self._switch_to = e.now
+        note = ""
+        if either is not None:
+            first, last = either
+            note = (f"; offsets {first}..{last} were fetched after topic {e.was}'s id was "
+                    "last read: read again if they are the new topic's, lost if they were "
+                    f"{e.was}'s (which cannot be told)")
+            self.metrics.unattributed.inc(last - first + 1)
+        if loss is None:
+            log.warning("%s: the topic was recreated (topic id %s, was %s); the new topic is "
+                        "read from its oldest record. Topic %s was read to its last known "
+                        "end (offset %s) and archived: nothing of it is known lost%s",
+                        self.name, e.now, e.was, e.was, end, note)
+            return
+        bound = "" if loss.exact else (", an upper bound: its end is not known, these are "
+                                       "the records fetched since")
+        log.error("%s: the source topic was deleted and created again (topic id %s, was "
+                  "%s) while offsets %d..%d (%d records) were fetched: which topic they "
+                  "came from cannot be told, so they are not archived as %s's; its records "
+                  "%d..%d (%d%s) are lost (the topic is deleted)%s. Reading topic %s from "
+                  "its oldest record", self.name, e.now, e.was, seg.start, seg.end,
+                  seg.count, e.was, loss.first, loss.last, loss.count, bound, note, e.now)
+        self.metrics.lost.inc(loss.count)
 
     def _record_start(self, seg: Segment, key: SegmentKey) -> None:
         if not key.incarnation:
@@ -834,7 +877,9 @@ class PartitionWriter:
         self._abort_upload(seg)
         if already:
             return
-        level = logging.WARNING if isinstance(error, RetriableError) else logging.ERROR
+        # A topic recreated under the segment: ``_switch`` logged what it lost, if anything.
+        level = logging.WARNING if isinstance(error, (RetriableError, IncarnationChanged)) \
+            else logging.ERROR
         log.log(level, "%s: segment from %d failed at step %s: %s", self.name, seg.start, step,
                 error)
         self.metrics.segment_failed(step)

@@ -232,6 +232,7 @@ class PollLoop:
                 continue
             if self.skip is None:
                 read += w.append(run, now)
+                self._note_source_end(w)
                 continue
             msgs = self.skip.keep(topic, run)
             if msgs:
@@ -244,7 +245,23 @@ class PollLoop:
                 last = run[-1].offset()
                 if last is not None:
                     w.skipped_to(last + 1)
+            self._note_source_end(w)
         return read
+
+    def _note_source_end(self, w: PartitionWriter) -> None:
+        """The high watermark the last fetch response gave (cached: no request), which
+        bounds what a topic recreated under the fetch can have lost
+        (``egress.recreate_loss``).
+        """
+        tp = TopicPartition(w.ref.topic, w.ref.partition)
+        try:
+            _, high = self.consumer.watermarks(tp, cached=True)
+            positions = self.consumer.position([tp])
+        except ReplicatorError as e:
+            log.debug("%s: no cached watermark: %s", w.name, e)
+            return
+        position = positions[0].offset if positions else None
+        w.note_source_end(high, position if position is not None and position >= 0 else None)
 
     # --- positions deleted under the consumer -----------------------------------------
 
@@ -492,4 +509,7 @@ class PollLoop:
                 position = max(w.next_offset,
                                positions.get((w.ref.topic, w.ref.partition), -1))
                 w.metrics.lag.set(max(0, high - position))
+                # An idle partition's fetches give its end too (egress.recreate_loss).
+                at = positions.get((w.ref.topic, w.ref.partition), -1)
+                w.note_source_end(high, at if at >= 0 else None)
         self.tails = tails

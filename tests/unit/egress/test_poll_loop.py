@@ -29,6 +29,9 @@ class FakeConsumer:
         self.seek_failures = 0
         self.stopped = False
         self.paused: list[TopicPartition] = []
+        self.highs: dict[tuple[str, int], int] = {}
+        """The high watermark the last fetch response gave of each partition (the cached
+        ``watermarks``); unknown (-1001) when missing."""
 
     def seek(self, tp: TopicPartition) -> None:
         if self.stopped:
@@ -53,7 +56,7 @@ class FakeConsumer:
 
     def watermarks(self, tp: TopicPartition, *, cached: bool = False,
                    timeout: float = 10.0) -> tuple[int, int]:
-        return (-1001, -1001)
+        return (-1001, self.highs.get((tp.topic, tp.partition), -1001))
 
 
 @pytest.fixture
