@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from ingress.metrics import IngressMetrics
 from ingress.worker_config import FENCED_STALL, refusal_backoff, session_backoff
-from replicator.core.errors import ProducerFenced, RecordRefused
+from replicator.core.errors import NotAuthorized, ProducerFenced, RecordRefused
 from replicator.core.wire import Checkpoint, Refusal
 
 log = logging.getLogger(__name__)
@@ -107,14 +107,17 @@ class PartitionStatus:
         Retriable failures are WARNINGs while they have lasted less than
         ``QUIET_RETRIABLE`` without a checkpoint in between (one node of the destination
         restarting moves group coordinators and leaders: the sessions fail and are redone
-        from their checkpoints, nothing lost), ERRORs after; the others at once.
+        from their checkpoints, nothing lost), ERRORs after; the others, and a missing
+        grant (``NotAuthorized``), at once.
         """
         delay = self.backoff.next()
         now = self.clock()
         if self.failing_since is None:
             self.failing_since = now
         lasted = now - self.failing_since
-        quiet = kind == "retriable" and lasted < QUIET_RETRIABLE
+        # A missing grant is no routine event: it waits for an operator, so ERROR at once.
+        quiet = kind == "retriable" and lasted < QUIET_RETRIABLE \
+            and not isinstance(e, NotAuthorized)
         log.log(logging.WARNING if quiet else logging.ERROR,
                 "%s: replay session failed (%s), restarting from the checkpoint in %.1fs%s: "
                 "%s", self.where, kind, delay,

@@ -121,6 +121,13 @@ class TransactionAbortable(KafkaRetriableError):
     """A transactional call failed in a way that needs ``abort`` before the batch is redone."""
 
 
+class OffsetsNotAuthorized(TransactionAbortable, NotAuthorized):
+    """A missing ACL refused a transaction's offsets (no ``Read`` on the topics or the
+    group): abort and redo the batch (a grant lets it pass), reported like any
+    ``NotAuthorized``.
+    """
+
+
 class GenerationFenced(TransactionAbortable):
     """The group coordinator refused a transaction's consumer-group metadata
     (``send_offsets_to_transaction``: ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,

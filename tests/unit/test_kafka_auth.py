@@ -117,7 +117,7 @@ def test_a_transaction_refused_for_a_missing_read_acl_names_the_principal_and_th
 ) -> None:
     import confluent_kafka as ck
 
-    from replicator.core.errors import TransactionAbortable
+    from replicator.core.errors import NotAuthorized, TransactionAbortable
     from replicator.core.kafka.errors import translate_offsets_error
 
     err = ck.KafkaError(ck.KafkaError.TOPIC_AUTHORIZATION_FAILED,
@@ -126,6 +126,7 @@ def test_a_transaction_refused_for_a_missing_read_acl_names_the_principal_and_th
     got = translate_offsets_error(ck.KafkaException(err), "send offsets",
                                   principal="User:replicator-ingress", topics=["t.copy"])
     assert isinstance(got, TransactionAbortable)        # still aborted and retried
+    assert isinstance(got, NotAuthorized)               # and an ERROR at once (status.py)
     assert ("User:replicator-ingress is not allowed to commit offsets in a transaction "
             "(TOPIC_AUTHORIZATION_FAILED): grant it Read on Topic:t.copy") in str(got)
 

@@ -149,7 +149,7 @@ def test_retriable_session_failures_are_warnings_for_a_minute_then_errors(
     fatal or unexpected failure, is an ERROR; a checkpoint ends the run."""
     from ingress.metrics import IngressMetrics
     from ingress.status import QUIET_RETRIABLE, PartitionStatus
-    from replicator.core.errors import GenerationFenced, KafkaFatalError
+    from replicator.core.errors import GenerationFenced, KafkaFatalError, NotAuthorized
     from replicator.core.wire import Checkpoint
 
     now = [0.0]
@@ -178,3 +178,9 @@ def test_retriable_session_failures_are_warnings_for_a_minute_then_errors(
         status.session_failed(fenced, "retriable")
         status.session_failed(KafkaFatalError("boom"), "fatal")
         assert [level for level, _ in levels()] == [logging.WARNING, logging.ERROR]
+        # A missing grant waits for an operator: ERROR from the first failure (the TLS/SASL
+        # test waits for it naming the principal and the grant).
+        status.checkpointed(Checkpoint(6, "seg", datetime.now(UTC)))
+        status.session_failed(NotAuthorized("User:x is not allowed: grant it Read"),
+                              "retriable")
+        assert [level for level, _ in levels()] == [logging.ERROR]

@@ -38,6 +38,7 @@ from replicator.core.errors import (
     KafkaFatalError,
     KafkaRetriableError,
     NotAuthorized,
+    OffsetsNotAuthorized,
     ProducerFenced,
     RecordRefused,
     ReplicatorError,
@@ -149,9 +150,12 @@ def translate_offsets_error(e: BaseException, what: str, *, principal: str = "",
                     err.code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
                     else f"Group:{group}" if group else "the transaction's consumer group")
         base = classify(err, what)
-        return type(base)(f"{what}: {principal or 'this principal'} is not allowed to commit "
-                          f"offsets in a transaction ({err.name()}): grant it Read on "
-                          f"{resource} (docs/security.md, Ingress)")
+        cls: type[ReplicatorError] = (
+            OffsetsNotAuthorized if isinstance(base, TransactionAbortable)
+            else NotAuthorized if isinstance(base, KafkaRetriableError) else type(base))
+        return cls(f"{what}: {principal or 'this principal'} is not allowed to commit "
+                   f"offsets in a transaction ({err.name()}): grant it Read on "
+                   f"{resource} (docs/security.md, Ingress)")
     return translate(e, what)
 
 
