@@ -62,14 +62,17 @@ def test_egress_is_not_ready_while_s3_is_down_and_ready_again_by_itself(
 
 def test_a_kafka_cluster_that_does_not_answer_is_named_by_host_and_port(
         caplog: pytest.LogCaptureFixture) -> None:
+    # Bound and held, never listening: connections are refused, and no other process (a
+    # broker of another test worker) can take the port meanwhile.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]       # closed again: nothing listens there
-    m = Metrics()
-    watch = DependencyWatch([kafka_dependency(KafkaSettings(brokers=f"127.0.0.1:{port}"))],
-                            m, service="egress")
-    with caplog.at_level(logging.ERROR, "replicator.core.reachability"):
-        watch.check()
+        port = s.getsockname()[1]
+        m = Metrics()
+        watch = DependencyWatch(
+            [kafka_dependency(KafkaSettings(brokers=f"127.0.0.1:{port}"))], m,
+            service="egress")
+        with caplog.at_level(logging.ERROR, "replicator.core.reachability"):
+            watch.check()
     assert watch.unreachable == ["kafka"]
     assert m.value(GAUGE, {"dependency": "kafka"}) == 1
     [msg] = [r.getMessage() for r in caplog.records if r.name == "replicator.core.reachability"]

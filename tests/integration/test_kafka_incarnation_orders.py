@@ -72,6 +72,15 @@ def produce(pipe: Pipeline, tag: str, partitions: int | range, n: int,
     assert not p.take_failures()
 
 
+def live_id(admin: Admin, pipe: Pipeline) -> str:
+    """The source topic's id, once the broker answers with one (just after CreateTopics,
+    metadata may not carry it yet)."""
+    wait_for(lambda: admin.topic_id(pipe.topic) is not None, 30, "the topic id")
+    tid = admin.topic_id(pipe.topic)
+    assert tid is not None
+    return tid
+
+
 def recreate(pipe: Pipeline, admin: Admin, partitions: int) -> str:
     """Delete the source topic and create it again with ``partitions``; its new id."""
     old_id = admin.topic_id(pipe.topic)
@@ -241,7 +250,7 @@ def test_an_idle_topic_recreated_after_egress_restarted(
     first one's segments stay as they are."""
     admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
     pipe.create_source(2)
-    first_id = admin.topic_id(pipe.topic)
+    first_id = live_id(admin, pipe)
     produce(pipe, "a", 2, 20, expected)
     caplog.set_level(logging.WARNING)
     with running_ingress(pipe.ingress_settings()) as ing:
@@ -266,7 +275,7 @@ def test_two_recreates_in_a_row(pipe: Pipeline, caplog: pytest.LogCaptureFixture
     steps from A's end through B to C, skipping neither."""
     admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
     pipe.create_source(2)
-    ids = [admin.topic_id(pipe.topic)]
+    ids = [live_id(admin, pipe)]
     produce(pipe, "a", 2, 10, expected)
     caplog.set_level(logging.WARNING)
     with egress_of(pipe, egresses):
@@ -295,7 +304,7 @@ def test_recreated_while_egress_is_down(pipe: Pipeline,
     archives the new topic from its first record in its own location."""
     admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
     pipe.create_source(2)
-    first_id = admin.topic_id(pipe.topic)
+    first_id = live_id(admin, pipe)
     produce(pipe, "a", 2, 20, expected)
     caplog.set_level(logging.WARNING)
     with running_ingress(pipe.ingress_settings()) as ing:
