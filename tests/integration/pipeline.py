@@ -159,6 +159,15 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
+def topic_id_of(admin: Admin, topic: str) -> str:
+    """The topic's id once the broker answers with one (just after CreateTopics, its
+    metadata may not carry the topic yet)."""
+    wait_for(lambda: admin.topic_id(topic) is not None, 30, f"the id of {topic}")
+    tid = admin.topic_id(topic)
+    assert tid is not None
+    return tid
+
+
 def report_text(report: VerifyReport) -> str:
     return json.dumps(report.totals()) + " " + "; ".join(report.problems) + " " + "; ".join(
         f"[{p.partition}] {p.first_difference}" for p in report.partitions

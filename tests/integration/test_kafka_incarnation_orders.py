@@ -47,6 +47,7 @@ from tests.integration.pipeline import (
     Pipeline,
     running_egress,
     running_ingress,
+    topic_id_of,
     wait_for,
 )
 
@@ -70,15 +71,6 @@ def produce(pipe: Pipeline, tag: str, partitions: int | range, n: int,
             expected.setdefault(part, []).append(value)
     assert p.flush(30) == 0
     assert not p.take_failures()
-
-
-def live_id(admin: Admin, pipe: Pipeline) -> str:
-    """The source topic's id, once the broker answers with one (just after CreateTopics,
-    metadata may not carry it yet)."""
-    wait_for(lambda: admin.topic_id(pipe.topic) is not None, 30, "the topic id")
-    tid = admin.topic_id(pipe.topic)
-    assert tid is not None
-    return tid
 
 
 def recreate(pipe: Pipeline, admin: Admin, partitions: int) -> str:
@@ -250,7 +242,7 @@ def test_an_idle_topic_recreated_after_egress_restarted(
     first one's segments stay as they are."""
     admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
     pipe.create_source(2)
-    first_id = live_id(admin, pipe)
+    first_id = topic_id_of(admin, pipe.topic)
     produce(pipe, "a", 2, 20, expected)
     caplog.set_level(logging.WARNING)
     with running_ingress(pipe.ingress_settings()) as ing:
@@ -275,7 +267,7 @@ def test_two_recreates_in_a_row(pipe: Pipeline, caplog: pytest.LogCaptureFixture
     steps from A's end through B to C, skipping neither."""
     admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
     pipe.create_source(2)
-    ids = [live_id(admin, pipe)]
+    ids = [topic_id_of(admin, pipe.topic)]
     produce(pipe, "a", 2, 10, expected)
     caplog.set_level(logging.WARNING)
     with egress_of(pipe, egresses):
@@ -304,7 +296,7 @@ def test_recreated_while_egress_is_down(pipe: Pipeline,
     archives the new topic from its first record in its own location."""
     admin, expected, egresses = Admin(pipe.source_kafka), Expected(), list[Egress]()
     pipe.create_source(2)
-    first_id = live_id(admin, pipe)
+    first_id = topic_id_of(admin, pipe.topic)
     produce(pipe, "a", 2, 20, expected)
     caplog.set_level(logging.WARNING)
     with running_ingress(pipe.ingress_settings()) as ing:

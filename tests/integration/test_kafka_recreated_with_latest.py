@@ -18,7 +18,13 @@ from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import Admin, Producer
 from replicator.core.keys import SegmentKey
 from replicator.core.wire import TopicMetadata
-from tests.integration.pipeline import SOURCE_REGION, Pipeline, running_egress, wait_for
+from tests.integration.pipeline import (
+    SOURCE_REGION,
+    Pipeline,
+    running_egress,
+    topic_id_of,
+    wait_for,
+)
 from tests.integration.test_egress import segment_keys
 
 pytestmark = pytest.mark.apache
@@ -42,7 +48,7 @@ def live_segments(pipe: Pipeline) -> list[SegmentKey]:
 def test_latest_copies_a_recreated_topic_from_its_oldest_record(pipe: Pipeline) -> None:
     admin = Admin(pipe.source_kafka)
     pipe.create_source(1)
-    first_id = admin.topic_id(pipe.topic)
+    first_id = topic_id_of(admin, pipe.topic)
     produce(pipe, "history", 20)
     settings = pipe.egress_settings(max_segment_messages=5, start="latest")
 

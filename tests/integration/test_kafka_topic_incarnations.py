@@ -22,6 +22,7 @@ from tests.integration.pipeline import (
     Pipeline,
     running_egress,
     running_ingress,
+    topic_id_of,
     wait_for,
 )
 
@@ -60,7 +61,7 @@ def test_a_recreated_source_topic_is_replayed_after_the_old_one(
         pipe: Pipeline, caplog: pytest.LogCaptureFixture) -> None:
     admin = Admin(pipe.source_kafka)
     pipe.create_source(PARTITIONS)
-    first_id = admin.topic_id(pipe.topic)
+    first_id = topic_id_of(admin, pipe.topic)
     produce(pipe, "old", OLD)
     egress = Egress(pipe.egress_settings(max_segment_messages=10), store=pipe.store)
     with caplog.at_level(logging.WARNING), running_egress(egress), \
