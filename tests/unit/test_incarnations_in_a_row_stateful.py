@@ -49,25 +49,11 @@ from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
 from replicator.core.storage import ObjectInfo
 from replicator.core.wire import TopicMetadata
-from tests.unit.egress.fakes import FakeMessage, Harness, RecordingStore
+from tests.unit.egress.fakes import FakeMessage, Harness, RecordingStore, SourceAdmin
 
 TOPIC_JSON = "data/r1/t/_topic.json"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 PARTITIONS = (0, 1)
-
-
-class Admin:
-    def __init__(self) -> None:
-        self.id = "I0"
-
-    def partition_count(self, topic: str) -> int | None:
-        return len(PARTITIONS)
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        return {}
-
-    def topic_id(self, topic: str) -> str | None:
-        return self.id
 
 
 class RacingStore(RecordingStore):
@@ -92,7 +78,7 @@ class RecreatesInARow(RuleBasedStateMachine):
     def __init__(self, *, ticking: bool = True) -> None:
         super().__init__()
         self.store = RacingStore()
-        self.admin = Admin()
+        self.admin = SourceAdmin("I0", len(PARTITIONS))
         self.tick = 0
         self.ticking = ticking
         """Whether the clocks move (else every id is first seen at the same moment: only
@@ -142,6 +128,7 @@ class RecreatesInARow(RuleBasedStateMachine):
         the live topic's oldest record (no commit of it: a new topic, or a new partition).
         """
         tid = self.admin.id
+        assert tid is not None          # the model never deletes without creating
         w = PartitionWriter(PartitionRef("data", "r1", "t", p), self.h.limits, None,
                             ctx=self.ctxs[p], metrics=self.h.m.for_partition("r1", "t", p),
                             commit=self.h._commit, topic_id=tid)

@@ -40,31 +40,17 @@ from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
 from replicator.core.wire import TopicMetadata
-from tests.unit.egress.fakes import FakeMessage, Harness, RecordingStore
+from tests.unit.egress.fakes import FakeMessage, Harness, RecordingStore, SourceAdmin
 
 TOPIC_JSON = "data/r1/t/_topic.json"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class Admin:
-    def __init__(self) -> None:
-        self.id: str | None = "I0"
-
-    def partition_count(self, topic: str) -> int | None:
-        return 1
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        return {}
-
-    def topic_id(self, topic: str) -> str | None:
-        return self.id
 
 
 class Incarnations(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.store = RecordingStore()
-        self.admin = Admin()
+        self.admin = SourceAdmin("I0")
         self.source: list[tuple[str, int]] = [("I0", 0)]
         """(topic id, records) of each incarnation, in creation order; the last is live."""
         self.fetched: dict[str, set[int]] = {}

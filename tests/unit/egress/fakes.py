@@ -67,6 +67,24 @@ def messages(recs: Iterable[Record]) -> list[FakeMessage]:
     return [FakeMessage(r) for r in recs]
 
 
+class SourceAdmin:
+    """The source cluster as egress's topic metadata publisher reads it: one topic with
+    ``partitions`` partitions, no configs, its id ``tid`` (set ``id`` to recreate it)."""
+
+    def __init__(self, tid: str | None = "IdA", partitions: int = 1) -> None:
+        self.id = tid
+        self.partitions = partitions
+
+    def partition_count(self, topic: str) -> int | None:
+        return self.partitions
+
+    def topic_config(self, topic: str) -> dict[str, str]:
+        return {}
+
+    def topic_id(self, topic: str) -> str | None:
+        return self.id
+
+
 class RecordingStore(MemoryObjectStore):
     """A memory store that logs operations and fails chosen ones ``fail[op]`` times."""
 

@@ -16,8 +16,8 @@ from egress.incarnation_chain import encode, insert, merge
 from replicator.core.keys import PartitionRef
 from replicator.core.storage import ObjectInfo
 from replicator.core.wire import Incarnation, TopicMetadata
-from tests.unit.egress.fakes import RecordingStore
-from tests.unit.egress.test_incarnation_orders import TOPIC_JSON, Admin, publisher
+from tests.unit.egress.fakes import RecordingStore, SourceAdmin
+from tests.unit.egress.test_incarnation_orders import TOPIC_JSON, publisher
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 X = Incarnation("X", "")
@@ -69,7 +69,7 @@ def test_merge_places_an_inserted_entry_and_keeps_the_inserters_ends() -> None:
 
 def test_the_publisher_records_an_earlier_topic_before_a_later_one() -> None:
     store = RecordingStore()
-    admin = Admin(tid="X", partitions=2)
+    admin = SourceAdmin(tid="X", partitions=2)
     pub = publisher(admin, store)
     pub.incarnation("t", "Z", seen_at=T0 + timedelta(seconds=20))
     pub.seal(PartitionRef("data", "r1", "t", 1, "Z"), 0)
@@ -95,7 +95,7 @@ def test_a_seal_dropped_by_a_merge_with_a_late_incarnation_is_written_again() ->
     # the merge keeps B's ends for Z (against Y) and drops A's (against X). A's next
     # metadata check finds its seal missing and seals again against (X, Y, Z).
     store = RecordingStore()
-    admin = Admin(tid="X", partitions=2)
+    admin = SourceAdmin(tid="X", partitions=2)
     a = publisher(admin, store)
     write_x = PartitionRef("data", "r1", "t", 1)
     store.put(write_x.segments_prefix(0) + "00000000000000000000-00000000000000000009",
@@ -119,7 +119,7 @@ def test_a_seal_dropped_by_a_merge_with_a_late_incarnation_is_written_again() ->
 
 def test_ids_one_process_read_in_turn_are_ordered_whatever_its_clock() -> None:
     store = RecordingStore()
-    admin = Admin(tid="X", partitions=2)
+    admin = SourceAdmin(tid="X", partitions=2)
     pub = publisher(admin, store)          # its clock never moves
     admin.id = "Y"
     assert pub.topic_id("t") == "Y"        # a reset read it
@@ -166,7 +166,7 @@ def test_two_members_recording_two_recreates_at_once_keep_creation_order(clocks:
     # M2 names Y's segment (it read Y, then Z); M1 pins Z between M2's read of the chain
     # and M2's conditional put of it: M2's put is refused and merged with (X, Z).
     store = RacingStore()
-    admin = Admin(tid="X", partitions=2)
+    admin = SourceAdmin(tid="X", partitions=2)
     m1, m2 = publisher(admin, store), publisher(admin, store)
     m1.incarnation("t", "X")
     m2.incarnation("t", "X")
@@ -194,7 +194,7 @@ def test_an_inserted_incarnations_first_position_is_its_first_segments() -> None
     # read them) is sealed. Ingress would otherwise wait below 500 until it declared
     # records that never existed lost.
     store = RecordingStore()
-    admin = Admin(tid="X", partitions=1)
+    admin = SourceAdmin(tid="X", partitions=1)
     m1 = publisher(admin, store)
     m1.incarnation("t", "Z", seen_at=T0 + timedelta(seconds=20))
     m1.seal(PartitionRef("data", "r1", "t", 0, "Z"), 0)

@@ -23,11 +23,11 @@ from egress.rotation import CloseReason
 from replicator.core.kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
 from replicator.core.keys import PartitionRef
 from replicator.core.wire import TopicMetadata
-from tests.unit.egress.fakes import Harness, RecordingStore, messages, records
+from tests.unit.egress.fakes import Harness, RecordingStore, SourceAdmin, messages, records
 from tests.unit.egress.test_commits import CommitRecorder
 from tests.unit.egress.test_controller import AssignConsumer
-from tests.unit.egress.test_incarnation_orders import Admin, footer_id, publisher
-from tests.unit.egress.test_start_after_lost_commits import Admin as SourceAdmin
+from tests.unit.egress.test_incarnation_orders import footer_id, publisher
+from tests.unit.egress.test_start_after_lost_commits import Admin as ClusterAdmin
 from tests.unit.egress.test_start_after_lost_commits import Member
 
 HOLD = 0.2
@@ -42,7 +42,7 @@ def keys(h: Harness) -> list[str]:
     return sorted(k for k in h.final_keys() if not k.endswith("_topic.json"))
 
 
-def writer_with(admin: Admin) -> Harness:
+def writer_with(admin: SourceAdmin) -> Harness:
     h0 = Harness()
     pub = publisher(admin, h0.store)
     h0.close()
@@ -53,7 +53,7 @@ def writer_with(admin: Admin) -> Harness:
 
 def test_a_rewind_into_the_new_log_never_archives_its_records_as_the_earlier_topics(
         caplog: pytest.LogCaptureFixture) -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h = writer_with(admin)
     try:
         h.writer.append(messages(records(range(10))), now=0.0)
@@ -92,7 +92,7 @@ def test_a_rewind_into_the_new_log_never_archives_its_records_as_the_earlier_top
 
 def test_a_fetch_that_goes_on_into_the_new_topic_is_dropped_as_lost(
         caplog: pytest.LogCaptureFixture) -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h = writer_with(admin)
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
                                metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
@@ -135,7 +135,7 @@ def test_commits_name_the_topic_id_and_marks_stay_readable_by_an_earlier_release
 
 def test_the_writer_commits_its_epochs_topic_id() -> None:
     seen: list[str | None] = []
-    admin = Admin()
+    admin = SourceAdmin()
     h = writer_with(admin)
     commit = h._commit
 
@@ -163,7 +163,7 @@ def test_a_commit_of_the_earlier_topic_is_ignored_at_assignment() -> None:
 
 def test_a_recreated_topic_with_the_earlier_topics_commit_starts_at_its_oldest_record() -> None:
     store = RecordingStore()
-    admin = SourceAdmin(partitions=1, end=2500, topic_id="IdA")
+    admin = ClusterAdmin(partitions=1, end=2500, topic_id="IdA")
     a = Member(store, admin)
     try:
         a.assign({})
@@ -183,7 +183,7 @@ def test_a_recreated_topic_with_the_earlier_topics_commit_starts_at_its_oldest_r
 
 def test_an_epochs_id_is_read_at_the_reset_not_when_its_segment_is_named() -> None:
     # Two recreates in a row: Y's segment is still open when Z replaces Y.
-    admin = Admin(tid="X")
+    admin = SourceAdmin(tid="X")
     h = writer_with(admin)
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
                                metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
@@ -217,7 +217,7 @@ def test_a_reset_is_an_error_only_when_the_topic_id_did_not_change(
         caplog: pytest.LogCaptureFixture, via: str, now: str) -> None:
     # A topic deleted and created again is archived as a new incarnation (nothing lost or
     # overwritten): WARNING naming both ids. The same id going back is a truncation: ERROR.
-    admin = Admin(tid="IdA")
+    admin = SourceAdmin(tid="IdA")
     h = writer_with(admin)
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, None, ctx=h.ctx,
                                metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,
@@ -275,7 +275,7 @@ def test_heartbeats_name_the_topic_id_of_each_position() -> None:
     "segment followed by a reset keeps its epoch's id, so the middle topic's records are "
     "archived under the first topic's id. Telling them apart needs the id at each fetch"))
 def test_two_recreates_in_one_segment_without_a_reset_between() -> None:
-    admin = Admin(tid="IdA")
+    admin = SourceAdmin(tid="IdA")
     h = writer_with(admin)
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, 0, ctx=h.ctx,
                                metrics=h.m.for_partition("r1", "t", 0), commit=h._commit,

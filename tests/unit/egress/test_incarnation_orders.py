@@ -22,29 +22,14 @@ from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
 from replicator.core.storage import ObjectStore
 from replicator.core.wire import Incarnation, TopicMetadata
-from tests.unit.egress.fakes import Harness, RecordingStore, messages, records
+from tests.unit.egress.fakes import Harness, RecordingStore, SourceAdmin, messages, records
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 TOPIC_JSON = "data/r1/t/_topic.json"
 BASE_5_9 = "data/r1/t/0/0/00000000000000000005-00000000000000000009"
 
 
-class Admin:
-    def __init__(self, tid: str | None = "IdA", partitions: int = 1) -> None:
-        self.id = tid
-        self.partitions = partitions
-
-    def partition_count(self, topic: str) -> int | None:
-        return self.partitions
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        return {}
-
-    def topic_id(self, topic: str) -> str | None:
-        return self.id
-
-
-def publisher(admin: Admin, store: ObjectStore) -> TopicMetadataPublisher:
+def publisher(admin: SourceAdmin, store: ObjectStore) -> TopicMetadataPublisher:
     pub = TopicMetadataPublisher(
         ["t"], admin, store, prefix="data", region="r1", metrics=EgressMetrics(Metrics()),
         wall=lambda: NOW, retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
@@ -78,7 +63,7 @@ def old_release_rewrites(store: ObjectStore) -> None:
     store.put(TOPIC_JSON, json.dumps(doc).encode())
 
 
-def archive_a_then_b(store: RecordingStore, admin: Admin) -> TopicMetadataPublisher:
+def archive_a_then_b(store: RecordingStore, admin: SourceAdmin) -> TopicMetadataPublisher:
     """IdA archived 0-9 at the documented shape, then recreated as IdB: 0-4 archived."""
     pub = publisher(admin, store)
     h = Harness(store=store, first_positions=pub.record_first_position, incarnations=pub)
@@ -96,7 +81,7 @@ def archive_a_then_b(store: RecordingStore, admin: Admin) -> TopicMetadataPublis
 def test_an_egress_of_an_earlier_release_cannot_make_the_live_topic_take_the_first_shape(
 ) -> None:
     store = RecordingStore()
-    admin = Admin()
+    admin = SourceAdmin()
     running = archive_a_then_b(store, admin)
     before = store.get(BASE_5_9)
     old_release_rewrites(store)
@@ -129,7 +114,7 @@ def test_a_recreated_topic_without_commit_starts_at_its_oldest_record_after_an_e
     # asks the bucket where IdB starts: _incarnations.json says IdB is new, so from its
     # oldest record, never IdA's end (5) at the documented shape.
     store = RecordingStore()
-    admin = Admin()
+    admin = SourceAdmin()
     pub = publisher(admin, store)
     h = Harness(store=store, first_positions=pub.record_first_position, incarnations=pub)
     try:
@@ -148,7 +133,7 @@ def test_a_recreated_topic_without_commit_starts_at_its_oldest_record_after_an_e
 
 def test_the_first_id_is_written_once_whoever_records_it_later() -> None:
     store = RecordingStore()
-    admin = Admin()
+    admin = SourceAdmin()
     publisher(admin, store)              # records IdA (at start, no segment yet)
     old_release_rewrites(store)
     # Another member, the topic recreated meanwhile: IdB is never given the first shape.
@@ -160,7 +145,7 @@ def test_the_first_id_is_written_once_whoever_records_it_later() -> None:
 
 def test_an_idle_topic_recreated_after_an_upgrade_is_a_later_incarnation() -> None:
     store = RecordingStore()
-    admin = Admin(tid=None)              # the earlier release: no ids
+    admin = SourceAdmin(tid=None)              # the earlier release: no ids
     old = publisher(admin, store)
     h = Harness(store=store, first_positions=old.record_first_position)
     try:
@@ -189,7 +174,7 @@ def test_a_base_footer_naming_another_id_keeps_the_shape_for_it() -> None:
     # _topic.json lost its chain before _incarnations.json existed (written by the
     # release before it): the footer at the documented shape says whose it is.
     store = RecordingStore()
-    admin = Admin()
+    admin = SourceAdmin()
     archive_a_then_b(store, admin)
     store.delete("data/r1/t/_incarnations.json")
     old_release_rewrites(store)
@@ -201,7 +186,7 @@ def test_a_base_footer_naming_another_id_keeps_the_shape_for_it() -> None:
 def test_later_incarnations_without_any_chain_stop_naming_with_an_error(
         caplog: pytest.LogCaptureFixture) -> None:
     store = RecordingStore()
-    admin = Admin(tid=None)
+    admin = SourceAdmin(tid=None)
     old = publisher(admin, store)
     h = Harness(store=store, first_positions=old.record_first_position)
     try:
@@ -227,7 +212,7 @@ def test_merge_keeps_the_pinned_first_entry() -> None:
 
 def test_each_incarnation_records_its_partition_count() -> None:
     store = RecordingStore()
-    admin = Admin(partitions=4)
+    admin = SourceAdmin(partitions=4)
     pub = publisher(admin, store)
     admin.id, admin.partitions = "IdB", 2       # recreated with fewer partitions
     pub.check()
@@ -241,7 +226,7 @@ def test_an_earlier_releases_chain_gets_the_earlier_count_when_the_id_changes() 
     store = RecordingStore()
     store.put(TOPIC_JSON, TopicMetadata(4, {}, "t", "r1", NOW, {},
                                         (Incarnation("IdA", ""),)).encode())
-    admin = Admin(tid="IdB", partitions=2)
+    admin = SourceAdmin(tid="IdB", partitions=2)
     publisher(admin, store)
     meta = TopicMetadata.parse(store.get(TOPIC_JSON), where="_topic.json")
     assert [(i.topic_id, i.partitions) for i in meta.incarnations] == [("IdA", 4), ("IdB", 2)]
@@ -251,7 +236,7 @@ def test_a_writer_recording_the_new_id_first_keeps_the_earlier_count() -> None:
     store = RecordingStore()
     store.put(TOPIC_JSON, TopicMetadata(4, {}, "t", "r1", NOW, {},
                                         (Incarnation("IdA", ""),)).encode())
-    admin = Admin(tid="IdA", partitions=4)
+    admin = SourceAdmin(tid="IdA", partitions=4)
     pub = TopicMetadataPublisher(
         ["t"], admin, store, prefix="data", region="r1", metrics=EgressMetrics(Metrics()),
         wall=lambda: NOW, retry_policy=RetryPolicy(attempts=2, initial=timedelta(0)),
@@ -282,7 +267,7 @@ class GatedStore(RecordingStore):
 def test_seals_of_many_partitions_are_written_together() -> None:
     import threading
     store = GatedStore()
-    admin = Admin(partitions=16)
+    admin = SourceAdmin(partitions=16)
     pub = publisher(admin, store)
     admin.id = "IdB"
     assert pub.incarnation("t", "IdB") == "IdB"
@@ -311,7 +296,7 @@ def test_seals_of_many_partitions_are_written_together() -> None:
 
 def test_a_writer_that_reads_no_id_never_writes_the_first_incarnations_shape() -> None:
     store = RecordingStore()
-    admin = Admin()
+    admin = SourceAdmin()
     archive_a_then_b(store, admin)
     admin.id = None                              # a describe that gives no id
     pub = publisher(admin, store)                # a fresh process
@@ -331,7 +316,7 @@ def test_a_fresh_writer_without_an_id_finds_the_chain_without_topic_json(
     # The chain lists later incarnations only in _incarnations.json: _topic.json was
     # rewritten without them (an egress of an earlier release) or is not there.
     store = RecordingStore()
-    admin = Admin()
+    admin = SourceAdmin()
     archive_a_then_b(store, admin)
     if topic_json == "deleted":
         store.delete(TOPIC_JSON)

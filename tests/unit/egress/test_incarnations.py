@@ -18,26 +18,12 @@ from replicator.core.keys import SegmentKey
 from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
 from replicator.core.wire import Incarnation, TopicMetadata
-from tests.unit.egress.fakes import Harness, messages, records
+from tests.unit.egress.fakes import Harness, SourceAdmin, messages, records
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-class Admin:
-    def __init__(self) -> None:
-        self.id: str | None = "IdA"
-
-    def partition_count(self, topic: str) -> int | None:
-        return 1
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        return {}
-
-    def topic_id(self, topic: str) -> str | None:
-        return self.id
-
-
-def harness(admin: Admin) -> tuple[Harness, TopicMetadataPublisher, Metrics]:
+def harness(admin: SourceAdmin) -> tuple[Harness, TopicMetadataPublisher, Metrics]:
     h = Harness()
     metrics = Metrics()
     pub = TopicMetadataPublisher(
@@ -60,7 +46,7 @@ def snapshot(h: Harness) -> dict[str, bytes]:
 
 
 def test_a_recreated_topic_never_overwrites_the_earlier_incarnations_segments() -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h, _, metrics = harness(admin)
     try:
         segment(h, range(5))
@@ -94,7 +80,7 @@ def test_a_recreated_topic_never_overwrites_the_earlier_incarnations_segments() 
 
 
 def test_segments_of_the_earlier_topic_still_closing_keep_its_id() -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h, _, _ = harness(admin)
     try:
         segment(h, range(5))
@@ -112,7 +98,7 @@ def test_segments_of_the_earlier_topic_still_closing_keep_its_id() -> None:
 
 
 def test_a_segment_waits_while_the_topic_has_no_id_after_a_reset() -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h, _, _ = harness(admin)
     try:
         segment(h, range(5))
@@ -146,7 +132,7 @@ def test_topic_metadata_with_incarnations_round_trips() -> None:
 def test_a_topic_recreated_twice_leaves_no_hole_in_the_chain() -> None:
     # The second topic never had a record in this partition: its entry is filled when the
     # third one's first segment is sealed, so ingress can move through it.
-    admin = Admin()
+    admin = SourceAdmin()
     h, pub, _ = harness(admin)
     try:
         segment(h, range(5))
@@ -167,7 +153,7 @@ def test_a_topic_recreated_twice_leaves_no_hole_in_the_chain() -> None:
 
 def test_a_broker_without_topic_ids_keeps_the_documented_shape() -> None:
     for no_id in (None, "", "None", "AAAAAAAAAAAAAAAAAAAAAA"):
-        admin = Admin()
+        admin = SourceAdmin()
         admin.id = no_id
         h, pub, _ = harness(admin)
         try:

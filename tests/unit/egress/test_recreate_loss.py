@@ -15,15 +15,14 @@ from egress.recreate_loss import RecreateLoss, recreate_loss, source_end
 from egress.rotation import CloseReason
 from replicator.core.kafka import OFFSET_BEGINNING, Fetched
 from replicator.core.keys import PartitionRef
-from tests.unit.egress.fakes import FakeMessage, Harness, messages, records
+from tests.unit.egress.fakes import FakeMessage, Harness, SourceAdmin, messages, records
 from tests.unit.egress.test_incarnation_ids import HOLD, keys, lost, writer_with
-from tests.unit.egress.test_incarnation_orders import Admin
 from tests.unit.egress.test_poll_loop import PositionConsumer, loop_for
 
 OLD = "data/r1/t/0/0/00000000000000000000-00000000000000000019"
 
 
-def assigned(admin: Admin) -> Harness:
+def assigned(admin: SourceAdmin) -> Harness:
     """A writer assigned while the topic is ``IdA``, its first 20 records archived with the
     high watermark of their fetch (``high``) known before the segment is named."""
     h = writer_with(admin)
@@ -43,7 +42,7 @@ def archive_first(h: Harness, high: int | None, position: int = 20) -> None:
     assert keys(h) == [OLD]
 
 
-def fetch_on_into_the_new_topic(h: Harness, admin: Admin, high: int | None,
+def fetch_on_into_the_new_topic(h: Harness, admin: SourceAdmin, high: int | None,
                                 caplog: pytest.LogCaptureFixture, first: int = 20) -> None:
     before = keys(h)
     admin.id = "IdB"                    # deleted and created again with 30 records
@@ -67,7 +66,7 @@ def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 def test_the_earlier_topic_read_to_its_end_loses_nothing(
         caplog: pytest.LogCaptureFixture) -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         archive_first(h, 20)
@@ -95,7 +94,7 @@ def test_the_earlier_topic_read_to_its_end_loses_nothing(
 def test_the_earlier_topics_records_past_the_read_position_are_lost_exactly(
         caplog: pytest.LogCaptureFixture) -> None:
     # The fetch of 0-19 said the log reached 25: 20-24 were never fetched.
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         archive_first(h, 25)
@@ -111,7 +110,7 @@ def test_the_earlier_topics_records_past_the_read_position_are_lost_exactly(
 
 def test_an_unknown_end_reports_the_fetched_records_as_an_upper_bound(
         caplog: pytest.LogCaptureFixture) -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         archive_first(h, None)
@@ -128,7 +127,7 @@ def test_a_watermark_fetched_after_the_last_id_read_never_bounds_the_earlier_top
         caplog: pytest.LogCaptureFixture) -> None:
     # The new topic's high watermark (30, noted before the naming that finds IdB) is not
     # the earlier topic's: the bound stays the one known when IdA was last read (25).
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         archive_first(h, 25)
@@ -152,7 +151,7 @@ def test_a_run_dropped_while_rewinding_never_lowers_the_known_end(
     # 0-9 archived; 10-19 fail their copy; 20-29 fetched meanwhile are dropped (the
     # consumer read to the high watermark 30, the writer's position stayed at 20): the
     # earlier topic reached 30, not 20.
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         h.writer.append(messages(records(range(10))), now=0.0)
@@ -209,7 +208,7 @@ class Source(PositionConsumer):
 ])
 def test_the_poll_loop_gives_each_fetchs_high_watermark_to_its_writer(
         high: int, lost_records: int, caplog: pytest.LogCaptureFixture) -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     source = Source()
     loop = loop_for(h, source)
@@ -238,7 +237,7 @@ def test_records_of_the_earlier_topic_fetched_after_the_last_id_read_are_never_s
     # IdA's 20-24 fetched after the last id read (the naming of 0-19), then IdA deleted and
     # IdB created with 30 records before the segment is named: 20-29 may be either topic's.
     # Not claimed lost (the usual case is the one above, a gap), not passed over either.
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         archive_first(h, 20)
@@ -262,7 +261,7 @@ def test_records_of_the_earlier_topic_fetched_after_the_last_id_read_are_never_s
     "not counted lost. Telling them apart needs the topic id with each fetch"))
 def test_records_of_the_earlier_topic_fetched_after_the_last_id_read(
         caplog: pytest.LogCaptureFixture) -> None:
-    admin = Admin()
+    admin = SourceAdmin()
     h = assigned(admin)
     try:
         archive_first(h, 20)
@@ -274,7 +273,7 @@ def test_records_of_the_earlier_topic_fetched_after_the_last_id_read(
         h.close()
 
 
-def resumed_at_the_end(admin: Admin) -> Harness:
+def resumed_at_the_end(admin: SourceAdmin) -> Harness:
     """A writer assigned at the end of ``IdA`` (its commit at 20, all archived before)."""
     h = writer_with(admin)
     h.writer = PartitionWriter(PartitionRef("data", "r1", "t", 0), h.limits, 20, ctx=h.ctx,
@@ -288,7 +287,7 @@ def test_an_idle_partitions_watermark_is_the_earlier_topics_end(
         caplog: pytest.LogCaptureFixture) -> None:
     # Restarted at the end of IdA: no record, so no segment names (no id read) before the
     # recreate; the idle fetches said the log ends at 20.
-    admin = Admin()
+    admin = SourceAdmin()
     h = resumed_at_the_end(admin)
     loop = loop_for(h, Source())
     try:
@@ -309,7 +308,7 @@ def test_a_fetch_response_not_handed_out_yet_is_not_idle(
         caplog: pytest.LogCaptureFixture) -> None:
     # The tick comes after the client received IdB's 20-29 (its watermark 30) and before
     # the poll hands them out: the consumer's position is still 20. Not IdA's end.
-    admin = Admin()
+    admin = SourceAdmin()
     h = resumed_at_the_end(admin)
     try:
         h.writer.note_source_end(20, 20)         # idle at IdA's end
@@ -326,7 +325,7 @@ def test_a_watermark_after_a_run_since_the_last_id_read_is_not_idle(
         caplog: pytest.LogCaptureFixture) -> None:
     # IdB's 20-29 fetched (no id read since), then an empty fetch at 30 says 30: the new
     # topic's end, never IdA's.
-    admin = Admin()
+    admin = SourceAdmin()
     h = resumed_at_the_end(admin)
     try:
         h.writer.note_source_end(20, 20)
