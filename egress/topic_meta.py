@@ -34,7 +34,7 @@ from typing import Literal, Protocol
 
 from egress.incarnation_chain import ChainStore, insert, merge
 from egress.metrics import EgressMetrics
-from egress.topic_seals import TopicSeals, _Seal
+from egress.topic_seals import PendingSeal, TopicSeals
 from replicator.core.clock import Clock
 from replicator.core.errors import (
     ObjectNotFound,
@@ -151,7 +151,7 @@ class TopicMetadataPublisher(TopicSeals):
         self._labels: dict[tuple[str, str], str] = {}
         """(topic, topic id) -> label of incarnations known to be in ``_topic.json``."""
         self._sealed: set[tuple[str, str, int]] = set()
-        self._pending_seals: dict[str, dict[tuple[str, str, int], _Seal]] = {}
+        self._pending_seals: dict[str, dict[tuple[str, str, int], PendingSeal]] = {}
         self._chains = ChainStore(store, prefix=prefix, region=region,
                                   retry_policy=retry_policy)
         self._pinned: dict[str, tuple[Incarnation, ...]] = {}

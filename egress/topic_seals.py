@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Seal:
+class PendingSeal:
     """One partition's seal waiting to be written (``TopicMetadataPublisher.seal``)."""
 
     labels: tuple[str, ...]
@@ -38,7 +38,7 @@ class _Seal:
     """Chain index -> the end of its predecessor's segments of the partition."""
 
 
-def _apply(incs: list[Incarnation], one: _Seal) -> bool:
+def _apply(incs: list[Incarnation], one: PendingSeal) -> bool:
     """Write ``one`` into ``incs`` (its chain as read, in place); whether that changed it."""
     rank = len(one.labels) - 1
     p = one.partition
@@ -67,7 +67,7 @@ class TopicSeals:
     _topic_locks: dict[str, threading.Lock]
     _sealed: set[tuple[str, str, int]]
     """(topic, label, partition) sealed by this process."""
-    _pending_seals: dict[str, dict[tuple[str, str, int], _Seal]]
+    _pending_seals: dict[str, dict[tuple[str, str, int], PendingSeal]]
 
     def _restore(self, topic: str, cur: TopicMetadata | None, *, fresh: bool
                  ) -> tuple[TopicMetadata | None, bool]:
@@ -141,13 +141,13 @@ class TopicSeals:
         ends = {n: self._highest_end(ref.of_incarnation(labels[n - 1]))
                 for n in range(1, rank + 1) if p not in cur.incarnations[n].previous_ends}
         if ends or p not in cur.incarnations[rank].first_positions:
-            self._seal_batched(ref, _Seal(tuple(labels[:rank + 1]), p, start, ends))
+            self._seal_batched(ref, PendingSeal(tuple(labels[:rank + 1]), p, start, ends))
             log.info("%s: the previous incarnation's segments end at %s; this one begins at "
                      "%d", ref, ends.get(rank, "(recorded already)"), start)
         with self._mutex:
             self._sealed.add(token)
 
-    def _seal_batched(self, ref: PartitionRef, seal: _Seal) -> None:
+    def _seal_batched(self, ref: PartitionRef, seal: PendingSeal) -> None:
         """Write one seal, with every other seal of the topic waiting in this process, in
         one conditional put: members sealing many partitions at once after a recreate
         would otherwise refuse each other's puts (each a read-modify-write of the one

@@ -289,9 +289,7 @@ class ArchiveCommitter(SnapshotHistory):
                 skipped.add(k)   # deleted since the listing: the next step removes it
                 continue
             except SegmentCorrupt as e:
-                log.error("%s: not added to the table: %s", k, e)
-                self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
-                result.unreadable.append(k.to_key())
+                self._unreadable(k, e, result)
                 skipped.add(k)
                 continue
             if footer is None:
@@ -316,6 +314,12 @@ class ArchiveCommitter(SnapshotHistory):
                 continue
             files.append(f)
         return files, skipped
+
+    def _unreadable(self, k: SegmentKey, e: SegmentCorrupt, result: SyncResult) -> None:
+        """A segment whose records cannot be read: left out of the table (ERROR, counted)."""
+        log.error("%s: not added to the table: %s", k, e)
+        self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
+        result.unreadable.append(k.to_key())
 
     def sync(self, region: str, topic: str, *, partition: int | None = None,
              deleting: Iterable[SegmentKey] = (), expire: bool = True) -> SyncResult:
@@ -529,9 +533,7 @@ class ArchiveCommitter(SnapshotHistory):
                     skipped.add(k)   # deleted since the listing: the next step removes it
                     continue
                 except SegmentCorrupt as e:
-                    log.error("%s: not added to the table: %s", k, e)
-                    self.m.not_in_table.labels(k.region, k.topic, "unreadable").inc()
-                    result.unreadable.append(k.to_key())
+                    self._unreadable(k, e, result)
                     skipped.add(k)
                     continue
                 except CopyUnfit as e:
