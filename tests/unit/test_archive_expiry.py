@@ -47,6 +47,19 @@ def table_of(committer: ArchiveCommitter, topic: str = "t") -> IcebergTable:
     return table
 
 
+def two_segments_committed(tmp_path: Path, retention: str = "0s"
+                           ) -> tuple[MemoryObjectStore, Settings, ArchiveCommitter]:
+    """A bucket holding offsets 0-9 and 10-19 of topic t, and a committer whose table
+    lists both."""
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path, snapshot_retention=retention)
+    committer = ArchiveCommitter(settings, store)
+    put(store, 0, 9)
+    put(store, 10, 19)
+    committer.sync("r1", "t")
+    return store, settings, committer
+
+
 def run(settings: Settings, store: MemoryObjectStore, committer: ArchiveCommitter) -> Any:
     return Compaction(settings, store=store, clock=clock,
                       archive_factory=lambda *_: committer).run_once()
@@ -54,12 +67,7 @@ def run(settings: Settings, store: MemoryObjectStore, committer: ArchiveCommitte
 
 def test_a_run_killed_between_swap_and_delete_leaves_no_snapshot_listing_deleted_segments(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = MemoryObjectStore("b")
-    settings = catalog_settings(tmp_path, snapshot_retention="0s")
-    committer = ArchiveCommitter(settings, store)
-    put(store, 0, 9)
-    put(store, 10, 19)
-    committer.sync("r1", "t")
+    store, settings, committer = two_segments_committed(tmp_path)
     put(store, 20, 29)
     committer.sync("r1", "t")
 
@@ -111,12 +119,7 @@ def test_a_failed_delete_of_one_topic_still_expires_the_others(tmp_path: Path) -
 
 def test_a_tag_neither_blocks_expiry_nor_fails_later_steps(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    store = MemoryObjectStore("b")
-    settings = catalog_settings(tmp_path, snapshot_retention="0s")
-    committer = ArchiveCommitter(settings, store)
-    put(store, 0, 9)
-    put(store, 10, 19)
-    committer.sync("r1", "t")
+    store, settings, committer = two_segments_committed(tmp_path)
     table = table_of(committer)
     tagged = table.snapshot_id
     assert tagged is not None
@@ -141,11 +144,7 @@ def test_swaps_commit_replace_removals_delete_and_new_segments_append(
         tmp_path: Path) -> None:
     """Spark's Iceberg streaming source reads `append`, skips `replace` (and `delete` with
     streaming-skip-delete-snapshots) and fails on `overwrite`."""
-    store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path, snapshot_retention="0s"), store)
-    put(store, 0, 9)
-    put(store, 10, 19)
-    committer.sync("r1", "t")
+    store, _, committer = two_segments_committed(tmp_path)
     table = table_of(committer)
     first = table.snapshot_id
     # A compaction output and a new segment landed; one segment of partition 1 went.
@@ -176,11 +175,7 @@ def test_tables_keep_gc_disabled_and_a_foreign_write_stops_the_steps(
     from replicator.archive.iceberg import NewFile
     from replicator.archive.ownership import ForeignWrites
 
-    store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path, snapshot_retention="0s"), store)
-    put(store, 0, 9)
-    put(store, 10, 19)
-    committer.sync("r1", "t")
+    store, _, committer = two_segments_committed(tmp_path)
     table = table_of(committer)
     assert table.properties["gc.enabled"] == "false"
     table.set_properties({"gc.enabled": "true"})   # an engine's ALTER TABLE
@@ -219,11 +214,7 @@ def test_tables_keep_gc_disabled_and_a_foreign_write_stops_the_steps(
 def test_an_engines_delete_of_a_segment_is_not_undone(tmp_path: Path) -> None:
     from replicator.archive.ownership import ForeignWrites
 
-    store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path, snapshot_retention="0s"), store)
-    put(store, 0, 9)
-    put(store, 10, 19)
-    committer.sync("r1", "t")
+    _, _, committer = two_segments_committed(tmp_path)
     table = table_of(committer)
     table.commit(remove=[f"s3://b/{k(0, 0, 9)}"], summary={})   # DELETE WHERE offset < 10
     with pytest.raises(ForeignWrites):
@@ -305,11 +296,7 @@ def test_a_replicated_output_expires_at_once_since_its_inputs_vanish_unseen(
     """The replica bucket: the other region's compaction output arrives, then the deletes of
     its inputs (S3 replication of delete markers, `replicator sync`); no step of this table
     sees them go, so the step that swaps the output in expires the older snapshots."""
-    store = MemoryObjectStore("b")
-    committer = ArchiveCommitter(catalog_settings(tmp_path), store)   # retention 1h
-    put(store, 0, 9)
-    put(store, 10, 19)
-    committer.sync("r1", "t")
+    store, _, committer = two_segments_committed(tmp_path, "1h")
     write_segment(store, k(1, 0, 19), make_records(0, 19))
     assert committer.sync("r1", "t").removed_covered == 2
     store.delete_many([k(0, 0, 9).to_key(), k(0, 10, 19).to_key()])
