@@ -261,16 +261,26 @@ class TopicMetadataPublisher(TopicSeals):
             pinned = self._pinned.get(topic, ())
         if not pinned:
             return False
-        key = topic_meta_key(self.prefix, self.region, topic)
+        try:
+            meta = self._read_meta(topic_meta_key(self.prefix, self.region, topic))
+        except TopicError:
+            return True
+        if meta is None:
+            return True
+        return any(meta.incarnation(i.topic_id) is None for i in pinned)
+
+    def _read_meta(self, key: str) -> TopicMetadata | None:
+        """The ``_topic.json`` at ``key`` (its GET retried); ``None`` while there is none.
+
+        Raises:
+            TopicError: it is unreadable.
+            ReplicatorError: S3 failed.
+        """
         try:
             data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
         except ObjectNotFound:
-            return True
-        try:
-            meta = TopicMetadata.parse(data, where=key)
-        except TopicError:
-            return True
-        return any(meta.incarnation(i.topic_id) is None for i in pinned)
+            return None
+        return TopicMetadata.parse(data, where=key)
 
     def _id_for_check(self, topic: str) -> str | None:
         """The topic id ``check`` records (``None``: none, or the describe failed)."""
@@ -413,14 +423,12 @@ class TopicMetadataPublisher(TopicSeals):
         if known is None:
             key = topic_meta_key(self.prefix, self.region, topic)
             try:
-                data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
-            except ObjectNotFound:
-                return False
-            try:
-                meta = TopicMetadata.parse(data, where=key)
+                meta = self._read_meta(key)
             except TopicError as e:
                 log.warning("%s: %s is unreadable; partition %d is taken as one the topic "
                             "had from the start: %s", topic, key, partition, e)
+                return False
+            if meta is None:
                 return False
             self._remember(topic, meta)
             known = at_start(meta, meta.partitions)
@@ -507,13 +515,11 @@ class TopicMetadataPublisher(TopicSeals):
         """
         key = topic_meta_key(ref.prefix, ref.region, ref.topic)
         try:
-            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
-        except ObjectNotFound:
-            return None
-        try:
-            meta = TopicMetadata.parse(data, where=key)
+            meta = self._read_meta(key)
         except TopicError as e:
             log.warning("%s: %s is unreadable; the topic's start applies: %s", ref, key, e)
+            return None
+        if meta is None:
             return None
         # An egress of an earlier release may have rewritten it without the chain (and
         # this process's check not restored it yet, e.g. S3 failing at start): without
@@ -651,12 +657,7 @@ class TopicMetadataPublisher(TopicSeals):
         with self._mutex:
             if self._pinned.get(topic) or any(t == topic for t, _ in self._labels):
                 return True
-        key = topic_meta_key(self.prefix, self.region, topic)
-        try:
-            data = retry(lambda: self.store.get(key), self.retry_policy, what=f"get {key}")
-            meta: TopicMetadata | None = TopicMetadata.parse(data, where=key)
-        except ObjectNotFound:
-            meta = None
+        meta = self._read_meta(topic_meta_key(self.prefix, self.region, topic))
         restored, _ = self._restore(topic, meta, fresh=True)
         with self._mutex:
             pinned = self._pinned.get(topic, ())
