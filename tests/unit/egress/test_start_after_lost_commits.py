@@ -24,29 +24,19 @@ from replicator.core.metrics import Metrics
 from replicator.core.retry import RetryPolicy
 from replicator.core.settings import load_settings
 from replicator.core.storage import MemoryObjectStore
-from tests.unit.egress.fakes import Harness, RecordingStore, messages, records
+from tests.unit.egress.fakes import Harness, RecordingStore, SourceAdmin, messages, records
 from tests.unit.egress.test_commits import CommitRecorder
 from tests.unit.egress.test_controller import AssignConsumer
 
 TOPIC_JSON = topic_meta_key("data", "r1", "t")
 
 
-class Admin:
+class Admin(SourceAdmin):
     """The source cluster as the publisher and the controller read it."""
 
     def __init__(self, partitions: int, end: int = 0, topic_id: str | None = None) -> None:
-        self.partitions = partitions
+        super().__init__(topic_id, partitions)
         self.end = end
-        self.id = topic_id
-
-    def partition_count(self, topic: str) -> int | None:
-        return self.partitions
-
-    def topic_config(self, topic: str) -> dict[str, str]:
-        return {}
-
-    def topic_id(self, topic: str) -> str | None:
-        return self.id
 
     def log_ends(self, partitions: Sequence[tuple[str, int]], *, timeout: float
                  ) -> dict[tuple[str, int], int]:
