@@ -247,11 +247,10 @@ def mirror_destination(settings: Settings) -> S3ObjectStore | None:
     from replicator.core.s3 import S3ObjectStore, make_s3_client
 
     s3 = settings.s3
+    key, secret = s3.static_keys()
     client = make_s3_client(
         endpoint_url=mirror.endpoint_url, region=mirror.region,
-        access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
-        secret_access_key=(s3.secret_access_key.get_secret_value()
-                           if s3.secret_access_key else None),
+        access_key_id=key, secret_access_key=secret,
         max_pool_connections=mirror.threads + 1, connect_timeout=CONNECT_TIMEOUT,
         read_timeout=READ_TIMEOUT, max_attempts=MAX_ATTEMPTS - 1)  # botocore: retries
     return S3ObjectStore(client, mirror.bucket)

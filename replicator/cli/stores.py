@@ -17,11 +17,7 @@ def store_for(bucket: str, *, endpoint_url: str | None, region: str,
     it applies to writes into ``bucket`` only when ``bucket`` is the settings' own bucket;
     writes into another bucket get that bucket's default encryption.
     """
-    key = secret = None
-    if settings is not None and settings.s3.access_key_id is not None \
-            and settings.s3.secret_access_key is not None:
-        key = settings.s3.access_key_id.get_secret_value()
-        secret = settings.s3.secret_access_key.get_secret_value()
+    key, secret = settings.s3.static_keys() if settings is not None else (None, None)
     client = make_s3_client(endpoint_url=endpoint_url, region=region, access_key_id=key,
                             secret_access_key=secret)
     own = settings is not None and settings.s3.bucket == bucket

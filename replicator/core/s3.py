@@ -135,11 +135,10 @@ class S3ObjectStore(ObjectStore):
     def from_settings(cls, settings: Settings) -> S3ObjectStore:
         """The store of ``settings.s3`` with a client for ``settings.s3_region``."""
         s3 = settings.s3
+        key, secret = s3.static_keys()
         client = make_s3_client(
             endpoint_url=s3.endpoint_url, region=settings.s3_region,
-            access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
-            secret_access_key=(s3.secret_access_key.get_secret_value()
-                               if s3.secret_access_key else None),
+            access_key_id=key, secret_access_key=secret,
             max_pool_connections=s3.max_pool_connections)
         return cls(client, s3.bucket, part_size=s3.part_size,
                    multipart_copy_threshold=s3.multipart_copy_threshold, sse=s3.sse,

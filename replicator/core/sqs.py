@@ -86,11 +86,10 @@ class SqsQueue:
         """
         ingress = settings.require("ingress")
         s3 = settings.s3
+        key, secret = s3.static_keys()
         client = make_sqs_client(
             endpoint_url=ingress.sqs_endpoint_url or s3.endpoint_url, region=settings.region,
-            access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
-            secret_access_key=(s3.secret_access_key.get_secret_value()
-                               if s3.secret_access_key else None))
+            access_key_id=key, secret_access_key=secret)
         return cls(client, ingress.sqs_queue)
 
     def __repr__(self) -> str:

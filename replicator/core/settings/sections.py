@@ -95,6 +95,14 @@ class S3Settings(Model):
             raise ValueError("access_key_id and secret_access_key go together")
         return self
 
+    def static_keys(self) -> tuple[str | None, str | None]:
+        """``access_key_id`` and ``secret_access_key`` revealed for a client (both ``None``:
+        the AWS credential chain).
+        """
+        if self.access_key_id is None or self.secret_access_key is None:
+            return None, None       # set together or not at all (checked above)
+        return self.access_key_id.get_secret_value(), self.secret_access_key.get_secret_value()
+
     def storage_class_for(self, level: int) -> str | None:
         """Storage class configured for a level, or ``None`` for the bucket default."""
         return self.storage_class.get(level)
