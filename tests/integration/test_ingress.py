@@ -462,5 +462,45 @@ def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None
         assert [r[2] for r in read_topic(env.brokers, env.dest)[0]] == [b"v1"]
 
 
+def test_a_producer_fenced_in_the_background_raises_fenced_on_its_next_record(
+        env: Env) -> None:
+    """The client learns of the fence from a produce request in flight and fails for
+    good; every later record is refused with a bare "fatal error". The error raised is
+    still ProducerFenced (the worker stops the session, not the process), also when the
+    fatal error's one report was already taken by a poll."""
+    from ingress.rows import Rows
+    from ingress.sink import KafkaSink
+    from replicator.core.errors import ProducerFenced
+
+    settings = env.settings()
+    admin = Admin(settings.kafka)
+    admin.create_topic(env.dest, 1)
+    admin.create_topic("cp-" + env.dest, 1)
+    tid = unique_name("tid")
+
+    def sink() -> KafkaSink:
+        s = KafkaSink(settings.kafka, topic=env.dest, partition=0,
+                      checkpoint_topic="cp-" + env.dest, transactional_id=tid, timeout=10)
+        s.start()
+        return s
+
+    old = sink()
+    old.begin()
+    new = sink()
+    old.produce(Rows([0], [RECENT_MS], [b"k"], [b"v0"], [None]))  # sent after the fence
+    deadline = time.monotonic() + 30
+    fatal = False
+    while not fatal and time.monotonic() < deadline:
+        try:
+            old.producer.poll(0.2)
+        except Exception:  # noqa: BLE001 (the fatal error's one report, taken here)
+            fatal = True
+    assert fatal
+    with pytest.raises(ProducerFenced):
+        old.produce_checkpoint("k", Checkpoint(0, "s", datetime_now()))
+    old.close()
+    new.close()
+
+
 def datetime_now() -> datetime:
     return datetime.now(UTC)

@@ -25,7 +25,7 @@ from typing import Any, NewType, cast
 
 import confluent_kafka as ck
 
-from replicator.core.errors import KafkaFatalError, RecordRefused
+from replicator.core.errors import KafkaFatalError, RecordRefused, ReplicatorError
 from replicator.core.kafka.auth import client_principal
 from replicator.core.kafka.config import (
     CLIENT_LOG,
@@ -34,6 +34,7 @@ from replicator.core.kafka.config import (
     client_config,
 )
 from replicator.core.kafka.errors import (
+    client_error,
     construct,
     delivery_error,
     produce_error,
@@ -207,7 +208,41 @@ class Producer:
                 except BufferError:
                     p.poll(QUEUE_FULL_WAIT)
                 except ck.KafkaException as e:
-                    raise produce_error(e, what or f"produce to {topic}", 0) from e
+                    raise self._refusal(e, what or f"produce to {topic}", 0) from e
+
+    def _refusal(self, e: ck.KafkaException, what: str, enqueued: int) -> ReplicatorError:
+        """``produce_error`` for a record the client refused; once the client has failed for
+        good it refuses every record with a bare "fatal error" (``_FATAL``), and the error
+        raised is then the one that made it fail (fenced by a newer producer: the caller
+        stops its session, not its process).
+        """
+        err = client_error(e)
+        if err is not None and err.code() == ck.KafkaError._FATAL:
+            cause = self._fatal_cause()
+            if cause is not None:
+                return translate(cause, what)
+        return produce_error(e, what, enqueued)
+
+    def _fatal_cause(self) -> ck.KafkaException | None:
+        """The error that made the client fail for good. confluent-kafka raises it once,
+        from the next ``poll`` (the fatal error's callback); a transactional client also
+        names it on every later transaction call, so a cause another thread's ``poll``
+        already took is still found.
+        """
+        try:
+            self._p.poll(0)
+        except ck.KafkaException as e:
+            return e
+        except SystemError as e:        # see ``flush``
+            if isinstance(e.__context__, ck.KafkaException):
+                return e.__context__
+            raise
+        if self.transactional:
+            try:
+                self._p.begin_transaction()
+            except ck.KafkaException as e:
+                return e
+        return None
 
     def _one(self, listener: Callable[[DeliveryReport], None] | None, count: int,
              on_failure: Callable[[DeliveryReport], None] | None = None
@@ -350,7 +385,7 @@ class Producer:
                         raise
                 except ck.KafkaException as e:
                     i = n - length_hint(values_it) - 1
-                    raise produce_error(e, f"produce to {topic}[{partition}]@{ids[i]}",
+                    raise self._refusal(e, f"produce to {topic}[{partition}]@{ids[i]}",
                                         i) from e
         p.poll(0)
 
