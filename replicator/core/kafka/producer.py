@@ -206,7 +206,7 @@ class Producer:
                               headers=cast("_ClientHeaders", headers), **kw)
                     return
                 except BufferError:
-                    p.poll(QUEUE_FULL_WAIT)
+                    self._serve(p.poll, QUEUE_FULL_WAIT, "poll")
                 except ck.KafkaException as e:
                     raise self._refusal(e, what or f"produce to {topic}", 0) from e
 
@@ -376,7 +376,7 @@ class Producer:
                     break
                 except BufferError:
                     i = n - length_hint(values_it) - 1
-                    p.poll(QUEUE_FULL_WAIT)
+                    self._serve(p.poll, QUEUE_FULL_WAIT, "poll")
                     try:
                         self._produce(topic, values[i], keys[i], partition, timestamps[i],
                                       headers[i], on_delivery)
@@ -387,17 +387,22 @@ class Producer:
                     i = n - length_hint(values_it) - 1
                     raise self._refusal(e, f"produce to {topic}[{partition}]@{ids[i]}",
                                         i) from e
-        p.poll(0)
+        self._serve(p.poll, 0, "poll")
 
     def poll(self, timeout: float = 0.0) -> int:
-        """Serve delivery callbacks for up to ``timeout`` seconds; returns how many ran."""
-        return self._p.poll(timeout)
+        """Serve delivery callbacks for up to ``timeout`` seconds; returns how many ran.
+
+        Raises:
+            ProducerFenced / KafkaFatalError: the client failed for good (reported once,
+                by the first call that serves callbacks afterwards).
+        """
+        return self._serve(self._p.poll, timeout, "poll")
 
     def outstanding(self, timeout: float = 0.0) -> int:
         """Records not yet acknowledged, after serving callbacks for up to ``timeout``
         (returning early once one arrives).
         """
-        self._p.poll(timeout)
+        self._serve(self._p.poll, timeout, "poll")
         return len(self._p)
 
     def flush(self, timeout: float) -> int:
@@ -407,14 +412,22 @@ class Producer:
             ProducerFenced / KafkaFatalError: the client failed for good while waiting
                 (a transactional producer fenced by a newer one).
         """
+        return self._serve(self._p.flush, timeout, "flush")
+
+    def _serve(self, call: Callable[[float], int], timeout: float, what: str) -> int:
+        """``poll`` or ``flush`` of the client, its fatal error (raised once, by the call
+        that serves its callback) translated.
+        """
         try:
-            return self._p.flush(timeout)
+            return call(timeout)
+        except ck.KafkaException as e:
+            raise translate(e, f"{what} of {self.name}") from e
         except SystemError as e:
             # After a fatal error (fenced) confluent-kafka leaves its KafkaException pending
             # and still serves delivery callbacks; the first call into a Message there fails
             # with SystemError, whose context is the real error.
             if isinstance(e.__context__, ck.KafkaException):
-                raise translate(e.__context__, f"flush of {self.name}") from e.__context__
+                raise translate(e.__context__, f"{what} of {self.name}") from e.__context__
             raise
 
     def purge(self, *, in_flight: bool = False) -> None:
