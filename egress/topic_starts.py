@@ -26,7 +26,9 @@ from replicator.core.wire import TopicMetadata
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+# The publisher's logger: these lines keep the logger name they had before this part moved
+# out of egress/topic_meta.py (operators filter on it; docs/runbooks.md shows it).
+log = logging.getLogger("egress.topic_meta")
 
 
 def at_start(cur: TopicMetadata | None, partitions: int) -> int:
