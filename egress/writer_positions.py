@@ -27,7 +27,9 @@ from replicator.core.queues import SerialQueue
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+# The writer's logger: these lines keep the logger name they had before this part moved
+# out of egress/partition_writer.py (operators filter on it; docs/runbooks.md shows it).
+log = logging.getLogger("egress.partition_writer")
 
 T = TypeVar("T")
 
