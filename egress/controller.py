@@ -18,6 +18,10 @@ rebalance closes only their segments.
 
 Lifecycle: the constructor stores; ``start`` connects (S3 store, admin, consumer, metrics
 server) and fails fast; ``run`` blocks until ``stop``; ``close`` is idempotent.
+
+Two parts of ``Egress`` live in modules of their own: where newly assigned partitions
+start (``start_positions``) and the work the poll thread starts every so often: topic
+checks and the subscription, group-offset exports, heartbeats (``periodic_work``).
 """
 
 from __future__ import annotations
@@ -30,32 +34,32 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timedelta
-from typing import Any, Literal
+from datetime import timedelta
+from typing import Any
 
 from egress.allocators import arrow_allocated_bytes, prepare_allocators
-from egress.commits import CommitService, next_segment_start, of_another_topic, started_here
+from egress.commits import CommitService, next_segment_start, started_here
 from egress.encode_gate import EncodeGate
 from egress.flow import FlowLimits, prefetch_overrides, segment_budget
 from egress.group_export import GroupExporter
-from egress.heartbeat import HeartbeatPublisher, caught_up
+from egress.heartbeat import HeartbeatPublisher
 from egress.metrics import EgressMetrics
 from egress.mirror import SegmentMirror, make_mirror
 from egress.origin import origin_filter
 from egress.out_of_range import READ_TIMEOUT
 from egress.partition_writer import PartitionWriter, WriterContext
+from egress.periodic_work import PeriodicWork
 from egress.poll_loop import PollLoop, Writers
 from egress.rotation import CloseReason, SegmentLimits
 from egress.segment import SegmentOutcome
 from egress.selection import TopicSelection
+from egress.start_positions import StartPositions, own_incarnation
 from egress.topic_meta import TopicMetadataPublisher
 from formats.base import WriterOptions
 from formats.registry import get_format
 from replicator.core.clock import Clock, Monotonic, monotonic, utc_now
 from replicator.core.errors import ReplicatorError
 from replicator.core.kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_INVALID,
     Admin,
     Consumer,
     TopicPartition,
@@ -67,6 +71,9 @@ from replicator.core.retry import RetryPolicy
 from replicator.core.settings import EgressSettings, IngressSettings, Settings
 from replicator.core.storage import ObjectStore
 from replicator.core.throttle import TokenBucket
+
+__all__ = ["CANCEL_GRACE", "DEFAULT_ASSIGNOR", "GC_THRESHOLD", "Egress", "own_incarnation"]
+"""``own_incarnation`` lives in ``egress.start_positions``; importable here as before."""
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +95,7 @@ def _default_retry() -> RetryPolicy:
                        maximum=timedelta(seconds=60))
 
 
-def own_incarnation(tp: TopicPartition, live_id: str | None) -> TopicPartition:
-    """``tp`` as a commit of the live topic: a commit whose metadata names another topic id
-    (``egress.commits.TOPIC_ID``: the topic was deleted and created again, and the commit
-    is the earlier topic's, which Kafka may keep or a member may have made after the
-    recreate) is no commit at all, so the new topic starts from where the bucket says
-    (its oldest record) instead of at the earlier topic's position.
-    """
-    if tp.offset < 0 or not of_another_topic(tp.metadata, live_id):
-        return tp
-    log.warning("%s[%d]: the committed offset %d is the earlier topic's (%s; the topic is "
-                "%s now): ignored", tp.topic, tp.partition, tp.offset, tp.metadata, live_id)
-    return TopicPartition(tp.topic, tp.partition, OFFSET_INVALID)
-
-
-class Egress:
+class Egress(StartPositions, PeriodicWork):
     """Consume the configured source topics and stream every partition into segments.
 
     Args:
@@ -347,111 +340,6 @@ class Egress:
         stalled = loop.out_of_range.stalled if loop is not None else 0
         return self._assigned_once and self.healthy() and last > 0.0 and not stalled
 
-    def _maybe_check_topics(self, now: float) -> None:
-        """Follow the selection a finished check found, and queue a new check (selection,
-        then ``_topic.json``) every ``topic_metadata_interval`` (poll thread).
-        """
-        wanted = self._wanted
-        if wanted != self._subscribed:
-            self._subscribe(wanted)
-        self._maybe_export_groups(now)
-        self._maybe_heartbeat(now)
-        if now - self._last_meta < self.config.topic_metadata_interval.total_seconds():
-            return
-        self._last_meta = now
-        if self._pool is not None and self._meta is not None and not self._meta.running:
-            self._pool.submit(self._check_topics)
-
-    def _maybe_export_groups(self, now: float) -> None:
-        """Queue a group-offset export every ``group_export.interval`` (poll thread), for
-        the topics whose partition 0 this member owns (one writer per topic).
-        """
-        if self._groups is None or self._pool is None or self._groups_running.is_set() \
-                or now - self._last_groups < self.config.group_export.interval.total_seconds():
-            return
-        topics = {t for t, p in self._writers if p == 0}
-        if not topics:
-            # Nothing to write (yet, or another member owns every partition 0): look again
-            # in a second rather than a whole interval.
-            self._last_groups = now - self.config.group_export.interval.total_seconds() + 1.0
-            return
-        self._last_groups = now
-        self._groups_running.set()
-        self._pool.submit(self._export_groups, self._groups, topics)
-
-    def _maybe_heartbeat(self, now: float) -> None:
-        """Queue the heartbeats that are due (poll thread: the writers and the consumer's
-        positions and cached watermarks are read here; the PUT runs on the pool).
-        """
-        hb, pool, consumer = self._heartbeats, self._pool, self._consumer
-        if hb is None or pool is None or consumer is None or not hb.may_be_due(now):
-            return
-        for topic in hb.due({t for t, _ in self._writers}, now):
-            writers = {p: w for (t, p), w in self._writers.items() if t == topic}
-            tps = [TopicPartition(topic, p) for p in writers]
-            try:
-                positions = {tp.partition: tp.offset for tp in consumer.position(tps)}
-                highs = {tp.partition: consumer.watermarks(tp, cached=True)[1] for tp in tps}
-            except ReplicatorError as e:
-                log.debug("heartbeat of %s: no positions or watermarks: %s", topic, e)
-                positions, highs = {}, {}
-            ids = {p: t for p, w in writers.items() if (t := w.topic_id) is not None}
-            pool.submit(hb.write, topic, caught_up(writers, positions, highs), ids)
-
-    def _export_groups(self, exporter: GroupExporter, topics: set[str]) -> None:
-        try:
-            exporter.export(topics)
-        finally:
-            self._groups_running.clear()
-
-    def _check_topics(self) -> None:
-        """List and select the topics, write their ``_topic.json`` (pool thread); the poll
-        thread subscribes to the result afterwards, so a new topic's ``_topic.json`` exists
-        before its first segment.
-        """
-        assert self._meta is not None
-        try:
-            wanted = self._selected_topics()
-        except ReplicatorError as e:
-            log.warning("listing the source topics failed, keeping the selection of %d "
-                        "topics; trying again in %s: %s", len(self._wanted),
-                        self.config.topic_metadata_interval, e)
-            wanted = self._wanted
-        self._meta.set_topics(wanted)
-        self._meta.check()
-        self._wanted = wanted
-
-    def _selected_topics(self) -> frozenset[str]:
-        """The explicit topics, plus the cluster's topics the patterns select.
-
-        Raises:
-            ReplicatorError: the cluster's topics could not be listed.
-        """
-        if not self._selection.dynamic:
-            return self._selection.explicit
-        assert self._admin is not None
-        return self._selection.select(self._admin.list_topics())
-
-    def _subscribe(self, topics: frozenset[str]) -> None:
-        """(Re)subscribe to ``topics`` (poll thread). With the cooperative assignor only
-        the partitions of added or removed topics move; the others keep their segments.
-        """
-        assert self._consumer is not None
-        for t in topics - self._limits.keys():
-            self._limits[t] = SegmentLimits.from_settings(self.config.topic_settings(t))
-        added, removed = topics - self._subscribed, self._subscribed - topics
-        if self._subscribed:
-            log.info("topic selection changed: added %s; removed %s",
-                     ", ".join(sorted(added)) or "none", ", ".join(sorted(removed)) or "none")
-        self.m.selected_topics.labels(self.region).set(len(topics))
-        self._subscribed = topics
-        if not topics:
-            # Nothing selected (yet): librdkafka refuses an empty subscription.
-            self._consumer.unsubscribe()
-            return
-        self._consumer.subscribe(sorted(topics), on_assign=self._on_assign,
-                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
-
     # --- assignment (rebalance callbacks, on the poll thread) -------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -525,133 +413,6 @@ class Egress:
         self._assigned_once = True
         self.m.rebalances.labels(self.region, "assign").inc(len(committed))
         self.m.assigned.labels(self.region).set(len(self._writers))
-
-    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
-        """The ids of newly assigned topics, read now so a segment of records read before
-        a topic was deleted and created again is named by the id they came from (one the
-        read misses is read before the partition's first segment is named instead).
-        """
-        if self._meta is None:
-            return {}
-        out: dict[str, str] = {}
-        for topic in sorted(topics):
-            try:
-                tid = self._meta.topic_id(topic)
-            except ReplicatorError as e:
-                log.warning("%s: topic id not read at assignment (read again before its "
-                            "first segment): %s", topic, e)
-                continue
-            if tid is not None:
-                out[topic] = tid
-        return out
-
-    def _start_positions(self, consumer: Consumer, committed: Sequence[TopicPartition],
-                         topic_ids: Mapping[str, str]
-                         ) -> tuple[dict[tuple[str, int], int], set[tuple[str, int]],
-                                    set[tuple[str, int]]]:
-        """Where each partition is fetched from: its committed offset; without one, where
-        its archive ends when the bucket holds its history (the group's offsets expired or
-        were deleted, a start commit never landed: ``TopicMetadataPublisher.
-        archived_start``), the oldest record of a topic recreated since it was archived,
-        else what the topic's ``start`` says (oldest record, end of the log, or the first
-        record at or after a time; a partition added to the topic after egress first
-        started it always from its oldest record). Also returned: the partitions whose
-        start was chosen here from ``latest`` or a time, which the caller commits at once,
-        and those resuming from the archive.
-
-        Those starts are resolved to offsets now, never left to the client as "the end":
-        a partition that moved to another member, or a process that restarted, before
-        the first segment's commit would otherwise start again at the *then* end and
-        silently pass every record produced in between.
-        """
-        start: dict[tuple[str, int], int] = {}
-        by_time: list[TopicPartition] = []
-        at_end: list[tuple[str, int]] = []
-        archived: set[tuple[str, int]] = set()
-        for tp in committed:
-            key = (tp.topic, tp.partition)
-            if tp.offset >= 0:
-                start[key] = tp.offset
-                continue
-            how = self._uncommitted_start(tp.topic, tp.partition, topic_ids.get(tp.topic))
-            if isinstance(how, int):
-                start[key] = how
-                archived.add(key)
-            elif how == "earliest":
-                start[key] = OFFSET_BEGINNING
-            elif how == "latest":
-                at_end.append(key)
-            else:
-                ms = int(how.timestamp() * 1000)
-                by_time.append(TopicPartition(tp.topic, tp.partition, ms))
-        if by_time:
-            self._at_times(consumer, by_time, start, at_end)
-        if at_end:
-            assert self._admin is not None
-            for (topic, partition), end in self._admin.log_ends(at_end, timeout=30).items():
-                start[(topic, partition)] = end
-                log.warning("%s[%d]: no committed offset; starting at offset %d, the end of "
-                            "the log (start): records before are not copied",
-                            topic, partition, end)
-        return start, {(tp.topic, tp.partition) for tp in by_time} | set(at_end), archived
-
-    def _at_times(self, consumer: Consumer, by_time: Sequence[TopicPartition],
-                  start: dict[tuple[str, int], int], at_end: list[tuple[str, int]]) -> None:
-        """Resolve time starts into ``start``; a partition with no record at or after its
-        time goes to ``at_end`` (the end of its log).
-        """
-        for tp in consumer.offsets_for_times(by_time, timeout=30):
-            when = self.config.topic_settings(tp.topic).start
-            if tp.offset < 0:
-                at_end.append((tp.topic, tp.partition))
-                continue
-            start[(tp.topic, tp.partition)] = tp.offset
-            log.warning("%s[%d]: no committed offset; starting at offset %d, the first "
-                        "record at or after %s (start): records before are not copied",
-                        tp.topic, tp.partition, tp.offset, when)
-
-    def _uncommitted_start(self, topic: str, partition: int, topic_id: str | None
-                           ) -> int | Literal["earliest", "latest"] | datetime:
-        """Where a partition without a commit starts: where its archive ends (an offset),
-        else the oldest record of a recreated topic, else ``_start_of``.
-        """
-        resume = self._archived_start(topic, partition, topic_id)
-        if resume is None:
-            return self._start_of(topic, partition)
-        return resume
-
-    def _archived_start(self, topic: str, partition: int, topic_id: str | None
-                        ) -> int | Literal["earliest"] | None:
-        """``TopicMetadataPublisher.archived_start``, logged (no publisher: nothing)."""
-        if self._meta is None:
-            return None
-        ref = PartitionRef(self.settings.s3.prefix, self.region, topic, partition)
-        resume = self._meta.archived_start(ref, topic_id)
-        if resume == "earliest":
-            log.warning("%s[%d]: no committed offset, and the topic was deleted and created "
-                        "again since it was archived: the new topic is copied from its oldest "
-                        "record", topic, partition)
-        elif resume is not None:
-            log.warning("%s[%d]: no committed offset (the group's offsets expired or were "
-                        "deleted, or a start commit never landed), but its history is in the "
-                        "bucket: resuming where the archive ends, at offset %d",
-                        topic, partition, resume)
-        return resume
-
-    def _start_of(self, topic: str, partition: int
-                  ) -> Literal["earliest", "latest"] | datetime:
-        """The ``start`` that applies to a partition without a commit: the topic's, but
-        ``earliest`` for a partition added to the topic after egress first started it
-        (``TopicMetadataPublisher.added_later``).
-        """
-        how = self.config.topic_settings(topic).start
-        if how == "earliest" or self._meta is None or \
-                not self._meta.added_later(topic, partition):
-            return how
-        log.warning("%s[%d]: no committed offset, and the partition was added to the topic "
-                    "after egress first started it: copied from its oldest record (start = "
-                    "%s applies to the partitions the topic had then)", topic, partition, how)
-        return "earliest"
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         keys = [(tp.topic, tp.partition) for tp in partitions]

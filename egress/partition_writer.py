@@ -11,6 +11,11 @@ A failed segment aborts its upload (nothing visible) and *breaks* the partition:
 queued task of the partition aborts too, and once the queue is idle the controller rewinds
 the consumer to the failed segment's start (``rewind``). Nothing was committed past it, so
 re-reading from there is always correct.
+
+Parts of the writer live in modules of their own: its first positions and the commits no
+segment carries (``egress.writer_positions``), the failure path up to the rewind
+(``egress.writer_rewind``) and the incarnation of each segment it names
+(``egress.writer_incarnation``); what the writers share is ``egress.writer_context``.
 """
 
 from __future__ import annotations
@@ -18,19 +23,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import pyarrow as pa
 
 from egress.commits import Commit, NotOwner
-from egress.encode_gate import EncodeCancelled, EncodeGate
-from egress.epoch_ids import EpochIds, IncarnationChanged, Incarnations
+from egress.encode_gate import EncodeCancelled
+from egress.epoch_ids import EpochIds, IncarnationChanged
 from egress.flow import MAX_FLUSH_BYTES, encode_reservation
 from egress.metrics import PartitionMetrics
-from egress.recreate_loss import SourceEnds, recreate_loss, source_end, unattributed
+from egress.recreate_loss import SourceEnds, source_end
 from egress.rotation import (
     CloseReason,
     SegmentLimits,
@@ -38,7 +41,11 @@ from egress.rotation import (
     should_rotate,
 )
 from egress.segment import Segment, SegmentOutcome, SegmentState
-from formats.base import BATCH_OVERHEAD, SegmentFormat, SegmentMetadata, WriterOptions
+from egress.writer_context import Cancelled, WriterContext
+from egress.writer_incarnation import ID_CHANGE_HOLD, WriterIncarnation
+from egress.writer_positions import WriterPositions
+from egress.writer_rewind import WriterRewind
+from formats.base import BATCH_OVERHEAD, SegmentMetadata
 from formats.parquet import ENCODE_UNIT
 from formats.segment_io import (
     Published,
@@ -46,21 +53,21 @@ from formats.segment_io import (
     largest_row_bytes,
     publish_segment,
 )
-from replicator.core.clock import Clock, Monotonic
 from replicator.core.errors import ReplicatorError, RetriableError
-from replicator.core.kafka import OFFSET_BEGINNING, Message
-from replicator.core.keys import BASE_INCARNATION, PartitionRef, SegmentKey
+from replicator.core.kafka import Message
+from replicator.core.keys import PartitionRef, SegmentKey
 from replicator.core.queues import SerialQueue
-from replicator.core.retry import RetryPolicy, retry
-from replicator.core.storage import ObjectInfo, ObjectStore
+from replicator.core.retry import retry
+from replicator.core.storage import ObjectInfo
+
+__all__ = ["FLUSH_BYTES", "FLUSH_ROWS", "Cancelled", "PartitionWriter", "WriterContext"]
+"""``Cancelled`` and ``WriterContext`` live in ``egress.writer_context``; importable here as
+before."""
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-
-class Cancelled(ReplicatorError):
-    """A segment task was cancelled (revoke or shutdown timeout, lost partition)."""
 
 # Column lists become one Arrow batch at about this size: big enough that per-batch costs
 # (array construction, a GroupBuffer entry) vanish, small enough that a poll thread does not
@@ -71,45 +78,7 @@ FLUSH_BYTES = MAX_FLUSH_BYTES
 partitions (``egress.flow.flush_bytes``)."""
 
 
-@dataclass(frozen=True)
-class WriterContext:
-    """What every partition writer of one controller shares."""
-
-    store: ObjectStore
-    fmt: SegmentFormat
-    options: WriterOptions
-    temp_prefix: str
-    storage_class: str | None
-    pool: Executor
-    report: Callable[[SegmentOutcome], None]
-    clock: Monotonic
-    wall: Clock
-    retry_policy: RetryPolicy
-    first_positions: FirstPositions | None = None
-    """Records a partition's first position in ``_topic.json`` (``None``: not recorded)."""
-    incarnations: Incarnations | None = None
-    """Names the topic incarnation of each segment (``None``: every segment is stored at
-    the documented key shape, as before topic ids were known)."""
-    gate: EncodeGate | None = None
-    """Admits encodes within the memory budget (``None``: every encode runs at once)."""
-    mirror: Callable[[SegmentKey], object] | None = None
-    """Queues the copy of a just-published segment into the destination region's bucket
-    (``egress.mirror.SegmentMirror.submit``: never blocks nor raises; ``None``: off)."""
-
-
-
-ID_CHANGE_HOLD = 30.0
-"""Seconds a segment whose topic id changed under it waits for the reset that shows its
-records came before the change (``PartitionWriter._hold``)."""
-
-
-class FirstPositions(Protocol):
-    """``egress.topic_meta.TopicMetadataPublisher.record_first_position``."""
-
-    def __call__(self, ref: PartitionRef, start: int, *, resumed: bool) -> None: ...
-
-
-class PartitionWriter:
+class PartitionWriter(WriterPositions, WriterRewind, WriterIncarnation):
     """Streams one partition's messages into segments and makes them durable in order.
 
     Args:
@@ -259,115 +228,6 @@ class PartitionWriter:
         if self.position is None or position > self.position:
             self.position = position
 
-    def commit_skipped(self, now: float, interval: float) -> None:
-        """Commit the position past skipped records while no segment is open or closing
-        (poll thread; at most every ``interval`` seconds, any time with ``interval`` 0).
-
-        In active-active replication a partition whose recent records all came from the
-        other region opens no segment, so no segment commit moves its offset: without this
-        the commit stays behind them, every restart reads them again, and once retention
-        deletes them a restart would report them as lost although they were never to be
-        copied. The next segment's start (``expected``) goes into the commit's metadata.
-        """
-        pos, start = self.position, self.expected
-        if pos is None or start is None or pos <= start or self.segment is not None \
-                or self.closing or self.failed is not None or self.broken.is_set():
-            return
-        if self.committed_offset is not None and pos <= self.committed_offset:
-            return
-        if now < self._skip_commit_at:
-            return
-        self._skip_commit_at = now + interval
-        self.queue.submit(lambda: self._commit_position(pos, start, "skipped records"))
-
-    def commit_start(self) -> None:
-        """Make the position this partition was started at without a commit (``start =
-        "latest"`` or a time; poll thread, at assignment) its first position and commit it,
-        so that wherever and whenever it is assigned next it resumes here rather than at a
-        later end of the log.
-
-        1. Record the position as the partition's first position in ``_topic.json``
-           (ingress starts its replay there), unless the live topic is a later incarnation
-           (its first segment records where it begins).
-        2. Commit it, marked as a start egress chose (``egress.commits.FIRST_POSITION``):
-           a member that resumes from that commit before the first segment (a rebalance,
-           a restart) records the same first position instead of taking it for a resume.
-
-        A failed step 1 is logged and left to the first segment, which records the first
-        position before it is visible in any case.
-        """
-        pos = self.position
-        if pos is None:
-            return
-        self.resumed = False
-        self.queue.submit(lambda: self._start_here(pos))
-
-    def _start_here(self, position: int) -> None:
-        if self.cancel.is_set() or self.broken.is_set():
-            return
-        # Step 1: the first position, before the commit that makes it the resume point.
-        if not self._record_now(position, resumed=False):
-            return
-        # Step 2: commit the start, marked as chosen here.
-        self._commit_position(position, position, "its start", first=True)
-
-    def record_resumed(self) -> None:
-        """A partition resumed from a commit (poll thread, at assignment): make sure
-        ``_topic.json`` says where its history begins now, not only at its next segment,
-        so ingress does not wait for an idle partition's entry (segments written by an
-        egress that did not record first positions). Nothing is done when the entry is
-        known already (the usual case: ``_topic.json`` was read at start).
-        """
-        pos = self.expected
-        if pos is not None and self.resumed and not self._first_recorded \
-                and self.ctx.first_positions is not None:
-            self.queue.submit(lambda: self._record_resumed_task(pos))
-
-    def _record_resumed_task(self, position: int) -> None:
-        self._record_now(position, resumed=True)
-
-    def _record_now(self, position: int, *, resumed: bool) -> bool:
-        """Record the first position ahead of the first segment (base incarnation only:
-        a later one records where it begins when its first segment is named); False when
-        cancelled. A failure is a WARNING: the first segment records it before it is
-        visible in any case.
-        """
-        record = self.ctx.first_positions
-        if record is None or self._first_recorded or self.cancel.is_set():
-            return not self.cancel.is_set()
-        try:
-            _, label = self.ids.of(self.epoch)
-            if label == BASE_INCARNATION:
-                self._retry(lambda: record(self.ref, position, resumed=resumed),
-                            f"{self.name}: record the first position {position}")
-                self._first_recorded = True
-        except (Cancelled, EncodeCancelled):
-            return False
-        except ReplicatorError as e:
-            log.warning("%s: the first position is not in _topic.json yet (the first segment "
-                        "records it before it is visible): %s", self.name, e)
-        return True
-
-    def _commit_position(self, position: int, start: int, why: str, *,
-                         first: bool = False) -> None:
-        if self.cancel.is_set() or self.broken.is_set():
-            return
-        try:
-            self._commit(position, start, first=first,
-                         topic_id=self.ids.get(self.epoch))
-        except NotOwner as e:
-            log.info("%s: %s", self.name, e)
-            return
-        except ReplicatorError as e:
-            # The next one (or the next segment's) covers it.
-            log.warning("%s: committing offset %d (%s) failed: %s",
-                        self.name, position, why, e)
-            self.metrics.commit_failures.inc()
-            return
-        log.debug("%s: committed offset %d (%s; next segment starts at %d)",
-                  self.name, position, why, start)
-        self.committed_offset = max(position, self.committed_offset or 0)
-
     def _open(self, first: Message, now: float) -> Segment:
         first_offset = first.offset()
         assert first_offset is not None
@@ -501,95 +361,6 @@ class PartitionWriter:
         """Bytes handed to the worker and not yet encoded, over all segments."""
         n = self.segment.backlog_bytes() if self.segment is not None else 0
         return n + sum(s.backlog_bytes() for s in self.closing)
-
-    def outcome(self, o: SegmentOutcome, now: float) -> None:
-        """Apply a worker's report (poll thread)."""
-        if o.segment in self.closing:
-            self.closing.remove(o.segment)
-        if o.state is SegmentState.COMMITTED:
-            self.failures = 0
-            self.committed_offset = max(o.segment.commit_to, self.committed_offset or 0)
-        elif o.state is SegmentState.FAILED and self.failed is None:
-            self.failures += 1
-            self.failed = o.segment
-            delay = self.ctx.retry_policy.nominal_delay(self.failures - 1)
-            self.retry_at = now + delay
-            self.discard_open()
-            for s in self.closing:
-                s.state = SegmentState.ABORTED
-            log.warning("%s: segment from %d could not be made durable (%s: %s); rewinding "
-                        "to %d in %.1fs", self.name, o.segment.start, o.step, o.error,
-                        o.segment.start, delay)
-
-    def ready_to_rewind(self, now: float) -> bool:
-        """A failed segment waits out its backoff and every queued task before the seek."""
-        return self.failed is not None and now >= self.retry_at and self.queue.idle
-
-    def rewind_offset(self) -> int:
-        """Where the consumer must seek before ``rewind``: the failed segment's start (the
-        new topic's oldest record after a switch; where the current epoch began when the
-        failed segment is from before a reset).
-        """
-        assert self.failed is not None
-        if self._switch_to is not None:
-            return OFFSET_BEGINNING
-        if self.failed.epoch < self.epoch:
-            # Its records left the log with a reset after it: read the log again where the
-            # current epoch began (``rewind`` reports them lost).
-            return self._epoch_starts.get(self.epoch, OFFSET_BEGINNING)
-        return self.failed.start
-
-    def seek_failed(self, now: float) -> float:
-        """The seek to ``rewind_offset`` failed: stay failed and wait before the next try.
-
-        Returns:
-            The delay in seconds before ``ready_to_rewind`` is true again.
-        """
-        self.failures += 1
-        delay = self.ctx.retry_policy.nominal_delay(self.failures - 1)
-        self.retry_at = now + delay
-        return delay
-
-    def rewind(self) -> int:
-        """Forget everything after the failed segment once the consumer has been seeked to
-        ``rewind_offset``; returns that offset.
-        """
-        assert self.failed is not None
-        failed = self.failed
-        start = self.rewind_offset()
-        self.failed = None
-        switch, self._switch_to = self._switch_to, None
-        if switch is None:
-            # Segments from before a reset (the topic recreated or truncated under them):
-            # their records are no longer in the log, so seeking back to them would read
-            # the new log's records at those offsets instead (or nothing): lost.
-            for g in (failed, *self.closing):
-                if g.epoch < self.epoch:
-                    log.error("%s: offsets %d..%d (%d records, read before the source "
-                              "partition went back) could not be made durable and are no "
-                              "longer in the source log: lost", self.name, g.start, g.end,
-                              g.count)
-                    self.metrics.lost.inc(g.count)
-        self.closing.clear()
-        if switch is not None:
-            # The new topic from its oldest record, a new epoch of its id (never a resume
-            # of the earlier topic's positions).
-            self.epoch += 1
-            self.ids.record(self.epoch, switch)
-            self.expected = self.next_offset = self.position = None
-            self.committed_offset = None
-            self.resumed = False
-            self.broken.clear()
-            return OFFSET_BEGINNING
-        if start == OFFSET_BEGINNING:
-            self.expected = self.next_offset = self.position = None
-            self.broken.clear()
-            return start
-        self.expected = start
-        self.next_offset = start
-        self.position = start
-        self.broken.clear()
-        return start
 
     # --- workers ----------------------------------------------------------------------
 
@@ -755,107 +526,6 @@ class PartitionWriter:
             return
         with gate.reserve(size, self.cancel):
             yield
-
-    def _incarnation(self, seg: Segment) -> tuple[str | None, str]:
-        """The id and location of a segment being named: its epoch's, checked against the
-        id now (``IncarnationChanged`` when the topic was created again meanwhile).
-        """
-        ids = self.ids
-        # A fetch before the id read below was of the topic that read names.
-        seen = self.source_ends.last
-        # Ids read after this epoch's are later topics': its own goes before them in the
-        # chain even when one of them was recorded first (two recreates in a row).
-        later = ids.later(seg.epoch)
-        now = None
-        if ids.inc is not None and seg.epoch == self.epoch \
-                and ids.get(seg.epoch) is not None:
-            now = ids.now()
-            if now is not None and now != ids.get(seg.epoch):
-                later.add(now)
-        topic_id, label = ids.of(seg.epoch, later)
-        if topic_id is None or ids.inc is None or seg.epoch != self.epoch:
-            # A later epoch exists: the offsets went back after this segment's records,
-            # where the topic changed; they are its epoch's topic's.
-            return topic_id, label
-        if now is None:
-            now = ids.now()
-        if now is not None and now != topic_id:
-            self._hold(seg, IncarnationChanged(topic_id, now))
-        elif now is not None:
-            self.source_ends.verified(seg.epoch, seen)
-        return topic_id, label
-
-    def _hold(self, seg: Segment, changed: IncarnationChanged) -> None:
-        """The topic was recreated and no reset came after the segment yet: wait for one
-        (up to ``hold_seconds``). The offsets going back (the usual case: the new log is
-        shorter) show where the topic changed, after this segment's records: they are its
-        epoch's topic's. Records fetched in the same epoch meanwhile, or no reset in time,
-        leave it undecidable: ``IncarnationChanged``.
-        """
-        seen = self.appends
-        deadline = self.ctx.clock() + self.hold_seconds
-        waited = 0.0
-        while self.epoch == seg.epoch:
-            if self.appends != seen or waited >= self.hold_seconds \
-                    or self.ctx.clock() > deadline:
-                raise changed
-            self._check_cancel()
-            self._sleep(0.05)
-            waited += 0.05
-
-    def _switch(self, seg: Segment, e: IncarnationChanged) -> None:
-        """A segment whose records may be either topic's: dropped, and the partition read
-        again from the new topic's oldest record. The earlier topic's records past the
-        segment's start are lost up to its last known end; those past it are either
-        topic's, reported apart (``egress.recreate_loss``).
-        """
-        end = self.source_ends.end(seg.epoch)
-        loss = recreate_loss(seg.start, end, seg.end, seg.count)
-        either = unattributed(seg.start, end, seg.end)
-        self._switch_to = e.now
-        note = ""
-        if either is not None:
-            first, last = either
-            note = (f"; offsets {first}..{last} were fetched after topic {e.was}'s id was "
-                    "last read: read again if they are the new topic's, lost if they were "
-                    f"{e.was}'s (which cannot be told)")
-            self.metrics.unattributed.inc(last - first + 1)
-        if loss is None:
-            log.warning("%s: the topic was recreated (topic id %s, was %s); the new topic is "
-                        "read from its oldest record. Topic %s was read to its last known "
-                        "end (offset %s) and archived: nothing of it is known lost%s",
-                        self.name, e.now, e.was, e.was, end, note)
-            return
-        bound = "" if loss.exact else (", an upper bound: its end is not known, these are "
-                                       "the records fetched since")
-        log.error("%s: the source topic was deleted and created again (topic id %s, was "
-                  "%s) while offsets %d..%d (%d records) were fetched: which topic they "
-                  "came from cannot be told, so they are not archived as %s's; its records "
-                  "%d..%d (%d%s) are lost (the topic is deleted)%s. Reading topic %s from "
-                  "its oldest record", self.name, e.now, e.was, seg.start, seg.end,
-                  seg.count, e.was, loss.first, loss.last, loss.count, bound, note, e.now)
-        self.metrics.lost.inc(loss.count)
-
-    def _record_start(self, seg: Segment, key: SegmentKey) -> None:
-        if not key.incarnation:
-            self._record_first_position(seg)
-            return
-        # The previous incarnation's end, before this one's segment is visible: ingress
-        # replays this one after exactly that.
-        seal = self.ctx.incarnations
-        assert seal is not None
-        self._retry(lambda: seal.seal(key.partition_ref, seg.start),
-                    f"{self.name}: record where incarnation {key.incarnation} begins")
-
-    def _record_first_position(self, seg: Segment) -> None:
-        # Before the partition's first segment is visible, _topic.json says where its
-        # history begins (ingress must not start after a first segment that arrives late).
-        record = self.ctx.first_positions
-        if self._first_recorded or record is None:
-            return
-        self._retry(lambda: record(self.ref, seg.start, resumed=self.resumed),
-                    f"{self.name}: record the first position {seg.start}")
-        self._first_recorded = True
 
     def _check_cancel(self) -> None:
         if self.cancel.is_set():

@@ -21,6 +21,10 @@ Several egress members write the same object, so every write is a read-modify-wr
 conditional put (``If-Match`` on the ETag read, ``If-None-Match`` when there is none), read
 again when another member wrote in between. First positions are never changed once
 written: an entry already there wins.
+
+The publisher's partition starts (``egress.topic_starts``), incarnations
+(``egress.topic_incarnations``) and seals (``egress.topic_seals``) are parts of it kept in
+modules of their own; this one holds the checks and the read-modify-write they share.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Literal, Protocol
+from typing import Protocol
 
-from egress.incarnation_chain import ChainStore, insert, merge
+from egress.incarnation_chain import ChainStore, merge
 from egress.metrics import EgressMetrics
+from egress.topic_incarnations import TopicIncarnations, with_count, with_incarnation
 from egress.topic_seals import PendingSeal, TopicSeals
+from egress.topic_starts import TopicStarts, at_start
 from replicator.core.clock import Clock
 from replicator.core.errors import (
     ObjectNotFound,
@@ -43,16 +49,13 @@ from replicator.core.errors import (
     StorageError,
     TopicError,
 )
-from replicator.core.keys import (
-    BASE_INCARNATION,
-    PartitionRef,
-    SegmentKey,
-    incarnation_label,
-    topic_meta_key,
-)
+from replicator.core.keys import topic_meta_key
 from replicator.core.retry import RetryPolicy, retry
 from replicator.core.storage import ObjectStore
 from replicator.core.wire import Incarnation, TopicMetadata
+
+__all__ = ["MAX_CONFLICTS", "TopicMetadataPublisher", "TopicSource", "with_incarnation"]
+"""``with_incarnation`` lives in ``egress.topic_incarnations``; importable here as before."""
 
 log = logging.getLogger(__name__)
 
@@ -69,48 +72,7 @@ class TopicSource(Protocol):
     def topic_id(self, topic: str) -> str | None: ...
 
 
-NULL_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
-"""Kafka's zero id (a broker without topic ids answers with it): no id."""
-
-
-def with_incarnation(incarnations: tuple[Incarnation, ...], topic_id: str, now: datetime,
-                     *, later: Collection[str] = ()) -> tuple[Incarnation, ...] | None:
-    """The incarnation list once ``topic_id`` is known (pure): unchanged (``None``) when it
-    is listed already; the first id ever recorded is the one stored at the documented key
-    shape (label ``""``: the segments already there are taken as its own); a new id, its
-    label derived from the id, goes in creation order (``incarnation_chain.insert``: when
-    first seen, ``now``, and the ids ``later`` its writer knows came after it), which is
-    the end unless it was recorded after a later topic's.
-    """
-    if any(i.topic_id == topic_id for i in incarnations):
-        return None
-    label = BASE_INCARNATION if not incarnations else incarnation_label(topic_id)
-    return insert(incarnations, Incarnation(topic_id, label, created_at=now),
-                  later=later)[0]
-
-
-def with_count(incarnations: tuple[Incarnation, ...], topic_id: str, partitions: int
-               ) -> tuple[Incarnation, ...]:
-    """``incarnations`` with ``topic_id``'s partition count raised to ``partitions`` (pure;
-    a count only grows within an incarnation, so a count read with a stale id never
-    lowers the earlier topic's).
-    """
-    return tuple(dataclasses.replace(i, partitions=max(i.partitions or 0, partitions))
-                 if i.topic_id == topic_id and (i.partitions or 0) < partitions else i
-                 for i in incarnations)
-
-
-def at_start(cur: TopicMetadata | None, partitions: int) -> int:
-    """``partitions_at_start`` of a rewritten ``_topic.json`` (pure): kept once written;
-    the count now for a new file; for a file an egress wrote without it, the count that
-    file recorded (its partitions existed when that egress applied ``start``).
-    """
-    if cur is None:
-        return partitions
-    return cur.partitions_at_start if cur.partitions_at_start is not None else cur.partitions
-
-
-class TopicMetadataPublisher(TopicSeals):
+class TopicMetadataPublisher(TopicStarts, TopicIncarnations, TopicSeals):
     """Writes ``_topic.json`` of the configured topics when their partition count is new.
 
     Args:
@@ -407,286 +369,3 @@ class TopicMetadataPublisher(TopicSeals):
                 self._at_start[topic] = meta.partitions_at_start
             if meta.first_positions is not None:
                 self._first.setdefault(topic, {}).update(meta.first_positions)
-
-    def added_later(self, topic: str, partition: int) -> bool:
-        """Whether ``partition`` was added to ``topic`` after egress first applied the
-        topic's ``start`` (``TopicMetadata.partitions_at_start``): such a partition is
-        copied from its oldest record, so the records produced to it before egress noticed
-        it (a metadata refresh, a rebalance) are not passed over as if it were being seeded.
-        A topic without ``_topic.json`` yet is new to egress: nothing was added to it.
-
-        Raises:
-            ReplicatorError: ``_topic.json`` could not be read (after retries).
-        """
-        with self._mutex:
-            known = self._at_start.get(topic)
-        if known is None:
-            key = topic_meta_key(self.prefix, self.region, topic)
-            try:
-                meta = self._read_meta(key)
-            except TopicError as e:
-                log.warning("%s: %s is unreadable; partition %d is taken as one the topic "
-                            "had from the start: %s", topic, key, partition, e)
-                return False
-            if meta is None:
-                return False
-            self._remember(topic, meta)
-            known = at_start(meta, meta.partitions)
-        return partition >= known
-
-    # --- first positions -------------------------------------------------------------------
-
-    def record_first_position(self, ref: PartitionRef, start: int, *, resumed: bool) -> None:
-        """Make sure ``_topic.json`` has the partition's first position before its segment
-        from ``start`` becomes visible (a worker thread, before the copy to the final key).
-
-        A partition that did not resume from a commit (no commit, or the start egress
-        chose for ``start = "latest"`` or a time) records ``start``. One that resumed
-        without an entry (its segments were written by an egress that did not record first
-        positions) records the lowest start of its segments in the bucket (all levels);
-        when it has none, its history in the bucket begins at ``start`` (the commit was
-        set by an offset reset or another tool, or the segments before it were deleted):
-        that is recorded, with an INFO line saying so. Entries already there win.
-        Concurrent callers of one topic are written in one put.
-
-        Raises:
-            ReplicatorError: the entry could not be written (the segment must not be
-                published: its partition rewinds and tries again).
-        """
-        topic, partition = ref.topic, ref.partition
-        with self._mutex:
-            if partition in self._first.get(topic, {}):
-                return
-        position = start
-        if resumed:
-            lowest = self._lowest_start(ref)
-            if lowest is None:
-                log.info("%s: resumed from offset %d without segments in the bucket or a "
-                         "first position in _topic.json: its history in the bucket begins "
-                         "there", ref, start)
-            else:
-                position = lowest
-        with self._mutex:
-            self._pending.setdefault(topic, {}).setdefault(partition, position)
-        with self._topic_locks[topic]:
-            with self._mutex:
-                if partition in self._first.get(topic, {}):
-                    return
-                pending = dict(self._pending.get(topic, {}))
-
-            def add(cur: TopicMetadata | None) -> TopicMetadata | None:
-                if cur is None:
-                    raise StorageError(f"{topic}: _topic.json is not written yet; the first "
-                                       "position waits for it")
-                have = dict(cur.first_positions or {})
-                new = {p: pos for p, pos in pending.items() if p not in have}
-                if not new and cur.first_positions is not None:
-                    return None
-                return dataclasses.replace(cur, first_positions={**have, **new},
-                                           updated_at=self.wall())
-
-            meta = self._update(topic, add)
-            with self._mutex:
-                for p in pending:
-                    self._pending.get(topic, {}).pop(p, None)
-        recorded = (meta.first_positions or {}).get(partition) if meta is not None else None
-        log.info("%s: first position %s in _topic.json", ref, recorded)
-
-    def archived_start(self, ref: PartitionRef, topic_id: str | None
-                       ) -> int | Literal["earliest"] | None:
-        """Where a partition without a committed offset continues, from the bucket: its
-        group offsets are gone (expired after egress was down longer than
-        ``offsets.retention.minutes``, a group deleted, a start commit that never landed)
-        while its history is archived (poll thread, at assignment).
-
-        * the offset after the highest end of its segments (all levels), or its recorded
-          first position when no segment is there yet, for the topic's live incarnation;
-        * ``"earliest"`` when the live topic is an incarnation the bucket has not archived
-          yet, or a later one listed in ``_topic.json`` (recorded by a check) without
-          anything of the partition archived (the topic was deleted and created again:
-          Kafka deletes its group offsets with it): a new topic starts at its oldest
-          record, never at a ``start`` meant for seeding;
-        * ``None`` when nothing of the partition is archived (the topic's ``start``
-          applies). Partitions of a new deployment cost no listing: ``_topic.json`` has
-          no entry for them.
-
-        Raises:
-            ReplicatorError: ``_topic.json`` or the listing could not be read.
-        """
-        key = topic_meta_key(ref.prefix, ref.region, ref.topic)
-        try:
-            meta = self._read_meta(key)
-        except TopicError as e:
-            log.warning("%s: %s is unreadable; the topic's start applies: %s", ref, key, e)
-            return None
-        if meta is None:
-            return None
-        # An egress of an earlier release may have rewritten it without the chain (and
-        # this process's check not restored it yet, e.g. S3 failing at start): without
-        # ``_incarnations.json`` merged in, a recreated topic would resume at the earlier
-        # one's end at the documented shape, its records below it never read.
-        restored, _ = self._restore(ref.topic, meta, fresh=False)
-        meta = restored or meta
-        self._remember(ref.topic, meta)
-        firsts = meta.first_positions
-        location = ref
-        if topic_id is not None and meta.incarnations:
-            inc = meta.incarnation(topic_id)
-            if inc is None:
-                return "earliest"
-            if inc.label != BASE_INCARNATION:
-                firsts, location = inc.first_positions, ref.of_incarnation(inc.label)
-                if ref.partition not in firsts:
-                    # A later incarnation (recorded at a check before any segment of it):
-                    # a topic created after egress started it, copied from its oldest
-                    # record; the partition starts its history there.
-                    end = self._highest_end(location)
-                    return "earliest" if end is None else end + 1
-        first = None if firsts is None else firsts.get(ref.partition)
-        if first is None and firsts is not None:
-            return None
-        end = self._highest_end(location)
-        if end is None:
-            return first
-        return max(end + 1, first or 0)
-
-    def _lowest_start(self, ref: PartitionRef) -> int | None:
-        prefix = ref.segments_prefix()
-        keys = retry(lambda: [o.key for o in self.store.list(prefix)], self.retry_policy,
-                     what=f"list {prefix}")
-        starts = [k.start for k in map(SegmentKey.try_parse, keys) if k is not None]
-        return min(starts) if starts else None
-
-    # --- incarnations ----------------------------------------------------------------------
-
-    def topic_id(self, topic: str) -> str | None:
-        """The source topic's id now (``None``: it does not exist, or the broker has no
-        topic ids).
-
-        Raises:
-            ReplicatorError: the describe failed.
-        """
-        tid = self.admin.topic_id(topic)
-        # A client that got no id from the broker may print it as "None".
-        if not tid or tid in (NULL_TOPIC_ID, "None"):
-            return None
-        now = self.wall()
-        with self._mutex:
-            self._seen.setdefault((topic, tid), (now, len(self._seen)))
-        return tid
-
-    def incarnation(self, topic: str, topic_id: str, *, later: Collection[str] = (),
-                    seen_at: datetime | None = None) -> str:
-        """The label of the incarnation with ``topic_id``, recorded in ``_topic.json`` first
-        when it is new (a worker thread, before a segment of it is named), in creation
-        order: before the topics ``later`` names (ids the writer read after this one) and
-        those first seen after it (``seen_at``, when the writer read it, or when this
-        process did if earlier), not after every topic recorded so far: two recreates in a
-        row can name the later topic's segments first.
-
-        Raises:
-            ReplicatorError: ``_topic.json`` could not be read or written (the segment
-                must not be published: its partition rewinds and tries again).
-        """
-        with self._mutex:
-            known = self._labels.get((topic, topic_id))
-        if known is not None:
-            return known
-        later, seen = self._order_hints(topic, topic_id, later, seen_at)
-        lock = self._topic_locks.setdefault(topic, threading.Lock())
-        with lock:
-            def add(cur: TopicMetadata | None) -> TopicMetadata | None:
-                if cur is None:
-                    raise StorageError(f"{topic}: _topic.json is not written yet; the "
-                                       "incarnation waits for it")
-                incs = self._with_id(topic, cur.incarnations, topic_id,
-                                     seen if seen is not None else self.wall(), later=later)
-                if incs is None:
-                    return None
-                at = [i.topic_id for i in incs].index(topic_id)
-                if len(incs) > 1 and at == len(incs) - 1:
-                    # The file's count is the earlier topic's until a check sees the new one.
-                    incs = with_count(incs, incs[-2].topic_id, cur.partitions)
-                if at < len(incs) - 1:
-                    log.warning("%s: topic id %s is recorded before %s, recorded earlier: "
-                                "it was created first (read before it); the partitions %s "
-                                "of %s now follow it", topic, topic_id,
-                                incs[at + 1].topic_id,
-                                sorted(incs[at + 1].previous_ends) or "(none yet)",
-                                incs[at + 1].topic_id)
-                if cur.incarnations:
-                    log.warning("%s: the source topic was deleted and created again (topic "
-                                "id %s, was %s): its segments go to their own location "
-                                "(%s/_incarnations/%s/); the earlier ones stay as they are",
-                                topic, topic_id, incs[at - 1].topic_id if at else "none",
-                                topic, incs[at].label)
-                    self.m.incarnations.labels(self.region, topic).inc()
-                return dataclasses.replace(cur, incarnations=incs, updated_at=self.wall())
-
-            meta = self._update(topic, add, fresh_chain=True)
-        inc = meta.incarnation(topic_id) if meta is not None else None
-        if inc is None:
-            raise StorageError(f"{topic}: incarnation {topic_id} not in _topic.json")
-        with self._mutex:
-            self._labels[(topic, topic_id)] = inc.label
-        return inc.label
-
-    def _order_hints(self, topic: str, topic_id: str, later: Collection[str],
-                     seen_at: datetime | None) -> tuple[Collection[str], datetime | None]:
-        """What places ``topic_id`` in the chain: the ids known to be later (the writer's,
-        and those this process read after it, whatever the clocks say) and when it was
-        first seen (by the writer or this process, the earlier).
-        """
-        with self._mutex:
-            first = self._seen.get((topic, topic_id))
-            if first is not None:
-                later = {*later, *(t for (tp, t), (_, n) in self._seen.items()
-                                   if tp == topic and n > first[1])}
-        seen = None if first is None else first[0]
-        if seen_at is not None and (seen is None or seen_at < seen):
-            seen = seen_at
-        return later, seen
-
-    def has_incarnations(self, topic: str) -> bool:
-        """Whether ``_topic.json`` (or ``_incarnations.json``) lists any incarnation of
-        ``topic`` (a writer that reads no id must then not use the documented shape).
-
-        Raises:
-            ReplicatorError: the objects could not be read.
-        """
-        with self._mutex:
-            if self._pinned.get(topic) or any(t == topic for t, _ in self._labels):
-                return True
-        meta = self._read_meta(topic_meta_key(self.prefix, self.region, topic))
-        restored, _ = self._restore(topic, meta, fresh=True)
-        with self._mutex:
-            pinned = self._pinned.get(topic, ())
-        return bool(pinned or (restored is not None and restored.incarnations))
-
-    def _with_id(self, topic: str, incarnations: tuple[Incarnation, ...], topic_id: str,
-                 now: datetime, *, later: Collection[str] = ()
-                 ) -> tuple[Incarnation, ...] | None:
-        """``with_incarnation``, but the documented shape is never given to ``topic_id``
-        when no incarnation is recorded while the bucket says another id owns it (a
-        segment footer there names another id: that one is recorded first) or cannot
-        tell (later incarnations' segments exist, no footer names an id: the chain was
-        lost; nothing is named until it is restored, an ERROR says so).
-
-        Raises:
-            ReplicatorError: the bucket could not be read, or the chain was lost.
-        """
-        if not incarnations:
-            owner = self._chains.base_owner(topic)
-            if owner.topic_id is not None and owner.topic_id != topic_id:
-                log.warning("%s: segments at the documented shape are topic id %s's: it is "
-                            "recorded as the first incarnation, %s as a later one", topic,
-                            owner.topic_id, topic_id)
-                incarnations = (Incarnation(owner.topic_id, BASE_INCARNATION),)
-            elif owner.topic_id is None and owner.later:
-                log.error("%s: _topic.json and _incarnations.json list no incarnation, but "
-                          "%s/_incarnations/ holds segments of later ones: which topic id "
-                          "owns the documented shape is unknown, so no segment of %s is "
-                          "named until the chain is restored (docs/upgrades.md)", topic,
-                          topic, topic_id)
-                raise StorageError(f"{topic}: the incarnation chain was lost")
-        return with_incarnation(incarnations, topic_id, now, later=later)

@@ -8,7 +8,8 @@
 frozen ``Settings``. Every problem is reported as a ``ConfigError`` naming the dotted key.
 
 Modules: ``fields`` (base model, durations, sizes, secrets), ``sections`` (s3, kafka,
-format, metrics, log), ``services`` (egress, ingress, compaction), ``root`` (``Settings``),
+format, metrics, log), ``egress``, ``ingress`` and ``compaction`` (the service sections;
+``services`` gathers them), ``names`` (name checks they share), ``root`` (``Settings``),
 ``loader`` (file, environment, validation).
 """
 

@@ -10,18 +10,16 @@ from pydantic import Field, field_validator, model_validator
 from replicator.core.errors import ConfigError, KeyFormatError
 from replicator.core.keys import check_region
 from replicator.core.settings.catalog import CatalogSettings
+from replicator.core.settings.compaction import CompactionSettings
+from replicator.core.settings.egress import EgressSettings
 from replicator.core.settings.fields import KeyedValueError, Model
+from replicator.core.settings.ingress import IngressSettings
 from replicator.core.settings.sections import (
     FormatSettings,
     KafkaSettings,
     LogSettings,
     MetricsSettings,
     S3Settings,
-)
-from replicator.core.settings.services import (
-    CompactionSettings,
-    EgressSettings,
-    IngressSettings,
 )
 
 AWS_SUFFIXES = (".amazonaws.com", ".amazonaws.com.cn")

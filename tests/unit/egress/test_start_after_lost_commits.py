@@ -137,8 +137,8 @@ def test_a_start_recorded_but_not_committed_is_where_the_next_owner_copies_from(
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "a limit documented in docs/upgrades.md, \"Egress: start positions and partitions added "
-    "later\". egress/topic_meta.py at_start: a _topic.json without partitions_at_start is taken as "
-    "written before the field existed, and its `partitions` as the count when start was "
+    "later\". egress/topic_starts.py at_start: a _topic.json without partitions_at_start is taken "
+    "as written before the field existed, and its `partitions` as the count when start was "
     "applied; but an egress of the previous release (a rolling update with "
     "partition.assignment.strategy=range, docs/upgrades.md) rewrites the file without the "
     "field on every write (its TopicMetadata.encode has no such key: check() at a new "
