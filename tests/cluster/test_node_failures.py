@@ -200,6 +200,8 @@ def scenario(flow: Flow, name: str, fault: Callable[[], None]) -> dict[str, Any]
         flow.feed.resume()
     new_errors = flow.errors[errors0:]
     out = {"stall_s": round(c.stall(t0, t2), 1), "fault_to_recovered_s": round(t2 - t0, 1),
+           "fault_s": round(t1 - t0, 1), "commits_after_s": round(t2 - t1, 1),
+           "catch_up_s": round(time.monotonic() - t2, 1),
            "transactions_failed": int(c.failed() - failed0), "records": flow.feed.sent,
            "error_lines": sorted({f"{r.name}: {r.getMessage()[:160]}" for r in new_errors
                                   if r.levelno >= logging.ERROR}),
@@ -292,12 +294,21 @@ def test_kill_the_group_coordinator_of_egress(flow: Flow) -> None:
 
 
 def test_rolling_restart(flow: Flow) -> None:
+    phases: list[dict[str, float]] = []
+
     def roll() -> None:
         for n in range(1, NODES + 1):
+            t = [time.monotonic()]
             flow.cluster.stop(n)
+            t.append(time.monotonic())
             flow.cluster.restart(n)
+            t.append(time.monotonic())
             flow.cluster.wait_isr(flow.pipe.dest_topic, PARTITIONS)
             flow.cluster.wait_isr(flow.pipe.topic, PARTITIONS)
+            t.append(time.monotonic())
+            phases.append({"node": n, "stop_s": round(t[1] - t[0], 1),
+                           "start_s": round(t[2] - t[1], 1), "isr_s": round(t[3] - t[2], 1)})
+            print(f"\nROLL {phases[-1]}", flush=True)
 
     scenario(flow, "rolling restart (SIGTERM, one node at a time)", roll)
 
