@@ -115,7 +115,11 @@ def test_the_loop_recreates_the_producer_with_a_warning_and_the_batch_is_redone(
     try:
         h.loop.start()
         hung = h.producer
-        hung.on_offsets = lambda: stuck.release.wait(30)
+
+        def block() -> None:
+            stuck.release.wait(30)
+
+        hung.on_offsets = block
         b0 = h.batch(0, 0, 3)
         with caplog.at_level(logging.INFO, "ingress.transactions"):
             h.loop.submit(b0)
