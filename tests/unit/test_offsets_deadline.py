@@ -16,8 +16,9 @@ import pytest
 from ingress import offsets_deadline
 from ingress.offsets_deadline import OffsetsHung, StaleCoordinator, send_offsets_within
 from replicator.core.errors import KafkaFatalError, KafkaRetriableError
-from replicator.core.kafka import Producer, TopicPartition, group_id_of
+from replicator.core.kafka import Admin, Producer, TopicPartition, group_id_of
 from replicator.core.kafka.producer import GroupMetadata
+from replicator.core.settings import KafkaSettings
 from tests.unit.test_ingress_shared import IN_GENERATION, Harness, T
 
 
@@ -95,6 +96,11 @@ def test_the_group_id_is_read_from_the_group_metadata() -> None:
     assert group_id_of(IN_GENERATION) == "grp"
     with pytest.raises(KafkaFatalError):
         group_id_of(GroupMetadata(b"other"))
+
+
+def test_no_cluster_is_no_coordinator_answering() -> None:
+    admin = Admin(KafkaSettings(brokers="127.0.0.1:1"), timeout=0.5)
+    assert admin.group_coordinator("grp") is None
 
 
 def test_the_loop_recreates_the_producer_with_a_warning_and_the_batch_is_redone(
