@@ -37,8 +37,9 @@ PROBE_EVERY = 2.0
 """Seconds between two questions while no coordinator answers."""
 
 SETTLE = 10.0
-"""Seconds the call may still take once a coordinator answered another client: the
-producer's own retries reach a coordinator that answers within a second or two."""
+"""Seconds the call may still take once a coordinator answered another client: a client
+that is not stuck looks for the coordinator again at its cached broker's next reconnect
+attempt, at most ``reconnect.backoff.max.ms`` (10 s by default) later."""
 
 
 class OffsetsHung(KafkaRetriableError):
