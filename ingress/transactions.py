@@ -24,7 +24,7 @@ from typing import cast
 from ingress.limits import DestinationLimits, client_refused, refused_record
 from ingress.metrics import IngressMetrics
 from ingress.offset_map import OffsetMapWriter
-from ingress.offsets_deadline import OffsetsHung, send_offsets_within
+from ingress.offsets_deadline import OffsetsHung, StaleCoordinator, send_offsets_within
 from ingress.ownership import TP, Ownership
 from ingress.replica_stall import CHECK_AFTER, CHECK_EVERY, ReplicaStallWatch
 from ingress.rows import Rows
@@ -50,6 +50,7 @@ from replicator.core.kafka import (
     Producer,
     TopicPartition,
     group_generation,
+    group_id_of,
 )
 from replicator.core.retry import Backoff
 from replicator.core.settings import KafkaSettings
@@ -524,7 +525,9 @@ class TransactionLoop:
 
     def _failed(self, p: Producer, keep: list[Batch], e: ReplicatorError) -> None:
         if isinstance(e, OffsetsHung):
-            log.error("%s; %d batch(es) are redone from their checkpoints", e, len(keep))
+            # A stale coordinator is an expected step of a rolling restart: WARNING.
+            log.log(logging.WARNING if isinstance(e, StaleCoordinator) else logging.ERROR,
+                    "%s; %d batch(es) are redone from their checkpoints", e, len(keep))
             self.metrics.transactions.labels(outcome="aborted").inc()
             self._drop_producer(e)
         elif isinstance(e, ProducerFenced):
@@ -560,7 +563,15 @@ class TransactionLoop:
         offsets = [TopicPartition(first.topic, first.partition, 0)]
         # Waited for with a deadline: the call may never return (ingress.offsets_deadline).
         send_offsets_within(p, offsets, meta, self.timeout, name=self.name,
-                            transactional_id=self.transactional_id)
+                            transactional_id=self.transactional_id,
+                            coordinator_answers=lambda: self.coordinator_answers(meta))
+
+    def coordinator_answers(self, meta: GroupMetadata) -> bool:
+        """Whether the placement group's coordinator answers a fresh client now (one per
+        question: a long-lived client may keep the same stale coordinator).
+        """
+        return Admin(self.kafka_settings, timeout=5.0).group_coordinator(
+            group_id_of(meta)) is not None
 
     def _abort(self, p: Producer, why: BaseException) -> None:
         try:

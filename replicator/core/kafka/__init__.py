@@ -22,7 +22,12 @@ from replicator.core.kafka.config import (
     PRODUCER_ONLY,
     client_config,
 )
-from replicator.core.kafka.consumer import Consumer, RebalanceCallback, group_generation
+from replicator.core.kafka.consumer import (
+    Consumer,
+    RebalanceCallback,
+    group_generation,
+    group_id_of,
+)
 from replicator.core.kafka.producer import GroupMetadata, Producer
 from replicator.core.kafka.reader import read_to_end
 from replicator.core.kafka.types import (
@@ -65,5 +70,6 @@ __all__ = [
     "TopicPartition",
     "client_config",
     "group_generation",
+    "group_id_of",
     "read_to_end",
 ]

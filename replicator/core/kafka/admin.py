@@ -519,6 +519,16 @@ class Admin:
             raise KafkaRetriableError(f"describe group {group!r}: no answer within "
                                       f"{self.timeout:.0f}s") from e
 
+    def group_coordinator(self, group: str) -> int | None:
+        """The node coordinating ``group`` if it answers a DescribeGroups now; ``None``
+        when no coordinator answered (moving, loading, unreachable) within ``timeout``.
+        """
+        fut = self._admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
+        try:
+            return int(fut.result(timeout=self.timeout).coordinator.id)
+        except (ck.KafkaException, TimeoutError):
+            return None
+
     def alter_group_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         """Set ``group``'s committed offsets (the broker refuses while it has members).
 

@@ -107,6 +107,21 @@ def group_generation(meta: GroupMetadata) -> tuple[int, str]:
     return generation, parts[1].decode(errors="replace")
 
 
+def group_id_of(meta: GroupMetadata) -> str:
+    """The group id carried by a consumer's group metadata (format: ``group_generation``).
+
+    Raises:
+        KafkaFatalError: the metadata is not in that format.
+    """
+    raw = meta if isinstance(meta, bytes) else b""
+    if not raw.startswith(_CGMD_MAGIC) or len(raw) < len(_CGMD_MAGIC) + 4:
+        raise KafkaFatalError("consumer group metadata in an unknown format")
+    parts = raw[len(_CGMD_MAGIC) + 4:].split(b"\0", 2)
+    if len(parts) < 3:
+        raise KafkaFatalError("consumer group metadata in an unknown format")
+    return parts[0].decode(errors="replace")
+
+
 class Consumer:
     """A consumer with our defaults: manual commits, ``read_committed``, earliest.
 
