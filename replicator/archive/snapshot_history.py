@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from replicator.archive.iceberg import CatalogError, CommitConflict, IcebergTable
+from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.trims import collect_trims
 from replicator.core.clock import Clock
-from replicator.core.errors import ReplicatorError
+from replicator.core.errors import ObjectNotFound, ReplicatorError
 from replicator.core.keys import SegmentKey
 from replicator.core.settings.catalog import CatalogSettings
 from replicator.core.storage import ObjectStore
@@ -68,12 +69,18 @@ class SnapshotHistory:
     cfg: CatalogSettings
     clock: Clock
     store: ObjectStore
+    m: ArchiveMetrics
     _bucket: str
     _lock: threading.Lock
     _manifest_lists: dict[str, list[str]]
     """Manifests of each manifest list read (immutable files), for ``clean_metadata``."""
+    _removed: dict[tuple[str, int], frozenset[str]]
+    """Per table and snapshot, the files it took out of its parent (``held_snapshots``)."""
 
     def url(self, key: SegmentKey) -> str:   # ArchiveCommitter's
+        raise NotImplementedError
+
+    def key_of(self, path: str) -> SegmentKey | None:   # ArchiveCommitter's
         raise NotImplementedError
 
     def table(self, region: str, topic: str, *, create: bool = True,
@@ -238,3 +245,90 @@ class SnapshotHistory:
                       "next step removes them", table.name)
             return self._expire_ids(table, table.ancestors(newest))
         return self._expire_ids(table, [newest, *table.ancestors(newest)])
+
+    def held_snapshots(self, table: IcebergTable) -> dict[str, int]:
+        """The files snapshots of the current lineage took out of the table that a kept
+        snapshot still lists (compaction's inputs held for ``catalog.snapshot_retention``),
+        each with the newest snapshot listing it. What each snapshot removed is read once
+        (snapshots never change) and only for snapshots that removed files.
+        """
+        current = table.snapshot_id
+        if current is None:
+            return {}
+        snaps = {s.snapshot_id: s for s in table.snapshots()}
+        out: dict[str, int] = {}
+        for sid in [current, *table.ancestors(current)]:
+            snap = snaps.get(sid)
+            if snap is None or snap.parent_id not in snaps or snap.operation == "append":
+                continue
+            assert snap.parent_id is not None
+            for path in self._removed_by(table, snap.parent_id, sid):
+                out.setdefault(path, snap.parent_id)
+        with self._lock:
+            for key in [k for k in self._removed if k[0] == table.name and k[1] not in snaps]:
+                del self._removed[key]
+        return out
+
+    def _removed_by(self, table: IcebergTable, parent: int, sid: int) -> frozenset[str]:
+        with self._lock:
+            known = self._removed.get((table.name, sid))
+        if known is None:
+            known = frozenset(table.files(parent).keys() - table.files(sid).keys())
+            with self._lock:
+                self._removed[(table.name, sid)] = known
+        return known
+
+    def expire_held_gone(self, table: IcebergTable, region: str, topic: str,
+                         listed: Iterable[SegmentKey], partition: int | None) -> int:
+        """After a step: expire at once the snapshots listing a held segment (swapped out,
+        kept for ``catalog.snapshot_retention``) that has left the bucket before compaction
+        deleted it (a lifecycle rule, an operator), so no kept snapshot lists a missing
+        object (ERROR naming the segments and the snapshots, counted). ``listed``: the
+        step's listing of the topic (of ``partition`` only, when given); a held segment
+        not in it is confirmed missing by a HEAD. The number of snapshots expired; errors
+        are logged and left to the next step.
+        """
+        try:
+            return self._expire_held_gone(table, region, topic, listed, partition)
+        except ReplicatorError as e:
+            log.warning("%s: segments held for catalog.snapshot_retention not checked (%s); "
+                        "the next step checks them", table.name, e)
+            return 0
+
+    def _expire_held_gone(self, table: IcebergTable, region: str, topic: str,
+                          listed: Iterable[SegmentKey], partition: int | None) -> int:
+        present = {self.url(k) for k in listed}
+        missing: list[str] = []
+        for path in self.held_snapshots(table):
+            k = self.key_of(path)
+            if k is None or path in present or (partition is not None
+                                                 and k.partition != partition):
+                continue   # a trimmed copy (the table's own file), or in the listing
+            try:
+                self.store.head(k.to_key())
+            except ObjectNotFound:
+                missing.append(path)
+        if not missing:
+            return 0
+        # Compaction deletes a held segment only after expiring the snapshots listing it:
+        # what the table keeps now tells a lifecycle delete from compaction's own.
+        table.refresh()
+        held = self.held_snapshots(table)
+        gone = sorted(p for p in missing if p in held)
+        if not gone:
+            return 0
+        current = table.snapshot_id
+        assert current is not None
+        listing = {held[p] for p in gone}
+        newest = next((sid for sid in table.ancestors(current) if sid in listing), None)
+        if newest is None:
+            return 0
+        doomed = [newest, *table.ancestors(newest)]
+        self.m.held_gone.labels(region, topic).inc(len(gone))
+        log.error("%s: %d segments swapped out of the table and held for "
+                  "catalog.snapshot_retention left the bucket before it (a lifecycle rule or "
+                  "an operator): %s; the %d snapshots up to %d that list them are expired now "
+                  "(no kept snapshot may list a missing object): %s", table.name, len(gone),
+                  ", ".join(gone[:5]), len(doomed), newest,
+                  ", ".join(str(s) for s in doomed[:10]))
+        return self._expire_ids(table, doomed)

@@ -19,7 +19,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +30,6 @@ from replicator.archive.committer import ORPHAN_GRACE, ArchiveCommitter, SyncRes
 from replicator.archive.iceberg import IcebergTable
 from replicator.archive.plan import Piece
 from replicator.archive.trims import parse_trim_path, trim_root, write_trim
-from replicator.core.errors import ObjectNotFound
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore, ObjectStore
 from tests.unit.test_archive_committer import catalog_settings
@@ -102,9 +100,9 @@ def check_snapshots(store: ObjectStore, committer: ArchiveCommitter) -> None:
     """Every file every kept snapshot lists exists (segments in the bucket, copies in the
     warehouse: ``table_rows`` reads them all), and no snapshot lists an offset twice — not
     even one a step committed on its way to the next current one. (With lifecycle deletes
-    neither holds: a step that removes a deleted segment and lists its positions from
-    another one in the same commit has such a snapshot, docs/architecture.md; and see
-    ``test_a_lifecycle_delete_of_an_input_held_for_the_retention``.)
+    the second does not hold: a step that removes a deleted segment and lists its positions
+    from another one in the same commit has such a snapshot, docs/architecture.md. The
+    first holds after each step: tests/unit/test_archive_held_gone.py.)
     """
     table = committer.table("r1", "t", create=False)
     assert table is not None
@@ -228,10 +226,6 @@ def test_a_copy_a_retained_snapshot_lists_stays_for_time_travel(tmp_path: Path) 
         assert table_rows(store, committer, before) == expected([a, b])   # still reads
 
 
-@pytest.mark.xfail(strict=True, raises=ObjectNotFound, reason=(
-    "found by the overlap property, not about overlaps: a swapped-out input held for "
-    "catalog.snapshot_retention that a lifecycle rule deletes stays listed by the retained "
-    "snapshot (a step removes only what the current snapshot lists)"))
 def test_a_lifecycle_delete_of_an_input_held_for_the_retention(tmp_path: Path) -> None:
     store = MemoryObjectStore("b")
     with committer_in(tmp_path, store, snapshot_retention="10h") as committer:
