@@ -297,12 +297,15 @@ class SnapshotHistory:
 
     def _expire_held_gone(self, table: IcebergTable, region: str, topic: str,
                           listed: Iterable[SegmentKey], partition: int | None) -> int:
-        present = {self.url(k) for k in listed}
+        held = self.held_snapshots(table)
+        if not held:
+            return 0
+        present = set(listed)
         missing: list[str] = []
-        for path in self.held_snapshots(table):
+        for path in held:
             k = self.key_of(path)
-            if k is None or path in present or (partition is not None
-                                                 and k.partition != partition):
+            if k is None or k in present or (partition is not None
+                                             and k.partition != partition):
                 continue   # a trimmed copy (the table's own file), or in the listing
             try:
                 self.store.head(k.to_key())
