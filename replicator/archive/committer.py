@@ -413,7 +413,9 @@ class ArchiveCommitter(SnapshotHistory):
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)
-            result.expired += self.expire_held_gone(table, region, topic, listed, partition)
+            if expire:   # (a swap leaves expiry to compaction's hooks and the next step)
+                result.expired += self.expire_held_gone(table, region, topic, listed,
+                                                        partition)
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")

@@ -246,24 +246,25 @@ class SnapshotHistory:
             return self._expire_ids(table, table.ancestors(newest))
         return self._expire_ids(table, [newest, *table.ancestors(newest)])
 
-    def held_snapshots(self, table: IcebergTable) -> dict[str, int]:
+    def held_snapshots(self, table: IcebergTable) -> dict[str, tuple[int, str]]:
         """The files snapshots of the current lineage took out of the table that a kept
-        snapshot still lists (compaction's inputs held for ``catalog.snapshot_retention``),
-        each with the newest snapshot listing it. What each snapshot removed is read once
-        (snapshots never change) and only for snapshots that removed files.
+        snapshot still lists (compaction's inputs held for ``catalog.snapshot_retention``:
+        a ``replace``; segments a swap removed as gone: a ``delete``), each with the newest
+        snapshot listing it and the operation that removed it. What each snapshot removed
+        is read once (snapshots never change) and only for snapshots that removed files.
         """
         current = table.snapshot_id
         if current is None:
             return {}
         snaps = {s.snapshot_id: s for s in table.snapshots()}
-        out: dict[str, int] = {}
+        out: dict[str, tuple[int, str]] = {}
         for sid in [current, *table.ancestors(current)]:
             snap = snaps.get(sid)
             if snap is None or snap.parent_id not in snaps or snap.operation == "append":
                 continue
             assert snap.parent_id is not None
             for path in self._removed_by(table, snap.parent_id, sid):
-                out.setdefault(path, snap.parent_id)
+                out.setdefault(path, (snap.parent_id, snap.operation))
         with self._lock:
             for key in [k for k in self._removed if k[0] == table.name and k[1] not in snaps]:
                 del self._removed[key]
@@ -322,16 +323,24 @@ class SnapshotHistory:
             return 0
         current = table.snapshot_id
         assert current is not None
-        listing = {held[p] for p in gone}
+        listing = {held[p][0] for p in gone}
         newest = next((sid for sid in table.ancestors(current) if sid in listing), None)
         if newest is None:
             return 0
         doomed = [newest, *table.ancestors(newest)]
-        self.m.held_gone.labels(region, topic).inc(len(gone))
-        log.error("%s: %d segments swapped out of the table and held for "
-                  "catalog.snapshot_retention left the bucket before it (a lifecycle rule or "
-                  "an operator): %s; the %d snapshots up to %d that list them are expired now "
-                  "(no kept snapshot may list a missing object): %s", table.name, len(gone),
-                  ", ".join(gone[:5]), len(doomed), newest,
-                  ", ".join(str(s) for s in doomed[:10]))
+        # Segments a compaction swap removed as gone (logged then) only wait for this
+        # expiry, which the swap leaves to the next step; held ones should never be gone.
+        lost = [p for p in gone if held[p][1] != "delete"]
+        snapshots = ", ".join(str(s) for s in doomed[:10])
+        if lost:
+            self.m.held_gone.labels(region, topic).inc(len(lost))
+            log.error("%s: %d segments swapped out of the table and held for "
+                      "catalog.snapshot_retention left the bucket before it (a lifecycle rule "
+                      "or an operator): %s; the %d snapshots up to %d that list them are "
+                      "expired now (no kept snapshot may list a missing object): %s",
+                      table.name, len(lost), ", ".join(lost[:5]), len(doomed), newest,
+                      snapshots)
+        else:
+            log.info("%s: the %d snapshots up to %d list segments a compaction swap removed "
+                     "as gone: expired now: %s", table.name, len(doomed), newest, snapshots)
         return self._expire_ids(table, doomed)

@@ -112,7 +112,7 @@ def test_a_delete_during_a_step_is_found_by_the_next(tmp_path: Path) -> None:
             store.delete(a.to_key())   # after this step listed the bucket
         return out
 
-    c._listing = listing_then_delete  # type: ignore[method-assign]
+    c._listing = listing_then_delete  # type: ignore[method-assign,assignment]
     assert c.sync("r1", "t").added == 1
     c._listing = real  # type: ignore[method-assign]
     table = c.table("r1", "t", create=False)
@@ -140,7 +140,7 @@ def test_a_delete_during_the_swap_or_before_its_delete_is_found(tmp_path: Path) 
         store.delete(a.to_key())
         return out
 
-    c._listing = listing_then_delete  # type: ignore[method-assign]
+    c._listing = listing_then_delete  # type: ignore[method-assign,assignment]
     swap = c.swap("r1", "t", [a, b])
     c._listing = real  # type: ignore[method-assign]
     assert c.deletable("r1", "t", swap) == set()   # held: within the retention
@@ -179,7 +179,7 @@ def test_compactions_own_delete_of_a_held_segment_is_not_a_lifecycle_delete(
         c.after_delete("r1", "t", swap)
         return real(*args)
 
-    other._listing = compaction_then_listing  # type: ignore[method-assign]
+    other._listing = compaction_then_listing  # type: ignore[method-assign,assignment]
     with caplog.at_level(logging.WARNING):
         other.sync("r1", "t")
     assert held_value(other) == 0
@@ -209,3 +209,24 @@ def test_a_partition_step_checks_its_partition(tmp_path: Path) -> None:
     table.refresh()
     assert not table.has_snapshot(before) and heads == [a.to_key()]
     kept_files_exist(store, c)
+
+
+def test_a_segment_a_swap_removed_as_gone_is_expired_by_the_next_step_quietly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryObjectStore("b")
+    c = committer(tmp_path, store)
+    a, b, x = put(store, 0, 0, 0, 9), put(store, 0, 0, 10, 19), put(store, 1, 0, 0, 9)
+    before = c.sync("r1", "t").snapshot_id
+    put(store, 0, 1, 0, 19)
+    store.delete(x.to_key())   # a lifecycle rule: the swap removes it as gone
+    swap = c.swap("r1", "t", [a, b])
+    assert swap.removed_gone == 1
+    assert c.deletable("r1", "t", swap) == set()   # a, b held
+    with caplog.at_level(logging.INFO):
+        c.sync("r1", "t")
+    table = c.table("r1", "t", create=False)
+    assert table is not None and before is not None and not table.has_snapshot(before)
+    kept_files_exist(store, c)
+    assert held_value(c) == 0
+    assert not [m for m in caplog.records if m.levelno >= logging.ERROR]
+    assert "removed as gone" in caplog.text
