@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from formats.base import SEGMENT_SCHEMA, SegmentMetadata, WriterOptions
 from formats.registry import get_format
 from formats.segment_io import SegmentUpload, publish_segment
-from replicator.core.errors import ConfigError, FatalError, ObjectNotFound
+from replicator.core.errors import ConfigError, FatalError, ObjectNotFound, SegmentCorrupt
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import Settings
 from replicator.core.storage import MemoryObjectStore, ObjectInfo, ObjectStore, Upload
@@ -37,7 +37,8 @@ class SnapshotUnknown(FatalError):
 def snapshot_segments(settings: Settings, store: ObjectStore, region: str, topic: str,
                       snapshot_id: int, *, topic_id: str | None = None,
                       live: bool = True) -> frozenset[SegmentKey]:
-    """The segments the data files of snapshot ``snapshot_id`` of the topic's table are.
+    """The segments the data files of snapshot ``snapshot_id`` of the topic's table are (a
+    trimmed copy stands for its segment, present or not: ``snapshot_read`` reads copies).
 
     Args:
         settings: settings with ``[catalog]``.
@@ -122,7 +123,11 @@ def _segment_of_copy(overlay: ObjectStore, key: SegmentKey, data: bytes) -> None
     """Write the rows of a trimmed copy as the segment ``key`` into ``overlay``."""
     # The copy keeps the table's types (microsecond times, Parquet's list naming): the
     # segment's are cast back (times were milliseconds, nothing is truncated).
-    rows = pq.read_table(pa.BufferReader(data)).cast(SEGMENT_SCHEMA)
+    try:
+        rows = pq.read_table(pa.BufferReader(data)).cast(SEGMENT_SCHEMA)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise SegmentCorrupt(f"the trimmed copy read as {key} is not a segment's rows: "
+                             f"{e}") from e
     up = SegmentUpload(overlay, get_format("parquet"), "_restore-copies", WriterOptions())
     for batch in rows.to_batches():
         up.write_batch(batch)

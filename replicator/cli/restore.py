@@ -250,6 +250,11 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
             fail(str(e), EXIT_FAILURE)
         listed = [k for k in in_snapshot.keys if k.incarnation == chosen.label]
         store = in_snapshot.store
+        if in_snapshot.from_copies:
+            click.echo(f"note: snapshot {snapshot_id} lists {len(in_snapshot.from_copies)} "
+                       "trimmed copies whose segment is no longer in the bucket: read from "
+                       "the table's warehouse as " + ", ".join(
+                           k.to_key() for k in in_snapshot.from_copies[:5]), err=True)
     try:
         plan = make_plan(store, settings.s3.prefix, request,
                          note=lambda m: click.echo(f"note: {m}", err=True), listed=listed)
