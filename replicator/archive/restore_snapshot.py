@@ -103,12 +103,25 @@ def snapshot_read(settings: Settings, store: ObjectStore, region: str, topic: st
         made[key] = (path, piece.key)
     if not made:
         return SnapshotRead(frozenset(keys), store)
+    from replicator.archive.iceberg import CatalogError  # (the archive extra: loaded)
+
     overlay = MemoryObjectStore(store.bucket)
+    read: list[SegmentKey] = []
     for key, (path, gone) in sorted(made.items()):
-        _segment_of_copy(overlay, key, table.read_file(path))
+        try:
+            data = table.read_file(path)
+        except CatalogError as e:
+            if not isinstance(e.__cause__, FileNotFoundError):
+                raise
+            # Gone too (a lifecycle rule on the warehouse): the plan names the key missing.
+            log.error("snapshot %d of %s: %s and its trimmed copy %s are both gone",
+                      snapshot_id, table.name, gone, path)
+            continue
+        _segment_of_copy(overlay, key, data)
+        read.append(key)
         log.info("snapshot %d of %s: %s is no longer in the bucket; its trimmed copy %s is "
                  "read as %s", snapshot_id, table.name, gone, path, key)
-    return SnapshotRead(frozenset(keys), OverlayStore(store, overlay), tuple(sorted(made)))
+    return SnapshotRead(frozenset(keys), OverlayStore(store, overlay), tuple(read))
 
 
 def _exists(store: ObjectStore, key: SegmentKey) -> bool:

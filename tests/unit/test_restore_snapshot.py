@@ -107,6 +107,14 @@ def test_a_copy_whose_segment_compaction_deleted_is_read_itself(tmp_path: Path) 
     assert got == list(range(15))
     with pytest.raises(ObjectNotFound):   # never written to the bucket
         store.head(made.to_key())
-    # A copy whose segment is still in the bucket stands for it, as before.
+    # The copy gone too (a lifecycle rule on the warehouse): named missing by the plan.
+    table = committer.table("r1", "t", create=False)
+    assert table is not None
+    copy = next(p for p in table.files(snap) if "/trimmed/" in p)
+    Path(copy.removeprefix("file://")).unlink()
+    read = snapshot_read(settings, store, "r1", "t", snap)
+    assert read.keys == {a, made} and read.from_copies == ()
+    assert make_plan(read.store, settings.s3.prefix, req, listed=read.keys).missing == (made,)
+    # A copy whose segment is in the bucket stands for it, as before.
     seed(store, [(5, 14)])
     assert snapshot_read(settings, store, "r1", "t", snap).keys == {a, b}
