@@ -6,7 +6,9 @@ expires every older snapshot (no snapshot kept lists a deleted object). Compacti
 ``swap`` before it deletes inputs (one snapshot lists the outputs instead), ``deletable``
 for the inputs whose snapshots are older than ``catalog.snapshot_retention`` (expiring
 those first), and ``after_delete`` to expire, by lineage, every snapshot that still lists
-a deleted segment. ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
+a deleted segment. A held input that leaves the bucket before compaction deletes it (a
+lifecycle rule, an operator) takes the snapshots listing it with it at the next step
+(``expire_held_gone``). ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
 """
 
 from __future__ import annotations
