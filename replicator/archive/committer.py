@@ -108,6 +108,7 @@ class ArchiveCommitter(SnapshotHistory):
         self._lock = threading.Lock()
         self._memory = StepMemory()
         self._manifest_lists: dict[str, list[str]] = {}
+        self._removed: dict[tuple[str, int], frozenset[str]] = {}
         self._pending: dict[tuple[str, str], datetime] = {}
         """Per table: when the oldest segment the last plan would add landed."""
 
@@ -412,6 +413,9 @@ class ArchiveCommitter(SnapshotHistory):
                     result.expired = self.expire(table, snapshot)
                 else:
                     result.expired = self._expire_beyond(table)
+            if expire:   # (a swap leaves expiry to compaction's hooks and the next step)
+                result.expired += self.expire_held_gone(table, region, topic, listed,
+                                                        partition)
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")

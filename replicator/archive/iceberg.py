@@ -496,6 +496,18 @@ class IcebergTable:
         except Exception as e:
             raise wrap_error(f"writing {path}", e) from e
 
+    def read_file(self, path: str) -> bytes:
+        """The bytes of the file at ``path`` through the table's FileIO (a trimmed copy).
+
+        Raises:
+            CatalogError: it could not be read (``FileNotFoundError`` as its cause: absent).
+        """
+        try:
+            with self._table.io.new_input(path).open() as f:
+                return f.read()
+        except Exception as e:
+            raise wrap_error(f"reading {path}", e) from e
+
     def list_files(self, under: str) -> dict[str, datetime]:
         """The files below ``under`` (a folder of the table's location), with their last
         modification times; ``{}`` when it does not exist.

@@ -37,6 +37,12 @@ class ArchiveMetrics:
             "Steps that refused to touch a table, by reason (foreign-table: stamped for "
             "another source; foreign-write: another engine committed to it); logged at "
             "ERROR, the table left as it is.", ["region", "topic", "reason"])
+        self.held_gone = m.counter(
+            "archive_held_segments_gone_total",
+            "Segments compaction swapped out of a table and held for "
+            "catalog.snapshot_retention that left the bucket before it (a lifecycle rule or "
+            "an operator); the snapshots listing them were expired at once, logged at ERROR "
+            "naming both.", ["region", "topic"])
         self.failures = m.counter(
             "archive_step_failures_total",
             "Steps that left a table as it was (catalog or bucket errors).", ["region", "topic"])

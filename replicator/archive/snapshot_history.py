@@ -6,7 +6,9 @@ expires every older snapshot (no snapshot kept lists a deleted object). Compacti
 ``swap`` before it deletes inputs (one snapshot lists the outputs instead), ``deletable``
 for the inputs whose snapshots are older than ``catalog.snapshot_retention`` (expiring
 those first), and ``after_delete`` to expire, by lineage, every snapshot that still lists
-a deleted segment. ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
+a deleted segment. A held input that leaves the bucket before compaction deletes it (a
+lifecycle rule, an operator) takes the snapshots listing it with it at the next step
+(``expire_held_gone``). ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from replicator.archive.iceberg import CatalogError, CommitConflict, IcebergTable
+from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.trims import collect_trims
 from replicator.core.clock import Clock
-from replicator.core.errors import ReplicatorError
+from replicator.core.errors import ObjectNotFound, ReplicatorError
 from replicator.core.keys import SegmentKey
 from replicator.core.settings.catalog import CatalogSettings
 from replicator.core.storage import ObjectStore
@@ -68,12 +71,18 @@ class SnapshotHistory:
     cfg: CatalogSettings
     clock: Clock
     store: ObjectStore
+    m: ArchiveMetrics
     _bucket: str
     _lock: threading.Lock
     _manifest_lists: dict[str, list[str]]
     """Manifests of each manifest list read (immutable files), for ``clean_metadata``."""
+    _removed: dict[tuple[str, int], frozenset[str]]
+    """Per table and snapshot, the files it took out of its parent (``held_snapshots``)."""
 
     def url(self, key: SegmentKey) -> str:   # ArchiveCommitter's
+        raise NotImplementedError
+
+    def key_of(self, path: str) -> SegmentKey | None:   # ArchiveCommitter's
         raise NotImplementedError
 
     def table(self, region: str, topic: str, *, create: bool = True,
@@ -238,3 +247,102 @@ class SnapshotHistory:
                       "next step removes them", table.name)
             return self._expire_ids(table, table.ancestors(newest))
         return self._expire_ids(table, [newest, *table.ancestors(newest)])
+
+    def held_snapshots(self, table: IcebergTable) -> dict[str, tuple[int, str]]:
+        """The files snapshots of the current lineage took out of the table that a kept
+        snapshot still lists (compaction's inputs held for ``catalog.snapshot_retention``:
+        a ``replace``; segments a swap removed as gone: a ``delete``), each with the newest
+        snapshot listing it and the operation that removed it. What each snapshot removed
+        is read once (snapshots never change) and only for snapshots that removed files.
+        """
+        current = table.snapshot_id
+        if current is None:
+            return {}
+        snaps = {s.snapshot_id: s for s in table.snapshots()}
+        out: dict[str, tuple[int, str]] = {}
+        for sid in [current, *table.ancestors(current)]:
+            snap = snaps.get(sid)
+            if snap is None or snap.parent_id not in snaps or snap.operation == "append":
+                continue
+            assert snap.parent_id is not None
+            for path in self._removed_by(table, snap.parent_id, sid):
+                out.setdefault(path, (snap.parent_id, snap.operation))
+        with self._lock:
+            for key in [k for k in self._removed if k[0] == table.name and k[1] not in snaps]:
+                del self._removed[key]
+        return out
+
+    def _removed_by(self, table: IcebergTable, parent: int, sid: int) -> frozenset[str]:
+        with self._lock:
+            known = self._removed.get((table.name, sid))
+        if known is None:
+            known = frozenset(table.files(parent).keys() - table.files(sid).keys())
+            with self._lock:
+                self._removed[(table.name, sid)] = known
+        return known
+
+    def expire_held_gone(self, table: IcebergTable, region: str, topic: str,
+                         listed: Iterable[SegmentKey], partition: int | None) -> int:
+        """After a step: expire at once the snapshots listing a held segment (swapped out,
+        kept for ``catalog.snapshot_retention``) that has left the bucket before compaction
+        deleted it (a lifecycle rule, an operator), so no kept snapshot lists a missing
+        object (ERROR naming the segments and the snapshots, counted). ``listed``: the
+        step's listing of the topic (of ``partition`` only, when given); a held segment
+        not in it is confirmed missing by a HEAD. The number of snapshots expired; errors
+        are logged and left to the next step.
+        """
+        try:
+            return self._expire_held_gone(table, region, topic, listed, partition)
+        except ReplicatorError as e:
+            log.warning("%s: segments held for catalog.snapshot_retention not checked (%s); "
+                        "the next step checks them", table.name, e)
+            return 0
+
+    def _expire_held_gone(self, table: IcebergTable, region: str, topic: str,
+                          listed: Iterable[SegmentKey], partition: int | None) -> int:
+        held = self.held_snapshots(table)
+        if not held:
+            return 0
+        present = set(listed)
+        missing: list[str] = []
+        for path in held:
+            k = self.key_of(path)
+            if k is None or k in present or (partition is not None
+                                             and k.partition != partition):
+                continue   # a trimmed copy (the table's own file), or in the listing
+            try:
+                self.store.head(k.to_key())
+            except ObjectNotFound:
+                missing.append(path)
+        if not missing:
+            return 0
+        # Compaction deletes a held segment only after expiring the snapshots listing it:
+        # what the table keeps now tells a lifecycle delete from compaction's own.
+        table.refresh()
+        held = self.held_snapshots(table)
+        gone = sorted(p for p in missing if p in held)
+        if not gone:
+            return 0
+        current = table.snapshot_id
+        assert current is not None
+        listing = {held[p][0] for p in gone}
+        newest = next((sid for sid in table.ancestors(current) if sid in listing), None)
+        if newest is None:
+            return 0
+        doomed = [newest, *table.ancestors(newest)]
+        # Segments a compaction swap removed as gone (logged then) only wait for this
+        # expiry, which the swap leaves to the next step; held ones should never be gone.
+        lost = [p for p in gone if held[p][1] != "delete"]
+        snapshots = ", ".join(str(s) for s in doomed[:10])
+        if lost:
+            self.m.held_gone.labels(region, topic).inc(len(lost))
+            log.error("%s: %d segments swapped out of the table and held for "
+                      "catalog.snapshot_retention left the bucket before it (a lifecycle rule "
+                      "or an operator): %s; the %d snapshots up to %d that list them are "
+                      "expired now (no kept snapshot may list a missing object): %s",
+                      table.name, len(lost), ", ".join(lost[:5]), len(doomed), newest,
+                      snapshots)
+        else:
+            log.info("%s: the %d snapshots up to %d list segments a compaction swap removed "
+                     "as gone: expired now: %s", table.name, len(doomed), newest, snapshots)
+        return self._expire_ids(table, doomed)

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import click
 
-from replicator.archive.restore_snapshot import SnapshotUnknown, snapshot_segments
+from replicator.archive.restore_snapshot import SnapshotUnknown, snapshot_read
 from replicator.cli.common import EXIT_FAILURE, EXIT_USAGE, config_option, fail
 from replicator.cli.logs import setup_command_logging
 from replicator.cli.stores import settings_store
 from replicator.cli.tables import print_table
 from replicator.core.errors import ConfigError, KeyFormatError, ReplicatorError
 from replicator.core.keys import SegmentKey, check_region, check_topic
+from replicator.core.storage import ObjectStore
 from replicator.core.units import format_size, parse_size
 from replicator.ops.incarnations import choose
 from replicator.ops.pace import Progress, summary_lines
@@ -210,7 +211,8 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
         rate_bytes = None if rate is None else parse_rate(rate)
     except (KeyFormatError, ValueError) as e:
         fail(str(e), EXIT_USAGE)
-    settings, store = settings_store(config, bucket)
+    settings, bucket_store = settings_store(config, bucket)
+    store: ObjectStore = bucket_store
     if log_file is not None:
         # INFO and up of the restore into the file; stderr keeps warnings and errors only.
         setup_command_logging("WARNING", log_file)
@@ -238,14 +240,21 @@ def restore(config: Path, source_region: str, topic: str, to_topic: str,  # noqa
     listed: list[SegmentKey] | None = None
     if snapshot_id is not None:
         try:
-            in_snapshot = snapshot_segments(settings, store, source_region, topic,
-                                            snapshot_id, topic_id=chosen.topic_id,
-                                            live=incarnation is None)
+            # Trimmed copies whose segment is gone are read from the warehouse as segments
+            # of their own offsets (kept in memory, never written to the bucket).
+            in_snapshot = snapshot_read(settings, store, source_region, topic, snapshot_id,
+                                        topic_id=chosen.topic_id, live=incarnation is None)
         except (ConfigError, SnapshotUnknown) as e:
             fail(str(e), EXIT_USAGE)
         except ReplicatorError as e:
             fail(str(e), EXIT_FAILURE)
-        listed = [k for k in in_snapshot if k.incarnation == chosen.label]
+        listed = [k for k in in_snapshot.keys if k.incarnation == chosen.label]
+        store = in_snapshot.store
+        if in_snapshot.from_copies:
+            click.echo(f"note: snapshot {snapshot_id} lists {len(in_snapshot.from_copies)} "
+                       "trimmed copies whose segment is no longer in the bucket: read from "
+                       "the table's warehouse as " + ", ".join(
+                           k.to_key() for k in in_snapshot.from_copies[:5]), err=True)
     try:
         plan = make_plan(store, settings.s3.prefix, request,
                          note=lambda m: click.echo(f"note: {m}", err=True), listed=listed)

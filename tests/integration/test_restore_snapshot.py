@@ -103,3 +103,37 @@ def test_restore_a_snapshot_then_refuse_it_once_its_files_are_deleted(
     out = cli(restore_cmd(off, pipe, gone_topic, "--snapshot", str(snap_a)))
     assert out.exit_code == 2 and "catalog.enabled" in out.stderr, out.output
     assert later  # B's segment existed throughout, never read for A
+
+
+def test_restore_a_snapshot_whose_trimmed_copy_outlived_its_segment(
+        pipe: Pipeline, tmp_path: Path) -> None:
+    """A range egress published twice is listed as a trimmed copy (in the warehouse on
+    moto); compaction swaps both segments out: the one listed whole is held for
+    catalog.snapshot_retention with the snapshot, the trimmed one (listed by no snapshot)
+    is deleted at once. Restoring the snapshot reads the copy itself: every record once."""
+    doc = config_doc(pipe, tmp_path)
+    doc["catalog"]["snapshot_retention"] = "1h"
+    cfg = tmp_path / "restore.toml"
+    write_toml(cfg, doc)
+    committer = ArchiveCommitter(load_settings(data=doc, environ={}), pipe.store)
+    whole, r0 = segment(pipe, 0, 0, 49)
+    trimmed, r1 = segment(pipe, 0, 30, 79)     # listed as a copy of 50-79
+    snap = committer.sync(SOURCE_REGION, pipe.topic).snapshot_id
+    assert snap is not None
+    out = SegmentKey("data", SOURCE_REGION, pipe.topic, 0, 1, 0, 79)
+    write_segment(pipe.store, out, make_records(0, 79))
+    swap = committer.swap(SOURCE_REGION, pipe.topic, [whole, trimmed])
+    allowed = committer.deletable(SOURCE_REGION, pipe.topic, swap)
+    assert allowed == {trimmed.to_key()}
+    pipe.store.delete_many(sorted(allowed))
+    committer.after_delete(SOURCE_REGION, pipe.topic, swap)
+
+    to_topic = unique_name("restored")
+    dry = cli(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap), "--dry-run"))
+    assert dry.exit_code == 0, dry.output
+    assert "00000000000000000050-00000000000000000079" in dry.stdout
+    done = cli(restore_cmd(cfg, pipe, to_topic, "--snapshot", str(snap)))
+    assert done.exit_code == 0, done.output
+    assert [r[1:] for r in rows(pipe.dest_kafka, to_topic, 0)] == content(
+        r0 + [r for r in r1 if r.offset >= 50])
+    assert trimmed.to_key() not in {o.key for o in pipe.store.list("data/")}
