@@ -48,6 +48,7 @@ from replicator.archive.ownership import (
     collisions,
 )
 from replicator.archive.plan import Piece, TablePlan, holds, plan_table, ranges_by_partition
+from replicator.archive.segment_fit import misfit
 from replicator.archive.snapshot_history import (
     KEEP_SNAPSHOTS,
     ORPHAN_GRACE,
@@ -302,18 +303,27 @@ class ArchiveCommitter(SnapshotHistory):
                 skipped.add(k)
                 continue
             f = NewFile(self.url(k), self._sizes[k], k.partition, footer)
-            problem = table.unfit(f)
+            problem, reason = table.unfit(f), "schema"
+            if problem is None:
+                # Rows that are not the key's range would be listed as the key says
+                # (archive.segment_fit): refused as ingress and compaction refuse them.
+                problem, reason = misfit(footer, k), "range"
             if problem is not None:
-                if k not in self._quarantined:
-                    self.m.not_in_table.labels(k.region, k.topic, "schema").inc()
-                log.error("%s: quarantined, not added to the table (its records are not in "
-                          "it; the others are): %s", k, problem)
-                self._quarantined.add(k)
-                result.quarantined.append(k.to_key())
+                self._quarantine(k, problem, reason, result)
                 skipped.add(k)
                 continue
             files.append(f)
         return files, skipped
+
+    def _quarantine(self, k: SegmentKey, problem: str, reason: str,
+                    result: SyncResult) -> None:
+        """A segment left out of the table on its own (ERROR; counted once per key)."""
+        if k not in self._quarantined:
+            self.m.not_in_table.labels(k.region, k.topic, reason).inc()
+        log.error("%s: quarantined, not added to the table (its records are not in it; the "
+                  "others are): %s", k, problem)
+        self._quarantined.add(k)
+        result.quarantined.append(k.to_key())
 
     def _unreadable(self, k: SegmentKey, e: SegmentCorrupt, result: SyncResult) -> None:
         """A segment whose records cannot be read: left out of the table (ERROR, counted)."""
@@ -537,10 +547,7 @@ class ArchiveCommitter(SnapshotHistory):
                     skipped.add(k)
                     continue
                 except CopyUnfit as e:
-                    log.error("%s: quarantined, not added to the table (its records are not "
-                              "in it; the others are): %s", k, e)
-                    self._quarantined.add(k)
-                    result.quarantined.append(k.to_key())
+                    self._quarantine(k, str(e), e.reason, result)
                     skipped.add(k)
                     continue
             files.append(self._trims[piece])
