@@ -55,6 +55,7 @@ from replicator.archive.snapshot_history import (
     SnapshotHistory,
     SyncResult,
 )
+from replicator.archive.stale_tables import adopt, refuse_stale
 from replicator.archive.step_memory import Remembered, StepMemory, affected
 from replicator.archive.trims import CopyUnfit, copy_piece, parse_trim_path
 from replicator.core.clock import Clock, utc_now
@@ -247,6 +248,16 @@ class ArchiveCommitter(SnapshotHistory):
             except ForeignTable as e:
                 raise ConfigError("catalog.table_name",
                                   f"table {'.'.join(ident)} for {source}: {e}") from e
+        refuse_stale(self.catalog, dict(pairs),
+                     per_incarnation="{incarnation}" in self.cfg.table_name)
+
+    def adopt(self, region: str, topic: str, old: tuple[str, ...]) -> IcebergTable:
+        """Rename the topic's table at ``old`` to the identifier the settings render
+        (``archive.stale_tables.adopt``).
+        """
+        ident = self.identity(region, topic)
+        return adopt(self.catalog, old, self.identifier(ident), self.source(ident),
+                     per_incarnation="{incarnation}" in self.cfg.table_name)
 
     # --- one step -----------------------------------------------------------------------
 
@@ -628,12 +639,17 @@ class ArchiveCommitter(SnapshotHistory):
         return None
 
     def rebuild(self, region: str, topic: str, *, drop: bool = False,
-                register: str | None = None) -> SyncResult:
+                register: str | None = None,
+                adopt: tuple[str, ...] | None = None) -> SyncResult:
         """The table from the bucket's segments (idempotent: ``sync``); with ``drop``, the
         catalog entry is dropped first (never a data file) and created again over the old
         metadata; with ``register``, the table is first registered from that
-        ``metadata.json`` (a catalog lost: its history comes back), then brought up to date.
+        ``metadata.json`` (a catalog lost: its history comes back); with ``adopt``, the
+        table stamped for the topic at that identifier is renamed first (``adopt``); then
+        brought up to date.
         """
+        if adopt is not None:
+            self.adopt(region, topic, adopt)
         identifier = self.identifier(self.identity(region, topic))
         if drop:
             self.catalog.drop(identifier)
