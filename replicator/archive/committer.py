@@ -249,7 +249,8 @@ class ArchiveCommitter(SnapshotHistory):
                 raise ConfigError("catalog.table_name",
                                   f"table {'.'.join(ident)} for {source}: {e}") from e
         refuse_stale(self.catalog, dict(pairs),
-                     per_incarnation="{incarnation}" in self.cfg.table_name)
+                     per_incarnation="{incarnation}" in self.cfg.table_name,
+                     namespace=tuple(self.cfg.namespace.split(".")))
 
     def adopt(self, region: str, topic: str, old: tuple[str, ...]) -> IcebergTable:
         """Rename the topic's table at ``old`` to the identifier the settings render

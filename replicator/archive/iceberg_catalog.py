@@ -185,15 +185,16 @@ class IcebergCatalog:
             raise wrap_error(f"listing namespace {'.'.join(namespace)}", e) from e
         return sorted(set(out))
 
-    def every_table(self) -> tuple[list[tuple[str, ...]], list[str]]:
-        """Identifiers of every table the catalog lists (all namespaces, from the root),
-        and the namespaces that could not be listed (another team's, without access:
-        named for a warning, never fatal).
+    def every_table(self, *also: tuple[str, ...]) -> tuple[list[tuple[str, ...]], list[str]]:
+        """Identifiers of every table the catalog lists (all namespaces, from the root, and
+        the namespaces ``also`` even when the root cannot be listed), and the namespaces
+        that could not be listed (another team's, without access: named for a warning,
+        never fatal).
         """
         out: list[tuple[str, ...]] = []
         unlisted: list[str] = []
-        todo: list[tuple[str, ...]] = [()]
-        seen: set[tuple[str, ...]] = set()
+        todo: list[tuple[str, ...]] = [*also, ()]
+        seen: set[tuple[str, ...]] = set(also)
         while todo:
             ns = todo.pop()
             try:

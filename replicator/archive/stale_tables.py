@@ -108,17 +108,18 @@ def stale(found: Mapping[tuple[str, ...], Mapping[str, str]],
 
 
 def refuse_stale(catalog: IcebergCatalog, rendered: Mapping[Source, tuple[str, ...]], *,
-                 per_incarnation: bool) -> None:
+                 per_incarnation: bool, namespace: tuple[str, ...] = ()) -> None:
     """Refuse to start while a table is stamped for one of ``rendered``'s sources under
     another identifier: one listing of the catalog, then the properties of the tables
-    whose names could be a source's (the rendered ones are checked by the caller).
+    whose names could be a source's (the rendered ones are checked by the caller);
+    ``namespace`` is listed even when the catalog's root cannot be.
 
     Raises:
         ConfigError: naming both identifiers and the way out (key ``catalog.table_name``).
     """
     if not rendered:
         return
-    listed, unlisted = catalog.every_table()
+    listed, unlisted = catalog.every_table(*([namespace] if namespace else []))
     if unlisted:
         log.warning("namespaces not listed (tables stamped for this bucket's topics there "
                     "cannot be found): %s", "; ".join(unlisted[:5]))

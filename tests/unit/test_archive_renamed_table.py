@@ -122,9 +122,9 @@ def test_the_start_lists_the_catalog_once_and_loads_each_table_once(
         loads.append(identifier)
         return real_load(self, identifier)
 
-    def every_table(self: IcebergCatalog) -> Any:
+    def every_table(self: IcebergCatalog, *also: tuple[str, ...]) -> Any:
         lists[0] += 1
-        return real_every(self)
+        return real_every(self, *also)
 
     monkeypatch.setattr(IcebergCatalog, "load", load)
     monkeypatch.setattr(IcebergCatalog, "every_table", every_table)
@@ -133,3 +133,24 @@ def test_the_start_lists_the_catalog_once_and_loads_each_table_once(
     assert lists == [1]
     assert len(loads) == len(set(loads)) == 2 * len(topics)
 
+
+
+def test_the_own_namespace_is_checked_when_the_catalogs_root_cannot_be_listed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryObjectStore("b")
+    seed(store, [(0, 9)])
+    followed(tmp_path, store)
+    second = ArchiveCommitter(catalog_settings(tmp_path, table_name="{topic}"), store)
+    pyiceberg_catalog = second.catalog._catalog
+    real = pyiceberg_catalog.list_namespaces
+
+    def list_namespaces(namespace: Any = ()) -> Any:
+        if not namespace:
+            raise PermissionError("AccessDenied: glue:GetDatabases")
+        return real(namespace)
+
+    monkeypatch.setattr(pyiceberg_catalog, "list_namespaces", list_namespaces)
+    with pytest.raises(ConfigError, match=r"table replicator\.r1\.t is stamped"):
+        second.check_mapping()
+    assert "(root): PermissionError: AccessDenied" in caplog.text
