@@ -48,12 +48,14 @@ from replicator.archive.ownership import (
     collisions,
 )
 from replicator.archive.plan import Piece, TablePlan, holds, plan_table, ranges_by_partition
+from replicator.archive.segment_fit import misfit
 from replicator.archive.snapshot_history import (
     KEEP_SNAPSHOTS,
     ORPHAN_GRACE,
     SnapshotHistory,
     SyncResult,
 )
+from replicator.archive.stale_tables import adopt, refuse_stale
 from replicator.archive.step_memory import Remembered, StepMemory, affected
 from replicator.archive.trims import CopyUnfit, copy_piece, parse_trim_path
 from replicator.core.clock import Clock, utc_now
@@ -247,6 +249,17 @@ class ArchiveCommitter(SnapshotHistory):
             except ForeignTable as e:
                 raise ConfigError("catalog.table_name",
                                   f"table {'.'.join(ident)} for {source}: {e}") from e
+        refuse_stale(self.catalog, dict(pairs),
+                     per_incarnation="{incarnation}" in self.cfg.table_name,
+                     namespace=tuple(self.cfg.namespace.split(".")))
+
+    def adopt(self, region: str, topic: str, old: tuple[str, ...]) -> IcebergTable:
+        """Rename the topic's table at ``old`` to the identifier the settings render
+        (``archive.stale_tables.adopt``).
+        """
+        ident = self.identity(region, topic)
+        return adopt(self.catalog, old, self.identifier(ident), self.source(ident),
+                     per_incarnation="{incarnation}" in self.cfg.table_name)
 
     # --- one step -----------------------------------------------------------------------
 
@@ -303,18 +316,27 @@ class ArchiveCommitter(SnapshotHistory):
                 skipped.add(k)
                 continue
             f = NewFile(self.url(k), self._sizes[k], k.partition, footer)
-            problem = table.unfit(f)
+            problem, reason = table.unfit(f), "schema"
+            if problem is None:
+                # Rows that are not the key's range would be listed as the key says
+                # (archive.segment_fit): refused as ingress and compaction refuse them.
+                problem, reason = misfit(footer, k), "range"
             if problem is not None:
-                if k not in self._quarantined:
-                    self.m.not_in_table.labels(k.region, k.topic, "schema").inc()
-                log.error("%s: quarantined, not added to the table (its records are not in "
-                          "it; the others are): %s", k, problem)
-                self._quarantined.add(k)
-                result.quarantined.append(k.to_key())
+                self._quarantine(k, problem, reason, result)
                 skipped.add(k)
                 continue
             files.append(f)
         return files, skipped
+
+    def _quarantine(self, k: SegmentKey, problem: str, reason: str,
+                    result: SyncResult) -> None:
+        """A segment left out of the table on its own (ERROR; counted once per key)."""
+        if k not in self._quarantined:
+            self.m.not_in_table.labels(k.region, k.topic, reason).inc()
+        log.error("%s: quarantined, not added to the table (its records are not in it; the "
+                  "others are): %s", k, problem)
+        self._quarantined.add(k)
+        result.quarantined.append(k.to_key())
 
     def _unreadable(self, k: SegmentKey, e: SegmentCorrupt, result: SyncResult) -> None:
         """A segment whose records cannot be read: left out of the table (ERROR, counted)."""
@@ -541,10 +563,7 @@ class ArchiveCommitter(SnapshotHistory):
                     skipped.add(k)
                     continue
                 except CopyUnfit as e:
-                    log.error("%s: quarantined, not added to the table (its records are not "
-                              "in it; the others are): %s", k, e)
-                    self._quarantined.add(k)
-                    result.quarantined.append(k.to_key())
+                    self._quarantine(k, str(e), e.reason, result)
                     skipped.add(k)
                     continue
             files.append(self._trims[piece])
@@ -625,12 +644,17 @@ class ArchiveCommitter(SnapshotHistory):
         return None
 
     def rebuild(self, region: str, topic: str, *, drop: bool = False,
-                register: str | None = None) -> SyncResult:
+                register: str | None = None,
+                adopt: tuple[str, ...] | None = None) -> SyncResult:
         """The table from the bucket's segments (idempotent: ``sync``); with ``drop``, the
         catalog entry is dropped first (never a data file) and created again over the old
         metadata; with ``register``, the table is first registered from that
-        ``metadata.json`` (a catalog lost: its history comes back), then brought up to date.
+        ``metadata.json`` (a catalog lost: its history comes back); with ``adopt``, the
+        table stamped for the topic at that identifier is renamed first (``adopt``); then
+        brought up to date.
         """
+        if adopt is not None:
+            self.adopt(region, topic, adopt)
         identifier = self.identifier(self.identity(region, topic))
         if drop:
             self.catalog.drop(identifier)

@@ -184,3 +184,34 @@ class IcebergCatalog:
                 return out
             raise wrap_error(f"listing namespace {'.'.join(namespace)}", e) from e
         return sorted(set(out))
+
+    def every_table(self, *also: tuple[str, ...]) -> tuple[list[tuple[str, ...]], list[str]]:
+        """Identifiers of every table the catalog lists (all namespaces, from the root, and
+        the namespaces ``also`` even when the root cannot be listed), and the namespaces
+        that could not be listed (another team's, without access: named for a warning,
+        never fatal).
+        """
+        out: list[tuple[str, ...]] = []
+        unlisted: list[str] = []
+        todo: list[tuple[str, ...]] = [*also, ()]
+        seen: set[tuple[str, ...]] = set(also)
+        while todo:
+            ns = todo.pop()
+            try:
+                if ns:
+                    out.extend(tuple(t) for t in self._catalog.list_tables(ns))
+                children = {tuple(c) for c in self._catalog.list_namespaces(ns)} - seen
+                seen |= children
+                todo.extend(sorted(children))
+            except Exception as e:   # noqa: BLE001 - any catalog's listing error
+                if type(e).__name__ != "NoSuchNamespaceError":
+                    unlisted.append(f"{'.'.join(ns) or '(root)'}: {type(e).__name__}: {e}")
+        return sorted(set(out)), unlisted
+
+    def rename(self, old: tuple[str, ...], new: tuple[str, ...]) -> IcebergTable:
+        """Rename a table in the catalog (its location, snapshots and history stay)."""
+        try:
+            self._ensure_namespace(new[:-1])
+            return IcebergTable(self._catalog.rename_table(old, new))
+        except Exception as e:
+            raise wrap_error(f"renaming table {'.'.join(old)} to {'.'.join(new)}", e) from e

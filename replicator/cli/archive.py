@@ -216,16 +216,24 @@ def sync(config: Path, output: str) -> None:
 @click.option("--register", "metadata", default=None, metavar="METADATA_JSON",
               help="Register the table from this metadata.json first (the newest one under "
                    "the table's metadata/): the repair after a catalog loss, history kept.")
+@click.option("--adopt", "old", default=None, metavar="IDENTIFIER",
+              help="Rename the table stamped for the topic at this identifier (the name of an "
+                   "earlier catalog.table_name or catalog.namespace) to the one the settings "
+                   "render, history kept; a table there created since is dropped from the "
+                   "catalog first (never a data file).")
 @output_option
 def rebuild(config: Path, topic: str, region: str | None, drop: bool, metadata: str | None,
-            output: str) -> None:
+            old: str | None, output: str) -> None:
     """A table from the bucket's segments (idempotent)."""
     settings, committer = _committer(config)
-    if drop and metadata:
-        fail("--drop and --register exclude each other", EXIT_USAGE)
+    if sum(bool(x) for x in (drop, metadata, old)) > 1:
+        fail("--drop, --register and --adopt exclude each other", EXIT_USAGE)
     try:
         result = committer.rebuild(region or settings.region, topic, drop=drop,
-                                   register=metadata)
+                                   register=metadata,
+                                   adopt=tuple(old.split(".")) if old else None)
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
     _print_results([result], output)
