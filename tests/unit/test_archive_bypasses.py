@@ -17,7 +17,8 @@ from replicator.archive.committer import ArchiveCommitter
 from replicator.archive.iceberg import IcebergTable
 from replicator.core.storage import MemoryObjectStore
 from tests.unit.test_archive_committer import catalog_settings
-from tests.unit.test_compaction_controller import seed
+from tests.unit.test_compaction_controller import k, seed
+from tests.unit.test_compaction_helpers import make_records, write_segment
 
 RETRIES = "commit.retry.num-retries"
 
@@ -99,3 +100,28 @@ def test_a_name_mapping_removed_by_another_engine_is_set_again_by_the_next_step(
         tx.commit_transaction()
         committer.sync("r1", "t")
         assert current(committer).properties.get("schema.name-mapping.default") == created
+
+
+# --- topics whose names start with "_" ------------------------------------------------------
+
+def test_a_topic_whose_name_starts_with_an_underscore_gets_its_table(tmp_path: Path) -> None:
+    """Only ``__*``, ``_schemas`` and the replicator's own topics are internal
+    (core/topic_sets.py); ``_audit`` is replicated like any other and needs its table. The
+    replicator's own folders are under each topic's, not beside them."""
+    from replicator.core.keys import group_export_key, heartbeat_key
+
+    store = MemoryObjectStore("b")
+    for topic in ("orders", "_audit", "__consumer_offsets"):
+        write_segment(store, k(0, 0, 9, topic=topic), make_records(0, 9))
+    store.put(group_export_key("data", "r1", "orders", "g"), b"{}")
+    store.put(heartbeat_key("data", "r1", "_audit", "egress-0"), b"{}")
+    store.put("data/r1/_archive.lock", b"{}")          # the committers' lease: an object
+    store.put("data/r1/not a topic!/x", b"")           # no topic can have this name
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    assert committer.topics() == [("r1", "__consumer_offsets"), ("r1", "_audit"),
+                                  ("r1", "orders")]
+    committer.check_mapping()
+    tables = sorted(r.table for r in committer.sync_all())
+    assert tables == ["replicator.r1.__consumer_offsets", "replicator.r1._audit",
+                      "replicator.r1.orders"]
+    assert len(current(committer, "_audit").files()) == 1
