@@ -125,3 +125,83 @@ def test_a_topic_whose_name_starts_with_an_underscore_gets_its_table(tmp_path: P
     assert tables == ["replicator.r1.__consumer_offsets", "replicator.r1._audit",
                       "replicator.r1.orders"]
     assert len(current(committer, "_audit").files()) == 1
+
+
+# --- archive sql with two regions -------------------------------------------------------------
+
+def per_region_rows(self: IcebergTable, bounds: object = (), snapshot_id: object = None
+                    ) -> Any:
+    """Each table's own rows, one pass (the records of a segment table need S3 to be
+    read): 10 in r1's, 20 in r2's."""
+    import pyarrow as pa
+
+    n = 10 if ".r1." in self.name else 20
+    rows = pa.table({"partition": pa.array([0] * n, pa.int32()),
+                     "offset": pa.array(range(n), pa.int64())})
+    return pa.RecordBatchReader.from_batches(rows.schema, rows.to_batches(max_chunksize=4))
+
+
+@pytest.fixture
+def two_regions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ArchiveCommitter:
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path, regions=["r1", "r2"]), store)
+    write_segment(store, k(0, 0, 9), make_records(0, 9))
+    write_segment(store, k(0, 0, 19, region="r2"), make_records(0, 19))
+    committer.check_mapping()
+    assert sorted(r.table for r in committer.sync_all()) == [
+        "replicator.r1.t", "replicator.r2.t"]
+    monkeypatch.setattr(IcebergTable, "reader", per_region_rows)
+    monkeypatch.setattr(IcebergTable, "planned_files", lambda *_: [])
+    return committer
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count(*) FROM t",
+    "SELECT count(*) FROM r1.t JOIN t USING (\"offset\")",
+    "WITH x AS (SELECT * FROM t) SELECT count(*) FROM x",
+])
+def test_a_name_two_regions_tables_answer_to_is_refused_naming_both(
+        two_regions: ArchiveCommitter, sql: str) -> None:
+    from replicator.archive.duckdb_sql import QueryError
+    from replicator.archive.query import run_query
+
+    with pytest.raises(QueryError, match=r"t names 2 tables \(replicator\.r1\.t, "
+                                         r"replicator\.r2\.t\): name one as r1\.t or r2\.t"):
+        run_query(two_regions, sql)
+
+
+@pytest.mark.parametrize(("sql", "want"), [
+    ("SELECT count(*) FROM r1.t", 10),
+    ("SELECT count(*) FROM r2.t", 20),
+    ("SELECT count(*) FROM memory.r2.t", 20),
+    ("SELECT (SELECT count(*) FROM r1.t) + (SELECT count(*) FROM R2.T)", 30),
+    ('SELECT count(*) FROM r2.t a JOIN r2.t b USING ("offset")', 20),   # scanned twice
+    ('SELECT count(*) FROM r2.t WHERE "offset" >= 5 AND partition = 0', 15),
+])
+def test_each_regions_table_is_named_by_its_last_two_parts(
+        two_regions: ArchiveCommitter, sql: str, want: int) -> None:
+    from replicator.archive.query import run_query
+
+    answer = run_query(two_regions, sql)
+    assert answer.result.rows == [(want,)]
+    if "partition = 0" in sql:   # the qualified name prunes like the bare one
+        assert [(s.name, [(b.column, b.op, b.value) for b in s.bounds])
+                for s in answer.scans] == [
+            ("r2.t", [("offset", ">=", 5), ("partition", "=", 0)])]
+
+
+def test_one_table_named_bare_and_qualified_in_one_query_is_read_whole_for_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicator.archive.query import run_query
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    write_segment(store, k(0, 0, 9), make_records(0, 9))
+    committer.sync("r1", "t")
+    monkeypatch.setattr(IcebergTable, "reader", per_region_rows)
+    monkeypatch.setattr(IcebergTable, "planned_files", lambda *_: [])
+    sql = ('SELECT count(*) FROM t WHERE partition = 0 AND "offset" IN '
+           '(SELECT "offset" FROM r1.t WHERE "offset" < 3)')
+    answer = run_query(committer, sql)
+    assert answer.result.rows == [(3,)]
+    assert [s.bounds for s in answer.scans] == [[]]   # bounds of one use never prune both
