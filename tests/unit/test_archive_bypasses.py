@@ -205,3 +205,68 @@ def test_one_table_named_bare_and_qualified_in_one_query_is_read_whole_for_each(
     answer = run_query(committer, sql)
     assert answer.result.rows == [(3,)]
     assert [s.bounds for s in answer.scans] == [[]]   # bounds of one use never prune both
+
+
+# --- catalog settings spelled another way ---------------------------------------------------
+
+def settings_data(tmp: Path, prefix: str = "data", **catalog: Any) -> dict[str, Any]:
+    return {"region": "r1", "s3": {"bucket": "b", "region": "us-east-1", "prefix": prefix},
+            "kafka": {"brokers": "127.0.0.1:1"},
+            "catalog": {"enabled": True,
+                        "properties": {"uri": f"sqlite:///{tmp}/catalog.db"}} | catalog}
+
+
+@pytest.mark.parametrize(("prefix", "catalog", "key"), [
+    # SQLAlchemy's other spellings of a relative or in-memory SQLite database.
+    ("data", {"properties": {"uri": "sqlite+pysqlite:///replicator-catalog.sqlite"}},
+     "catalog.properties.uri"),
+    ("data", {"properties": {"uri": "SQLite:///catalog.db"}}, "catalog.properties.uri"),
+    ("data", {"properties": {"uri": "sqlite+aiosqlite:///:memory:"}},
+     "catalog.properties.uri"),
+    # The default warehouse (s3://b/iceberg) under the segments' prefix.
+    ("iceberg", {}, "catalog.warehouse"),
+    # Hadoop's spellings, and the bucket's root with the namespace named like the prefix.
+    ("data", {"warehouse": "s3a://b/data/iceberg"}, "catalog.warehouse"),
+    ("data", {"warehouse": "s3n://b/data"}, "catalog.warehouse"),
+    ("data", {"warehouse": "s3://b", "namespace": "data"}, "catalog.warehouse"),
+    ("data", {"properties": {"uri": "sqlite:////tmp/c.db", "warehouse": "s3a://b/data/x"}},
+     "catalog.properties.warehouse"),
+])
+def test_unsafe_catalog_settings_in_other_spellings_are_refused_naming_the_key(
+        tmp_path: Path, prefix: str, catalog: dict[str, Any], key: str) -> None:
+    from replicator.core.errors import ConfigErrors
+    from replicator.core.settings import load_settings
+
+    with pytest.raises(ConfigErrors) as e:
+        load_settings(data=settings_data(tmp_path, prefix, **catalog), environ={})
+    assert [x.key for x in e.value.errors] == [key]   # the CLI exits 2
+
+
+def test_safe_catalog_settings_in_other_spellings_load(tmp_path: Path) -> None:
+    from replicator.core.settings import load_settings
+
+    for catalog in ({"properties": {"uri": f"sqlite+pysqlite:///{tmp_path}/c.db"}},
+                    {"warehouse": "s3a://b/iceberg"}, {"warehouse": "s3://b"},
+                    {"warehouse": "s3a://other/data/iceberg"}):
+        load_settings(data=settings_data(tmp_path, **catalog), environ={})
+    load_settings(data=settings_data(tmp_path, prefix="segments"), environ={})
+
+
+def test_a_password_as_a_query_parameter_and_a_rest_header_are_masked(
+        tmp_path: Path) -> None:
+    from replicator.archive.iceberg import wrap_error
+    from replicator.core.settings import load_settings
+
+    settings = load_settings(data=settings_data(tmp_path, type="rest", properties={
+        "uri": "postgresql://db.internal/cat?user=app&password=Hunter2pw&sslmode=require",
+        "header.Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.SeCrEtToKeN",
+        "header.X-Api-Key": "API-KEY-VALUE"}), environ={})
+    shown = str(settings.masked())
+    assert "Hunter2pw" not in shown and "SeCrEtToKeN" not in shown
+    assert "API-KEY-VALUE" not in shown
+    # What is not secret stays readable.
+    assert "postgresql://db.internal/cat?user=app&password=***&sslmode=require" in shown
+    err = wrap_error("loading the sql catalog", RuntimeError(
+        "could not connect: host=db.internal dbname=cat "
+        "url=postgresql://db.internal/cat?sslpassword=PEM-PASS;user=app"))
+    assert "PEM-PASS" not in str(err) and "user=app" in str(err)
