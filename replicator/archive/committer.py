@@ -64,12 +64,12 @@ from replicator.core.keys import (
     BASE_INCARNATION,
     SegmentKey,
     incarnations_prefix,
-    region_prefix,
     topic_prefix,
 )
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
+from replicator.core.topic_sets import region_topics
 
 __all__ = ["KEEP_SNAPSHOTS", "MAX_ATTEMPTS", "ORPHAN_GRACE", "ArchiveCommitter", "SyncResult"]
 
@@ -148,10 +148,11 @@ class ArchiveCommitter(SnapshotHistory):
             if self.cfg.topics:
                 out.extend((region, t) for t in self.cfg.topics)
                 continue
-            base = region_prefix(prefix, region)
-            for name in self.store.list_folders(base):
-                if name and not name.startswith("_"):
-                    out.append((region, name))
+            # Every folder under the region whose name is a topic name is a topic's (one
+            # may start with "_": `_audit`). The replicator's own folders (_groups,
+            # _heartbeats, _incarnations: core/keys.py) are under each topic's, and the
+            # region's lease (_archive.lock) is an object.
+            out.extend((region, t) for t in region_topics(self.store, prefix, region))
         return sorted(out)
 
     def source(self, ident: TableIdentity) -> Source:

@@ -102,7 +102,7 @@ def tables(config: Path, output: str) -> None:
             files = t.files() if t is not None else {}
             rows.append({"region": region, "topic": topic,
                          "table": t.name if t is not None else "(none: archive sync)",
-                         "query_name": t.identifier[-1] if t is not None else "",
+                         "query_name": ".".join(t.identifier[-2:]) if t is not None else "",
                          "files": len(files),
                          "records": sum(f.records for f in files.values()),
                          "bytes": sum(f.size for f in files.values()),
@@ -152,8 +152,9 @@ def snapshots(config: Path, topic: str, region: str | None, output: str) -> None
 @output_option
 def sql(config: Path, query: str, snapshot_id: int | None, output: str) -> None:
     """Run QUERY with DuckDB over the tables (named by the last part of their identifier,
-    e.g. sensor_events). Filters on partition, "offset" (a keyword: quote it) and timestamp
-    prune the files read.
+    e.g. sensor_events, or by the last two, e.g. us_east_1.sensor_events: a name two
+    tables end in is refused). Filters on partition, "offset" (a keyword: quote it) and
+    timestamp prune the files read.
     """
     _, committer = _committer(config)
     from replicator.archive.query import run_query

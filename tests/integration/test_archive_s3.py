@@ -163,6 +163,12 @@ def test_the_cli_lists_tables_and_answers_sql(
                                   "WHERE partition = 1 GROUP BY 1"])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[2].split() == ["1", "5"]
+    # The two-part name (`archive tables`' query name) reads pyiceberg's scan the same way.
+    result = runner.invoke(main, ["archive", "sql", "--config", str(config),
+                                  "SELECT count(*) AS n FROM lake.t WHERE partition = 1"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[2].split() == ["5"]
+    assert "read 1 of" in result.output, result.output   # pruned by partition = 1
     result = runner.invoke(main, ["archive", "sql", "--config", str(config), "SELEC x"])
     assert result.exit_code == 1 and "syntax error" in result.output
 
