@@ -80,3 +80,37 @@ def test_a_create_that_never_committed_is_created_over_by_its_own_catalog_only(
     put(store, 0, 9)
     assert restarted.sync("r1", "t").added == 1
     assert current(restarted).snapshot_id is not None
+
+
+def test_a_namespace_of_an_earlier_release_gets_the_id_and_without_one_creates_stay_safe(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from replicator.archive.iceberg_catalog import CATALOG_ID
+
+    store = MemoryObjectStore("b")
+    new_topic(store)
+    first = ArchiveCommitter(catalog_settings(tmp_path), store)
+    first.catalog._catalog.create_namespace(IDENT[:-1])   # as an earlier release did
+    first.sync("r1", "t")
+    own = first.catalog._catalog.load_namespace_properties(IDENT[:-1])[CATALOG_ID]
+    assert current(first).properties[CATALOG_ID] == own
+    # A catalog that cannot keep namespace properties: tables are still created, and a
+    # create left halfway there is refused (an operator registers or removes it).
+    (tmp_path / "b").mkdir()
+    other = catalog_settings(tmp_path / "b")
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError("not allowed to update the namespace")
+
+    monkeypatch.setattr(SqlCatalog, "update_namespace_properties", refused)
+    plain = ArchiveCommitter(other, MemoryObjectStore("b"))
+    plain.catalog._catalog.create_namespace(IDENT[:-1])
+    plain.store.put(topic_meta_key("data", "r1", "t"), b'{"partitions": 1, "topic": "t"}')
+    plain.sync("r1", "t")
+    assert CATALOG_ID not in current(plain).properties
+    assert "cannot keep this catalog's id" in caplog.text
+    plain.catalog.drop(IDENT)   # its metadata.json stays: as a create that never committed
+    with pytest.raises(TableLocationInUse, match="not set"):
+        plain.sync("r1", "t")
