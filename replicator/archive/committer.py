@@ -105,7 +105,7 @@ class ArchiveCommitter(SnapshotHistory):
         self._landed: dict[SegmentKey, datetime] = {}
         self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
-        self._trims: dict[Piece, NewFile] = {}
+        self._steps = threading.local()   # what one step keeps while it runs: _trims
         self._bucket = getattr(store, "bucket", "bucket")
         self._lock = threading.Lock()
         self._memory = StepMemory()
@@ -113,6 +113,18 @@ class ArchiveCommitter(SnapshotHistory):
         self._removed: dict[tuple[str, int], frozenset[str]] = {}
         self._pending: dict[tuple[str, str], datetime] = {}
         """Per table: when the oldest segment the last plan would add landed."""
+
+    @property
+    def _trims(self) -> dict[Piece, NewFile]:
+        """The trimmed copies this step wrote (by the piece they hold), kept across its
+        attempts and cleared at its start and end. Per step, not per committer: a step runs
+        on one thread from start to end, and the ``catalog.sync_workers`` steps of other
+        tables running at once must not clear a copy between its write and its use.
+        """
+        trims: dict[Piece, NewFile] | None = getattr(self._steps, "trims", None)
+        if trims is None:
+            trims = self._steps.trims = {}
+        return trims
 
     # --- naming -------------------------------------------------------------------------
 
