@@ -173,14 +173,15 @@ class ArchiveCommitter(SnapshotHistory):
                       ident.incarnation)
 
     def table(self, region: str, topic: str, *, create: bool = True,
-              over_metadata: bool = False) -> IcebergTable | None:
+              over_metadata: bool = False, ident: TableIdentity | None = None
+              ) -> IcebergTable | None:
         """The topic's table (created when missing, unless ``create`` is false), checked to
-        be this source's.
+        be this source's (``ident``: of that incarnation; default the live one's).
 
         Raises:
             ForeignTable: the identifier holds a table stamped for another source.
         """
-        ident = self.identity(region, topic)
+        ident = ident or self.identity(region, topic)
         identifier = self.identifier(ident)
         source = self.source(ident)
         table = (self.catalog.create(identifier, source.stamp(), over_metadata=over_metadata)
@@ -278,14 +279,17 @@ class ArchiveCommitter(SnapshotHistory):
 
     def _listing(self, region: str, topic: str, partition: int | None,
                  seen: set[SegmentKey], parsed: dict[str, SegmentKey],
-                 known: dict[str, SegmentKey]) -> list[SegmentKey]:
+                 known: dict[str, SegmentKey], location: str | None = None
+                 ) -> list[SegmentKey]:
         """The topic's segments in the bucket (``parsed``: their keys by object key;
-        ``known``: those of an earlier listing, not parsed again).
+        ``known``: those of an earlier listing, not parsed again; ``location``: of that
+        incarnation, default the live one).
         """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         # One incarnation per table: the live one's location (a topic deleted and created
         # again has its later incarnations under _incarnations/, docs/architecture.md).
-        live = live_location(self.store, self.settings.s3.prefix, region, topic)
+        live = location if location is not None else live_location(
+            self.store, self.settings.s3.prefix, region, topic)
         if partition is not None:
             if live != BASE_INCARNATION:
                 prefix = f"{incarnations_prefix(self.settings.s3.prefix, region, topic)}{live}/"
@@ -358,7 +362,8 @@ class ArchiveCommitter(SnapshotHistory):
         result.unreadable.append(k.to_key())
 
     def sync(self, region: str, topic: str, *, partition: int | None = None,
-             deleting: Iterable[SegmentKey] = (), expire: bool = True) -> SyncResult:
+             deleting: Iterable[SegmentKey] = (), expire: bool = True,
+             table: IcebergTable | None = None, location: str | None = None) -> SyncResult:
         """Make the topic's table list the visible segments (``archive.plan``).
 
         Args:
@@ -368,6 +373,9 @@ class ArchiveCommitter(SnapshotHistory):
                 the table stay as they are).
             deleting: segments about to be deleted: they leave the table in this commit.
             expire: expire the snapshots older than a commit that removed files.
+            table: the table to step (compaction's hooks: never created here); default the
+                live incarnation's, created when missing.
+            location: list that incarnation's segments (its label); default the live one's.
 
         Raises:
             CatalogError: the catalog failed, or conflicts went on for ``MAX_ATTEMPTS``.
@@ -375,7 +383,8 @@ class ArchiveCommitter(SnapshotHistory):
         """
         seen: set[SegmentKey] = set()   # this step's entries in _sizes and _landed
         try:
-            return self._sync(region, topic, partition, frozenset(deleting), expire, seen)
+            return self._sync(region, topic, partition, frozenset(deleting), expire, seen,
+                              table, location)
         except ReplicatorError:
             self._lag_of_failed_step(region, topic)
             raise
@@ -386,9 +395,9 @@ class ArchiveCommitter(SnapshotHistory):
             self._trims.clear()
 
     def _sync(self, region: str, topic: str, partition: int | None,
-              deleting: frozenset[SegmentKey], expire: bool,
-              seen: set[SegmentKey]) -> SyncResult:
-        table = self.table(region, topic)
+              deleting: frozenset[SegmentKey], expire: bool, seen: set[SegmentKey],
+              table: IcebergTable | None = None, location: str | None = None) -> SyncResult:
+        table = table or self.table(region, topic)
         assert table is not None
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         self._trims.clear()
@@ -400,7 +409,7 @@ class ArchiveCommitter(SnapshotHistory):
                 paths = [p for p in paths if files[p].partition == partition]
             parsed: dict[str, SegmentKey] = {}
             listed = self._listing(region, topic, partition, seen, parsed,
-                                   mem.parsed if mem else {})
+                                   mem.parsed if mem else {}, location)
             if mem is not None and mem.listing is not None and not deleting \
                     and partition is None and not self._has_trims(table, paths):
                 # Only what changed since the step the table matched (step_memory.py).
