@@ -30,7 +30,12 @@ import pyarrow.compute as pc
 
 from formats.base import SegmentFormat, SegmentMetadata, SegmentReader, WriterOptions
 from formats.registry import sniff_format
-from replicator.core.errors import ObjectNotFound, ReplicatorError, SegmentNotFound
+from replicator.core.errors import (
+    ObjectNotFound,
+    ReplicatorError,
+    SegmentCorrupt,
+    SegmentNotFound,
+)
 from replicator.core.keys import SegmentKey, new_temp_key
 from replicator.core.storage import ObjectInfo, ObjectStore, Upload, UploadStream
 
@@ -367,21 +372,26 @@ def publish_segment(store: ObjectStore, temp: str, key: SegmentKey,
 class SegmentStreamReader(SegmentReader):
     """A ``SegmentReader`` that owns the object stream it reads (closed with the reader).
 
-    ``format`` is the format the segment's own bytes named (``formats.registry``).
+    ``format`` is the format the segment's own bytes named (``formats.registry``). With
+    ``key``, the records' offsets are checked against it as they are read: each batch must
+    go on above the one before, strictly increasing, within the key's range
+    (``SegmentCorrupt`` otherwise; ``check_offsets``).
     """
 
     def __init__(self, inner: SegmentReader, stream: BinaryIO,
-                 fmt: SegmentFormat | None = None) -> None:
+                 fmt: SegmentFormat | None = None, key: SegmentKey | None = None) -> None:
         self._inner = inner
         self._stream = stream
         self.format = fmt
+        self._key = key
 
     @property
     def metadata(self) -> SegmentMetadata:
         return self._inner.metadata
 
     def iter_batches(self, batch_size: int) -> Iterator[pa.RecordBatch]:
-        return self._inner.iter_batches(batch_size)
+        batches = self._inner.iter_batches(batch_size)
+        return batches if self._key is None else check_offsets(batches, self._key)
 
     def close(self) -> None:
         try:
@@ -425,7 +435,42 @@ def open_segment(store: ObjectStore, key: SegmentKey, *,
     except BaseException:
         stream.close()
         raise
-    return SegmentStreamReader(reader, stream, fmt)
+    return SegmentStreamReader(reader, stream, fmt, key)
+
+
+def check_offsets(batches: Iterator[pa.RecordBatch], key: SegmentKey
+                  ) -> Iterator[pa.RecordBatch]:
+    """``batches`` as they come, each checked: its offsets strictly increasing, above the
+    batch before, within ``[key.start, key.end]``. A footer that matches its key can still
+    sit on other records (an object copied over a key, a foreign writer): replayed as they
+    are, an offset above the key would move a checkpoint past records of later segments,
+    which would then be passed over as already replayed.
+
+    Raises:
+        SegmentCorrupt: naming the key and the first offset out of place.
+    """
+    last = key.start - 1
+    for batch in batches:
+        n = batch.num_rows
+        if n:
+            column = batch.column("offset")
+            if column.null_count or not pa.types.is_integer(column.type):
+                raise SegmentCorrupt(f"{key}: the offset column holds nulls or is not "
+                                     f"integer ({column.type})")
+            offsets = column.to_numpy(zero_copy_only=False)
+            bad = None
+            if int(offsets[0]) <= last:
+                bad = int(offsets[0])
+            elif n > 1 and not bool(np.all(np.diff(offsets) > 0)):
+                bad = int(offsets[1:][np.diff(offsets) <= 0][0])
+            elif int(offsets[-1]) > key.end:
+                bad = int(offsets[-1])
+            if bad is not None:
+                raise SegmentCorrupt(f"{key}: record offset {bad} out of place (offsets must "
+                                     f"increase within {key.start}-{key.end}, after "
+                                     f"{last})")
+            last = int(offsets[-1])
+        yield batch
 
 
 FOOTER_READ_BUFFER = 64 * 1024

@@ -23,6 +23,7 @@ from replicator.devstack.toml_writer import write_toml
 from tests.conftest import unique_name
 from tests.integration.pipeline import CREDS, SOURCE_REGION, Pipeline
 from tests.integration.test_restore import restore_cmd, rows
+from tests.unit.test_archive_committer import swap_of
 from tests.unit.test_compaction_helpers import make_records, write_segment
 
 pytestmark = pytest.mark.apache
@@ -122,7 +123,7 @@ def test_restore_a_snapshot_whose_trimmed_copy_outlived_its_segment(
     assert snap is not None
     out = SegmentKey("data", SOURCE_REGION, pipe.topic, 0, 1, 0, 79)
     write_segment(pipe.store, out, make_records(0, 79))
-    swap = committer.swap(SOURCE_REGION, pipe.topic, [whole, trimmed])
+    swap = swap_of(committer, SOURCE_REGION, pipe.topic, [whole, trimmed])
     allowed = committer.deletable(SOURCE_REGION, pipe.topic, swap)
     assert allowed == {trimmed.to_key()}
     pipe.store.delete_many(sorted(allowed))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from compaction.controller import Compaction
-from replicator.archive.committer import ArchiveCommitter
+from replicator.archive.committer import ArchiveCommitter, SyncResult
 from replicator.archive.iceberg import IcebergTable
 from replicator.core.keys import SegmentKey, topic_meta_key
 from replicator.core.settings import Settings
@@ -35,6 +35,14 @@ def catalog_settings(tmp: Path, **catalog: Any) -> Settings:
 def setup(tmp_path: Path) -> tuple[MemoryObjectStore, ArchiveCommitter]:
     store = MemoryObjectStore("b")
     return store, ArchiveCommitter(catalog_settings(tmp_path), store)
+
+
+def swap_of(committer: ArchiveCommitter, region: str, topic: str,
+            deleting: list[SegmentKey]) -> SyncResult:
+    """Compaction's hook ``swap`` on a topic that has a table (its result, never ``None``)."""
+    r = committer.swap(region, topic, deleting)
+    assert r is not None, f"{region}/{topic} has no table"
+    return r
 
 
 def listed(table: IcebergTable) -> list[SegmentKey]:

@@ -18,7 +18,7 @@ from replicator.archive.iceberg import IcebergTable
 from replicator.core.errors import StorageError
 from replicator.core.settings import Settings
 from replicator.core.storage import MemoryObjectStore
-from tests.unit.test_archive_committer import catalog_settings
+from tests.unit.test_archive_committer import catalog_settings, swap_of
 from tests.unit.test_compaction_controller import clock, k
 from tests.unit.test_compaction_helpers import compaction_settings, make_records, write_segment
 
@@ -153,7 +153,7 @@ def test_swaps_commit_replace_removals_delete_and_new_segments_append(
     write_segment(store, k(1, 0, 19), make_records(0, 19))
     put(store, 20, 29)
     store.delete(k(0, 100, 109, 1).to_key())
-    r = committer.swap("r1", "t", [k(0, 0, 9), k(0, 10, 19)])
+    r = swap_of(committer, "r1", "t", [k(0, 0, 9), k(0, 10, 19)])
     assert (r.added, r.removed_covered, r.removed_gone) == (2, 2, 1)
     table.refresh()
     snaps = {s.snapshot_id: s for s in table.snapshots()}

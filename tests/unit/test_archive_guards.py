@@ -19,7 +19,7 @@ from replicator.core.errors import ReplicatorError, StorageError
 from replicator.core.keys import SegmentKey, topic_meta_key
 from replicator.core.storage import MemoryObjectStore
 from replicator.core.wire import Incarnation, TopicMetadata
-from tests.unit.test_archive_committer import catalog_settings, listed
+from tests.unit.test_archive_committer import catalog_settings, listed, swap_of
 from tests.unit.test_compaction_controller import k, seed
 from tests.unit.test_compaction_helpers import make_records, write_segment
 
@@ -371,7 +371,7 @@ def test_a_swap_keeps_the_inputs_whose_output_is_quarantined(tmp_path: Path) -> 
     committer.sync("r1", "t")
     odd_segment(store, k(1, 0, 19))                  # partition 0's output: odd
     seed(store, [(0, 19)], level=1, partition=1)     # partition 1's output: fine
-    r = committer.swap("r1", "t", inputs)
+    r = swap_of(committer, "r1", "t", inputs)
     assert r.kept == [x.to_key() for x in inputs[:2]]
     assert listed(current(committer)) == [*inputs[:2], k(1, 0, 19, partition=1)]
     # A compaction run deletes only what the swap did not keep.

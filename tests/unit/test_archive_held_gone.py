@@ -21,7 +21,7 @@ import pytest
 from replicator.archive.committer import ORPHAN_GRACE, ArchiveCommitter
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import MemoryObjectStore
-from tests.unit.test_archive_committer import catalog_settings
+from tests.unit.test_archive_committer import catalog_settings, swap_of
 from tests.unit.test_archive_overlaps import compact, expected, put, segments, table_rows
 
 HELD = "replicator_archive_held_segments_gone_total"
@@ -93,7 +93,7 @@ def test_a_delete_between_steps_expires_the_snapshots_listing_it(
     errors = [m.getMessage() for m in caplog.records if m.levelno == logging.ERROR]
     assert len(errors) == 1 and a.to_key() in errors[0] and str(before) in errors[0]
     # b is held by nothing now: the next compaction run may delete it at once.
-    swap = c.swap("r1", "t", [b])
+    swap = swap_of(c, "r1", "t", [b])
     assert c.deletable("r1", "t", swap) == {b.to_key()}
     # Nothing more to expire: the next steps are quiet.
     assert c.sync("r1", "t").expired == 0 and held_value(c) == 1
@@ -141,7 +141,7 @@ def test_a_delete_during_the_swap_or_before_its_delete_is_found(tmp_path: Path) 
         return out
 
     c._listing = listing_then_delete  # type: ignore[method-assign,assignment]
-    swap = c.swap("r1", "t", [a, b])
+    swap = swap_of(c, "r1", "t", [a, b])
     c._listing = real  # type: ignore[method-assign]
     assert c.deletable("r1", "t", swap) == set()   # held: within the retention
     c.sync("r1", "t")
@@ -150,7 +150,7 @@ def test_a_delete_during_the_swap_or_before_its_delete_is_found(tmp_path: Path) 
     kept_files_exist(store, c)
     # Compaction of d, e: the delete comes between its swap and its deletes.
     put(store, 0, 1, 20, 39)
-    swap = c.swap("r1", "t", [d, e])
+    swap = swap_of(c, "r1", "t", [d, e])
     store.delete(e.to_key())
     assert c.deletable("r1", "t", swap) == set()
     c.sync("r1", "t")
@@ -172,7 +172,7 @@ def test_compactions_own_delete_of_a_held_segment_is_not_a_lifecycle_delete(
 
     def compaction_then_listing(*args: Any) -> list[SegmentKey]:
         clock.now += timedelta(hours=11)
-        swap = c.swap("r1", "t", [a, b])
+        swap = swap_of(c, "r1", "t", [a, b])
         allowed = c.deletable("r1", "t", swap)
         assert allowed == {a.to_key(), b.to_key()}
         store.delete_many(sorted(allowed))
@@ -219,7 +219,7 @@ def test_a_segment_a_swap_removed_as_gone_is_expired_by_the_next_step_quietly(
     before = c.sync("r1", "t").snapshot_id
     put(store, 0, 1, 0, 19)
     store.delete(x.to_key())   # a lifecycle rule: the swap removes it as gone
-    swap = c.swap("r1", "t", [a, b])
+    swap = swap_of(c, "r1", "t", [a, b])
     assert swap.removed_gone == 1
     assert c.deletable("r1", "t", swap) == set()   # a, b held
     with caplog.at_level(logging.INFO):

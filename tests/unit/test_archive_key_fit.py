@@ -20,7 +20,7 @@ from replicator.archive.plan import Piece
 from replicator.archive.trims import trim_root
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.storage import MemoryObjectStore
-from tests.unit.test_archive_committer import catalog_settings, listed
+from tests.unit.test_archive_committer import catalog_settings, listed, swap_of
 from tests.unit.test_compaction_controller import k, seed
 from tests.unit.test_compaction_helpers import make_records, write_segment
 
@@ -54,11 +54,15 @@ def test_an_object_whose_rows_are_not_its_keys_range_is_quarantined(
         assert r.quarantined == [foreign.to_key()]
     assert listed(current(committer)) == [k(0, 0, 9), k(0, 20, 29)]
     assert quarantined_for_range(committer) == 1   # counted once per key
-    # Ingress and restore open segments with the same footer checks (compaction also
-    # checks the rows' offsets while merging, compaction/merge.py).
+    # Ingress and restore open segments with the same footer checks, and check the
+    # records' offsets as they read (compaction also while merging, compaction/merge.py).
     if reader_refuses:
         with pytest.raises(SegmentCorrupt, match="exceeds the key's range"):
             open_segment(store, foreign)
+    else:   # the footer passes; the records' offsets do not (formats.segment_io)
+        with open_segment(store, foreign) as reader, \
+                pytest.raises(SegmentCorrupt, match="record offset 0 out of place"):
+            list(reader.iter_batches(1000))
 
 
 def test_a_foreign_object_at_a_covering_key_hides_nothing(tmp_path: Path) -> None:
@@ -72,7 +76,7 @@ def test_a_foreign_object_at_a_covering_key_hides_nothing(tmp_path: Path) -> Non
     assert r.quarantined == [k(1, 0, 19).to_key()]
     assert listed(current(committer)) == inputs   # not swapped out for the foreign one
     # A compaction's swap keeps the inputs the foreign object would have covered.
-    assert committer.swap("r1", "t", inputs).kept == [x.to_key() for x in inputs]
+    assert swap_of(committer, "r1", "t", inputs).kept == [x.to_key() for x in inputs]
     assert listed(current(committer)) == inputs
 
 

@@ -21,7 +21,7 @@ from replicator.core.storage import MemoryObjectStore
 from replicator.ops.restore import make_plan
 from replicator.ops.restore_plan import RestoreRange
 from replicator.ops.restore_request import RestoreRequest
-from tests.unit.test_archive_committer import catalog_settings
+from tests.unit.test_archive_committer import catalog_settings, swap_of
 from tests.unit.test_compaction_controller import k, seed
 
 
@@ -85,7 +85,7 @@ def test_a_copy_whose_segment_compaction_deleted_is_read_itself(tmp_path: Path) 
     snap = committer.sync("r1", "t").snapshot_id
     assert snap is not None
     seed(store, [(0, 14)], level=1)   # compaction's output
-    swap = committer.swap("r1", "t", [a, b])
+    swap = swap_of(committer, "r1", "t", [a, b])
     allowed = committer.deletable("r1", "t", swap)
     assert allowed == {b.to_key()}   # a is held with the snapshot; b is listed by none
     store.delete_many(sorted(allowed))
