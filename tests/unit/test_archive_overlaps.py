@@ -381,6 +381,32 @@ def test_a_segment_covering_a_listed_one_appends_its_new_offsets(tmp_path: Path)
         assert committer.sync("r1", "t").committed is False
 
 
+def test_a_copy_of_positions_without_records_stays_listed_and_stored(
+        tmp_path: Path) -> None:
+    # Partition 1 has no record at offset 9 (a transaction marker, say): the late 3-9
+    # keeps only position 9 and its copy has no rows. pyiceberg's scan plans no file
+    # without records: the step, the cleanup and the swap saw no such copy (a new step
+    # added it again, the cleanup deleted the listed copy, a swap could not remove it).
+    store = MemoryObjectStore("b")
+    settings = catalog_settings(tmp_path)
+    with committer_in(tmp_path, store) as committer:
+        a = put(store, 1, 0, 0, 8)
+        committer.sync("r1", "t")
+        b = put(store, 1, 0, 3, 9)
+        committer.sync("r1", "t")
+        table = committer.table("r1", "t", create=False)
+        assert table is not None
+        assert sorted(p for f in table.files() if (p := committer.piece_of(table, f))) == [
+            Piece.of(a), Piece(b, 9, 9)]
+        assert committer.clean_trims(table) == 0
+        assert len(table.list_files(trim_root(table.location))) == 1
+        fresh = ArchiveCommitter(settings, store, clock=LATER)   # a restart: no memory
+        assert fresh.sync("r1", "t").committed is False
+        compact(store, committer, [a, b], lambda: table_rows(store, committer))
+        assert table_rows(store, committer) == expected(segments(store))
+        check_snapshots(store, committer)
+
+
 # --- the property -------------------------------------------------------------------------
 
 layouts = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 45), st.integers(0, 20)),
