@@ -102,16 +102,24 @@ def table_rows(store: ObjectStore, committer: ArchiveCommitter,
 def check_snapshots(store: ObjectStore, committer: ArchiveCommitter) -> None:
     """Every file every kept snapshot lists exists (segments in the bucket, copies in the
     warehouse: ``table_rows`` reads them all), and no snapshot lists an offset twice — not
-    even one a step committed on its way to the next current one. (With lifecycle deletes
-    neither holds: a step that removes a deleted segment and lists its positions from
-    another one in the same commit has such a snapshot, docs/architecture.md; and see
+    even one a step committed on its way to the next current one; nor does one miss an
+    offset its parent lists, unless it is a ``delete`` (files that left the bucket). (With
+    lifecycle deletes none holds: a step that removes a deleted segment and lists its
+    positions from another one in the same commit has such a snapshot,
+    docs/architecture.md; and see
     ``test_a_lifecycle_delete_of_an_input_held_for_the_retention``.)
     """
     table = committer.table("r1", "t", create=False)
     assert table is not None
-    for snap in table.snapshots():
+    offsets: dict[int, set[tuple[int, int]]] = {}
+    snapshots = table.snapshots()
+    for snap in snapshots:
         rows = table_rows(store, committer, snap.snapshot_id)
-        assert len(rows) == len({(p, o) for p, o, _ in rows}), snap
+        offsets[snap.snapshot_id] = {(p, o) for p, o, _ in rows}
+        assert len(rows) == len(offsets[snap.snapshot_id]), snap
+    for snap in snapshots:
+        if snap.parent_id in offsets and snap.operation != "delete":
+            assert offsets[snap.parent_id] <= offsets[snap.snapshot_id], snap
 
 
 @contextmanager
