@@ -617,16 +617,15 @@ class ArchiveCommitter(SnapshotHistory):
                    "replicator.removed-covered": str(len(plan.remove_covered)),
                    "replicator.removed-gone": str(len(plan.remove_gone)),
                    "replicator.reason": "compaction" if deleting else "sync"}
-        # A new file that covers a removed one is its replacement (a compaction output):
-        # both go in one `replace`; other new files are an `append`, files that left the
-        # bucket a `delete` (streaming readers read appends and skip the rest).
-        # A trimmed copy of positions the removed files held is a replacement too.
+        # A new file holding only positions the covered files held (a compaction output,
+        # a trimmed copy) is their replacement: they go in one `replace`; the other new
+        # files, holding only positions no file held (the plan splits a file that would
+        # hold both), are an `append`; files that left the bucket a `delete` (streaming
+        # readers read appends and skip the rest).
         removed = ranges_by_partition(r for p in plan.remove_covered
-                          if (r := self.piece_of(table, p)) is not None)
+                                      if (r := self.piece_of(table, p)) is not None)
         swap_in = [f for f in new if (k := self.piece_of(table, f.path)) is not None
-                   and (any(k.lo <= lo and hi <= k.hi
-                            for lo, hi, _ in removed.get(k.key.partition_ref, ()))
-                        or holds(removed.get(k.key.partition_ref, []), k.lo, k.hi))]
+                   and holds(removed.get(k.key.partition_ref, []), k.lo, k.hi)]
         swapped = {f.path for f in swap_in}
         append = [f for f in new if f.path not in swapped]
         snapshot = table.commit(append, plan.remove_gone, summary,

@@ -267,7 +267,7 @@ class IcebergTable:
         if snapshot_id is None and self._table.current_snapshot() is None:
             return {}
         try:
-            tasks = self._table.scan(snapshot_id=snapshot_id).plan_files()
+            tasks = self._table.scan(snapshot_id=snapshot_id, options=_EVERY_FILE).plan_files()
             return {t.file.file_path: TableFile(t.file.file_path, t.file.record_count,
                                                 t.file.file_size_in_bytes) for t in tasks}
         except Exception as e:
@@ -382,7 +382,8 @@ class IcebergTable:
         """
         if not paths:
             return {}
-        by_path = {t.file.file_path: t.file for t in self._table.scan().plan_files()
+        by_path = {t.file.file_path: t.file
+                   for t in self._table.scan(options=_EVERY_FILE).plan_files()
                    if t.file.file_path in paths}
         missing = paths - by_path.keys()
         if missing:
@@ -576,6 +577,11 @@ class IcebergTable:
             pass
         except Exception as e:
             raise wrap_error(f"deleting {path}", e) from e
+
+
+_EVERY_FILE = {"include_empty_files": "true"}
+"""Scan options that list files without records too (pyiceberg plans none by default): a
+trimmed copy of positions without records is a file of the table like any other."""
 
 
 class _ReplaceFiles(_OverwriteFiles):

@@ -152,7 +152,10 @@ def plan_table(table_paths: Iterable[str], listed: Iterable[SegmentKey], *,
                trim_of: Callable[[str], Piece | None] = _no_trims,
                unaddable: Iterable[SegmentKey] = (),
                deleting: Iterable[SegmentKey] = ()) -> TablePlan:
-    """The commit that makes the table list exactly ``claims`` of the listing.
+    """The commit that makes the table list exactly ``claims`` of the listing (a piece
+    the commit would add that holds both positions of files it removes as covered and
+    positions no file held is added as two or more trimmed copies, ``split_at``, and
+    copies that together hold a claimed piece count as listing it).
 
     Args:
         table_paths: the files of the table's current snapshot.
@@ -177,15 +180,88 @@ def plan_table(table_paths: Iterable[str], listed: Iterable[SegmentKey], *,
     whole = {p.key for p in in_table if p.whole}
     target = claims((k for k in present if k not in skip), prefer=whole,
                     listed={p.key for p in in_table})
-    add = sorted(p.key for p in target if p.whole and p not in in_table)
-    trim = sorted(p for p in target if not p.whole and p not in in_table)
+    keep, new = _unlisted(target, in_table)
     covered: list[str] = []
     gone: list[str] = []
+    swapped_out: list[Piece] = []
     for piece, paths in in_table.items():
-        extra = sorted(paths)[1:] if piece in target else sorted(paths)
+        extra = sorted(paths)[1:] if piece in keep else sorted(paths)
         for path in extra:
-            (covered if piece.key in present or piece.key in deleted else gone).append(path)
+            if piece.key in present or piece.key in deleted:
+                covered.append(path)
+                swapped_out.append(piece)
+            else:
+                gone.append(path)
+    # A new piece holding both positions the covered files held and positions no file
+    # held is split (``split_at``): appended whole, the append snapshot would list the
+    # former twice (the covered files leave in the later ``replace``); swapped in whole,
+    # streaming readers, which skip replaces, would never read the latter.
+    held = ranges_by_partition(swapped_out)
+    new = [q for p in new for q in split_at(p, held.get(p.key.partition_ref, []))]
+    add = sorted(p.key for p in new if p.whole)
+    trim = sorted(p for p in new if not p.whole)
     return TablePlan(add, sorted(covered), sorted(gone), trim)
+
+
+def _unlisted(target: set[Piece], in_table: Iterable[Piece]
+              ) -> tuple[set[Piece], list[Piece]]:
+    """The pieces of the table to keep (``target``'s, and the copies that together hold
+    one of them), and the pieces of ``target`` the table does not list.
+    """
+    listed = set(in_table)
+    keep = set(target)
+    new: list[Piece] = []
+    copies: dict[SegmentKey, list[Piece]] = defaultdict(list)
+    for p in listed:
+        if not p.whole:
+            copies[p.key].append(p)
+    for p in target:
+        if p in listed:
+            continue
+        tiles = _tiling(p, copies.get(p.key, []))
+        if tiles:
+            keep |= tiles   # listed already, as the pieces an earlier commit split it into
+        else:
+            new.append(p)
+    return keep, new
+
+
+def _tiling(piece: Piece, copies: Iterable[Piece]) -> set[Piece]:
+    """The ``copies`` (of ``piece``'s segment) that hold exactly its positions, each once
+    (``split_at`` made them), or the empty set.
+    """
+    parts = sorted(q for q in copies if piece.lo <= q.lo and q.hi <= piece.hi)
+    reach = piece.lo - 1
+    for q in parts:
+        if q.lo != reach + 1:
+            return set()
+        reach = q.hi
+    return set(parts) if parts and reach == piece.hi else set()
+
+
+def split_at(piece: Piece, ranges: Iterable[tuple[int, int, SegmentKey]]) -> list[Piece]:
+    """``piece`` cut where the positions the sorted inclusive ``ranges`` hold begin and
+    end: each part lies wholly inside them or wholly outside (``[piece]`` when it already
+    does).
+    """
+    merged: list[list[int]] = []
+    for a, b, _ in ranges:
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    cuts: list[Piece] = []
+    lo = piece.lo
+    for a, b in merged:
+        if b < lo or a > piece.hi:
+            continue
+        if a > lo:
+            cuts.append(Piece(piece.key, lo, a - 1))
+        cuts.append(Piece(piece.key, max(a, lo), min(b, piece.hi)))
+        lo = min(b, piece.hi) + 1
+    if lo <= piece.hi and cuts:
+        cuts.append(Piece(piece.key, lo, piece.hi))
+    return cuts if len(cuts) > 1 else [piece]
 
 
 def ranges_by_partition(pieces: Iterable[Piece]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicator.archive.naming import TableIdentity, sanitize, table_identifier
-from replicator.archive.plan import Piece, claims, plan_table, visible
+from replicator.archive.plan import Piece, claims, plan_table, split_at, visible
 from replicator.core.errors import ConfigError
 from replicator.core.keys import SegmentKey
 from replicator.core.settings import CatalogSettings, load_settings
@@ -54,10 +54,31 @@ def test_deleting_and_unaddable_segments_never_enter_and_never_hide() -> None:
     plan = plan_table([], listed, url=url, key_of=key_of, unaddable=[k(1, 0, 19)])
     assert plan.add == [k(0, 0, 9), k(0, 10, 19)]
     # Inputs about to be deleted leave the table even so.
+    plan = plan_table([url(k(0, 0, 9)), url(k(0, 10, 19))], listed, url=url, key_of=key_of,
+                      deleting=[k(0, 0, 9), k(0, 10, 19)])
+    assert plan.add == [k(1, 0, 19)] and plan.trim == []
+    assert plan.remove_covered == [url(k(0, 0, 9)), url(k(0, 10, 19))]
+    # An output over an input the table never listed holds listed and new positions: it
+    # is split there (the first part swapped in, the second appended), and the two
+    # copies are its listing from then on.
     plan = plan_table([url(k(0, 0, 9))], listed, url=url, key_of=key_of,
                       deleting=[k(0, 0, 9), k(0, 10, 19)])
-    assert plan.add == [k(1, 0, 19)]
+    out = k(1, 0, 19)
+    assert plan.add == [] and plan.trim == [Piece(out, 0, 9), Piece(out, 10, 19)]
     assert plan.remove_covered == [url(k(0, 0, 9))]
+    copies = {f"s3://b/trimmed/{p.lo}-{p.hi}": p for p in plan.trim}
+    assert plan_table(list(copies), [out], url=url, key_of=key_of,
+                      trim_of=copies.get).empty
+
+
+def test_split_at_cuts_where_held_positions_begin_and_end() -> None:
+    a = k(0, 0, 20)
+    held = [(0, 4, a), (5, 7, a), (12, 30, a)]
+    assert split_at(Piece(a, 2, 15), held) == [Piece(a, 2, 7), Piece(a, 8, 11),
+                                               Piece(a, 12, 15)]
+    assert split_at(Piece(a, 8, 11), held) == [Piece(a, 8, 11)]
+    assert split_at(Piece(a, 13, 14), held) == [Piece(a, 13, 14)]
+    assert split_at(Piece.of(a), []) == [Piece.of(a)]
 
 
 ranges = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 10),
