@@ -1,7 +1,8 @@
 """A table's snapshot history: what a step keeps of it, and compaction's hooks around its
 deletes (docs/architecture.md, "The archive as Iceberg tables", snapshot expiry).
 
-Add-only steps keep the newest ``KEEP_SNAPSHOTS`` snapshots; a step that removed files
+Add-only steps keep the newest ``KEEP_SNAPSHOTS`` snapshots and every snapshot that was
+current within ``catalog.snapshot_retention``; a step that removed files
 expires every older snapshot (no snapshot kept lists a deleted object). Compaction calls
 ``swap`` before it deletes inputs (one snapshot lists the outputs instead), ``deletable``
 for the inputs whose snapshots are older than ``catalog.snapshot_retention`` (expiring
@@ -31,7 +32,9 @@ from replicator.core.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 KEEP_SNAPSHOTS = 100
-"""Snapshots a table keeps at most (time travel within them; older ones are expired)."""
+"""Snapshots a table keeps beyond ``catalog.snapshot_retention`` (time travel within them;
+older ones are expired). Those current within the retention are kept whatever their count.
+"""
 
 ORPHAN_GRACE = timedelta(minutes=30)
 """Metadata files no snapshot refers to are deleted once this old: younger ones may belong
@@ -160,13 +163,24 @@ class SnapshotHistory:
         return len(stale)
 
     def _expire_beyond(self, table: IcebergTable) -> int:
-        """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add
-        files would otherwise pile up, one per interval).
+        """Expire the snapshots beyond the newest ``KEEP_SNAPSHOTS`` of the lineage (commits
+        that only add files would otherwise pile up, one per interval), but none that was
+        current within ``catalog.snapshot_retention`` (measured as ``deletable`` does: by
+        its child's commit time): the snapshot before a compaction swap stays readable for
+        the retention, and with it every newer one (the lineage stays whole).
         """
-        snaps = table.snapshots()
-        if len(snaps) <= KEEP_SNAPSHOTS:
+        current = table.snapshot_id
+        if current is None:
             return 0
-        return self.expire(table, snaps[-KEEP_SNAPSHOTS].snapshot_id)
+        lineage = [current, *table.ancestors(current)]   # newest first
+        if len(lineage) <= KEEP_SNAPSHOTS:
+            return 0
+        committed = {s.snapshot_id: s.committed_at for s in table.snapshots()}
+        cutoff = self.clock() - self.cfg.snapshot_retention
+        for i in range(KEEP_SNAPSHOTS, len(lineage)):
+            if committed[lineage[i - 1]] <= cutoff:   # superseded before the retention
+                return self._expire_ids(table, lineage[i:])
+        return 0
 
     def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
         """Compaction's hook, called before ``deleting`` is deleted: one snapshot lists the
