@@ -410,7 +410,8 @@ class ArchiveCommitter(SnapshotHistory):
                 # without any step of this table seeing them: expire at once too.
                 # Compaction's own swaps keep history (``deletable``, the retention).
                 if plan.remove_gone or plan.remove_covered:
-                    result.expired = self.expire(table, snapshot)
+                    result.expired = self.expire_removed(
+                        table, [*plan.remove_gone, *plan.remove_covered])
                 else:
                     result.expired = self._expire_beyond(table)
             if expire:   # (a swap leaves expiry to compaction's hooks and the next step)

@@ -44,7 +44,7 @@ from pyiceberg.io.pyarrow import (
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -177,6 +177,10 @@ class IcebergTable:
 
     def __init__(self, table: Table) -> None:
         self._table = table
+        self._manifest_paths: dict[str, frozenset[str]] = {}
+        """Live data file paths of each manifest read (manifests never change)."""
+        self._snapshot_paths: dict[int, frozenset[str]] = {}
+        """``paths`` of each snapshot read (snapshots never change)."""
 
     @property
     def identifier(self) -> tuple[str, ...]:
@@ -367,45 +371,90 @@ class IcebergTable:
         """Expire every ancestor of ``snapshot_id`` (which stays); their count."""
         return self.expire(self.ancestors(snapshot_id))
 
+    def paths(self, snapshot_id: int) -> frozenset[str]:
+        """The data file paths kept snapshot ``snapshot_id`` lists, from its manifests (each
+        manifest read once per table object: manifests never change, and one is shared by
+        the many snapshots committed after it).
+        """
+        known_snapshot = self._snapshot_paths.get(snapshot_id)
+        if known_snapshot is not None:
+            return known_snapshot
+        snap = self._table.metadata.snapshot_by_id(snapshot_id)
+        if snap is None:
+            return frozenset()
+        io = self._table.io
+        out: set[str] = set()
+        try:
+            for m in snap.manifests(io):
+                if m.content != ManifestContent.DATA:
+                    continue
+                known = self._manifest_paths.get(m.manifest_path)
+                if known is None:
+                    known = frozenset(e.data_file.file_path for e in
+                                      m.fetch_manifest_entry(io, discard_deleted=True))
+                    self._manifest_paths[m.manifest_path] = known
+                out |= known
+        except Exception as e:
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
+        if len(self._snapshot_paths) > 4 * len(self._table.metadata.snapshots) + 16:
+            kept = {s.snapshot_id for s in self._table.metadata.snapshots}
+            self._snapshot_paths = {k: v for k, v in self._snapshot_paths.items() if k in kept}
+            used = {m.manifest_path for s in self._table.metadata.snapshots
+                    for m in s.manifests(io)}
+            self._manifest_paths = {k: v for k, v in self._manifest_paths.items() if k in used}
+        self._snapshot_paths[snapshot_id] = frozenset(out)
+        return self._snapshot_paths[snapshot_id]
+
+    def by_time(self) -> list[SnapshotInfo]:
+        """Every snapshot the metadata keeps (the main lineage, snapshots a rollback left
+        behind, branch and tag heads), newest first by commit time.
+        """
+        return sorted(self.snapshots(), key=lambda s: s.committed_at, reverse=True)
+
+    def listing(self, paths: Iterable[str]) -> list[int]:
+        """The kept snapshots (every one, not only the current lineage) that list one of
+        ``paths``, newest first.
+        """
+        wanted = set(paths)
+        if not wanted:
+            return []
+        return [s.snapshot_id for s in self.by_time() if wanted & self.paths(s.snapshot_id)]
+
     def newest_listing(self, paths: Iterable[str]) -> int | None:
-        """The newest snapshot of the current lineage that lists one of ``paths`` (the
-        current snapshot included), or ``None``.
+        """The newest kept snapshot that lists one of ``paths`` (the current snapshot
+        first), or ``None``.
         """
         wanted = set(paths)
         current = self.snapshot_id
-        if current is None or not wanted:
-            return None
-        for sid in (current, *self.ancestors(current)):
-            if wanted & self.files(sid).keys():
-                return sid
-        return None
+        if current is not None and wanted & self.paths(current):
+            return current
+        return next(iter(self.listing(wanted)), None)
 
     def removals(self, paths: Iterable[str]) -> dict[str, tuple[int, datetime | None]]:
-        """For each of ``paths`` a snapshot of the current lineage lists: the newest such
-        snapshot, and when the file left the lineage (the commit time of that snapshot's
-        child; ``None``: the current snapshot lists it). Paths no snapshot lists are left
-        out.
+        """For each of ``paths`` a kept snapshot lists (every one, not only the current
+        lineage): the newest such snapshot, and when the file left the table (the commit
+        time of the next newer kept snapshot, the one that took it out or a later one;
+        ``None``: the current snapshot lists it, or no newer snapshot is kept). Paths no
+        kept snapshot lists are left out.
         """
         wanted = set(paths)
         current = self.snapshot_id
         if current is None or not wanted:
             return {}
-        meta = self._table.metadata
         out: dict[str, tuple[int, datetime | None]] = {}
-        child: int | None = None
-        for sid in (current, *self.ancestors(current)):
-            found = wanted & self.files(sid).keys()
+        now = self.paths(current)
+        for p in wanted & now:
+            out[p] = (current, None)
+        wanted -= now
+        newer: datetime | None = None
+        for snap in self.by_time():
+            if not wanted:
+                break
+            found = wanted & self.paths(snap.snapshot_id)
             if found:
-                left = None
-                if child is not None:
-                    snap = meta.snapshot_by_id(child)
-                    assert snap is not None
-                    left = datetime.fromtimestamp(snap.timestamp_ms / 1000, UTC)
-                out.update(dict.fromkeys(found, (sid, left)))
+                out.update(dict.fromkeys(found, (snap.snapshot_id, newer)))
                 wanted -= found
-                if not wanted:
-                    break
-            child = sid
+            newer = snap.committed_at
         return out
 
     def expire(self, ids: Sequence[int]) -> int:

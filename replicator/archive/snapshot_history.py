@@ -97,11 +97,16 @@ class SnapshotHistory:
              ) -> SyncResult:   # ArchiveCommitter's
         raise NotImplementedError
 
-    def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
-        the metadata files no kept snapshot refers to (``clean_metadata``).
+    def expire_removed(self, table: IcebergTable, removed: Iterable[str]) -> int:
+        """After a step removed files (gone from the bucket, or covered by an output whose
+        inputs' deletes may arrive unseen): expire every kept snapshot (of any lineage,
+        the current one excepted) that lists one, then those the count cap lets go
+        (``_expire_beyond``); a snapshot held for ``catalog.snapshot_retention`` that lists
+        none of them stays. Then delete the metadata files no kept snapshot refers to.
         """
-        return self._expire_ids(table, table.ancestors(snapshot))
+        current = table.snapshot_id
+        n = self._expire_ids(table, [s for s in table.listing(removed) if s != current])
+        return n + self._expire_beyond(table)
 
     def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
         try:
@@ -163,23 +168,21 @@ class SnapshotHistory:
         return len(stale)
 
     def _expire_beyond(self, table: IcebergTable) -> int:
-        """Expire the snapshots beyond the newest ``KEEP_SNAPSHOTS`` of the lineage (commits
-        that only add files would otherwise pile up, one per interval), but none that was
-        current within ``catalog.snapshot_retention`` (measured as ``deletable`` does: by
-        its child's commit time): the snapshot before a compaction swap stays readable for
-        the retention, and with it every newer one (the lineage stays whole).
+        """Expire the snapshots beyond the newest ``KEEP_SNAPSHOTS`` (commits that only add
+        files would otherwise pile up, one per interval), but none that was current within
+        ``catalog.snapshot_retention`` (measured as ``deletable`` does: by the commit time
+        of the next newer snapshot): the snapshot before a compaction swap stays readable
+        for the retention. Every kept snapshot counts (those a rollback left, branch and
+        tag heads), newest first by commit time; never the current one.
         """
-        current = table.snapshot_id
-        if current is None:
+        snaps = table.by_time()
+        if len(snaps) <= KEEP_SNAPSHOTS:
             return 0
-        lineage = [current, *table.ancestors(current)]   # newest first
-        if len(lineage) <= KEEP_SNAPSHOTS:
-            return 0
-        committed = {s.snapshot_id: s.committed_at for s in table.snapshots()}
         cutoff = self.clock() - self.cfg.snapshot_retention
-        for i in range(KEEP_SNAPSHOTS, len(lineage)):
-            if committed[lineage[i - 1]] <= cutoff:   # superseded before the retention
-                return self._expire_ids(table, lineage[i:])
+        for i in range(KEEP_SNAPSHOTS, len(snaps)):
+            if snaps[i - 1].committed_at <= cutoff:   # superseded before the retention
+                return self._expire_ids(table, [s.snapshot_id for s in snaps[i:]
+                                                if not s.current])
         return 0
 
     def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
@@ -221,17 +224,15 @@ class SnapshotHistory:
                 continue
             ok.add(key)
             listing.add(sid)
-        current = table.snapshot_id
-        lineage = [] if current is None else [current, *table.ancestors(current)]
-        # The newest snapshot listing a key to delete: it and all older ones go.
-        expire_from = next((sid for sid in lineage if sid in listing), None)
+        # Every kept snapshot listing a key to delete goes (any lineage, branch or tag).
+        doomed = table.listing(keys[k] for k in ok if keys[k] in removals) if listing else []
         if waiting:
             log.info("%s: %d segments swapped out of the table stay until their snapshots "
                      "are older than catalog.snapshot_retention (%s)", table.name, waiting,
                      self.cfg.snapshot_retention)
-        if expire_from is not None:
+        if doomed:
             try:
-                table.expire([expire_from, *table.ancestors(expire_from)])
+                table.expire(doomed)
             except CatalogError as e:
                 log.warning("%s: snapshots listing segments to delete not expired (%s); they "
                             "are deleted by a later run", table.name, e)
@@ -253,14 +254,13 @@ class SnapshotHistory:
             return 0
         table = self.table(region, topic)
         assert table is not None
-        newest = table.newest_listing(paths)
-        if newest is None:
+        doomed = table.listing(paths)
+        if not doomed:
             return 0
-        if newest == table.snapshot_id:
+        if table.snapshot_id in doomed:
             log.error("%s: the current snapshot lists segments deleted by compaction; the "
                       "next step removes them", table.name)
-            return self._expire_ids(table, table.ancestors(newest))
-        return self._expire_ids(table, [newest, *table.ancestors(newest)])
+        return self._expire_ids(table, [s for s in doomed if s != table.snapshot_id])
 
     def held_snapshots(self, table: IcebergTable) -> dict[str, tuple[int, str]]:
         """The files snapshots of the current lineage took out of the table that a kept
@@ -272,17 +272,23 @@ class SnapshotHistory:
         current = table.snapshot_id
         if current is None:
             return {}
-        snaps = {s.snapshot_id: s for s in table.snapshots()}
-        out: dict[str, tuple[int, str]] = {}
-        for sid in [current, *table.ancestors(current)]:
-            snap = snaps.get(sid)
-            if snap is None or snap.parent_id not in snaps or snap.operation == "append":
+        snaps = table.by_time()
+        kept = {s.snapshot_id for s in snaps}
+        ops: dict[str, str] = {}
+        for snap in snaps:   # what each snapshot took out of its (kept) parent
+            if snap.parent_id not in kept or snap.operation == "append":
                 continue
             assert snap.parent_id is not None
-            for path in self._removed_by(table, snap.parent_id, sid):
-                out.setdefault(path, (snap.parent_id, snap.operation))
+            for path in self._removed_by(table, snap.parent_id, snap.snapshot_id):
+                ops.setdefault(path, snap.operation)
+        now = table.paths(current)
+        out: dict[str, tuple[int, str]] = {}
+        for snap in snaps:
+            if snap.snapshot_id != current:
+                for path in table.paths(snap.snapshot_id) - now:
+                    out.setdefault(path, (snap.snapshot_id, ops.get(path, "replace")))
         with self._lock:
-            for key in [k for k in self._removed if k[0] == table.name and k[1] not in snaps]:
+            for key in [k for k in self._removed if k[0] == table.name and k[1] not in kept]:
                 del self._removed[key]
         return out
 
@@ -290,7 +296,7 @@ class SnapshotHistory:
         with self._lock:
             known = self._removed.get((table.name, sid))
         if known is None:
-            known = frozenset(table.files(parent).keys() - table.files(sid).keys())
+            known = table.paths(parent) - table.paths(sid)
             with self._lock:
                 self._removed[(table.name, sid)] = known
         return known
@@ -338,12 +344,10 @@ class SnapshotHistory:
         if not gone:
             return 0
         current = table.snapshot_id
-        assert current is not None
-        listing = {held[p][0] for p in gone}
-        newest = next((sid for sid in table.ancestors(current) if sid in listing), None)
-        if newest is None:
+        doomed = [s for s in table.listing(gone) if s != current]
+        if not doomed:
             return 0
-        doomed = [newest, *table.ancestors(newest)]
+        newest = doomed[0]
         # Segments a compaction swap removed as gone (logged then) only wait for this
         # expiry, which the swap leaves to the next step; held ones should never be gone.
         lost = [p for p in gone if held[p][1] != "delete"]
