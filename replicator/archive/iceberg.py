@@ -44,7 +44,7 @@ from pyiceberg.io.pyarrow import (
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -63,6 +63,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from replicator.archive import iceberg_listing
 from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.settings.catalog import redact_urls
 
@@ -177,10 +178,6 @@ class IcebergTable:
 
     def __init__(self, table: Table) -> None:
         self._table = table
-        self._manifest_paths: dict[str, frozenset[str]] = {}
-        """Live data file paths of each manifest read (manifests never change)."""
-        self._snapshot_paths: dict[int, frozenset[str]] = {}
-        """``paths`` of each snapshot read (snapshots never change)."""
 
     @property
     def identifier(self) -> tuple[str, ...]:
@@ -372,38 +369,43 @@ class IcebergTable:
         return self.expire(self.ancestors(snapshot_id))
 
     def paths(self, snapshot_id: int) -> frozenset[str]:
-        """The data file paths kept snapshot ``snapshot_id`` lists, from its manifests (each
-        manifest read once per table object: manifests never change, and one is shared by
-        the many snapshots committed after it).
+        """The data file paths kept snapshot ``snapshot_id`` lists, from its manifests (read
+        once per process: ``archive.iceberg_listing``).
         """
-        known_snapshot = self._snapshot_paths.get(snapshot_id)
-        if known_snapshot is not None:
-            return known_snapshot
-        snap = self._table.metadata.snapshot_by_id(snapshot_id)
-        if snap is None:
-            return frozenset()
-        io = self._table.io
-        out: set[str] = set()
         try:
-            for m in snap.manifests(io):
-                if m.content != ManifestContent.DATA:
-                    continue
-                known = self._manifest_paths.get(m.manifest_path)
-                if known is None:
-                    known = frozenset(e.data_file.file_path for e in
-                                      m.fetch_manifest_entry(io, discard_deleted=True))
-                    self._manifest_paths[m.manifest_path] = known
-                out |= known
+            return iceberg_listing.paths_of(self._table, snapshot_id)
         except Exception as e:
             raise wrap_error(f"reading the manifests of {self.name}", e) from e
-        if len(self._snapshot_paths) > 4 * len(self._table.metadata.snapshots) + 16:
-            kept = {s.snapshot_id for s in self._table.metadata.snapshots}
-            self._snapshot_paths = {k: v for k, v in self._snapshot_paths.items() if k in kept}
-            used = {m.manifest_path for s in self._table.metadata.snapshots
-                    for m in s.manifests(io)}
-            self._manifest_paths = {k: v for k, v in self._manifest_paths.items() if k in used}
-        self._snapshot_paths[snapshot_id] = frozenset(out)
-        return self._snapshot_paths[snapshot_id]
+
+    def held(self) -> set[str]:
+        """The data file paths a kept snapshot lists and the current one does not."""
+        current = self.snapshot_id
+        if current is None:
+            return set()
+        try:
+            return iceberg_listing.all_paths(
+                self._table, [s.snapshot_id for s in self._table.metadata.snapshots]
+            ) - iceberg_listing.paths_of(self._table, current)
+        except Exception as e:
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
+
+    def _holding(self, wanted: set[str]) -> list[tuple[int, datetime, set[str]]]:
+        """Every kept snapshot, newest first by commit time, with which of ``wanted`` it
+        lists (only the manifests listing one are looked at).
+        """
+        snaps = self.by_time()
+        try:
+            hits = iceberg_listing.manifests_listing(
+                self._table, [s.snapshot_id for s in snaps], wanted)
+            out = []
+            for s in snaps:
+                found: set[str] = set()
+                for m, _ in iceberg_listing.sets_of(self._table, s.snapshot_id):
+                    found |= hits.get(m, frozenset())
+                out.append((s.snapshot_id, s.committed_at, found))
+        except Exception as e:
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
+        return out
 
     def by_time(self) -> list[SnapshotInfo]:
         """Every snapshot the metadata keeps (the main lineage, snapshots a rollback left
@@ -418,7 +420,7 @@ class IcebergTable:
         wanted = set(paths)
         if not wanted:
             return []
-        return [s.snapshot_id for s in self.by_time() if wanted & self.paths(s.snapshot_id)]
+        return [sid for sid, _, found in self._holding(wanted) if found]
 
     def newest_listing(self, paths: Iterable[str]) -> int | None:
         """The newest kept snapshot that lists one of ``paths`` (the current snapshot
@@ -442,19 +444,17 @@ class IcebergTable:
         if current is None or not wanted:
             return {}
         out: dict[str, tuple[int, datetime | None]] = {}
-        now = self.paths(current)
-        for p in wanted & now:
-            out[p] = (current, None)
+        now = wanted & self.paths(current)
+        out.update(dict.fromkeys(now, (current, None)))
         wanted -= now
         newer: datetime | None = None
-        for snap in self.by_time():
+        for sid, committed, found in self._holding(wanted) if wanted else ():
+            for p in found & wanted:
+                out[p] = (sid, None if sid == current else newer)
+            wanted -= found
             if not wanted:
                 break
-            found = wanted & self.paths(snap.snapshot_id)
-            if found:
-                out.update(dict.fromkeys(found, (snap.snapshot_id, newer)))
-                wanted -= found
-            newer = snap.committed_at
+            newer = committed
         return out
 
     def expire(self, ids: Sequence[int]) -> int:

@@ -281,12 +281,8 @@ class SnapshotHistory:
             assert snap.parent_id is not None
             for path in self._removed_by(table, snap.parent_id, snap.snapshot_id):
                 ops.setdefault(path, snap.operation)
-        now = table.paths(current)
-        out: dict[str, tuple[int, str]] = {}
-        for snap in snaps:
-            if snap.snapshot_id != current:
-                for path in table.paths(snap.snapshot_id) - now:
-                    out.setdefault(path, (snap.snapshot_id, ops.get(path, "replace")))
+        out = {path: (sid, ops.get(path, "replace"))
+               for path, (sid, _) in table.removals(table.held()).items()}
         with self._lock:
             for key in [k for k in self._removed if k[0] == table.name and k[1] not in kept]:
                 del self._removed[key]
