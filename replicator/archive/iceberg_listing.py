@@ -24,6 +24,8 @@ _snapshots: dict[tuple[str, int], tuple[str, ...]] = {}
 """(table UUID, snapshot id) -> the paths of its data manifests."""
 _manifests: dict[str, frozenset[str]] = {}
 """Manifest path -> the live data file paths it lists."""
+_kept: dict[str, frozenset[int]] = {}
+"""Table UUID -> the snapshots its metadata kept when last read here (for the prune)."""
 _added = [0]
 
 
@@ -53,20 +55,22 @@ def manifests_of(table: Table, snapshot_id: int) -> tuple[str, ...]:
             with _lock:
                 _manifests[m.manifest_path] = live
     out = tuple(paths)
+    kept = frozenset(s.snapshot_id for s in table.metadata.snapshots)
     with _lock:
         _snapshots[(uuid, snapshot_id)] = out
+        _kept[uuid] = kept
         _added[0] += 1
         if _added[0] >= PRUNE_EVERY:
-            _prune(uuid, {s.snapshot_id for s in table.metadata.snapshots})
+            _prune()
     return out
 
 
-def _prune(uuid: str, kept: set[int]) -> None:
-    """Forget this table's expired snapshots and the manifests no remembered snapshot
-    uses (under ``_lock``).
+def _prune() -> None:
+    """Forget the snapshots each table's metadata no longer kept when last read, and the
+    manifests no remembered snapshot uses (under ``_lock``).
     """
     _added[0] = 0
-    for key in [k for k in _snapshots if k[0] == uuid and k[1] not in kept]:
+    for key in [k for k in _snapshots if k[1] not in _kept.get(k[0], frozenset())]:
         del _snapshots[key]
     used = {m for ms in _snapshots.values() for m in ms}
     for m in [m for m in _manifests if m not in used]:

@@ -131,3 +131,41 @@ def test_snapshots_off_the_main_lineage_never_list_deleted_segments(
     table.refresh()
     assert not table.has_snapshot(foreign)   # was: kept, listing the deleted inputs
     kept_files_exist(store, c)
+
+
+def test_what_each_snapshot_lists_is_read_once_per_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expiry and compaction's hold look at every kept snapshot: each manifest is read once
+    (manifests never change), not a scan planned per snapshot at every call (~100 plans
+    per topic per compaction run on a busy table); expired snapshots are forgotten."""
+    from pyiceberg.manifest import ManifestFile
+
+    from replicator.archive import iceberg_listing
+
+    monkeypatch.setattr(iceberg_listing, "PRUNE_EVERY", 1)
+    store = MemoryObjectStore("b")
+    c = committer(tmp_path, store)
+    a, b, _, before = swapped(store, c)
+    for i in range(4):
+        put(store, 1, 0, 10 * i, 10 * i + 9)
+        c.sync("r1", "t")
+    table = c.table("r1", "t", create=False)
+    assert table is not None
+    reads = [0]
+    fetch = ManifestFile.fetch_manifest_entry
+
+    def counted(self: ManifestFile, *args: Any, **kwargs: Any) -> Any:
+        reads[0] += 1
+        return fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", counted)
+    paths = [c.url(a), c.url(b), "s3://b/nothing-lists-it"]
+    first = table.removals(paths)
+    assert {sid for sid, _ in first.values()} == {before}
+    assert reads[0] == 0   # read by the steps already; was: a scan planned per snapshot
+    assert table.listing(paths) == [before]
+    assert reads[0] == 0
+    kept = {s.snapshot_id for s in table.snapshots()}
+    uuid = str(table._table.metadata.table_uuid)
+    mine = {sid for u, sid in iceberg_listing._snapshots if u == uuid}
+    assert before in mine and mine <= kept   # expired ones forgotten
