@@ -211,7 +211,8 @@ class ArchiveCommitter(SnapshotHistory):
         msg = (f"{table.name}: written by another engine (snapshots {what or 'none'}; files "
                f"that are not segments of {region}/{topic}: {odd[:5] or 'none'}); left as "
                "it is: tables are read-only to other engines. Roll the table back to its "
-               "last replicator snapshot, or rebuild it (replicator archive rebuild --drop)")
+               "last replicator snapshot (drop a branch another engine wrote), or rebuild "
+               "it (replicator archive rebuild --drop)")
         raise ForeignWrites(msg)   # logged at ERROR by the caller
 
     def _own_path(self, table: IcebergTable, path: str, region: str, topic: str) -> bool:

@@ -48,6 +48,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
@@ -485,18 +486,32 @@ class IcebergTable:
 
     def foreign_snapshots(self) -> list[SnapshotInfo]:
         """The snapshots of the current lineage newer than the newest one the replicator
-        committed (its summaries carry ``replicator.reason``), newest first.
+        committed (its summaries carry ``replicator.reason``), newest first; then those
+        another engine committed to a branch other than ``main`` (a write-audit-publish
+        branch): each branch's snapshots back to one of ``main``'s lineage or the
+        replicator's. A branch's head keeps listing what compaction deletes from ``main``.
         """
         current = self.snapshot_id
         if current is None:
             return []
         by_id = {s.snapshot_id: s for s in self.snapshots()}
+        main = [current, *self.ancestors(current)]
         out = []
-        for sid in (current, *self.ancestors(current)):
+        for sid in main:
             snap = by_id.get(sid)
             if snap is None or "replicator.reason" in snap.summary:
                 break
             out.append(snap)
+        seen = set(main)
+        for name, ref in self._table.metadata.refs.items():
+            if name == "main" or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+                continue
+            for sid in (ref.snapshot_id, *self.ancestors(ref.snapshot_id)):
+                snap = by_id.get(sid)
+                if sid in seen or snap is None or "replicator.reason" in snap.summary:
+                    break
+                seen.add(sid)
+                out.append(snap)
         return out
 
     def snapshots(self) -> list[SnapshotInfo]:

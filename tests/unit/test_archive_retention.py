@@ -103,8 +103,7 @@ def test_snapshots_off_the_main_lineage_never_list_deleted_segments(
     store = MemoryObjectStore("b")
     settings = catalog_settings(tmp_path, snapshot_retention="0s")
     c = ArchiveCommitter(settings, store)
-    for s in (0, 10, 20):
-        put(store, 0, 0, s, s + 9)
+    inputs = [put(store, 0, 0, s, s + 9) for s in (0, 10, 20)]
     c.sync("r1", "t")
     table = c.table("r1", "t", create=False)
     assert table is not None
@@ -115,6 +114,16 @@ def test_snapshots_off_the_main_lineage_never_list_deleted_segments(
         engine.manage_snapshots().create_branch(mine, "audit").commit()
         engine.append(_engine_row(engine), branch="audit")
         foreign = engine.metadata.refs["audit"].snapshot_id
+        # A branch write is a foreign write: the steps stop, compaction keeps the inputs
+        # (was: steps went on, the branch head kept listing the deleted inputs).
+        with pytest.raises(ForeignWrites):
+            c.sync("r1", "t")
+        later = datetime.now(UTC) + timedelta(hours=2)
+        Compaction(settings.model_copy(), store=store, clock=lambda: later,
+                   archive_factory=lambda *_: c).run_once()
+        kept_files_exist(store, c)
+        assert {k.to_key() for k in inputs} <= set(store.keys())
+        engine.manage_snapshots().remove_branch("audit").commit()   # the repair
     else:
         engine.append(_engine_row(engine))
         current = engine.metadata.current_snapshot_id
