@@ -365,10 +365,6 @@ class IcebergTable:
             out.append(snap.snapshot_id)
         return out
 
-    def expire_before(self, snapshot_id: int) -> int:
-        """Expire every ancestor of ``snapshot_id`` (which stays); their count."""
-        return self.expire(self.ancestors(snapshot_id))
-
     def paths(self, snapshot_id: int) -> frozenset[str]:
         """The data file paths kept snapshot ``snapshot_id`` lists, from its manifests (read
         once per process: ``archive.iceberg_listing``).
@@ -396,17 +392,11 @@ class IcebergTable:
         """
         snaps = self.by_time()
         try:
-            hits = iceberg_listing.manifests_listing(
+            found = iceberg_listing.listing_each(
                 self._table, [s.snapshot_id for s in snaps], wanted)
-            out = []
-            for s in snaps:
-                found: set[str] = set()
-                for m, _ in iceberg_listing.sets_of(self._table, s.snapshot_id):
-                    found |= hits.get(m, frozenset())
-                out.append((s.snapshot_id, s.committed_at, found))
         except Exception as e:
             raise wrap_error(f"reading the manifests of {self.name}", e) from e
-        return out
+        return [(s.snapshot_id, s.committed_at, f) for s, f in zip(snaps, found, strict=True)]
 
     def by_time(self) -> list[SnapshotInfo]:
         """Every snapshot the metadata keeps (the main lineage, snapshots a rollback left

@@ -120,3 +120,17 @@ def all_paths(table: Table, snapshot_ids: Iterable[int]) -> set[str]:
                 seen.add(m)
                 out |= live
     return out
+
+
+def listing_each(table: Table, snapshot_ids: list[int], wanted: set[str]) -> list[set[str]]:
+    """For each of ``snapshot_ids``, which of ``wanted`` it lists (only the manifests
+    listing one are looked at).
+    """
+    hits = manifests_listing(table, snapshot_ids, wanted)
+    out = []
+    for sid in snapshot_ids:
+        found: set[str] = set()
+        for m, _ in sets_of(table, sid):
+            found |= hits.get(m, frozenset())
+        out.append(found)
+    return out
