@@ -1,14 +1,16 @@
 """A table's snapshot history: what a step keeps of it, and compaction's hooks around its
 deletes (docs/architecture.md, "The archive as Iceberg tables", snapshot expiry).
 
-Add-only steps keep the newest ``KEEP_SNAPSHOTS`` snapshots and every snapshot that was
-current within ``catalog.snapshot_retention``; a step that removed files
-expires every older snapshot (no snapshot kept lists a deleted object). Compaction calls
-``swap`` before it deletes inputs (one snapshot lists the outputs instead), ``deletable``
-for the inputs whose snapshots are older than ``catalog.snapshot_retention`` (expiring
-those first), and ``after_delete`` to expire, by lineage, every snapshot that still lists
-a deleted segment. A held input that leaves the bucket before compaction deletes it (a
-lifecycle rule, an operator) takes the snapshots listing it with it at the next step
+Expiry selects snapshots by what they list, over every snapshot the table keeps (the
+main lineage, one a rollback left behind, a branch or tag head). A step that removed
+files expires the kept snapshots listing one (no snapshot kept lists a deleted object);
+beyond that a table keeps the newest ``KEEP_SNAPSHOTS`` snapshots and every snapshot that
+was current within ``catalog.snapshot_retention``. Compaction calls ``swap`` before it
+deletes inputs (one snapshot lists the outputs instead), ``deletable`` for the inputs
+whose snapshots were superseded longer than ``catalog.snapshot_retention`` ago (expiring
+those first), and ``after_delete`` to expire every snapshot that still lists a deleted
+segment. A held input that leaves the bucket before compaction deletes it (a lifecycle
+rule, an operator) takes the snapshots listing it with it at the next step
 (``expire_held_gone``). ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
 """
 
@@ -243,10 +245,10 @@ class SnapshotHistory:
         return ok
 
     def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
-        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
-        newest of the table's lineage that lists one, and all its ancestors. Selected by
-        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
-        committed before it died (its deletes done by this run) are expired too.
+        """Expire every kept snapshot that lists a segment of the swap's ``deleting`` (of
+        any lineage, branch or tag). Selected by what the snapshots list, so the snapshots
+        of a swap an earlier run committed before it died (its deletes done by this run)
+        are expired too.
         """
         paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
                                                             for key in swap.allowed]
@@ -263,11 +265,11 @@ class SnapshotHistory:
         return self._expire_ids(table, [s for s in doomed if s != table.snapshot_id])
 
     def held_snapshots(self, table: IcebergTable) -> dict[str, tuple[int, str]]:
-        """The files snapshots of the current lineage took out of the table that a kept
-        snapshot still lists (compaction's inputs held for ``catalog.snapshot_retention``:
+        """The files a kept snapshot (of any lineage) lists and the current one does not (compaction's inputs held for ``catalog.snapshot_retention``:
         a ``replace``; segments a swap removed as gone: a ``delete``), each with the newest
-        snapshot listing it and the operation that removed it. What each snapshot removed
-        is read once (snapshots never change) and only for snapshots that removed files.
+        snapshot listing it and the operation that removed it (``replace`` when the
+        snapshot that removed it is not kept). What each snapshot lists is read once per
+        process (``archive.iceberg_listing``).
         """
         current = table.snapshot_id
         if current is None:
