@@ -265,8 +265,9 @@ class SnapshotHistory:
         return self._expire_ids(table, [s for s in doomed if s != table.snapshot_id])
 
     def held_snapshots(self, table: IcebergTable) -> dict[str, tuple[int, str]]:
-        """The files a kept snapshot (of any lineage) lists and the current one does not (compaction's inputs held for ``catalog.snapshot_retention``:
-        a ``replace``; segments a swap removed as gone: a ``delete``), each with the newest
+        """The files a kept snapshot (of any lineage) lists and the current one does not
+        (compaction's inputs held for ``catalog.snapshot_retention``: a ``replace``;
+        segments a swap removed as gone: a ``delete``), each with the newest
         snapshot listing it and the operation that removed it (``replace`` when the
         snapshot that removed it is not kept). What each snapshot lists is read once per
         process (``archive.iceberg_listing``).
