@@ -12,7 +12,7 @@
    "inline"``); each publishes its output before it reports success;
 4. deletes the inputs of each successful task, then leftovers covered by higher levels
    (with ``[catalog]`` on, once the topic's Iceberg table lists the outputs instead: one
-   snapshot per topic, ``replicator.archive.committer``);
+   snapshot per topic and incarnation, ``replicator.archive.committer``);
 5. releases the lock and records metrics.
 
 A run that dies anywhere leaves every input whose output is not published, and the next
@@ -68,7 +68,8 @@ class ArchiveHook(Protocol):
     """
 
     def swap(self, region: str, topic: str, deleting: list[SegmentKey]) -> Any:
-        """One snapshot lists what covers ``deleting`` instead of it; raises
+        """One snapshot lists what covers ``deleting`` (segments of one incarnation)
+        instead of it; ``None``: no table lists them (deletes go ahead). Raises
         ``ReplicatorError`` if it did not commit (then nothing may be deleted).
         """
 
@@ -82,6 +83,20 @@ class ArchiveHook(Protocol):
 
 
 ArchiveFactory = Callable[[Settings, ObjectStore, Metrics], ArchiveHook]
+
+Swapped = tuple[str, str]
+"""What one swap is about: (topic, incarnation location label); each incarnation's
+segments are swapped on their own (with ``{incarnation}`` in ``catalog.table_name`` each
+has a table of its own)."""
+
+
+def _swapped(p: PartitionPlan) -> Swapped:
+    return p.partition.topic, p.partition.incarnation
+
+
+def _name(group: Swapped) -> str:
+    topic, incarnation = group
+    return f"{topic} (incarnation {incarnation})" if incarnation else topic
 
 
 class Compaction:
@@ -482,7 +497,7 @@ class Compaction:
                          if self._replicated(output, len(keys), report))
         swapped = self._swap_tables(ready, report)
         allowed = self._deletable(swapped, report)
-        attempted: set[str] = set()
+        attempted: set[Swapped] = set()
         try:
             for p, reason, output, keys in ready:
                 if not self._may_delete(p, keys, swapped, allowed, report):
@@ -490,7 +505,7 @@ class Compaction:
                 if lock is not None and not lock.confirm():
                     raise _LockLost(f"region lock {lock.key} lost before deleting "
                                     f"{len(keys)} segments of {p.partition}; they stay")
-                attempted.add(p.partition.topic)
+                attempted.add(_swapped(p))
                 self.store.delete_many(keys)
                 report.deleted.extend(keys)
                 self.m.segments_deleted.labels(region, p.partition.topic, reason).inc(len(keys))
@@ -501,77 +516,80 @@ class Compaction:
             self._expire_tables({t: s for t, s in swapped.items() if t in attempted})
 
     def _swap_tables(self, ready: list[tuple[PartitionPlan, str, SegmentKey, list[str]]],
-                     report: RunReport) -> dict[str, Any]:
-        """With ``[catalog]`` on, one snapshot per topic lists the outputs instead of what is
-        about to be deleted (``replicator.archive.committer``); the topics whose deletes may
-        go ahead, with their swap. A topic whose table could not be swapped keeps its inputs.
+                     report: RunReport) -> dict[Swapped, Any]:
+        """With ``[catalog]`` on, one snapshot per topic and incarnation lists the outputs
+        instead of what is about to be deleted (``replicator.archive.committer``; each
+        incarnation's segments are swapped in the table that lists them, which the hook
+        chooses by the keys' incarnation); the (topic, incarnation) pairs whose deletes may
+        go ahead, with their swap (``None``: no table lists them). One whose table could
+        not be swapped keeps its inputs.
         """
-        topics = sorted({p.partition.topic for p, _, _, _ in ready})
+        groups = sorted({_swapped(p) for p, _, _, _ in ready})
         archive = self._archive_hook()
         if archive is None or not ready:
-            return dict.fromkeys(topics)
-        out: dict[str, Any] = {}
-        for topic in topics:
+            return dict.fromkeys(groups)
+        out: dict[Swapped, Any] = {}
+        for group in groups:
             keys = [SegmentKey.parse(k) for p, _, _, ks in ready
-                    if p.partition.topic == topic for k in ks]
+                    if _swapped(p) == group for k in ks]
             try:
-                out[topic] = archive.swap(self.settings.region, topic, keys)
+                out[group] = archive.swap(self.settings.region, group[0], keys)
             except ReplicatorError as e:
                 log.error("%s: its Iceberg table could not list the compaction outputs "
                           "instead of their %d inputs (%s); the inputs stay until a run "
-                          "swaps them", topic, len(keys), e)
-                report.errors.append(f"{topic}: table swap failed: {e}")
+                          "swaps them", _name(group), len(keys), e)
+                report.errors.append(f"{_name(group)}: table swap failed: {e}")
         return out
 
     @staticmethod
-    def _may_delete(p: PartitionPlan, keys: list[str], swapped: dict[str, Any],
-                    allowed: dict[str, set[str]], report: RunReport) -> bool:
-        """Whether a batch of ``p`` may be deleted now: its topic's table was swapped (or
-        has none), still lists none of it, and lets it go (catalog.snapshot_retention).
+    def _may_delete(p: PartitionPlan, keys: list[str], swapped: dict[Swapped, Any],
+                    allowed: dict[Swapped, set[str]], report: RunReport) -> bool:
+        """Whether a batch of ``p`` may be deleted now: its table was swapped (or there is
+        none), still lists none of it, and lets it go (catalog.snapshot_retention).
         """
-        topic = p.partition.topic
-        if topic not in swapped:
+        group = _swapped(p)
+        if group not in swapped:
             return False
-        kept = set(getattr(swapped[topic], "kept", ()) or ()) & set(keys)
+        kept = set(getattr(swapped[group], "kept", ()) or ()) & set(keys)
         if kept:
             # The table still lists them: their output could not be listed.
             report.errors.append(f"{p.partition}: {len(kept)} inputs kept: the table "
                                  "cannot list their output")
             return False
-        may = allowed.get(topic)
+        may = allowed.get(group)
         # Within catalog.snapshot_retention: a later run deletes them.
         return may is None or set(keys) <= may
 
-    def _deletable(self, swapped: dict[str, Any], report: RunReport
-                   ) -> dict[str, set[str]]:
-        """Per swapped topic, the keys the table lets go now (``ArchiveHook.deletable``)."""
-        out: dict[str, set[str]] = {}
+    def _deletable(self, swapped: dict[Swapped, Any], report: RunReport
+                   ) -> dict[Swapped, set[str]]:
+        """Per swap, the keys the table lets go now (``ArchiveHook.deletable``)."""
+        out: dict[Swapped, set[str]] = {}
         if self.archive is None:
             return out
-        for topic, swap in swapped.items():
+        for group, swap in swapped.items():
             if swap is None:
                 continue
             try:
-                out[topic] = self.archive.deletable(self.settings.region, topic, swap)
+                out[group] = self.archive.deletable(self.settings.region, group[0], swap)
             except ReplicatorError as e:
                 log.error("%s: could not tell which swapped-out segments may be deleted (%s); "
-                          "they stay until a later run", topic, e)
-                report.errors.append(f"{topic}: table retention check failed: {e}")
-                out[topic] = set()
+                          "they stay until a later run", _name(group), e)
+                report.errors.append(f"{_name(group)}: table retention check failed: {e}")
+                out[group] = set()
         return out
 
-    def _expire_tables(self, swapped: dict[str, Any]) -> None:
+    def _expire_tables(self, swapped: dict[Swapped, Any]) -> None:
         """Snapshots older than a swap list deleted inputs: expired (``[catalog]`` on)."""
         if self.archive is None:
             return
-        for topic, swap in swapped.items():
+        for group, swap in swapped.items():
             if swap is None:
                 continue
             try:
-                self.archive.after_delete(self.settings.region, topic, swap)
+                self.archive.after_delete(self.settings.region, group[0], swap)
             except ReplicatorError as e:
                 log.warning("%s: snapshots older than the compaction swap not expired (%s); "
-                            "the next commit that removes files expires them", topic, e)
+                            "the next commit that removes files expires them", _name(group), e)
 
     def _replicated(self, output: SegmentKey, inputs: int, report: RunReport) -> bool:
         assert self.store is not None

@@ -48,12 +48,14 @@ from replicator.archive.ownership import (
     collisions,
 )
 from replicator.archive.plan import Piece, TablePlan, holds, plan_table, ranges_by_partition
+from replicator.archive.segment_fit import misfit
 from replicator.archive.snapshot_history import (
     KEEP_SNAPSHOTS,
     ORPHAN_GRACE,
     SnapshotHistory,
     SyncResult,
 )
+from replicator.archive.stale_tables import adopt, refuse_stale
 from replicator.archive.step_memory import Remembered, StepMemory, affected
 from replicator.archive.trims import CopyUnfit, copy_piece, parse_trim_path
 from replicator.core.clock import Clock, utc_now
@@ -62,12 +64,12 @@ from replicator.core.keys import (
     BASE_INCARNATION,
     SegmentKey,
     incarnations_prefix,
-    region_prefix,
     topic_prefix,
 )
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
 from replicator.core.storage import ObjectStore
+from replicator.core.topic_sets import region_topics
 
 __all__ = ["KEEP_SNAPSHOTS", "MAX_ATTEMPTS", "ORPHAN_GRACE", "ArchiveCommitter", "SyncResult"]
 
@@ -103,7 +105,7 @@ class ArchiveCommitter(SnapshotHistory):
         self._landed: dict[SegmentKey, datetime] = {}
         self._quarantined: set[SegmentKey] = set()
         self._sizes: dict[SegmentKey, int] = {}
-        self._trims: dict[Piece, NewFile] = {}
+        self._steps = threading.local()   # what one step keeps while it runs: _trims
         self._bucket = getattr(store, "bucket", "bucket")
         self._lock = threading.Lock()
         self._memory = StepMemory()
@@ -111,6 +113,18 @@ class ArchiveCommitter(SnapshotHistory):
         self._removed: dict[tuple[str, int], frozenset[str]] = {}
         self._pending: dict[tuple[str, str], datetime] = {}
         """Per table: when the oldest segment the last plan would add landed."""
+
+    @property
+    def _trims(self) -> dict[Piece, NewFile]:
+        """The trimmed copies this step wrote (by the piece they hold), kept across its
+        attempts and cleared at its start and end. Per step, not per committer: a step runs
+        on one thread from start to end, and the ``catalog.sync_workers`` steps of other
+        tables running at once must not clear a copy between its write and its use.
+        """
+        trims: dict[Piece, NewFile] | None = getattr(self._steps, "trims", None)
+        if trims is None:
+            trims = self._steps.trims = {}
+        return trims
 
     # --- naming -------------------------------------------------------------------------
 
@@ -146,10 +160,11 @@ class ArchiveCommitter(SnapshotHistory):
             if self.cfg.topics:
                 out.extend((region, t) for t in self.cfg.topics)
                 continue
-            base = region_prefix(prefix, region)
-            for name in self.store.list_folders(base):
-                if name and not name.startswith("_"):
-                    out.append((region, name))
+            # Every folder under the region whose name is a topic name is a topic's (one
+            # may start with "_": `_audit`). The replicator's own folders (_groups,
+            # _heartbeats, _incarnations: core/keys.py) are under each topic's, and the
+            # region's lease (_archive.lock) is an object.
+            out.extend((region, t) for t in region_topics(self.store, prefix, region))
         return sorted(out)
 
     def source(self, ident: TableIdentity) -> Source:
@@ -158,14 +173,15 @@ class ArchiveCommitter(SnapshotHistory):
                       ident.incarnation)
 
     def table(self, region: str, topic: str, *, create: bool = True,
-              over_metadata: bool = False) -> IcebergTable | None:
+              over_metadata: bool = False, ident: TableIdentity | None = None
+              ) -> IcebergTable | None:
         """The topic's table (created when missing, unless ``create`` is false), checked to
-        be this source's.
+        be this source's (``ident``: of that incarnation; default the live one's).
 
         Raises:
             ForeignTable: the identifier holds a table stamped for another source.
         """
-        ident = self.identity(region, topic)
+        ident = ident or self.identity(region, topic)
         identifier = self.identifier(ident)
         source = self.source(ident)
         table = (self.catalog.create(identifier, source.stamp(), over_metadata=over_metadata)
@@ -248,19 +264,33 @@ class ArchiveCommitter(SnapshotHistory):
             except ForeignTable as e:
                 raise ConfigError("catalog.table_name",
                                   f"table {'.'.join(ident)} for {source}: {e}") from e
+        refuse_stale(self.catalog, dict(pairs),
+                     per_incarnation="{incarnation}" in self.cfg.table_name,
+                     namespace=tuple(self.cfg.namespace.split(".")))
+
+    def adopt(self, region: str, topic: str, old: tuple[str, ...]) -> IcebergTable:
+        """Rename the topic's table at ``old`` to the identifier the settings render
+        (``archive.stale_tables.adopt``).
+        """
+        ident = self.identity(region, topic)
+        return adopt(self.catalog, old, self.identifier(ident), self.source(ident),
+                     per_incarnation="{incarnation}" in self.cfg.table_name)
 
     # --- one step -----------------------------------------------------------------------
 
     def _listing(self, region: str, topic: str, partition: int | None,
                  seen: set[SegmentKey], parsed: dict[str, SegmentKey],
-                 known: dict[str, SegmentKey]) -> list[SegmentKey]:
+                 known: dict[str, SegmentKey], location: str | None = None
+                 ) -> list[SegmentKey]:
         """The topic's segments in the bucket (``parsed``: their keys by object key;
-        ``known``: those of an earlier listing, not parsed again).
+        ``known``: those of an earlier listing, not parsed again; ``location``: of that
+        incarnation, default the live one).
         """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         # One incarnation per table: the live one's location (a topic deleted and created
         # again has its later incarnations under _incarnations/, docs/architecture.md).
-        live = live_location(self.store, self.settings.s3.prefix, region, topic)
+        live = location if location is not None else live_location(
+            self.store, self.settings.s3.prefix, region, topic)
         if partition is not None:
             if live != BASE_INCARNATION:
                 prefix = f"{incarnations_prefix(self.settings.s3.prefix, region, topic)}{live}/"
@@ -304,18 +334,27 @@ class ArchiveCommitter(SnapshotHistory):
                 skipped.add(k)
                 continue
             f = NewFile(self.url(k), self._sizes[k], k.partition, footer)
-            problem = table.unfit(f)
+            problem, reason = table.unfit(f), "schema"
+            if problem is None:
+                # Rows that are not the key's range would be listed as the key says
+                # (archive.segment_fit): refused as ingress and compaction refuse them.
+                problem, reason = misfit(footer, k), "range"
             if problem is not None:
-                if k not in self._quarantined:
-                    self.m.not_in_table.labels(k.region, k.topic, "schema").inc()
-                log.error("%s: quarantined, not added to the table (its records are not in "
-                          "it; the others are): %s", k, problem)
-                self._quarantined.add(k)
-                result.quarantined.append(k.to_key())
+                self._quarantine(k, problem, reason, result)
                 skipped.add(k)
                 continue
             files.append(f)
         return files, skipped
+
+    def _quarantine(self, k: SegmentKey, problem: str, reason: str,
+                    result: SyncResult) -> None:
+        """A segment left out of the table on its own (ERROR; counted once per key)."""
+        if k not in self._quarantined:
+            self.m.not_in_table.labels(k.region, k.topic, reason).inc()
+        log.error("%s: quarantined, not added to the table (its records are not in it; the "
+                  "others are): %s", k, problem)
+        self._quarantined.add(k)
+        result.quarantined.append(k.to_key())
 
     def _unreadable(self, k: SegmentKey, e: SegmentCorrupt, result: SyncResult) -> None:
         """A segment whose records cannot be read: left out of the table (ERROR, counted)."""
@@ -324,7 +363,8 @@ class ArchiveCommitter(SnapshotHistory):
         result.unreadable.append(k.to_key())
 
     def sync(self, region: str, topic: str, *, partition: int | None = None,
-             deleting: Iterable[SegmentKey] = (), expire: bool = True) -> SyncResult:
+             deleting: Iterable[SegmentKey] = (), expire: bool = True,
+             table: IcebergTable | None = None, location: str | None = None) -> SyncResult:
         """Make the topic's table list the visible segments (``archive.plan``).
 
         Args:
@@ -334,6 +374,9 @@ class ArchiveCommitter(SnapshotHistory):
                 the table stay as they are).
             deleting: segments about to be deleted: they leave the table in this commit.
             expire: expire the snapshots older than a commit that removed files.
+            table: the table to step (compaction's hooks: never created here); default the
+                live incarnation's, created when missing.
+            location: list that incarnation's segments (its label); default the live one's.
 
         Raises:
             CatalogError: the catalog failed, or conflicts went on for ``MAX_ATTEMPTS``.
@@ -341,7 +384,8 @@ class ArchiveCommitter(SnapshotHistory):
         """
         seen: set[SegmentKey] = set()   # this step's entries in _sizes and _landed
         try:
-            return self._sync(region, topic, partition, frozenset(deleting), expire, seen)
+            return self._sync(region, topic, partition, frozenset(deleting), expire, seen,
+                              table, location)
         except ReplicatorError:
             self._lag_of_failed_step(region, topic)
             raise
@@ -352,9 +396,9 @@ class ArchiveCommitter(SnapshotHistory):
             self._trims.clear()
 
     def _sync(self, region: str, topic: str, partition: int | None,
-              deleting: frozenset[SegmentKey], expire: bool,
-              seen: set[SegmentKey]) -> SyncResult:
-        table = self.table(region, topic)
+              deleting: frozenset[SegmentKey], expire: bool, seen: set[SegmentKey],
+              table: IcebergTable | None = None, location: str | None = None) -> SyncResult:
+        table = table or self.table(region, topic)
         assert table is not None
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         self._trims.clear()
@@ -366,7 +410,7 @@ class ArchiveCommitter(SnapshotHistory):
                 paths = [p for p in paths if files[p].partition == partition]
             parsed: dict[str, SegmentKey] = {}
             listed = self._listing(region, topic, partition, seen, parsed,
-                                   mem.parsed if mem else {})
+                                   mem.parsed if mem else {}, location)
             if mem is not None and mem.listing is not None and not deleting \
                     and partition is None and not self._has_trims(table, paths):
                 # Only what changed since the step the table matched (step_memory.py).
@@ -543,10 +587,7 @@ class ArchiveCommitter(SnapshotHistory):
                     skipped.add(k)
                     continue
                 except CopyUnfit as e:
-                    log.error("%s: quarantined, not added to the table (its records are not "
-                              "in it; the others are): %s", k, e)
-                    self._quarantined.add(k)
-                    result.quarantined.append(k.to_key())
+                    self._quarantine(k, str(e), e.reason, result)
                     skipped.add(k)
                     continue
             files.append(self._trims[piece])
@@ -627,12 +668,17 @@ class ArchiveCommitter(SnapshotHistory):
         return None
 
     def rebuild(self, region: str, topic: str, *, drop: bool = False,
-                register: str | None = None) -> SyncResult:
+                register: str | None = None,
+                adopt: tuple[str, ...] | None = None) -> SyncResult:
         """The table from the bucket's segments (idempotent: ``sync``); with ``drop``, the
         catalog entry is dropped first (never a data file) and created again over the old
         metadata; with ``register``, the table is first registered from that
-        ``metadata.json`` (a catalog lost: its history comes back), then brought up to date.
+        ``metadata.json`` (a catalog lost: its history comes back); with ``adopt``, the
+        table stamped for the topic at that identifier is renamed first (``adopt``); then
+        brought up to date.
         """
+        if adopt is not None:
+            self.adopt(region, topic, adopt)
         identifier = self.identifier(self.identity(region, topic))
         if drop:
             self.catalog.drop(identifier)

@@ -58,10 +58,11 @@ def parse_sql(sql: str) -> dict[str, Any]:
     return tree
 
 
-def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader | pa.Table]]
-            ) -> QueryResult:
+def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader | pa.Table]],
+            views: Mapping[tuple[str, str], str] | None = None) -> QueryResult:
     """Run ``sql`` with each of ``tables`` registered under its name (the reader is built
-    only for the names the query mentions, and streamed). Times are in UTC.
+    only for the names the query mentions, and streamed), and each ``(schema, name)`` of
+    ``views`` a view of the registered table it maps to. Times are in UTC.
 
     Raises:
         QueryError: DuckDB failed (the message names the cause).
@@ -71,6 +72,10 @@ def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader | p
         con.execute("SET TimeZone = 'UTC'")
         for name, reader in tables.items():
             con.register(name, reader())
+        for (schema, name), registered in (views or {}).items():
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quoted(schema)}")
+            con.execute(f"CREATE VIEW {_quoted(schema)}.{_quoted(name)} AS "
+                        f"SELECT * FROM {_quoted(registered)}")
         lock_down(con)
         cur = con.execute(sql)
         columns = [d[0] for d in cur.description or []]
@@ -79,3 +84,7 @@ def run_sql(sql: str, tables: Mapping[str, Callable[[], pa.RecordBatchReader | p
         raise QueryError(str(e)) from e
     finally:
         con.close()
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'

@@ -48,6 +48,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
@@ -93,9 +94,13 @@ SEGMENT_PARTITION_SPEC = PartitionSpec(
                    name="partition"))
 """One segment holds one source partition: ``partition = 3`` prunes files in the manifests."""
 
+NO_RETRY = "commit.retry.num-retries"
+
 TABLE_PROPERTIES = {
-    # Conflicts are re-planned by the caller (module docstring).
-    "commit.retry.num-retries": "0",
+    # Conflicts are re-planned by the caller (module docstring); re-asserted at every step
+    # and checked before every commit (IcebergTable._retry_off). The other commit.retry.*
+    # properties only matter when this one is positive.
+    NO_RETRY: "0",
     # Segments are deleted by compaction and lifecycle rules only: engines' snapshot expiry,
     # orphan-file removal and VACUUM must not delete what they see removed.
     "gc.enabled": "false",
@@ -120,10 +125,22 @@ TABLE_PROPERTIES = {
 
 
 ENFORCED_PROPERTIES = {k: TABLE_PROPERTIES[k]
-                       for k in ("gc.enabled", "read.parquet.vectorization.enabled",
+                       for k in (NO_RETRY, "gc.enabled",
+                                 "read.parquet.vectorization.enabled",
                                  "commit.manifest-merge.enabled",
-                                 "commit.manifest.min-count-to-merge")}
-"""Table properties every step sets again when someone changed them."""
+                                 "commit.manifest.min-count-to-merge")} | {
+    # Footer-version-1 segments carry no field ids: without the mapping Iceberg's Java
+    # reader gives them ids by column position (wrong columns) and pyiceberg cannot read
+    # them. The value iceberg_catalog.py creates tables with.
+    "schema.name-mapping.default":
+        create_mapping_from_schema(SEGMENT_TABLE_SCHEMA).model_dump_json()}
+"""Table properties every step sets again when someone changed them: those that change what
+a commit lists (``commit.retry.num-retries``) or what engines read or delete. Not enforced,
+as they change neither: the other ``commit.retry.*`` (only used with retries on),
+``commit.manifest.target-size-bytes``, ``write.metadata.*`` (which statistics and how many
+old metadata.json files are kept; missing bounds only prune less), the isolation levels
+(checked by pyiceberg's retry only) and ``write.data.path`` / ``write.metadata.path``
+(where pyiceberg writes; segments and trimmed copies are placed by this module)."""
 
 
 class CatalogError(RetriableError):
@@ -303,6 +320,7 @@ class IcebergTable:
         swap_in, swap_out = replace
         if not add and not remove and not swap_in and not swap_out:
             return None
+        self._retry_off()
         by_path = self._listed({*remove, *swap_out})
         props = dict(summary or {})
         try:
@@ -326,6 +344,29 @@ class IcebergTable:
             raise wrap_error(f"committing {len(add) + len(swap_in)} added and "
                         f"{len(remove) + len(swap_out)} removed files to {self.name}", e) from e
         return self.snapshot_id
+
+    def _retry_off(self) -> None:
+        """Switch pyiceberg's commit retry off in the metadata this commit is planned on.
+
+        pyiceberg retries a refused commit by applying the same file changes on the newer
+        snapshot (files listed twice), as often as the loaded metadata's
+        ``commit.retry.num-retries`` says; another engine may have set it since this table
+        was loaded or refreshed. Set it to 0 first (a metadata-only commit, which pyiceberg
+        does not retry) and refuse the plan if that commit shows the table moved.
+
+        Raises:
+            CommitConflict: a snapshot was committed since this table was loaded.
+        """
+        have = self.properties.get(NO_RETRY)
+        if have == TABLE_PROPERTIES[NO_RETRY]:
+            return
+        planned_on = self.snapshot_id
+        log.warning("%s: %s was %r; set to %r again before committing (iceberg.py, table "
+                    "properties)", self.name, NO_RETRY, have, TABLE_PROPERTIES[NO_RETRY])
+        self.set_properties({NO_RETRY: TABLE_PROPERTIES[NO_RETRY]})
+        if self.snapshot_id != planned_on:
+            raise CommitConflict(f"{self.name}: snapshot {self.snapshot_id} was committed "
+                                 f"since snapshot {planned_on}, which this plan is for")
 
     def _swap(self, producer: _OverwriteFiles, remove: Sequence[DataFile],
               add: Sequence[NewFile]) -> None:

@@ -30,8 +30,10 @@ class ArchiveMetrics:
             ["region", "topic"])
         self.not_in_table = m.counter(
             "archive_segments_not_in_table_total",
-            "Segments a table cannot list (not Parquet, or an unreadable footer); logged "
-            "with their key.", ["region", "topic", "reason"])
+            "Segments a table cannot list, by reason (not-parquet; unreadable: a footer "
+            "that cannot be read; schema: columns the table does not have; range: rows "
+            "or footer that are not the key's range); logged with their key.",
+            ["region", "topic", "reason"])
         self.refused = m.counter(
             "archive_refused_steps_total",
             "Steps that refused to touch a table, by reason (foreign-table: stamped for "

@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from replicator.core.errors import ObjectNotFound, RetriableError
+from replicator.core.errors import ObjectNotFound, ReplicatorError, RetriableError
 from replicator.core.keys import BASE_INCARNATION, topic_meta_key
 from replicator.core.settings import CatalogSettings
 from replicator.core.storage import ObjectStore
@@ -82,3 +82,28 @@ def live_location(store: ObjectStore, prefix: str, region: str, topic: str) -> s
     meta = read_topic_meta(store, prefix, region, topic)
     live = None if meta is None else meta.live
     return BASE_INCARNATION if live is None else live.label
+
+
+class UnknownIncarnation(ReplicatorError):
+    """Segments at a location ``_topic.json`` records no incarnation for."""
+
+
+def incarnation_id(store: ObjectStore, prefix: str, region: str, topic: str,
+                   label: str) -> str | None:
+    """The source topic id of the incarnation whose segments live at ``label`` (``""``:
+    the documented key shape), from ``_topic.json``'s chain; ``None`` when not recorded.
+
+    Raises:
+        UnknownIncarnation: the chain lists no incarnation at ``label``.
+        StorageError / ReplicatorError: ``_topic.json`` could not be read or parsed.
+    """
+    meta = read_topic_meta(store, prefix, region, topic)
+    if meta is not None and meta.incarnations:
+        for inc in meta.incarnations:
+            if inc.label == label:
+                return inc.topic_id
+    elif label == BASE_INCARNATION:
+        # A topic never recreated (or recorded by an egress before incarnations).
+        return read_incarnation(store, prefix, region, topic)
+    raise UnknownIncarnation(f"{region}/{topic}: _topic.json records no incarnation at "
+                             f"location {label!r}")

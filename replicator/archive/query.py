@@ -1,7 +1,10 @@
 """``replicator archive sql``: DuckDB over the tables' scans, pruned by the query's filter.
 
 Each table is registered in DuckDB under the last part of its identifier (``sensor_events``)
-as a stream of the records pyiceberg reads. When the query is one ``SELECT`` over one
+and under its last two parts as ``schema.table`` (``us_east_1.sensor_events``; DuckDB's
+schema is the part before the name), as a stream of the records pyiceberg reads. A name
+that more than one table answers to (``t`` with tables ``r1.t`` and ``r2.t``) is refused,
+naming them: a query never silently reads one of them. When the query is one ``SELECT`` over one
 table, the comparisons of ``partition``, ``offset``, ``timestamp`` and ``timestamp_type``
 with constants that its ``WHERE`` requires (its top-level ``AND`` terms) go to the scan:
 files whose manifest entries rule them out (partition value, offset and time bounds) are
@@ -23,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from replicator.archive.committer import ArchiveCommitter
-from replicator.archive.duckdb_sql import QueryResult, parse_sql, run_sql
+from replicator.archive.duckdb_sql import QueryError, QueryResult, parse_sql, run_sql
 from replicator.archive.iceberg import Bound, IcebergTable
 from replicator.archive.naming import TableIdentity
 
@@ -48,8 +51,15 @@ def _walk(node: Any) -> Iterator[dict[str, Any]]:
 
 def table_refs(tree: dict[str, Any]) -> list[str]:
     """Names of the base tables the statement reads, once per mention (lowercased)."""
-    return [str(n.get("table_name", "")).lower() for n in _walk(tree)
-            if n.get("type") == "BASE_TABLE"]
+    return [name for _, name in qualified_refs(tree)]
+
+
+def qualified_refs(tree: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(schema, name)`` of the base tables the statement reads, once per mention
+    (lowercased; schema ``""`` when the name is not qualified).
+    """
+    return [(str(n.get("schema_name") or "").lower(), str(n.get("table_name", "")).lower())
+            for n in _walk(tree) if n.get("type") == "BASE_TABLE"]
 
 
 def _constant(node: dict[str, Any]) -> str | None:
@@ -113,17 +123,19 @@ def _bound(term: dict[str, Any]) -> Bound | None:
     return Bound(column, op, value)
 
 
-def pruning_bounds(tree: dict[str, Any], table: str) -> list[Bound]:
+def pruning_bounds(tree: dict[str, Any], table: str, schema: str = "") -> list[Bound]:
     """The bounds the statement's ``WHERE`` requires of ``table``'s records (none unless
-    it is one ``SELECT`` that reads ``table`` once, from its ``FROM``).
+    it is one ``SELECT`` that reads ``table`` once, from its ``FROM``), named as
+    ``schema.table`` when ``schema`` is given.
     """
     statements = tree.get("statements") or []
-    if len(statements) != 1 or table_refs(tree).count(table) != 1:
+    if len(statements) != 1 or qualified_refs(tree).count((schema, table)) != 1:
         return []
     node = statements[0].get("node") or {}
     source = node.get("from_table") or {}
     if node.get("type") != "SELECT_NODE" or source.get("type") != "BASE_TABLE" \
-            or str(source.get("table_name", "")).lower() != table:
+            or str(source.get("table_name", "")).lower() != table \
+            or str(source.get("schema_name") or "").lower() != schema:
         return []
     where = node.get("where_clause")
     if not isinstance(where, dict):
@@ -151,28 +163,56 @@ class SqlAnswer:
     scans: list[TableScan] = field(default_factory=list)
 
 
-def query_tables(committer: ArchiveCommitter, names: set[str] | None = None
-                 ) -> dict[str, IcebergTable]:
-    """The tables a query can name: the last part of each identifier (only ``names``, when
-    given: the others are never loaded, so a query reads the metadata of what it names).
+def named_tables(committer: ArchiveCommitter, names: set[str] | None = None
+                 ) -> list[IcebergTable]:
+    """The tables whose identifier ends in one of ``names`` (every table when ``None``):
+    the others are never loaded, so a query reads the metadata of what it names.
     """
-    out: dict[str, IcebergTable] = {}
+    out: list[IcebergTable] = []
     # Without {incarnation} in the template a name needs no read of the topic's
     # _topic.json: only the tables the query names cost requests.
     by_name = "{incarnation}" not in committer.cfg.table_name
     for region, topic in committer.topics():
         ident = (TableIdentity(region, topic) if by_name
                  else committer.identity(region, topic))
-        name = committer.identifier(ident)[-1]
-        if names is not None and name not in names:
+        if names is not None and committer.identifier(ident)[-1].lower() not in names:
             continue
         table = committer.table(region, topic, create=False)
-        if table is None:
-            continue
+        if table is not None:
+            out.append(table)
+    return out
+
+
+def _answering(tables: list[IcebergTable], schema: str, name: str) -> list[IcebergTable]:
+    """The tables ``schema.name`` (``name`` alone when ``schema`` is empty) stands for."""
+    return [t for t in tables if t.identifier[-1].lower() == name
+            and (not schema or t.identifier[-2].lower() == schema)]
+
+
+def _refuse_ambiguous(schema: str, name: str, tables: list[IcebergTable]) -> QueryError:
+    names = ", ".join(t.name for t in tables)
+    ways = " or ".join(f"{t.identifier[-2]}.{t.identifier[-1]}" for t in tables)
+    ref = f"{schema}.{name}" if schema else name
+    hint = (f"name one as {ways}" if not schema else
+            "their identifiers differ before their last two parts, which queries cannot "
+            "name: give each a table_name of its own")
+    return QueryError(f"{ref} names {len(tables)} tables ({names}): {hint}")
+
+
+def query_tables(committer: ArchiveCommitter, names: set[str] | None = None
+                 ) -> dict[str, IcebergTable]:
+    """The tables a query can name by the last part of their identifier (only ``names``,
+    when given).
+
+    Raises:
+        QueryError: one name stands for two tables (two regions' ``t``).
+    """
+    out: dict[str, IcebergTable] = {}
+    tables = named_tables(committer, names)
+    for table in tables:
+        name = table.identifier[-1].lower()
         if name in out:
-            log.warning("two tables end in %s (%s, %s): the query sees the first", name,
-                        out[name].name, table.name)
-            continue
+            raise _refuse_ambiguous("", name, _answering(tables, "", name))
         out[name] = table
     return out
 
@@ -202,19 +242,32 @@ def run_query(committer: ArchiveCommitter, sql: str, *,
         CatalogError: a table could not be read.
     """
     tree = parse_sql(sql)
-    mentions = Counter(table_refs(tree))
-    mentioned = set(mentions)
+    refs = Counter(qualified_refs(tree))
+    tables = named_tables(committer, {name for _, name in refs})
+    # Each name the query uses, resolved to its one table (a table may be named as `t`
+    # and as `r1.t` in one query: one reader).
+    uses: dict[str, tuple[IcebergTable, list[tuple[str, str]]]] = {}
+    for schema, name in sorted(refs):
+        answering = _answering(tables, schema, name)
+        if len(answering) > 1:
+            raise _refuse_ambiguous(schema, name, answering)
+        if answering:
+            uses.setdefault(answering[0].name, (answering[0], []))[1].append((schema, name))
     # A table named twice (self-join, subquery, UNION) or inside a WITH (which DuckDB may
     # inline at each use) is scanned more than once.
     cte = has_cte(tree)
-    tables = query_tables(committer, mentioned)
     scans: list[TableScan] = []
     readers: dict[str, Callable[[], pa.RecordBatchReader | pa.Table]] = {}
-    for name, table in tables.items():
-        bounds = pruning_bounds(tree, name)
+    views: dict[tuple[str, str], str] = {}
+    for i, (table, names) in enumerate(uses.values()):
+        once = sum(refs[n] for n in names) == 1 and not cte
+        schema, name = names[0]
+        bounds = pruning_bounds(tree, name, schema) if once else []
         read = table.planned_files(bounds, snapshot_id)
         total = len(table.planned_files((), snapshot_id)) if bounds else len(read)
-        scans.append(TableScan(name, table.name, bounds, total, len(read)))
-        readers[name] = _reader(table, bounds, snapshot_id,
-                                once=mentions[name] == 1 and not cte)
-    return SqlAnswer(run_sql(sql, readers), scans)
+        scans.append(TableScan(f"{schema}.{name}" if schema else name, table.name, bounds,
+                               total, len(read)))
+        registered = name if ("", name) in names else f"__archive_table_{i}"
+        readers[registered] = _reader(table, bounds, snapshot_id, once=once)
+        views.update({n: registered for n in names if n[0]})
+    return SqlAnswer(run_sql(sql, readers, views), scans)

@@ -11,7 +11,10 @@ whose snapshots were superseded longer than ``catalog.snapshot_retention`` ago (
 those first), and ``after_delete`` to expire every snapshot that still lists a deleted
 segment. A held input that leaves the bucket before compaction deletes it (a lifecycle
 rule, an operator) takes the snapshots listing it with it at the next step
-(``expire_held_gone``). ``SnapshotHistory`` is a part of ``ArchiveCommitter``.
+(``expire_held_gone``). The hooks never create a table: the table is the one of the
+inputs' incarnation (``hook_table``), and a topic ``[catalog]`` does not select, or whose
+table does not exist, has none (deletes go ahead). ``SnapshotHistory`` is a part of
+``ArchiveCommitter``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from datetime import timedelta
 
 from replicator.archive.iceberg import CatalogError, CommitConflict, IcebergTable
 from replicator.archive.metrics import ArchiveMetrics
+from replicator.archive.naming import TableIdentity, incarnation_id, live_location
 from replicator.archive.trims import collect_trims
 from replicator.core.clock import Clock
 from replicator.core.errors import ObjectNotFound, ReplicatorError
-from replicator.core.keys import SegmentKey
+from replicator.core.keys import BASE_INCARNATION, SegmentKey
+from replicator.core.settings import Settings
 from replicator.core.settings.catalog import CatalogSettings
 from replicator.core.storage import ObjectStore
 
@@ -64,6 +69,9 @@ class SyncResult:
     """Keys of ``deleting`` the table keeps (no listed file covers them): not to delete."""
     allowed: list[str] | None = None
     """Keys of ``deleting`` that ``deletable`` let go (``None``: not asked)."""
+    location: str = BASE_INCARNATION
+    """The incarnation (location label) of the segments of ``deleting`` (a swap): the
+    hooks after it choose the same table by it."""
 
     @property
     def committed(self) -> bool:
@@ -73,6 +81,7 @@ class SyncResult:
 class SnapshotHistory:
     """Snapshot expiry and compaction's hooks, over ``ArchiveCommitter``'s tables."""
 
+    settings: Settings
     cfg: CatalogSettings
     clock: Clock
     store: ObjectStore
@@ -91,13 +100,36 @@ class SnapshotHistory:
         raise NotImplementedError
 
     def table(self, region: str, topic: str, *, create: bool = True,
-              over_metadata: bool = False) -> IcebergTable | None:   # ArchiveCommitter's
+              over_metadata: bool = False, ident: TableIdentity | None = None
+              ) -> IcebergTable | None:   # ArchiveCommitter's
         raise NotImplementedError
 
     def sync(self, region: str, topic: str, *, partition: int | None = None,
-             deleting: Iterable[SegmentKey] = (), expire: bool = True
+             deleting: Iterable[SegmentKey] = (), expire: bool = True,
+             table: IcebergTable | None = None, location: str | None = None
              ) -> SyncResult:   # ArchiveCommitter's
         raise NotImplementedError
+
+    def topics(self) -> list[tuple[str, str]]:   # ArchiveCommitter's
+        raise NotImplementedError
+
+    def _per_incarnation(self) -> bool:
+        return "{incarnation}" in self.cfg.table_name
+
+    def hook_table(self, region: str, topic: str, location: str) -> IcebergTable | None:
+        """The table compaction's hooks keep in step with the deletes of a topic's segments
+        at ``location`` (an incarnation's label), never created: with ``{incarnation}`` in
+        ``catalog.table_name`` that incarnation's table, else the topic's one table (which
+        follows the live incarnation). ``None``: no table lists them (a topic that
+        ``[catalog]`` does not select, ``topics``, or whose table does not exist yet).
+        """
+        if (region, topic) not in self.topics():
+            return None
+        ident = None
+        if self._per_incarnation():
+            ident = TableIdentity(region, topic, incarnation_id(
+                self.store, self.settings.s3.prefix, region, topic, location))
+        return self.table(region, topic, create=False, ident=ident)
 
     def expire_removed(self, table: IcebergTable, removed: Iterable[str]) -> int:
         """After a step removed files (gone from the bucket, or covered by an output whose
@@ -187,16 +219,40 @@ class SnapshotHistory:
                                                 if not s.current])
         return 0
 
-    def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]) -> SyncResult:
-        """Compaction's hook, called before ``deleting`` is deleted: one snapshot lists the
-        outputs (present in the bucket) instead of the inputs. When it returns, no snapshot
-        the table keeps lists a key of ``deleting`` except those older than the swap, which
-        ``after_delete`` expires.
+    def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]
+             ) -> SyncResult | None:
+        """Compaction's hook, called before ``deleting`` (segments of one incarnation) is
+        deleted: one snapshot of their table (``hook_table``) lists the outputs (present in
+        the bucket) instead of the inputs. When it returns, no snapshot the table keeps
+        lists a key of ``deleting`` except those older than the swap, which
+        ``after_delete`` expires. ``None``: no table (nothing to keep consistent).
 
         Raises:
             CatalogError / StorageError: the swap did not commit; delete nothing.
         """
-        return self.sync(region, topic, deleting=deleting, expire=False)
+        keys = list(deleting)
+        locations = {k.incarnation for k in keys} or {BASE_INCARNATION}
+        if len(locations) > 1:
+            raise CatalogError(f"{region}/{topic}: one swap of segments of several "
+                               f"incarnations ({sorted(locations)}); swap each on its own")
+        location = locations.pop()
+        table = self.hook_table(region, topic, location)
+        if table is None:
+            return None
+        if self._per_incarnation():
+            result = self.sync(region, topic, deleting=keys, expire=False, table=table,
+                               location=location)
+        elif location == live_location(self.store, self.settings.s3.prefix, region, topic):
+            result = self.sync(region, topic, deleting=keys, expire=False, table=table)
+        else:
+            # An earlier incarnation's segments, and the one table follows the live one: it
+            # lists none of them once a step ran since the topic was created again, and
+            # this step is one (they leave it as gone). Older snapshots may list them:
+            # ``deletable`` holds them for catalog.snapshot_retention as any swapped out.
+            result = self.sync(region, topic, expire=False, table=table)
+            result.deleting = sorted(self.url(k) for k in keys)
+        result.location = location
+        return result
 
     def deletable(self, region: str, topic: str, swap: SyncResult) -> set[str]:
         """The keys of the swap's ``deleting`` compaction may delete now: no snapshot of
@@ -209,8 +265,10 @@ class SnapshotHistory:
         keys = {p[len(head):]: p for p in swap.deleting if p[len(head):] not in kept}
         if not keys:
             return set()
-        table = self.table(region, topic)
-        assert table is not None
+        table = self.hook_table(region, topic, swap.location)
+        if table is None:   # dropped or no longer selected since the swap: a later run
+            swap.allowed = []
+            return set()
         removals = table.removals(keys.values())
         cutoff = self.clock() - self.cfg.snapshot_retention
         ok = set()
@@ -254,8 +312,9 @@ class SnapshotHistory:
                                                             for key in swap.allowed]
         if not paths:   # (segments held for catalog.snapshot_retention keep their history)
             return 0
-        table = self.table(region, topic)
-        assert table is not None
+        table = self.hook_table(region, topic, swap.location)
+        if table is None:
+            return 0
         doomed = table.listing(paths)
         if not doomed:
             return 0

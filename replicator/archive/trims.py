@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from replicator.archive.iceberg import IcebergTable, NewFile
 from replicator.archive.plan import Piece
+from replicator.archive.segment_fit import misfit
 from replicator.core.errors import SegmentCorrupt
 from replicator.core.keys import SegmentKey
 from replicator.core.storage import ObjectStore
@@ -84,6 +85,7 @@ def write_trim(store: ObjectStore, piece: Piece) -> tuple[BinaryIO, pq.FileMetaD
     Raises:
         ObjectNotFound: the segment is gone.
         SegmentCorrupt: the segment is not readable Parquet with an ``offset`` column.
+        CopyUnfit: the segment's rows are not its key's range (nothing is written).
     """
     spool = cast(BinaryIO, tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES))  # noqa: SIM115
     try:
@@ -102,6 +104,11 @@ def write_trim(store: ObjectStore, piece: Piece) -> tuple[BinaryIO, pq.FileMetaD
 
 
 def _copy_rows(src: pq.ParquetFile, piece: Piece, out: BinaryIO) -> pq.FileMetaData:
+    # The claims that made this piece trust the key's range: a segment whose rows are
+    # not that range is quarantined, as a whole segment would be (committer._new_files).
+    problem = misfit(src.metadata, piece.key)
+    if problem is not None:
+        raise CopyUnfit(problem, "range")
     schema = src.schema_arrow.remove_metadata()   # the segment's footer pairs stay behind
     leaf = next((i for i in range(src.metadata.num_columns)
                  if src.metadata.schema.column(i).path == "offset"), None)
@@ -131,7 +138,14 @@ def _copy_rows(src: pq.ParquetFile, piece: Piece, out: BinaryIO) -> pq.FileMetaD
 
 
 class CopyUnfit(Exception):
-    """A copy the table's schema cannot list (the segment's columns are not the table's)."""
+    """A segment no copy of which the table can list: its columns are not the table's
+    (``reason`` "schema"), or its rows are not its key's range (``reason`` "range",
+    ``archive.segment_fit``).
+    """
+
+    def __init__(self, problem: str, reason: str = "schema") -> None:
+        super().__init__(problem)
+        self.reason = reason
 
 
 def copy_piece(store: ObjectStore, table: IcebergTable, piece: Piece) -> NewFile:
@@ -139,7 +153,8 @@ def copy_piece(store: ObjectStore, table: IcebergTable, piece: Piece) -> NewFile
 
     Raises:
         ObjectNotFound / SegmentCorrupt: as ``write_trim``.
-        CopyUnfit: the table cannot list it (nothing is written).
+        CopyUnfit: the table cannot list it, or the segment's rows are not its key's range
+            (nothing is written).
         CatalogError: the copy could not be written.
     """
     data, footer = write_trim(store, piece)

@@ -102,7 +102,7 @@ def tables(config: Path, output: str) -> None:
             files = t.files() if t is not None else {}
             rows.append({"region": region, "topic": topic,
                          "table": t.name if t is not None else "(none: archive sync)",
-                         "query_name": t.identifier[-1] if t is not None else "",
+                         "query_name": ".".join(t.identifier[-2:]) if t is not None else "",
                          "files": len(files),
                          "records": sum(f.records for f in files.values()),
                          "bytes": sum(f.size for f in files.values()),
@@ -152,8 +152,9 @@ def snapshots(config: Path, topic: str, region: str | None, output: str) -> None
 @output_option
 def sql(config: Path, query: str, snapshot_id: int | None, output: str) -> None:
     """Run QUERY with DuckDB over the tables (named by the last part of their identifier,
-    e.g. sensor_events). Filters on partition, "offset" (a keyword: quote it) and timestamp
-    prune the files read.
+    e.g. sensor_events, or by the last two, e.g. us_east_1.sensor_events: a name two
+    tables end in is refused). Filters on partition, "offset" (a keyword: quote it) and
+    timestamp prune the files read.
     """
     _, committer = _committer(config)
     from replicator.archive.query import run_query
@@ -216,16 +217,24 @@ def sync(config: Path, output: str) -> None:
 @click.option("--register", "metadata", default=None, metavar="METADATA_JSON",
               help="Register the table from this metadata.json first (the newest one under "
                    "the table's metadata/): the repair after a catalog loss, history kept.")
+@click.option("--adopt", "old", default=None, metavar="IDENTIFIER",
+              help="Rename the table stamped for the topic at this identifier (the name of an "
+                   "earlier catalog.table_name or catalog.namespace) to the one the settings "
+                   "render, history kept; a table there created since is dropped from the "
+                   "catalog first (never a data file).")
 @output_option
 def rebuild(config: Path, topic: str, region: str | None, drop: bool, metadata: str | None,
-            output: str) -> None:
+            old: str | None, output: str) -> None:
     """A table from the bucket's segments (idempotent)."""
     settings, committer = _committer(config)
-    if drop and metadata:
-        fail("--drop and --register exclude each other", EXIT_USAGE)
+    if sum(bool(x) for x in (drop, metadata, old)) > 1:
+        fail("--drop, --register and --adopt exclude each other", EXIT_USAGE)
     try:
         result = committer.rebuild(region or settings.region, topic, drop=drop,
-                                   register=metadata)
+                                   register=metadata,
+                                   adopt=tuple(old.split(".")) if old else None)
+    except ConfigError as e:
+        fail(str(e), EXIT_USAGE)
     except ReplicatorError as e:
         fail(str(e), EXIT_FAILURE)
     _print_results([result], output)

@@ -163,6 +163,12 @@ def test_the_cli_lists_tables_and_answers_sql(
                                   "WHERE partition = 1 GROUP BY 1"])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[2].split() == ["1", "5"]
+    # The two-part name (`archive tables`' query name) reads pyiceberg's scan the same way.
+    result = runner.invoke(main, ["archive", "sql", "--config", str(config),
+                                  "SELECT count(*) AS n FROM lake.t WHERE partition = 1"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[2].split() == ["5"]
+    assert "read 1 of" in result.output, result.output   # pruned by partition = 1
     result = runner.invoke(main, ["archive", "sql", "--config", str(config), "SELEC x"])
     assert result.exit_code == 1 and "syntax error" in result.output
 
@@ -205,3 +211,29 @@ def test_follow_commits_new_segments_each_interval_and_stops_on_sigterm(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_cli_refuses_a_renamed_table_name_and_adopts_the_old_table(
+        moto_endpoint: str, bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    from replicator.devstack.toml_writer import to_toml
+
+    store = S3ObjectStore(s3_client, bucket)
+    seg(store, 0, 0, 9)
+    data = settings_for(moto_endpoint, bucket, tmp_path)
+    config = tmp_path / "config.toml"
+    config.write_text(to_toml(data))
+    runner = CliRunner()
+    assert runner.invoke(main, ["archive", "sync", "--config", str(config)]).exit_code == 0
+    data["catalog"]["table_name"] = "{region}_{topic}"
+    config.write_text(to_toml(data))
+    refused = runner.invoke(main, ["archive", "sync", "--config", str(config)])
+    assert refused.exit_code == 2, refused.output
+    assert "table lake.t is stamped" in refused.output and "now lake.r1_t" in refused.output
+    adopted = runner.invoke(main, ["archive", "rebuild", "--config", str(config), "--topic",
+                                   "t", "--adopt", "lake.t"])
+    assert adopted.exit_code == 0, adopted.output
+    again = runner.invoke(main, ["archive", "sync", "--config", str(config)])
+    assert again.exit_code == 0, again.output
+    other = runner.invoke(main, ["archive", "rebuild", "--config", str(config), "--topic",
+                                 "u", "--adopt", "lake.r1_t"])
+    assert other.exit_code == 2 and "not a table of" in other.output, other.output

@@ -399,11 +399,19 @@ def test_a_swap_keeps_the_inputs_whose_output_is_quarantined(tmp_path: Path) -> 
 
 def test_the_metadata_of_a_create_that_never_committed_does_not_wedge_the_table(
         tmp_path: Path) -> None:
-    """A create that wrote its metadata.json and then failed (or a catalog lost before the
-    first commit): nothing to lose, so the table is created over it."""
+    """A catalog lost before its table's first commit: another catalog cannot tell that
+    table from a live one (test_archive_second_catalog.py), so it is refused, and
+    ``rebuild --register`` takes it over. (A create that failed halfway is created over by
+    its own catalog: test_archive_second_catalog.py.)"""
+    from replicator.archive.iceberg_catalog import TableLocationInUse
+
     store = MemoryObjectStore("b")
     seed(store, [(0, 9)])
     first = ArchiveCommitter(catalog_settings(tmp_path), store)
-    assert first.table("r1", "t") is not None   # created, never committed
+    table = first.table("r1", "t")   # created, never committed
+    assert table is not None
     lost = catalog_settings(tmp_path, properties={"uri": f"sqlite:///{tmp_path}/new.db"})
-    assert ArchiveCommitter(lost, store).sync("r1", "t").added == 1
+    with pytest.raises(TableLocationInUse, match="register"):
+        ArchiveCommitter(lost, store).sync("r1", "t")
+    assert ArchiveCommitter(lost, store).rebuild(
+        "r1", "t", register=table.metadata_location).added == 1

@@ -18,12 +18,23 @@ TEMPLATE_FIELDS = frozenset({"region", "topic", "incarnation"})
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
 """The password of ``scheme://user:password@host`` (a SQL catalog's ``uri``)."""
+_QUERY_SECRET = re.compile(
+    r"([?&;][^=&;#\s]*(?:password|passwd|pwd|secret|token|key|credential|auth)"
+    r"[^=&;#\s]*=)[^&;#\s]*", re.IGNORECASE)
+"""A secret query parameter of a URL (``postgresql://host/db?user=u&password=...``, the
+libpq/SQLAlchemy form; ``?sslpassword=``, ``?access_token=``...)."""
+_SECRET_PROPERTY = ("key", "credential", "auth", "header.", "cookie", "signature")
+"""Marks of catalog property names whose values are secret besides ``is_secret_setting``'s:
+``credential``, ``s3.secret-access-key``, a REST catalog's ``header.Authorization`` (every
+``header.*`` value: requests' headers carry tokens)."""
 _NAMESPACE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+)*")
 
 
 def redact_urls(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@host`` masked."""
-    return _URL_PASSWORD.sub(r"\1***@", text)
+    """``text`` with the password of every ``scheme://user:password@host`` and every
+    secret query parameter (``?password=...``) masked.
+    """
+    return _QUERY_SECRET.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 class CatalogSettings(Model):
@@ -39,12 +50,16 @@ class CatalogSettings(Model):
         default_factory=lambda: {"uri": "sqlite:///replicator-catalog.sqlite"},
         description="pyiceberg catalog properties (uri, warehouse, credentials, ...). The "
                     "S3 FileIO properties (s3.endpoint, s3.region, keys) default to [s3]'s. "
-                    "With type sql, a SQLite uri must be an absolute path "
-                    "(sqlite:////var/lib/replicator/catalog.db): the relative default is "
-                    "refused when enabled, as each process would get a catalog of its own.")
+                    "With type sql, a SQLite uri (any driver: sqlite+pysqlite:...) must be "
+                    "an absolute path (sqlite:////var/lib/replicator/catalog.db): the "
+                    "relative default is refused when enabled, as each process would get a "
+                    "catalog of its own. Logged with passwords (in the uri, as user:pw@ or "
+                    "?password=), keys, credentials and header.* values masked.")
     warehouse: str | None = Field(
         None, description="Where table metadata (metadata.json, manifests) is written "
-                          "(default: s3://{s3.bucket}/iceberg). Refused under s3.prefix.")
+                          "(default: s3://{s3.bucket}/iceberg; s3a:// and s3n:// are read as "
+                          "s3://). Refused, the default too, when the tables "
+                          "({warehouse}/{namespace levels}/...) would be under s3.prefix.")
     namespace: str = Field("replicator", description="Namespace of the tables "
                                                      "(dot-separated levels).")
     table_name: str = Field(
@@ -131,7 +146,7 @@ class CatalogSettings(Model):
 
         def mask(name: str, value: str) -> str:
             n = name.lower()
-            if is_secret_setting(n) or "key" in n or "credential" in n:
+            if is_secret_setting(n) or any(m in n for m in _SECRET_PROPERTY):
                 return "***"
             return redact_urls(value)
 

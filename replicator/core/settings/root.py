@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -133,26 +134,34 @@ class Settings(Model):
                 "commit_table is not implemented): every step would fail; use glue, rest, "
                 "hive or sql")
         uri = cat.properties.get("uri", "")
-        if cat.type == "sql" and uri.startswith("sqlite:"):
-            path = uri.removeprefix("sqlite:").removeprefix("///")
-            if not uri.startswith("sqlite:///") or not path.startswith("/"):
+        # Every SQLAlchemy spelling of SQLite: sqlite:, sqlite+pysqlite:, sqlite+aiosqlite:...
+        sqlite = re.match(r"sqlite(\+[a-z0-9_]+)?:", uri, re.IGNORECASE)
+        if cat.type == "sql" and sqlite:
+            rest = uri[sqlite.end():]
+            if not rest.startswith("////"):
                 raise KeyedValueError(
                     "catalog.properties.uri",
                     f"{uri!r} is not an absolute SQLite path (sqlite:////abs/path.db): a "
                     "relative path gives each process (follower, compaction) a catalog of "
                     "its own over one warehouse, and each deletes the other's metadata")
-        bucket_url = f"s3://{self.s3.bucket}/"
-        for key, where in (("catalog.warehouse", cat.warehouse),
-                           ("catalog.properties.warehouse", cat.properties.get("warehouse"))):
-            if where is None or not where.startswith(bucket_url):
+        # Tables are created at {warehouse}/{namespace levels}/...: explicit warehouses
+        # (any S3 spelling) and the default one.
+        checks = [("catalog.warehouse", cat.warehouse or f"s3://{self.s3.bucket}/iceberg",
+                   cat.warehouse is None),
+                  ("catalog.properties.warehouse", cat.properties.get("warehouse"), False)]
+        prefix = self.s3.prefix.strip("/")
+        for key, where, default in checks:
+            path = _bucket_path(where, self.s3.bucket)
+            if path is None:
                 continue
-            path = where.removeprefix(bucket_url).strip("/")
-            prefix = self.s3.prefix.strip("/")
-            if not prefix or path == prefix or path.startswith(prefix + "/"):
+            tables = "/".join(p for p in (path, *cat.namespace.split(".")) if p)
+            if not prefix or tables == prefix or tables.startswith(prefix + "/"):
+                what = (f"the default warehouse {where!r}" if default else repr(where))
                 raise KeyedValueError(
-                    key, f"{where!r} is under the segments' prefix (s3.prefix = "
-                    f"{self.s3.prefix!r}): table metadata there would be taken for topics "
-                    "and segments; put it beside it (s3://{bucket}/iceberg)")
+                    key, f"{what} puts the tables ({cat.namespace} namespace) under the "
+                    f"segments' prefix (s3.prefix = {self.s3.prefix!r}): table metadata "
+                    "there would be taken for topics and segments; set catalog.warehouse "
+                    "beside it (s3://{bucket}/iceberg)")
         return self
 
     @model_validator(mode="after")
@@ -215,3 +224,13 @@ class Settings(Model):
         data["kafka"]["config"] = self.kafka.masked_config()
         data["catalog"]["properties"] = self.catalog.masked_properties()
         return data
+
+
+def _bucket_path(url: str | None, bucket: str) -> str | None:
+    """The key path of ``url`` in ``bucket`` (``s3://``, ``s3a://`` or ``s3n://``, the
+    Hadoop spellings Spark users copy), ``None`` for another bucket or scheme.
+    """
+    m = re.fullmatch(r"s3[an]?://([^/]+)(/.*)?", url or "", re.IGNORECASE)
+    if m is None or m.group(1) != bucket:
+        return None
+    return (m.group(2) or "").strip("/")
