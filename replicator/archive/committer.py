@@ -227,7 +227,8 @@ class ArchiveCommitter(SnapshotHistory):
         msg = (f"{table.name}: written by another engine (snapshots {what or 'none'}; files "
                f"that are not segments of {region}/{topic}: {odd[:5] or 'none'}); left as "
                "it is: tables are read-only to other engines. Roll the table back to its "
-               "last replicator snapshot, or rebuild it (replicator archive rebuild --drop)")
+               "last replicator snapshot (drop a branch another engine wrote), or rebuild "
+               "it (replicator archive rebuild --drop)")
         raise ForeignWrites(msg)   # logged at ERROR by the caller
 
     def _own_path(self, table: IcebergTable, path: str, region: str, topic: str) -> bool:
@@ -454,7 +455,8 @@ class ArchiveCommitter(SnapshotHistory):
                 # without any step of this table seeing them: expire at once too.
                 # Compaction's own swaps keep history (``deletable``, the retention).
                 if plan.remove_gone or plan.remove_covered:
-                    result.expired = self.expire(table, snapshot)
+                    result.expired = self.expire_removed(
+                        table, [*plan.remove_gone, *plan.remove_covered])
                 else:
                     result.expired = self._expire_beyond(table)
             if expire:   # (a swap leaves expiry to compaction's hooks and the next step)

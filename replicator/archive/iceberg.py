@@ -49,6 +49,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.name_mapping import create_mapping_from_schema
+from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 from pyiceberg.transforms import IdentityTransform
@@ -64,6 +65,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from replicator.archive import iceberg_listing
 from replicator.core.errors import ReplicatorError, RetriableError
 from replicator.core.settings.catalog import redact_urls
 
@@ -405,49 +407,87 @@ class IcebergTable:
             out.append(snap.snapshot_id)
         return out
 
-    def expire_before(self, snapshot_id: int) -> int:
-        """Expire every ancestor of ``snapshot_id`` (which stays); their count."""
-        return self.expire(self.ancestors(snapshot_id))
+    def paths(self, snapshot_id: int) -> frozenset[str]:
+        """The data file paths kept snapshot ``snapshot_id`` lists, from its manifests (read
+        once per process: ``archive.iceberg_listing``).
+        """
+        try:
+            return iceberg_listing.paths_of(self._table, snapshot_id)
+        except Exception as e:
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
+
+    def held(self) -> set[str]:
+        """The data file paths a kept snapshot lists and the current one does not."""
+        current = self.snapshot_id
+        if current is None:
+            return set()
+        try:
+            return iceberg_listing.all_paths(
+                self._table, [s.snapshot_id for s in self._table.metadata.snapshots]
+            ) - iceberg_listing.paths_of(self._table, current)
+        except Exception as e:
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
+
+    def _holding(self, wanted: set[str]) -> list[tuple[int, datetime, set[str]]]:
+        """Every kept snapshot, newest first by commit time, with which of ``wanted`` it
+        lists (only the manifests listing one are looked at).
+        """
+        snaps = self.by_time()
+        try:
+            found = iceberg_listing.listing_each(
+                self._table, [s.snapshot_id for s in snaps], wanted)
+        except Exception as e:
+            raise wrap_error(f"reading the manifests of {self.name}", e) from e
+        return [(s.snapshot_id, s.committed_at, f) for s, f in zip(snaps, found, strict=True)]
+
+    def by_time(self) -> list[SnapshotInfo]:
+        """Every snapshot the metadata keeps (the main lineage, snapshots a rollback left
+        behind, branch and tag heads), newest first by commit time.
+        """
+        return sorted(self.snapshots(), key=lambda s: s.committed_at, reverse=True)
+
+    def listing(self, paths: Iterable[str]) -> list[int]:
+        """The kept snapshots (every one, not only the current lineage) that list one of
+        ``paths``, newest first.
+        """
+        wanted = set(paths)
+        if not wanted:
+            return []
+        return [sid for sid, _, found in self._holding(wanted) if found]
 
     def newest_listing(self, paths: Iterable[str]) -> int | None:
-        """The newest snapshot of the current lineage that lists one of ``paths`` (the
-        current snapshot included), or ``None``.
+        """The newest kept snapshot that lists one of ``paths`` (the current snapshot
+        first), or ``None``.
         """
         wanted = set(paths)
         current = self.snapshot_id
-        if current is None or not wanted:
-            return None
-        for sid in (current, *self.ancestors(current)):
-            if wanted & self.files(sid).keys():
-                return sid
-        return None
+        if current is not None and wanted & self.paths(current):
+            return current
+        return next(iter(self.listing(wanted)), None)
 
     def removals(self, paths: Iterable[str]) -> dict[str, tuple[int, datetime | None]]:
-        """For each of ``paths`` a snapshot of the current lineage lists: the newest such
-        snapshot, and when the file left the lineage (the commit time of that snapshot's
-        child; ``None``: the current snapshot lists it). Paths no snapshot lists are left
-        out.
+        """For each of ``paths`` a kept snapshot lists (every one, not only the current
+        lineage): the newest such snapshot, and when the file left the table (the commit
+        time of the next newer kept snapshot, the one that took it out or a later one;
+        ``None``: the current snapshot lists it, or no newer snapshot is kept). Paths no
+        kept snapshot lists are left out.
         """
         wanted = set(paths)
         current = self.snapshot_id
         if current is None or not wanted:
             return {}
-        meta = self._table.metadata
         out: dict[str, tuple[int, datetime | None]] = {}
-        child: int | None = None
-        for sid in (current, *self.ancestors(current)):
-            found = wanted & self.files(sid).keys()
-            if found:
-                left = None
-                if child is not None:
-                    snap = meta.snapshot_by_id(child)
-                    assert snap is not None
-                    left = datetime.fromtimestamp(snap.timestamp_ms / 1000, UTC)
-                out.update(dict.fromkeys(found, (sid, left)))
-                wanted -= found
-                if not wanted:
-                    break
-            child = sid
+        now = wanted & self.paths(current)
+        out.update(dict.fromkeys(now, (current, None)))
+        wanted -= now
+        newer: datetime | None = None
+        for sid, committed, found in self._holding(wanted) if wanted else ():
+            for p in found & wanted:
+                out[p] = (sid, None if sid == current else newer)
+            wanted -= found
+            if not wanted:
+                break
+            newer = committed
         return out
 
     def expire(self, ids: Sequence[int]) -> int:
@@ -478,18 +518,32 @@ class IcebergTable:
 
     def foreign_snapshots(self) -> list[SnapshotInfo]:
         """The snapshots of the current lineage newer than the newest one the replicator
-        committed (its summaries carry ``replicator.reason``), newest first.
+        committed (its summaries carry ``replicator.reason``), newest first; then those
+        another engine committed to a branch other than ``main`` (a write-audit-publish
+        branch): each branch's snapshots back to one of ``main``'s lineage or the
+        replicator's. A branch's head keeps listing what compaction deletes from ``main``.
         """
         current = self.snapshot_id
         if current is None:
             return []
         by_id = {s.snapshot_id: s for s in self.snapshots()}
+        main = [current, *self.ancestors(current)]
         out = []
-        for sid in (current, *self.ancestors(current)):
+        for sid in main:
             snap = by_id.get(sid)
             if snap is None or "replicator.reason" in snap.summary:
                 break
             out.append(snap)
+        seen = set(main)
+        for name, ref in self._table.metadata.refs.items():
+            if name == "main" or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+                continue
+            for sid in (ref.snapshot_id, *self.ancestors(ref.snapshot_id)):
+                snap = by_id.get(sid)
+                if sid in seen or snap is None or "replicator.reason" in snap.summary:
+                    break
+                seen.add(sid)
+                out.append(snap)
         return out
 
     def snapshots(self) -> list[SnapshotInfo]:

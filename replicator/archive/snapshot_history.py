@@ -1,13 +1,16 @@
 """A table's snapshot history: what a step keeps of it, and compaction's hooks around its
 deletes (docs/architecture.md, "The archive as Iceberg tables", snapshot expiry).
 
-Add-only steps keep the newest ``KEEP_SNAPSHOTS`` snapshots; a step that removed files
-expires every older snapshot (no snapshot kept lists a deleted object). Compaction calls
-``swap`` before it deletes inputs (one snapshot lists the outputs instead), ``deletable``
-for the inputs whose snapshots are older than ``catalog.snapshot_retention`` (expiring
-those first), and ``after_delete`` to expire, by lineage, every snapshot that still lists
-a deleted segment. A held input that leaves the bucket before compaction deletes it (a
-lifecycle rule, an operator) takes the snapshots listing it with it at the next step
+Expiry selects snapshots by what they list, over every snapshot the table keeps (the
+main lineage, one a rollback left behind, a branch or tag head). A step that removed
+files expires the kept snapshots listing one (no snapshot kept lists a deleted object);
+beyond that a table keeps the newest ``KEEP_SNAPSHOTS`` snapshots and every snapshot that
+was current within ``catalog.snapshot_retention``. Compaction calls ``swap`` before it
+deletes inputs (one snapshot lists the outputs instead), ``deletable`` for the inputs
+whose snapshots were superseded longer than ``catalog.snapshot_retention`` ago (expiring
+those first), and ``after_delete`` to expire every snapshot that still lists a deleted
+segment. A held input that leaves the bucket before compaction deletes it (a lifecycle
+rule, an operator) takes the snapshots listing it with it at the next step
 (``expire_held_gone``). The hooks never create a table: the table is the one of the
 inputs' incarnation (``hook_table``), and a topic ``[catalog]`` does not select, or whose
 table does not exist, has none (deletes go ahead). ``SnapshotHistory`` is a part of
@@ -36,7 +39,9 @@ from replicator.core.storage import ObjectStore
 log = logging.getLogger(__name__)
 
 KEEP_SNAPSHOTS = 100
-"""Snapshots a table keeps at most (time travel within them; older ones are expired)."""
+"""Snapshots a table keeps beyond ``catalog.snapshot_retention`` (time travel within them;
+older ones are expired). Those current within the retention are kept whatever their count.
+"""
 
 ORPHAN_GRACE = timedelta(minutes=30)
 """Metadata files no snapshot refers to are deleted once this old: younger ones may belong
@@ -126,11 +131,16 @@ class SnapshotHistory:
                 self.store, self.settings.s3.prefix, region, topic, location))
         return self.table(region, topic, create=False, ident=ident)
 
-    def expire(self, table: IcebergTable, snapshot: int) -> int:
-        """Expire the ancestors of ``snapshot`` (they may list deleted files), then delete
-        the metadata files no kept snapshot refers to (``clean_metadata``).
+    def expire_removed(self, table: IcebergTable, removed: Iterable[str]) -> int:
+        """After a step removed files (gone from the bucket, or covered by an output whose
+        inputs' deletes may arrive unseen): expire every kept snapshot (of any lineage,
+        the current one excepted) that lists one, then those the count cap lets go
+        (``_expire_beyond``); a snapshot held for ``catalog.snapshot_retention`` that lists
+        none of them stays. Then delete the metadata files no kept snapshot refers to.
         """
-        return self._expire_ids(table, table.ancestors(snapshot))
+        current = table.snapshot_id
+        n = self._expire_ids(table, [s for s in table.listing(removed) if s != current])
+        return n + self._expire_beyond(table)
 
     def _expire_ids(self, table: IcebergTable, ids: list[int]) -> int:
         try:
@@ -192,13 +202,22 @@ class SnapshotHistory:
         return len(stale)
 
     def _expire_beyond(self, table: IcebergTable) -> int:
-        """Expire all but the newest ``KEEP_SNAPSHOTS`` snapshots (commits that only add
-        files would otherwise pile up, one per interval).
+        """Expire the snapshots beyond the newest ``KEEP_SNAPSHOTS`` (commits that only add
+        files would otherwise pile up, one per interval), but none that was current within
+        ``catalog.snapshot_retention`` (measured as ``deletable`` does: by the commit time
+        of the next newer snapshot): the snapshot before a compaction swap stays readable
+        for the retention. Every kept snapshot counts (those a rollback left, branch and
+        tag heads), newest first by commit time; never the current one.
         """
-        snaps = table.snapshots()
+        snaps = table.by_time()
         if len(snaps) <= KEEP_SNAPSHOTS:
             return 0
-        return self.expire(table, snaps[-KEEP_SNAPSHOTS].snapshot_id)
+        cutoff = self.clock() - self.cfg.snapshot_retention
+        for i in range(KEEP_SNAPSHOTS, len(snaps)):
+            if snaps[i - 1].committed_at <= cutoff:   # superseded before the retention
+                return self._expire_ids(table, [s.snapshot_id for s in snaps[i:]
+                                                if not s.current])
+        return 0
 
     def swap(self, region: str, topic: str, deleting: Iterable[SegmentKey]
              ) -> SyncResult | None:
@@ -265,17 +284,15 @@ class SnapshotHistory:
                 continue
             ok.add(key)
             listing.add(sid)
-        current = table.snapshot_id
-        lineage = [] if current is None else [current, *table.ancestors(current)]
-        # The newest snapshot listing a key to delete: it and all older ones go.
-        expire_from = next((sid for sid in lineage if sid in listing), None)
+        # Every kept snapshot listing a key to delete goes (any lineage, branch or tag).
+        doomed = table.listing(keys[k] for k in ok if keys[k] in removals) if listing else []
         if waiting:
             log.info("%s: %d segments swapped out of the table stay until their snapshots "
                      "are older than catalog.snapshot_retention (%s)", table.name, waiting,
                      self.cfg.snapshot_retention)
-        if expire_from is not None:
+        if doomed:
             try:
-                table.expire([expire_from, *table.ancestors(expire_from)])
+                table.expire(doomed)
             except CatalogError as e:
                 log.warning("%s: snapshots listing segments to delete not expired (%s); they "
                             "are deleted by a later run", table.name, e)
@@ -286,10 +303,10 @@ class SnapshotHistory:
         return ok
 
     def after_delete(self, region: str, topic: str, swap: SyncResult) -> int:
-        """Expire every snapshot that lists a segment of the swap's ``deleting``: the
-        newest of the table's lineage that lists one, and all its ancestors. Selected by
-        lineage and by what the snapshots list, so the snapshots of a swap an earlier run
-        committed before it died (its deletes done by this run) are expired too.
+        """Expire every kept snapshot that lists a segment of the swap's ``deleting`` (of
+        any lineage, branch or tag). Selected by what the snapshots list, so the snapshots
+        of a swap an earlier run committed before it died (its deletes done by this run)
+        are expired too.
         """
         paths = swap.deleting if swap.allowed is None else [self.url(SegmentKey.parse(key))
                                                             for key in swap.allowed]
@@ -298,36 +315,38 @@ class SnapshotHistory:
         table = self.hook_table(region, topic, swap.location)
         if table is None:
             return 0
-        newest = table.newest_listing(paths)
-        if newest is None:
+        doomed = table.listing(paths)
+        if not doomed:
             return 0
-        if newest == table.snapshot_id:
+        if table.snapshot_id in doomed:
             log.error("%s: the current snapshot lists segments deleted by compaction; the "
                       "next step removes them", table.name)
-            return self._expire_ids(table, table.ancestors(newest))
-        return self._expire_ids(table, [newest, *table.ancestors(newest)])
+        return self._expire_ids(table, [s for s in doomed if s != table.snapshot_id])
 
     def held_snapshots(self, table: IcebergTable) -> dict[str, tuple[int, str]]:
-        """The files snapshots of the current lineage took out of the table that a kept
-        snapshot still lists (compaction's inputs held for ``catalog.snapshot_retention``:
-        a ``replace``; segments a swap removed as gone: a ``delete``), each with the newest
-        snapshot listing it and the operation that removed it. What each snapshot removed
-        is read once (snapshots never change) and only for snapshots that removed files.
+        """The files a kept snapshot (of any lineage) lists and the current one does not
+        (compaction's inputs held for ``catalog.snapshot_retention``: a ``replace``;
+        segments a swap removed as gone: a ``delete``), each with the newest
+        snapshot listing it and the operation that removed it (``replace`` when the
+        snapshot that removed it is not kept). What each snapshot lists is read once per
+        process (``archive.iceberg_listing``).
         """
         current = table.snapshot_id
         if current is None:
             return {}
-        snaps = {s.snapshot_id: s for s in table.snapshots()}
-        out: dict[str, tuple[int, str]] = {}
-        for sid in [current, *table.ancestors(current)]:
-            snap = snaps.get(sid)
-            if snap is None or snap.parent_id not in snaps or snap.operation == "append":
+        snaps = table.by_time()
+        kept = {s.snapshot_id for s in snaps}
+        ops: dict[str, str] = {}
+        for snap in snaps:   # what each snapshot took out of its (kept) parent
+            if snap.parent_id not in kept or snap.operation == "append":
                 continue
             assert snap.parent_id is not None
-            for path in self._removed_by(table, snap.parent_id, sid):
-                out.setdefault(path, (snap.parent_id, snap.operation))
+            for path in self._removed_by(table, snap.parent_id, snap.snapshot_id):
+                ops.setdefault(path, snap.operation)
+        out = {path: (sid, ops.get(path, "replace"))
+               for path, (sid, _) in table.removals(table.held()).items()}
         with self._lock:
-            for key in [k for k in self._removed if k[0] == table.name and k[1] not in snaps]:
+            for key in [k for k in self._removed if k[0] == table.name and k[1] not in kept]:
                 del self._removed[key]
         return out
 
@@ -335,7 +354,7 @@ class SnapshotHistory:
         with self._lock:
             known = self._removed.get((table.name, sid))
         if known is None:
-            known = frozenset(table.files(parent).keys() - table.files(sid).keys())
+            known = table.paths(parent) - table.paths(sid)
             with self._lock:
                 self._removed[(table.name, sid)] = known
         return known
@@ -383,12 +402,10 @@ class SnapshotHistory:
         if not gone:
             return 0
         current = table.snapshot_id
-        assert current is not None
-        listing = {held[p][0] for p in gone}
-        newest = next((sid for sid in table.ancestors(current) if sid in listing), None)
-        if newest is None:
+        doomed = [s for s in table.listing(gone) if s != current]
+        if not doomed:
             return 0
-        doomed = [newest, *table.ancestors(newest)]
+        newest = doomed[0]
         # Segments a compaction swap removed as gone (logged then) only wait for this
         # expiry, which the swap leaves to the next step; held ones should never be gone.
         lost = [p for p in gone if held[p][1] != "delete"]

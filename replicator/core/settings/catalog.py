@@ -93,7 +93,10 @@ class CatalogSettings(Model):
         description="How long a segment compaction swapped out of a table stays in the "
                     "bucket (with the snapshots that list it) before compaction deletes it: "
                     "queries planned before the swap, time travel, streaming readers and "
-                    "`restore --snapshot` within it keep working. 0s deletes at once.")
+                    "`restore --snapshot` within it keep working. 0s deletes at once. A table "
+                    "keeps every snapshot current within it (one per busy "
+                    "`catalog.commit_interval`: ~120 at the defaults; its metadata.json grows "
+                    "~0.8 kB per snapshot).")
 
     @field_validator("snapshot_retention")
     @classmethod
