@@ -36,6 +36,7 @@ from replicator.archive.iceberg_catalog import IcebergCatalog
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
     TableIdentity,
+    live_identity,
     live_location,
     read_incarnation,
     table_identifier,
@@ -395,11 +396,25 @@ class ArchiveCommitter(SnapshotHistory):
                 self._landed.pop(key, None)
             self._trims.clear()
 
+    def _live_table(self, region: str, topic: str, table: IcebergTable | None,
+                    location: str | None) -> tuple[IcebergTable, str | None]:
+        """The table a step commits to and the location it lists: ``table`` and
+        ``location`` when given (compaction's hooks); else the live incarnation's table
+        (created when missing) and location (unless ``location``), from one read of
+        ``_topic.json``, kept for every attempt of the step: a topic recreated in between
+        is the next step's (``naming.live_identity``).
+        """
+        if table is not None:
+            return table, location
+        topic_id, live = live_identity(self.store, self.settings.s3.prefix, region, topic)
+        table = self.table(region, topic, ident=TableIdentity(region, topic, topic_id))
+        assert table is not None
+        return table, live if location is None else location
+
     def _sync(self, region: str, topic: str, partition: int | None,
               deleting: frozenset[SegmentKey], expire: bool, seen: set[SegmentKey],
               table: IcebergTable | None = None, location: str | None = None) -> SyncResult:
-        table = table or self.table(region, topic)
-        assert table is not None
+        table, location = self._live_table(region, topic, table, location)
         result = SyncResult(table.name, deleting=sorted(self.url(k) for k in deleting))
         self._trims.clear()
         for _attempt in range(MAX_ATTEMPTS):

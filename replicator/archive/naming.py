@@ -11,6 +11,7 @@ from replicator.core.keys import BASE_INCARNATION, topic_meta_key
 from replicator.core.settings import CatalogSettings
 from replicator.core.storage import ObjectStore
 from replicator.core.topic_copy import read_topic_meta
+from replicator.core.wire import TopicMetadata
 
 _NOT_NAME = re.compile(r"[^a-z0-9_]")
 
@@ -67,6 +68,32 @@ def read_incarnation(store: ObjectStore, prefix: str, region: str, topic: str) -
         raise TopicMetaUnreadable(f"s3://{store.bucket}/{key} is not JSON: {e}") from e
     value = doc.get("topic_id") if isinstance(doc, dict) else None
     return str(value) if value else None
+
+
+def live_identity(store: ObjectStore, prefix: str, region: str, topic: str
+                  ) -> tuple[str | None, str]:
+    """The live incarnation's topic id (``read_incarnation``) and location label
+    (``live_location``) from one read of ``_topic.json``: a step takes its table and the
+    segments it lists from the same document (two reads could straddle a recreate and list
+    the new incarnation's segments in the earlier one's table).
+
+    Raises:
+        StorageError / ReplicatorError: ``_topic.json`` could not be read or parsed.
+    """
+    key = topic_meta_key(prefix, region, topic)
+    try:
+        data = store.get(key)
+    except ObjectNotFound:
+        return None, BASE_INCARNATION
+    where = f"s3://{store.bucket}/{key}"
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise TopicMetaUnreadable(f"{where} is not JSON: {e}") from e
+    value = doc.get("topic_id") if isinstance(doc, dict) else None
+    live = TopicMetadata.parse(data, where=where).live
+    return (str(value) if value else None,
+            BASE_INCARNATION if live is None else live.label)
 
 
 def live_location(store: ObjectStore, prefix: str, region: str, topic: str) -> str:

@@ -71,18 +71,60 @@ def test_a_failed_read_of_topic_json_fails_the_step_and_never_swaps_incarnations
     table = current(committer)
     snaps = len(table.snapshots())
     assert listed(table) == [later]
-    for fails in (1, 2):   # the first read (incarnation) or the second (live location)
-        failing_topic_json(store, monkeypatch, fails)
-        with pytest.raises(ReplicatorError, match="SlowDown"):
-            committer.sync("r1", "t")
-        table.refresh()
-        assert listed(table) == [later] and len(table.snapshots()) == snaps
+    # One read per step names the table and the location it lists (naming.live_identity).
+    failing_topic_json(store, monkeypatch, 1)
+    with pytest.raises(ReplicatorError, match="SlowDown"):
+        committer.sync("r1", "t")
+    table.refresh()
+    assert listed(table) == [later] and len(table.snapshots()) == snaps
     # sync_all logs it, counts it, and changes nothing.
     failing_topic_json(store, monkeypatch, 1)
     assert committer.sync_all() == []
     assert committer.metrics.value("replicator_archive_step_failures_total",
                                    {"region": "r1", "topic": "t"}) == 1
     assert committer.catalog.tables(("replicator",)) == [current(committer).identifier]
+
+
+def test_a_recreate_during_a_step_never_lists_the_new_incarnation_in_the_earlier_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The topic recreated right after a step read ``_topic.json`` for its table: the step
+    lists the incarnation that table is of (one read for both), and the next step follows
+    the new one into its own table. Two reads listed the new incarnation's segments in the
+    earlier one's table, its own removed as gone."""
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path, table_name="{topic}_{incarnation}"),
+                                 store)
+    now = datetime.now(UTC)
+    old = Incarnation("oldid", "", {}, {0: 0}, now)
+    meta = dataclasses.replace(TopicMetadata.of("t", "r1", 1, {}, now), incarnations=(old,))
+    meta_key = topic_meta_key("data", "r1", "t")
+    store.put(meta_key, meta.encode())
+    first = seed(store, [(0, 9)])
+    committer.sync("r1", "t")
+    seed(store, [(10, 19)])
+    newer = dataclasses.replace(k(0, 0, 4), incarnation="newid")
+    write_segment(store, newer, make_records(0, 4))
+    recreated = dataclasses.replace(meta, incarnations=(
+        old, Incarnation("newid", "newid", {0: 19}, {0: 0}, now)))
+    real_get = store.get
+    reads: list[str] = []
+
+    def get(key: str) -> bytes:
+        data = real_get(key)
+        if key == meta_key and not reads:
+            reads.append(key)
+            store.put(meta_key, recreated.encode())   # recreated right after this read
+        return data
+
+    monkeypatch.setattr(store, "get", get)
+    committer.sync("r1", "t")
+    monkeypatch.undo()
+    earlier = committer.catalog.load(("replicator", "t_oldid"))
+    assert earlier is not None
+    assert listed(earlier) == [*first, k(0, 10, 19)]
+    committer.sync("r1", "t")
+    live = committer.catalog.load(("replicator", "t_newid"))
+    assert live is not None and listed(live) == [newer]
 
 
 # --- a segment format tables cannot list --------------------------------------------------
