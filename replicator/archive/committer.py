@@ -33,6 +33,7 @@ from replicator.archive.iceberg import (
     NewFile,
 )
 from replicator.archive.iceberg_catalog import IcebergCatalog
+from replicator.archive.listing import listed_since
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
     TableIdentity,
@@ -67,7 +68,7 @@ from replicator.core.keys import (
 )
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
-from replicator.core.storage import ObjectStore
+from replicator.core.storage import ObjectInfo, ObjectStore
 
 __all__ = ["KEEP_SNAPSHOTS", "MAX_ATTEMPTS", "ORPHAN_GRACE", "ArchiveCommitter", "SyncResult"]
 
@@ -251,9 +252,12 @@ class ArchiveCommitter(SnapshotHistory):
 
     def _listing(self, region: str, topic: str, partition: int | None,
                  seen: set[SegmentKey], parsed: dict[str, SegmentKey],
-                 known: dict[str, SegmentKey]) -> list[SegmentKey]:
-        """The topic's segments in the bucket (``parsed``: their keys by object key;
-        ``known``: those of an earlier listing, not parsed again).
+                 known: dict[str, SegmentKey], objects: dict[str, ObjectInfo],
+                 prior: dict[str, ObjectInfo] | None = None) -> list[SegmentKey]:
+        """The topic's segments in the bucket (``parsed``: their keys by object key, and
+        ``objects`` their listing; ``known``: those of an earlier listing, not parsed
+        again). With ``prior`` (an earlier listing of the whole topic), only what lies
+        after each folder's last key in it is listed (``archive.listing``).
         """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         # One incarnation per table: the live one's location (a topic deleted and created
@@ -264,10 +268,13 @@ class ArchiveCommitter(SnapshotHistory):
                 prefix = f"{incarnations_prefix(self.settings.s3.prefix, region, topic)}{live}/"
             prefix = f"{prefix}{partition}/"
         keys = []
-        for info in self.store.list(prefix):
+        infos = (self.store.list(prefix) if prior is None
+                 else listed_since(self.store, prefix, prior))
+        for info in infos:
             k = known.get(info.key) or SegmentKey.try_parse(info.key)
             if k is not None:
                 parsed[info.key] = k
+                objects[info.key] = info
             if k is not None and k.prefix == self.settings.s3.prefix \
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
@@ -363,8 +370,10 @@ class ArchiveCommitter(SnapshotHistory):
             if partition is not None:
                 paths = [p for p in paths if files[p].partition == partition]
             parsed: dict[str, SegmentKey] = {}
+            objects: dict[str, ObjectInfo] = {}
+            prior, listed_in_full = self._prior_listing(mem, partition, deleting)
             listed = self._listing(region, topic, partition, seen, parsed,
-                                   mem.parsed if mem else {})
+                                   mem.parsed if mem else {}, objects, prior)
             if mem is not None and mem.listing is not None and not deleting \
                     and partition is None and not self._has_trims(table, paths):
                 # Only what changed since the step the table matched (step_memory.py).
@@ -395,7 +404,7 @@ class ArchiveCommitter(SnapshotHistory):
             self._remember(table, files, plan, new, parsed, listed if (
                 partition is None and not deleting and not result.kept
                 and not result.quarantined and not result.unreadable
-                and not result.not_parquet) else None)
+                and not result.not_parquet) else None, objects, listed_in_full)
             self._count(region, topic, plan, deleting, snapshot)
             if plan.remove_gone:
                 log.warning("%s: %d files left the bucket without compaction (a lifecycle "
@@ -415,6 +424,23 @@ class ArchiveCommitter(SnapshotHistory):
             return result
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
+
+    def _prior_listing(self, mem: Remembered | None, partition: int | None,
+                       deleting: frozenset[SegmentKey]
+                       ) -> tuple[dict[str, ObjectInfo] | None, datetime]:
+        """The listing a step lists only what follows of (``None``: list in full), and
+        when the full listing it comes from started. In full when the table may not match
+        the last listing (``mem.listing``: the memory holds the table at this committer's
+        own last commit, which listed it all), for a swap or one partition, and once
+        ``catalog.full_listing_interval`` has passed: what only a full listing sees (a key
+        before its folder's last one, a deletion) is seen within that.
+        """
+        now = self.clock()
+        if mem is None or mem.listing is None or mem.listed_in_full is None or deleting \
+                or partition is not None \
+                or now - mem.listed_in_full >= self.cfg.full_listing_interval:
+            return None, now
+        return mem.objects, mem.listed_in_full
 
     def _files(self, table: IcebergTable, region: str, topic: str,
                mem: Remembered | None) -> dict[str, SegmentKey]:
@@ -438,8 +464,11 @@ class ArchiveCommitter(SnapshotHistory):
 
     def _remember(self, table: IcebergTable, files: dict[str, SegmentKey], plan: TablePlan,
                   new: list[NewFile], parsed: dict[str, SegmentKey],
-                  matched: list[SegmentKey] | None) -> None:
-        """Remember the table after a step (``matched``: the listing it matches now)."""
+                  matched: list[SegmentKey] | None, objects: dict[str, ObjectInfo],
+                  listed_in_full: datetime) -> None:
+        """Remember the table after a step (``matched``: the listing it matches now,
+        ``objects``; ``listed_in_full``: when the full listing it comes from started).
+        """
         current = table.snapshot_id
         if current is None:
             self._memory.put(table.name, None)
@@ -449,7 +478,8 @@ class ArchiveCommitter(SnapshotHistory):
         after.update((f.path, piece.key) for f in new
                      if (piece := self.piece_of(table, f.path)) is not None)
         self._memory.put(table.name, Remembered(
-            current, after, None if matched is None else frozenset(matched), parsed))
+            current, after, None if matched is None else frozenset(matched), parsed,
+            objects, listed_in_full))
 
     def _note_pending(self, region: str, topic: str, plan: TablePlan) -> None:
         landed = [self._landed[k] for k in [*plan.add, *(p.key for p in plan.trim)]

@@ -1,0 +1,196 @@
+"""The committer's listing between full listings (``archive.listing``): a step lists only the
+keys after each folder's last one, and a full listing every ``catalog.full_listing_interval``
+finds what that cannot see (a segment published below the newest one of its level, a
+compaction output at a lower start, a deletion). A real pyiceberg SQL catalog (SQLite) over
+a MemoryObjectStore; the clock is a fake one, no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replicator.archive.committer import ArchiveCommitter
+from replicator.archive.listing import folder_spans, listed_since
+from replicator.core.keys import SegmentKey
+from replicator.core.storage import MemoryObjectStore, ObjectInfo
+from tests.unit.test_archive_committer import catalog_settings
+from tests.unit.test_compaction_controller import k
+from tests.unit.test_compaction_helpers import make_records, write_segment
+
+INTERVAL = timedelta(minutes=5)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class CountingStore(MemoryObjectStore):
+    """Counts LIST calls and the keys they return."""
+
+    def __init__(self, bucket: str) -> None:
+        super().__init__(bucket)
+        self.lists = 0
+        self.listed = 0
+
+    def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        self.lists += 1
+        for info in super().list(prefix, start_after=start_after):
+            self.listed += 1
+            yield info
+
+
+def put(store: MemoryObjectStore, key: SegmentKey) -> SegmentKey:
+    write_segment(store, key, make_records(key.start, key.end))
+    return key
+
+
+def in_table(committer: ArchiveCommitter) -> list[SegmentKey]:
+    table = committer.table("r1", "t", create=False)
+    assert table is not None
+    return sorted(p.key for path in table.files()
+                  if (p := committer.piece_of(table, path)) is not None)
+
+
+def test_folder_spans_and_what_is_listed_between_them() -> None:
+    store = MemoryObjectStore("b")
+    for key in ["d/t/0/0/05", "d/t/0/0/09", "d/t/0/1/03", "d/t/1/0/02", "d/t/_topic.json"]:
+        store.put(key, b"")
+    prior = {i.key: i for i in store.list("d/t/") if not i.key.endswith(".json")}
+    assert folder_spans(prior) == [("d/t/0/0/05", "d/t/0/0/09"), ("d/t/0/1/03", "d/t/0/1/03"),
+                                   ("d/t/1/0/02", "d/t/1/0/02")]
+    for key in ["d/t/0/0/01", "d/t/0/0/07", "d/t/0/0/10", "d/t/0/1/04", "d/t/0/2/00",
+                "d/t/10/0/00", "d/t/1/0/01", "d/t/1/0/03"]:
+        store.put(key, b"")
+    store.delete("d/t/0/0/05")
+    got = [i.key for i in listed_since(store, "d/t/", prior)]
+    # Every key of the earlier listing (deleted or not), and whatever sorts outside each
+    # folder's span (before its first key too); what sorts inside one (07, between 05 and
+    # 09) waits for a full listing.
+    assert got[:len(prior)] == list(prior)
+    assert sorted(got[len(prior):]) == ["d/t/0/0/01", "d/t/0/0/10", "d/t/0/1/04",
+                                        "d/t/0/2/00", "d/t/1/0/01", "d/t/1/0/03",
+                                        "d/t/10/0/00", "d/t/_topic.json"]
+
+
+def test_a_step_lists_only_what_follows_and_a_late_segment_waits_for_a_full_listing(
+        tmp_path: Path) -> None:
+    store = CountingStore("b")
+    clock = Clock()
+    cfg = catalog_settings(tmp_path, full_listing_interval="5m")
+    committer = ArchiveCommitter(cfg, store, clock=clock)
+    for i in range(0, 40, 2):
+        put(store, k(0, 10 * i, 10 * i + 9))
+    committer.sync("r1", "t")
+    put(store, k(0, 400, 409))
+    store.lists = store.listed = 0
+    assert committer.sync("r1", "t").added == 1
+    # The new key only (and _topic.json after the folder), not the 21 listed before.
+    assert store.listed <= 2
+    late = put(store, k(0, 10, 19))   # below the newest one of its folder
+    lost = k(0, 20, 29)
+    store.delete(lost.to_key())
+    clock.now += INTERVAL - timedelta(seconds=1)
+    assert committer.sync("r1", "t").committed == 0
+    assert late not in in_table(committer) and lost in in_table(committer)
+    clock.now += timedelta(seconds=1)
+    r = committer.sync("r1", "t")
+    assert (r.added, r.removed_gone) == (1, 1)
+    assert late in in_table(committer) and lost not in in_table(committer)
+    assert not ArchiveCommitter(cfg, store).sync("r1", "t").committed
+
+
+def test_zero_interval_lists_in_full_at_every_step(tmp_path: Path) -> None:
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path, full_listing_interval="0s"),
+                                 store, clock=Clock())
+    put(store, k(0, 100, 109))
+    committer.sync("r1", "t")
+    late = put(store, k(0, 0, 9))
+    assert committer.sync("r1", "t").added == 1
+    assert late in in_table(committer)
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["next", "late", "compact", "lose", "tick"]),
+                          st.integers(0, 1), st.integers(0, 10**6)), min_size=3, max_size=10)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=_OPS)
+def test_a_segment_landing_in_any_order_is_in_the_table_within_one_full_listing(
+        ops: list[tuple[str, int, int]]) -> None:
+    """Whatever lands or leaves the bucket (the next segment, a late one below the newest,
+    a compaction output at level 1 over any run, at a start lower than the level's newest,
+    a deletion), between full listings the table never lists an offset twice nor loses one
+    the bucket still holds, and after the first step past ``full_listing_interval`` it is
+    what a committer that knows nothing makes of the bucket.
+    """
+    with tempfile.TemporaryDirectory(prefix="archive-listing-") as name:
+        replay(Path(name), ops)
+
+
+def offsets(pieces: Any) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = defaultdict(set)
+    for partition, lo, hi in pieces:
+        out[partition].update(range(lo, hi + 1))
+    return out
+
+
+def replay(tmp: Path, ops: list[tuple[str, int, int]]) -> None:
+    store = MemoryObjectStore("b")
+    clock = Clock()
+    cfg = catalog_settings(tmp, snapshot_retention="0s", full_listing_interval="5m")
+    committer = ArchiveCommitter(cfg, store, clock=clock)
+    ends = [0, 0]
+    gaps: list[list[int]] = [[], []]
+    before: dict[int, set[int]] = {}
+    for op, p, n in [*ops, ("tick", 0, 0)]:
+        keys = sorted((key for key in map(SegmentKey.try_parse, store.keys())
+                       if key is not None and key.partition == p), key=lambda x: x.start)
+        key = None
+        if op == "next" or (op in ("compact", "lose") and not keys):
+            key = k(0, ends[p] + 10, ends[p] + 19, partition=p)   # a gap of 10 left before
+            gaps[p].append(ends[p])
+        elif op == "late" and gaps[p]:
+            start = gaps[p].pop(n % len(gaps[p]))
+            key = k(0, start, start + 9, partition=p)
+        elif op == "compact":   # an output over a run of segments (inputs still there)
+            run = keys[n % len(keys):][:3]
+            key = k(1, run[0].start, max(x.end for x in run), partition=p)
+        elif op == "lose":   # a lifecycle rule or an operator deletes one
+            store.delete(keys[n % len(keys)].to_key())
+        elif op == "tick":
+            clock.now += INTERVAL
+        if key is not None:
+            put(store, key)
+            ends[p] = max(ends[p], key.end + 1)
+        committer.sync("r1", "t")
+        table = committer.table("r1", "t", create=False)
+        assert table is not None
+        pieces = [(pc.key.partition, pc.lo, pc.hi) for path in table.files()
+                  if (pc := committer.piece_of(table, path)) is not None]
+        per: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for partition, lo, hi in pieces:
+            per[partition].append((lo, hi))
+        for spans in per.values():   # no offset listed twice
+            spans.sort()
+            assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+        now = offsets(pieces)
+        bucket = offsets((x.partition, x.start, x.end) for x in map(
+            SegmentKey.try_parse, store.keys()) if x is not None)
+        for partition, had in before.items():   # none lost that the bucket still holds
+            assert had & bucket[partition] <= now[partition]
+        before = now
+        if op == "tick":
+            assert not ArchiveCommitter(cfg, store).sync("r1", "t").committed
