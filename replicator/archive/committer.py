@@ -18,6 +18,7 @@ older snapshot (``expire``): no snapshot kept points at a deleted object
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterable
@@ -253,11 +254,13 @@ class ArchiveCommitter(SnapshotHistory):
     def _listing(self, region: str, topic: str, partition: int | None,
                  seen: set[SegmentKey], parsed: dict[str, SegmentKey],
                  known: dict[str, SegmentKey], objects: dict[str, ObjectInfo],
-                 prior: dict[str, ObjectInfo] | None = None) -> list[SegmentKey]:
+                 prior: dict[str, ObjectInfo] | None = None
+                 ) -> tuple[list[SegmentKey], bool]:
         """The topic's segments in the bucket (``parsed``: their keys by object key, and
         ``objects`` their listing; ``known``: those of an earlier listing, not parsed
-        again). With ``prior`` (an earlier listing of the whole topic), only what lies
-        after each folder's last key in it is listed (``archive.listing``).
+        again), and whether they were listed in full. With ``prior`` (an earlier listing
+        of the whole topic), only what lies after each folder's last key in it is listed,
+        unless a folder's first or last key is gone (``archive.listing``).
         """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         # One incarnation per table: the live one's location (a topic deleted and created
@@ -268,8 +271,10 @@ class ArchiveCommitter(SnapshotHistory):
                 prefix = f"{incarnations_prefix(self.settings.s3.prefix, region, topic)}{live}/"
             prefix = f"{prefix}{partition}/"
         keys = []
-        infos = (self.store.list(prefix) if prior is None
-                 else listed_since(self.store, prefix, prior))
+        new = None if prior is None else listed_since(self.store, prefix, prior)
+        infos: Iterable[ObjectInfo] = (
+            self.store.list(prefix) if prior is None or new is None
+            else itertools.chain(prior.values(), new))
         for info in infos:
             k = known.get(info.key) or SegmentKey.try_parse(info.key)
             if k is not None:
@@ -281,7 +286,7 @@ class ArchiveCommitter(SnapshotHistory):
                 seen.add(k)
                 self._sizes[k] = info.size
                 self._landed[k] = info.last_modified
-        return keys
+        return keys, new is None
 
     def _new_files(self, table: IcebergTable, keys: list[SegmentKey], result: SyncResult
                    ) -> tuple[list[NewFile], set[SegmentKey]]:
@@ -371,9 +376,12 @@ class ArchiveCommitter(SnapshotHistory):
                 paths = [p for p in paths if files[p].partition == partition]
             parsed: dict[str, SegmentKey] = {}
             objects: dict[str, ObjectInfo] = {}
-            prior, listed_in_full = self._prior_listing(mem, partition, deleting)
-            listed = self._listing(region, topic, partition, seen, parsed,
-                                   mem.parsed if mem else {}, objects, prior)
+            started = self.clock()
+            prior, listed_in_full = self._prior_listing(mem, partition, deleting, started)
+            listed, full = self._listing(region, topic, partition, seen, parsed,
+                                         mem.parsed if mem else {}, objects, prior)
+            if full:
+                listed_in_full = started
             if mem is not None and mem.listing is not None and not deleting \
                     and partition is None and not self._has_trims(table, paths):
                 # Only what changed since the step the table matched (step_memory.py).
@@ -426,7 +434,7 @@ class ArchiveCommitter(SnapshotHistory):
                            "commit; the next step tries again")
 
     def _prior_listing(self, mem: Remembered | None, partition: int | None,
-                       deleting: frozenset[SegmentKey]
+                       deleting: frozenset[SegmentKey], now: datetime
                        ) -> tuple[dict[str, ObjectInfo] | None, datetime]:
         """The listing a step lists only what follows of (``None``: list in full), and
         when the full listing it comes from started. In full when the table may not match
@@ -435,7 +443,6 @@ class ArchiveCommitter(SnapshotHistory):
         ``catalog.full_listing_interval`` has passed: what only a full listing sees (a key
         before its folder's last one, a deletion) is seen within that.
         """
-        now = self.clock()
         if mem is None or mem.listing is None or mem.listed_in_full is None or deleting \
                 or partition is not None \
                 or now - mem.listed_in_full >= self.cfg.full_listing_interval:

@@ -7,52 +7,72 @@ one folder (a partition's level) a segment published later than the newest one l
 sorts after it. So the step after a listing lists, per folder, only the keys after the
 last one seen, plus everything between the folders (new partitions, new levels, other
 incarnations): one LIST request per folder instead of one per 1,000 keys
-(``listed_since``).
+(``listed_since``). Each LIST starts at the folder's last key but one and stops at the next
+folder's first key: when either is gone (a lifecycle rule deletes the oldest segments
+first) the step lists in full.
 
 What this cannot see, until the next full listing (``catalog.full_listing_interval``):
-a key that sorts before the last one of its folder (a segment published late below the
-newest one, a compaction output at a lower start than the level's newest output), and a
-key deleted inside a folder's span (a lifecycle rule). The committer lists in full at
+a key that sorts inside a folder's span (a segment published late below the newest one, a
+compaction output at a lower start than the level's newest output), and a deletion of a
+key inside it other than its first and last. The committer lists in full at
 that interval, and at every step where its memory is not sure (``archive.step_memory``):
 a restart, another writer's commit, a compaction swap, a segment left out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable
+from typing import Any
 
 from replicator.core.storage import ObjectInfo, ObjectStore
 
 
-def folder_spans(keys: Mapping[str, object]) -> list[tuple[str, str]]:
-    """The first and last key of each folder of ``keys``, in key order (disjoint: every key
-    between two keys of one folder is in that folder or below it, where segments are not).
+def folder_spans(keys: Iterable[str]) -> list[tuple[str, str | None, str]]:
+    """The first, the last but one (``None``: a single key) and the last key of each folder
+    of ``keys``, in key order (disjoint: every key between two keys of one folder is in that
+    folder or below it, where segments are not).
     """
-    spans: dict[str, list[str]] = {}
+    spans: dict[str, list[Any]] = {}
     for key in keys:
         folder = key[:key.rfind("/") + 1]
         span = spans.get(folder)
         if span is None:
-            spans[folder] = [key, key]
-        elif key < span[0]:
-            span[0] = key
-        elif key > span[1]:
+            spans[folder] = [key, None, key]
+            continue
+        span[0] = min(span[0], key)
+        if key > span[2]:
+            span[1], span[2] = span[2], key
+        elif key < span[2] and (span[1] is None or key > span[1]):
             span[1] = key
-    return sorted((lo, hi) for lo, hi in spans.values())
+    return sorted((lo, below, hi) for lo, below, hi in spans.values())
 
 
 def listed_since(store: ObjectStore, prefix: str,
-                 prior: Mapping[str, ObjectInfo]) -> Iterator[ObjectInfo]:
-    """The objects of ``prior`` (an earlier listing of ``prefix``'s segment keys, which
-    may since have been deleted), then every object under ``prefix`` outside the span of
-    each of their folders: listed from the end of one span to the start of the next.
+                 prior: Iterable[str]) -> list[ObjectInfo] | None:
+    """The objects under ``prefix`` outside the span of each folder of ``prior`` (the keys
+    of an earlier listing of ``prefix``'s segments): listed from the end of one span to the
+    start of the next. ``None`` when the first or the last key of a span is gone (a
+    lifecycle rule deletes the oldest segments first): the caller lists in full.
     """
-    yield from prior.values()
+    new: list[ObjectInfo] = []
     after: str | None = None
-    spans: list[tuple[str | None, str | None]] = [*folder_spans(prior), (None, None)]
-    for lo, hi in spans:
+    expect: str | None = None   # the key this LIST must start with: the last span's last
+    spans: list[tuple[str | None, str | None, str | None]] = [
+        *folder_spans(prior), (None, None, None)]
+    for lo, below, hi in spans:
         for info in store.list(prefix, start_after=after):
-            if lo is not None and info.key >= lo:
+            if expect is not None:
+                if info.key != expect:
+                    return None
+                expect = None
+            elif lo is not None and info.key >= lo:
+                if info.key != lo:
+                    return None
                 break
-            yield info
-        after = hi
+            else:
+                new.append(info)
+        else:
+            if expect is not None or lo is not None:
+                return None
+        after, expect = (hi, None) if below is None else (below, hi)
+    return new

@@ -7,6 +7,7 @@ a MemoryObjectStore; the clock is a fake one, no timing is asserted.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
@@ -65,23 +66,33 @@ def in_table(committer: ArchiveCommitter) -> list[SegmentKey]:
 
 def test_folder_spans_and_what_is_listed_between_them() -> None:
     store = MemoryObjectStore("b")
-    for key in ["d/t/0/0/05", "d/t/0/0/09", "d/t/0/1/03", "d/t/1/0/02", "d/t/_topic.json"]:
+    for key in ["d/t/0/0/05", "d/t/0/0/08", "d/t/0/0/09", "d/t/0/1/03", "d/t/1/0/02",
+                "d/t/_topic.json"]:
         store.put(key, b"")
-    prior = {i.key: i for i in store.list("d/t/") if not i.key.endswith(".json")}
-    assert folder_spans(prior) == [("d/t/0/0/05", "d/t/0/0/09"), ("d/t/0/1/03", "d/t/0/1/03"),
-                                   ("d/t/1/0/02", "d/t/1/0/02")]
+    prior = [i.key for i in store.list("d/t/") if not i.key.endswith(".json")]
+    assert folder_spans(prior) == [("d/t/0/0/05", "d/t/0/0/08", "d/t/0/0/09"),
+                                   ("d/t/0/1/03", None, "d/t/0/1/03"),
+                                   ("d/t/1/0/02", None, "d/t/1/0/02")]
     for key in ["d/t/0/0/01", "d/t/0/0/07", "d/t/0/0/10", "d/t/0/1/04", "d/t/0/2/00",
                 "d/t/10/0/00", "d/t/1/0/01", "d/t/1/0/03"]:
         store.put(key, b"")
-    store.delete("d/t/0/0/05")
-    got = [i.key for i in listed_since(store, "d/t/", prior)]
-    # Every key of the earlier listing (deleted or not), and whatever sorts outside each
-    # folder's span (before its first key too); what sorts inside one (07, between 05 and
-    # 09) waits for a full listing.
-    assert got[:len(prior)] == list(prior)
-    assert sorted(got[len(prior):]) == ["d/t/0/0/01", "d/t/0/0/10", "d/t/0/1/04",
-                                        "d/t/0/2/00", "d/t/1/0/01", "d/t/1/0/03",
-                                        "d/t/10/0/00", "d/t/_topic.json"]
+    store.delete("d/t/0/0/08")
+    got = listed_since(store, "d/t/", prior)
+    # Whatever sorts outside each folder's span (before its first key too); what sorts
+    # inside one (07, between 05 and 09), and a deletion inside one (08), wait for a full
+    # listing.
+    assert got is not None
+    assert sorted(i.key for i in got) == ["d/t/0/0/01", "d/t/0/0/10", "d/t/0/1/04",
+                                          "d/t/0/2/00", "d/t/1/0/01", "d/t/1/0/03",
+                                          "d/t/10/0/00", "d/t/_topic.json"]
+    # A span's first or last key gone (a lifecycle rule deletes the oldest first): list
+    # in full.
+    for gone in ["d/t/0/0/05", "d/t/0/0/09", "d/t/1/0/02"]:
+        copy = MemoryObjectStore("b")
+        for key in [key for key in store.keys() if key != gone]:   # noqa: SIM118
+            if key != gone:
+                copy.put(key, b"")
+        assert listed_since(copy, "d/t/", prior) is None, gone
 
 
 def test_a_step_lists_only_what_follows_and_a_late_segment_waits_for_a_full_listing(
@@ -96,8 +107,8 @@ def test_a_step_lists_only_what_follows_and_a_late_segment_waits_for_a_full_list
     put(store, k(0, 400, 409))
     store.lists = store.listed = 0
     assert committer.sync("r1", "t").added == 1
-    # The new key only (and _topic.json after the folder), not the 21 listed before.
-    assert store.listed <= 2
+    # The folder's first key, its last two and the new one, not the 21 listed before.
+    assert store.listed <= 4
     late = put(store, k(0, 10, 19))   # below the newest one of its folder
     lost = k(0, 20, 29)
     store.delete(lost.to_key())
@@ -176,21 +187,29 @@ def replay(tmp: Path, ops: list[tuple[str, int, int]]) -> None:
             put(store, key)
             ends[p] = max(ends[p], key.end + 1)
         committer.sync("r1", "t")
-        table = committer.table("r1", "t", create=False)
-        assert table is not None
-        pieces = [(pc.key.partition, pc.lo, pc.hi) for path in table.files()
-                  if (pc := committer.piece_of(table, path)) is not None]
-        per: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        for partition, lo, hi in pieces:
-            per[partition].append((lo, hi))
-        for spans in per.values():   # no offset listed twice
-            spans.sort()
-            assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
-        now = offsets(pieces)
-        bucket = offsets((x.partition, x.start, x.end) for x in map(
-            SegmentKey.try_parse, store.keys()) if x is not None)
-        for partition, had in before.items():   # none lost that the bucket still holds
-            assert had & bucket[partition] <= now[partition]
-        before = now
+        before = check(committer, store, before)
         if op == "tick":
             assert not ArchiveCommitter(cfg, store).sync("r1", "t").committed
+
+
+def check(committer: ArchiveCommitter, store: MemoryObjectStore,
+          before: dict[int, set[int]]) -> dict[int, set[int]]:
+    """No offset listed twice, none listed ``before`` lost while the bucket holds it; the
+    offsets listed now.
+    """
+    table = committer.table("r1", "t", create=False)
+    assert table is not None
+    pieces = [(pc.key.partition, pc.lo, pc.hi) for path in table.files()
+              if (pc := committer.piece_of(table, path)) is not None]
+    per: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for partition, lo, hi in pieces:
+        per[partition].append((lo, hi))
+    for spans in per.values():
+        spans.sort()
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(spans)), spans
+    now = offsets(pieces)
+    bucket = offsets((x.partition, x.start, x.end) for x in map(
+        SegmentKey.try_parse, store.keys()) if x is not None)
+    for partition, had in before.items():
+        assert had & bucket[partition] <= now[partition]
+    return now
