@@ -466,7 +466,8 @@ class ArchiveCommitter(SnapshotHistory):
         """Whether the table lists a trimmed copy: a step then plans in full (which
         positions a copy holds depends on segments beyond those overlapping a change).
         """
-        return any(self.key_of(p) is None and parse_trim_path(table.location, p) is not None
+        # The cheap test first: a path under the table's trims (segments are not there).
+        return any(parse_trim_path(table.location, p) is not None and self.key_of(p) is None
                    for p in paths)
 
     def _remember(self, table: IcebergTable, files: dict[str, SegmentKey], plan: TablePlan,

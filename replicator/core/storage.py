@@ -365,17 +365,20 @@ class MemoryObjectStore(ObjectStore):
         return self._lookup(key).info(key)
 
     def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
-        with self._lock:
-            keys = self._sorted
-            i = (bisect.bisect_right(keys, start_after)
-                 if start_after is not None and start_after >= prefix
-                 else bisect.bisect_left(keys, prefix))
-            j = i
-            while j < len(keys) and keys[j].startswith(prefix):
-                j += 1
-            items = [(k, self._objects[k]) for k in keys[i:j]]
-        for k, v in items:
-            yield v.info(k)
+        after = start_after if start_after is not None and start_after >= prefix else None
+        while True:
+            # Pages of 1,000 keys, each from where the last one ended (as S3's).
+            with self._lock:
+                keys = self._sorted
+                i = (bisect.bisect_right(keys, after) if after is not None
+                     else bisect.bisect_left(keys, prefix))
+                page = [(k, self._objects[k]) for k in keys[i:i + 1000]
+                        if k.startswith(prefix)]
+            for k, v in page:
+                yield v.info(k)
+            if len(page) < 1000:
+                return
+            after = page[-1][0]
 
     def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
         obj = self._lookup(src)
