@@ -26,6 +26,10 @@ from typing import Any
 
 from replicator.core.storage import ObjectInfo, ObjectStore
 
+KEYS_PER_LIST = 1000
+"""Keys one LIST request returns (S3's page): a topic whose full listing takes no more
+requests than listing what follows its folders is listed in full."""
+
 
 def folder_spans(keys: Iterable[str]) -> list[tuple[str, str | None, str]]:
     """The first, the last but one (``None``: a single key) and the last key of each folder
@@ -52,13 +56,17 @@ def listed_since(store: ObjectStore, prefix: str,
     """The objects under ``prefix`` outside the span of each folder of ``prior`` (the keys
     of an earlier listing of ``prefix``'s segments): listed from the end of one span to the
     start of the next. ``None`` when the first or the last key of a span is gone (a
-    lifecycle rule deletes the oldest segments first): the caller lists in full.
+    lifecycle rule deletes the oldest segments first), or when a full listing takes no
+    more requests (``KEYS_PER_LIST``): the caller lists in full.
     """
+    keys = list(prior)
+    found = folder_spans(keys)
+    if len(found) + 1 >= -(-len(keys) // KEYS_PER_LIST):
+        return None
     new: list[ObjectInfo] = []
     after: str | None = None
     expect: str | None = None   # the key this LIST must start with: the last span's last
-    spans: list[tuple[str | None, str | None, str | None]] = [
-        *folder_spans(prior), (None, None, None)]
+    spans: list[tuple[str | None, str | None, str | None]] = [*found, (None, None, None)]
     for lo, below, hi in spans:
         for info in store.list(prefix, start_after=after):
             if expect is not None:

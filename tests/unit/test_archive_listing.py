@@ -15,9 +15,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicator.archive import listing
 from replicator.archive.committer import ArchiveCommitter
 from replicator.archive.listing import folder_spans, listed_since
 from replicator.core.keys import SegmentKey
@@ -27,6 +29,12 @@ from tests.unit.test_compaction_controller import k
 from tests.unit.test_compaction_helpers import make_records, write_segment
 
 INTERVAL = timedelta(minutes=5)
+
+
+@pytest.fixture(autouse=True)
+def one_key_per_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LIST of one key: these small topics are listed in full otherwise."""
+    monkeypatch.setattr(listing, "KEYS_PER_LIST", 1)
 
 
 class Clock:
@@ -213,3 +221,14 @@ def check(committer: ArchiveCommitter, store: MemoryObjectStore,
     for partition, had in before.items():
         assert had & bucket[partition] <= now[partition]
     return now
+
+
+def test_a_topic_whose_full_listing_takes_as_few_requests_is_listed_in_full(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(listing, "KEYS_PER_LIST", 1000)
+    store = MemoryObjectStore("b")
+    for key in ["d/t/0/0/05", "d/t/0/0/07", "d/t/0/0/09", "d/t/1/0/02", "d/t/1/0/03"]:
+        store.put(key, b"")
+    assert listed_since(store, "d/t/", store.keys()) is None   # 1 request, not 3
+    monkeypatch.setattr(listing, "KEYS_PER_LIST", 1)
+    assert listed_since(store, "d/t/", store.keys()) == []
