@@ -18,6 +18,7 @@ older snapshot (``expire``): no snapshot kept points at a deleted object
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Iterable
@@ -33,6 +34,7 @@ from replicator.archive.iceberg import (
     NewFile,
 )
 from replicator.archive.iceberg_catalog import IcebergCatalog
+from replicator.archive.listing import listed_since
 from replicator.archive.metrics import ArchiveMetrics
 from replicator.archive.naming import (
     TableIdentity,
@@ -69,7 +71,7 @@ from replicator.core.keys import (
 )
 from replicator.core.metrics import Metrics
 from replicator.core.settings import Settings
-from replicator.core.storage import ObjectStore
+from replicator.core.storage import ObjectInfo, ObjectStore
 from replicator.core.topic_sets import region_topics
 
 __all__ = ["KEEP_SNAPSHOTS", "MAX_ATTEMPTS", "ORPHAN_GRACE", "ArchiveCommitter", "SyncResult"]
@@ -108,6 +110,7 @@ class ArchiveCommitter(SnapshotHistory):
         self._sizes: dict[SegmentKey, int] = {}
         self._steps = threading.local()   # what one step keeps while it runs: _trims
         self._bucket = getattr(store, "bucket", "bucket")
+        self._in_full_only = False      # the store refused to list from a key
         self._lock = threading.Lock()
         self._memory = StepMemory()
         self._manifest_lists: dict[str, list[str]] = {}
@@ -281,11 +284,15 @@ class ArchiveCommitter(SnapshotHistory):
 
     def _listing(self, region: str, topic: str, partition: int | None,
                  seen: set[SegmentKey], parsed: dict[str, SegmentKey],
-                 known: dict[str, SegmentKey], location: str | None = None
-                 ) -> list[SegmentKey]:
-        """The topic's segments in the bucket (``parsed``: their keys by object key;
-        ``known``: those of an earlier listing, not parsed again; ``location``: of that
-        incarnation, default the live one).
+                 known: dict[str, SegmentKey], objects: dict[str, ObjectInfo],
+                 prior: dict[str, ObjectInfo] | None = None, location: str | None = None
+                 ) -> tuple[list[SegmentKey], bool]:
+        """The topic's segments in the bucket (``parsed``: their keys by object key, and
+        ``objects`` their listing; ``known``: those of an earlier listing, not parsed
+        again; ``location``: of that incarnation, default the live one), and whether they
+        were listed in full. With ``prior`` (an earlier listing of the whole topic), only
+        what lies after each folder's last key in it is listed, unless a folder's first or
+        last key is gone (``archive.listing``).
         """
         prefix = topic_prefix(self.settings.s3.prefix, region, topic)
         # One incarnation per table: the live one's location (a topic deleted and created
@@ -297,17 +304,41 @@ class ArchiveCommitter(SnapshotHistory):
                 prefix = f"{incarnations_prefix(self.settings.s3.prefix, region, topic)}{live}/"
             prefix = f"{prefix}{partition}/"
         keys = []
-        for info in self.store.list(prefix):
+        new = None if prior is None else self._listed_since(prefix, prior)
+        infos: Iterable[ObjectInfo] = (
+            self.store.list(prefix) if prior is None or new is None
+            else itertools.chain(prior.values(), new))
+        for info in infos:
             k = known.get(info.key) or SegmentKey.try_parse(info.key)
             if k is not None:
                 parsed[info.key] = k
+                objects[info.key] = info
             if k is not None and k.prefix == self.settings.s3.prefix \
                     and k.region == region and k.topic == topic and k.incarnation == live:
                 keys.append(k)
                 seen.add(k)
                 self._sizes[k] = info.size
                 self._landed[k] = info.last_modified
-        return keys
+        return keys, new is None
+
+    def _listed_since(self, prefix: str, prior: dict[str, ObjectInfo]
+                      ) -> list[ObjectInfo] | None:
+        """``archive.listing.listed_since``, or ``None`` (list in full) on a store that
+        refuses to list from a key: S3 directory buckets have no ``StartAfter``, and some
+        S3-compatible stores neither. The first refusal is a WARNING and every later step
+        lists in full; a failed full listing fails the step as before.
+        """
+        if self._in_full_only:
+            return None
+        try:
+            return listed_since(self.store, prefix, prior)
+        except ReplicatorError as e:
+            self._in_full_only = True
+            log.warning("listing s3://%s/%s from a key (StartAfter) failed: %s; this "
+                        "committer lists topics in full at every step from now on "
+                        "(docs/architecture.md, \"Listing only what follows\")",
+                        self._bucket, prefix, e)
+            return None
 
     def _new_files(self, table: IcebergTable, keys: list[SegmentKey], result: SyncResult
                    ) -> tuple[list[NewFile], set[SegmentKey]]:
@@ -424,8 +455,9 @@ class ArchiveCommitter(SnapshotHistory):
             if partition is not None:
                 paths = [p for p in paths if files[p].partition == partition]
             parsed: dict[str, SegmentKey] = {}
-            listed = self._listing(region, topic, partition, seen, parsed,
-                                   mem.parsed if mem else {}, location)
+            objects: dict[str, ObjectInfo] = {}
+            listed, listed_in_full = self._step_listing(
+                region, topic, partition, seen, parsed, objects, mem, deleting, location)
             if mem is not None and mem.listing is not None and not deleting \
                     and partition is None and not self._has_trims(table, paths):
                 # Only what changed since the step the table matched (step_memory.py).
@@ -456,7 +488,7 @@ class ArchiveCommitter(SnapshotHistory):
             self._remember(table, files, plan, new, parsed, listed if (
                 partition is None and not deleting and not result.kept
                 and not result.quarantined and not result.unreadable
-                and not result.not_parquet) else None)
+                and not result.not_parquet) else None, objects, listed_in_full)
             self._count(region, topic, plan, deleting, snapshot)
             if plan.remove_gone:
                 log.warning("%s: %d files left the bucket without compaction (a lifecycle "
@@ -481,6 +513,37 @@ class ArchiveCommitter(SnapshotHistory):
         raise CatalogError(f"{table.name}: {MAX_ATTEMPTS} commits in a row met a concurrent "
                            "commit; the next step tries again")
 
+    def _step_listing(self, region: str, topic: str, partition: int | None,
+                      seen: set[SegmentKey], parsed: dict[str, SegmentKey],
+                      objects: dict[str, ObjectInfo], mem: Remembered | None,
+                      deleting: frozenset[SegmentKey], location: str | None
+                      ) -> tuple[list[SegmentKey], datetime]:
+        """A step's listing (``_listing``: in full, or what follows the remembered one,
+        ``_prior_listing``) and when the full listing it stands on started.
+        """
+        started = self.clock()
+        prior, listed_in_full = self._prior_listing(mem, partition, deleting, started)
+        listed, full = self._listing(region, topic, partition, seen, parsed,
+                                     mem.parsed if mem else {}, objects, prior, location)
+        return listed, started if full else listed_in_full
+
+    def _prior_listing(self, mem: Remembered | None, partition: int | None,
+                       deleting: frozenset[SegmentKey], now: datetime
+                       ) -> tuple[dict[str, ObjectInfo] | None, datetime]:
+        """The listing a step lists only what follows of (``None``: list in full), and
+        when the full listing it comes from started. In full when the table may not match
+        the last listing (``mem.listing``: the memory holds the table at this committer's
+        own last commit, which listed it all), for a swap or one partition, and once
+        ``catalog.full_listing_interval`` has passed: what only a full listing sees (a key
+        before its folder's last one, a deletion) is seen within that.
+        """
+        if mem is None or mem.listing is None or mem.listed_in_full is None or deleting \
+                or partition is not None \
+                or not mem.listed_in_full <= now < mem.listed_in_full \
+                + self.cfg.full_listing_interval:   # also when the clock stepped back
+            return None, now
+        return mem.objects, mem.listed_in_full
+
     def _files(self, table: IcebergTable, region: str, topic: str,
                mem: Remembered | None) -> dict[str, SegmentKey]:
         """The table's files, checked to be this replicator's: remembered when the table is
@@ -498,13 +561,17 @@ class ArchiveCommitter(SnapshotHistory):
         """Whether the table lists a trimmed copy: a step then plans in full (which
         positions a copy holds depends on segments beyond those overlapping a change).
         """
-        return any(self.key_of(p) is None and parse_trim_path(table.location, p) is not None
+        # The cheap test first: a path under the table's trims (segments are not there).
+        return any(parse_trim_path(table.location, p) is not None and self.key_of(p) is None
                    for p in paths)
 
     def _remember(self, table: IcebergTable, files: dict[str, SegmentKey], plan: TablePlan,
                   new: list[NewFile], parsed: dict[str, SegmentKey],
-                  matched: list[SegmentKey] | None) -> None:
-        """Remember the table after a step (``matched``: the listing it matches now)."""
+                  matched: list[SegmentKey] | None, objects: dict[str, ObjectInfo],
+                  listed_in_full: datetime) -> None:
+        """Remember the table after a step (``matched``: the listing it matches now,
+        ``objects``; ``listed_in_full``: when the full listing it comes from started).
+        """
         current = table.snapshot_id
         if current is None:
             self._memory.put(table.name, None)
@@ -514,7 +581,8 @@ class ArchiveCommitter(SnapshotHistory):
         after.update((f.path, piece.key) for f in new
                      if (piece := self.piece_of(table, f.path)) is not None)
         self._memory.put(table.name, Remembered(
-            current, after, None if matched is None else frozenset(matched), parsed))
+            current, after, None if matched is None else frozenset(matched), parsed,
+            objects, listed_in_full))
 
     def _note_pending(self, region: str, topic: str, plan: TablePlan) -> None:
         landed = [self._landed[k] for k in [*plan.add, *(p.key for p in plan.trim)]

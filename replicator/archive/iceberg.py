@@ -112,6 +112,11 @@ TABLE_PROPERTIES = {
     # reads them all (pyiceberg merges only when this is set).
     "commit.manifest-merge.enabled": "true",
     "commit.manifest.min-count-to-merge": "16",
+    # A merge rewrites the newest bin of manifests up to this size: at the default 8 MB,
+    # the whole manifest of two weeks of 30 s segments (40k files, 7 MB) every 16 commits,
+    # 3 s each time. At 1 MiB (about 6,000 files) a merge costs a few tenths of a second;
+    # a full manifest is left as it is.
+    "commit.manifest.target-size-bytes": str(2**20),
     # Bounds for what prunes (offsets, times); none for keys and values, whose segments
     # carry no statistics (formats/parquet.py).
     "write.metadata.metrics.default": "none",
@@ -128,16 +133,18 @@ ENFORCED_PROPERTIES = {k: TABLE_PROPERTIES[k]
                        for k in (NO_RETRY, "gc.enabled",
                                  "read.parquet.vectorization.enabled",
                                  "commit.manifest-merge.enabled",
-                                 "commit.manifest.min-count-to-merge")} | {
+                                 "commit.manifest.min-count-to-merge",
+                                 "commit.manifest.target-size-bytes")} | {
     # Footer-version-1 segments carry no field ids: without the mapping Iceberg's Java
     # reader gives them ids by column position (wrong columns) and pyiceberg cannot read
     # them. The value iceberg_catalog.py creates tables with.
     "schema.name-mapping.default":
         create_mapping_from_schema(SEGMENT_TABLE_SCHEMA).model_dump_json()}
 """Table properties every step sets again when someone changed them: those that change what
-a commit lists (``commit.retry.num-retries``) or what engines read or delete. Not enforced,
+a commit lists (``commit.retry.num-retries``), what engines read or delete, or what a step
+costs (the manifest merge ones: a two-week table's step, docs/architecture.md). Not enforced,
 as they change neither: the other ``commit.retry.*`` (only used with retries on),
-``commit.manifest.target-size-bytes``, ``write.metadata.*`` (which statistics and how many
+``write.metadata.*`` (which statistics and how many
 old metadata.json files are kept; missing bounds only prune less), the isolation levels
 (checked by pyiceberg's retry only) and ``write.data.path`` / ``write.metadata.path``
 (where pyiceberg writes; segments and trimmed copies are placed by this module)."""

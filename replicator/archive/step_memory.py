@@ -8,6 +8,10 @@ segment's place in the table (listed, or hidden by a segment covering it) depend
 the segments whose offsets overlap its own, so the next step plans only the segments that
 overlap a segment that appeared or disappeared since. Anything else (another writer's
 commit, a restart, a compaction swap, a segment that could not be added) plans in full.
+
+The listing itself is remembered too (``objects``): the next step lists only the keys
+after it (``archive.listing``), and lists in full again once ``listed_in_full`` is
+``catalog.full_listing_interval`` old, or whenever the plan is made in full.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from replicator.core.keys import SegmentKey
+from replicator.core.storage import ObjectInfo
 
 MAX_FILES = 500_000
 """Segments remembered over all tables (each one's path, key and listing entry); tables
@@ -36,6 +42,11 @@ class Remembered:
     ``None``: the next step plans in full)."""
     parsed: dict[str, SegmentKey]
     """The object keys of that listing, parsed (a listing repeats them step after step)."""
+    objects: dict[str, ObjectInfo] = field(default_factory=dict)
+    """The listed objects of ``parsed`` (what the next step's listing starts from)."""
+    listed_in_full: datetime | None = None
+    """When the last full listing that ``listing`` comes from started (``None``: list in
+    full next time)."""
 
 
 class StepMemory:

@@ -23,6 +23,7 @@ Semantics every implementation keeps:
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import io
 import threading
@@ -301,6 +302,8 @@ class MemoryObjectStore(ObjectStore):
         self.bucket = bucket
         self.part_size = part_size
         self._objects: dict[str, _Stored] = {}
+        self._sorted: builtins.list[str] = []
+        """The keys of ``_objects`` in order (a listing is a slice, as on S3)."""
         self._lock = threading.Lock()
         self._now = now
         self.uploads_open: set[int] = set()
@@ -322,8 +325,19 @@ class MemoryObjectStore(ObjectStore):
                 raise PreconditionFailed(f"s3://{self.bucket}/{key} is no longer ETag "
                                          f"{if_match}")
             obj = _Stored(bytes(data), self._stamp(), storage_class or STANDARD)
-            self._objects[key] = obj
+            self._set(key, obj)
             return obj.info(key)
+
+    def _set(self, key: str, obj: _Stored) -> None:
+        """Store ``obj`` at ``key`` (the lock held)."""
+        if key not in self._objects:
+            bisect.insort(self._sorted, key)
+        self._objects[key] = obj
+
+    def _drop(self, key: str) -> None:
+        """Remove ``key`` if it exists (the lock held)."""
+        if self._objects.pop(key, None) is not None:
+            del self._sorted[bisect.bisect_left(self._sorted, key)]
 
     def open_upload(self, key: str, *, storage_class: str | None = None) -> Upload:
         return _MemoryUpload(self, key, storage_class)
@@ -351,17 +365,26 @@ class MemoryObjectStore(ObjectStore):
         return self._lookup(key).info(key)
 
     def list(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
-        with self._lock:
-            items = sorted((k, v) for k, v in self._objects.items() if k.startswith(prefix))
-        for k, v in items:
-            if start_after is None or k > start_after:
+        after = start_after if start_after is not None and start_after >= prefix else None
+        while True:
+            # Pages of 1,000 keys, each from where the last one ended (as S3's).
+            with self._lock:
+                keys = self._sorted
+                i = (bisect.bisect_right(keys, after) if after is not None
+                     else bisect.bisect_left(keys, prefix))
+                page = [(k, self._objects[k]) for k in keys[i:i + 1000]
+                        if k.startswith(prefix)]
+            for k, v in page:
                 yield v.info(k)
+            if len(page) < 1000:
+                return
+            after = page[-1][0]
 
     def copy(self, src: str, dst: str, *, storage_class: str | None = None) -> ObjectInfo:
         obj = self._lookup(src)
         with self._lock:
             new = _Stored(obj.data, self._stamp(), storage_class or STANDARD)
-            self._objects[dst] = new
+            self._set(dst, new)
             return new.info(dst)
 
     def copy_from(self, source: ObjectStore, key: str, *,
@@ -371,16 +394,16 @@ class MemoryObjectStore(ObjectStore):
                                     f"{self.bucket} (both must be in memory)")
         obj = source._lookup(key)
         with self._lock:
-            self._objects[key] = _Stored(obj.data, self._stamp(), storage_class or STANDARD)
+            self._set(key, _Stored(obj.data, self._stamp(), storage_class or STANDARD))
 
     def delete(self, key: str) -> None:
         with self._lock:
-            self._objects.pop(key, None)
+            self._drop(key)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         with self._lock:
             for k in keys:
-                self._objects.pop(k, None)
+                self._drop(k)
 
     # test helpers --------------------------------------------------------------------
 

@@ -106,7 +106,7 @@ def test_a_delete_during_a_step_is_found_by_the_next(tmp_path: Path) -> None:
     put(store, 0, 0, 30, 39)   # the step commits too
     real = c._listing
 
-    def listing_then_delete(*args: Any) -> list[SegmentKey]:
+    def listing_then_delete(*args: Any) -> tuple[list[SegmentKey], bool]:
         out = real(*args)
         if a.to_key() in {o.key for o in store.list("data/")}:
             store.delete(a.to_key())   # after this step listed the bucket
@@ -135,7 +135,7 @@ def test_a_delete_during_the_swap_or_before_its_delete_is_found(tmp_path: Path) 
     put(store, 0, 1, 0, 19)
     real = c._listing
 
-    def listing_then_delete(*args: Any) -> list[SegmentKey]:
+    def listing_then_delete(*args: Any) -> tuple[list[SegmentKey], bool]:
         out = real(*args)
         store.delete(a.to_key())
         return out
@@ -170,7 +170,7 @@ def test_compactions_own_delete_of_a_held_segment_is_not_a_lifecycle_delete(
     other = committer(tmp_path, store, clock)
     real = other._listing
 
-    def compaction_then_listing(*args: Any) -> list[SegmentKey]:
+    def compaction_then_listing(*args: Any) -> tuple[list[SegmentKey], bool]:
         clock.now += timedelta(hours=11)
         swap = swap_of(c, "r1", "t", [a, b])
         allowed = c.deletable("r1", "t", swap)

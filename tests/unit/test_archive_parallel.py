@@ -251,7 +251,9 @@ def replay(tmp: Path, ops: list[tuple[str, int, int]]) -> None:
     from tests.unit.test_compaction_helpers import make_records, write_segment
 
     store = MemoryObjectStore("b")
-    cfg = catalog_settings(tmp, snapshot_retention="0s")
+    # Listed in full at every step: the listing between full listings is
+    # test_archive_listing.py's.
+    cfg = catalog_settings(tmp, snapshot_retention="0s", full_listing_interval="0s")
     committer = ArchiveCommitter(cfg, store)
     ends = [0, 0]
     for op, p, n in ops:

@@ -74,3 +74,39 @@ def test_the_table_lag_is_the_wait_of_the_oldest_segment_a_step_added(
     assert lag is not None and 590 <= lag <= 700
     committer.sync("r1", "t")   # nothing waiting
     assert committer.metrics.value("replicator_archive_table_lag_seconds", labels) == 0
+
+
+def test_a_merge_leaves_a_full_manifest_as_it_is(tmp_path: Path) -> None:
+    """Manifests are merged up to 1 MiB (``commit.manifest.target-size-bytes``): once a
+    manifest is that large, later merges leave it alone instead of rewriting every file of
+    the table (the whole table's manifest at pyiceberg's 8 MB default: 3 s per merge at two
+    weeks of 30 s segments).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from replicator.archive.iceberg import NewFile
+
+    store = MemoryObjectStore("b")
+    committer = ArchiveCommitter(catalog_settings(tmp_path), store)
+    probe = k(0, 0, 9)
+    write_segment(store, probe, make_records(0, 9))
+    footer = pq.ParquetFile(pa.BufferReader(store.get(probe.to_key()))).metadata
+    table = committer.table("r1", "t")
+    assert table is not None
+    assert table.properties["commit.manifest.target-size-bytes"] == str(2**20)
+    # One commit of 8,000 files: a manifest over 1 MiB.
+    table.commit([NewFile(committer.url(k(0, 10 * i, 10 * i + 9)), 1000, 0, footer)
+                  for i in range(1, 8001)], summary={"replicator.reason": "sync"})
+    io = table._table.io
+    snap = table._table.current_snapshot()
+    assert snap is not None
+    [big] = snap.manifests(io)
+    assert big.manifest_length > 2**20
+    for i in range(8001, 8041):
+        table.commit([NewFile(committer.url(k(0, 10 * i, 10 * i + 9)), 1000, 0, footer)],
+                     summary={"replicator.reason": "sync"})
+    snap = table._table.current_snapshot()
+    assert snap is not None
+    manifests = [m.manifest_path for m in snap.manifests(io)]
+    assert big.manifest_path in manifests and len(manifests) <= 16

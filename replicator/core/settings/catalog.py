@@ -79,6 +79,13 @@ class CatalogSettings(Model):
         description="How often `replicator archive follow` commits new and removed segments "
                     "(one commit per table per interval); a segment is in its table within "
                     "this plus one listing.")
+    full_listing_interval: Duration = Field(
+        timedelta(minutes=5),
+        description="How often a committer step lists a topic's segments in full; the steps "
+                    "between list only the keys after the newest one of each partition's "
+                    "level (one LIST request each). A segment published below the newest "
+                    "one of its level, or deleted by a lifecycle rule, reaches its table "
+                    "within this plus one commit_interval; 0s lists in full at every step.")
     sync_workers: int = Field(
         8, ge=1, le=64,
         description="Tables `replicator archive follow` brings up to date at once (a "
@@ -98,7 +105,7 @@ class CatalogSettings(Model):
                     "`catalog.commit_interval`: ~120 at the defaults; its metadata.json grows "
                     "~0.8 kB per snapshot).")
 
-    @field_validator("snapshot_retention")
+    @field_validator("snapshot_retention", "full_listing_interval")
     @classmethod
     def _not_negative(cls, v: timedelta) -> timedelta:
         if v < timedelta(0):
