@@ -114,6 +114,7 @@ def test_restore_a_snapshot_whose_trimmed_copy_outlived_its_segment(
     is deleted at once. Restoring the snapshot reads the copy itself: every record once."""
     doc = config_doc(pipe, tmp_path)
     doc["catalog"]["snapshot_retention"] = "1h"
+    doc["catalog"]["regions"] = [SOURCE_REGION]   # compaction's hook swaps only these
     cfg = tmp_path / "restore.toml"
     write_toml(cfg, doc)
     committer = ArchiveCommitter(load_settings(data=doc, environ={}), pipe.store)
