@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -40,6 +40,9 @@ from replicator.core.sqs import SqsQueue, make_sqs_client
 from replicator.core.wire import Checkpoint
 from replicator.devstack.aws import create_bucket, create_queue, set_bucket_notifications
 from tests.conftest import FAST_GROUP_CONFIG, RECENT_MS, unique_name
+
+if TYPE_CHECKING:
+    from ingress.sink import KafkaSink
 
 REGION = "us-west-1"
 SOURCE_REGION = "us-east-1"
@@ -418,15 +421,10 @@ def _plain(partition: int, offset: int) -> Record:
                   TIMESTAMP_CREATE_TIME)
 
 
-def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None:
-    """Same transactional.id: the newer sink fences the older; its commit raises
-    ProducerFenced (a worker then starts a new session only while its process still owns
-    the partition; a revoked one has stopped already) and nothing of it is committed
-    after the fence (on Apache Kafka a read_committed reader sees only the new owner's
-    record; Tansu shows aborted transactions' records too)."""
-    from ingress.rows import Rows
+def sinks_of_one_id(env: Env) -> Callable[[], KafkaSink]:
+    """Started transactional sinks of one ``transactional.id`` into a new destination
+    topic (each fences the one before)."""
     from ingress.sink import KafkaSink
-    from replicator.core.errors import ProducerFenced
 
     settings = env.settings()
     admin = Admin(settings.kafka)
@@ -439,6 +437,19 @@ def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None
                       checkpoint_topic="cp-" + env.dest, transactional_id=tid, timeout=10)
         s.start()
         return s
+    return sink
+
+
+def test_a_new_owner_fences_the_old_producer(env: Env, broker_kind: str) -> None:
+    """Same transactional.id: the newer sink fences the older; its commit raises
+    ProducerFenced (a worker then starts a new session only while its process still owns
+    the partition; a revoked one has stopped already) and nothing of it is committed
+    after the fence (on Apache Kafka a read_committed reader sees only the new owner's
+    record; Tansu shows aborted transactions' records too)."""
+    from ingress.rows import Rows
+    from replicator.core.errors import ProducerFenced
+
+    sink = sinks_of_one_id(env)
 
     def rows(o: int) -> Rows:
         return Rows([o], [RECENT_MS], [b"k"], [b"v%d" % o], [None])
@@ -469,20 +480,9 @@ def test_a_producer_fenced_in_the_background_raises_fenced_on_its_next_record(
     still ProducerFenced (the worker stops the session, not the process), also when the
     fatal error's one report was already taken by a poll."""
     from ingress.rows import Rows
-    from ingress.sink import KafkaSink
     from replicator.core.errors import ProducerFenced
 
-    settings = env.settings()
-    admin = Admin(settings.kafka)
-    admin.create_topic(env.dest, 1)
-    admin.create_topic("cp-" + env.dest, 1)
-    tid = unique_name("tid")
-
-    def sink() -> KafkaSink:
-        s = KafkaSink(settings.kafka, topic=env.dest, partition=0,
-                      checkpoint_topic="cp-" + env.dest, transactional_id=tid, timeout=10)
-        s.start()
-        return s
+    sink = sinks_of_one_id(env)
 
     old = sink()
     old.begin()

@@ -132,16 +132,23 @@ def test_a_step_lists_only_what_follows_and_a_late_segment_waits_for_a_full_list
     assert not ArchiveCommitter(cfg, store).sync("r1", "t").committed
 
 
-def test_a_clock_stepped_back_lists_in_full_at_once(tmp_path: Path) -> None:
-    """The wall clock stepped back (an NTP correction, a VM resumed) after a full listing:
-    the next step lists in full, not only once the interval has passed again."""
-    store = MemoryObjectStore("b")
-    clock = Clock()
+def twenty_segments_committed(tmp_path: Path, store: MemoryObjectStore,
+                              clock: Clock) -> ArchiveCommitter:
+    """A committer (a 5 min full listing) whose table lists 20 segments of one folder."""
     committer = ArchiveCommitter(catalog_settings(tmp_path, full_listing_interval="5m"),
                                  store, clock=clock)
     for i in range(0, 40, 2):
         put(store, k(0, 10 * i, 10 * i + 9))
     committer.sync("r1", "t")
+    return committer
+
+
+def test_a_clock_stepped_back_lists_in_full_at_once(tmp_path: Path) -> None:
+    """The wall clock stepped back (an NTP correction, a VM resumed) after a full listing:
+    the next step lists in full, not only once the interval has passed again."""
+    store = MemoryObjectStore("b")
+    clock = Clock()
+    committer = twenty_segments_committed(tmp_path, store, clock)
     late = put(store, k(0, 10, 19))   # below the newest one of its folder
     clock.now -= timedelta(minutes=10)
     assert committer.sync("r1", "t").added == 1
@@ -166,11 +173,7 @@ def test_a_store_that_cannot_list_from_a_key_is_listed_in_full(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = NoStartAfter("b")
     clock = Clock()
-    committer = ArchiveCommitter(catalog_settings(tmp_path, full_listing_interval="5m"),
-                                 store, clock=clock)
-    for i in range(0, 40, 2):
-        put(store, k(0, 10 * i, 10 * i + 9))
-    committer.sync("r1", "t")
+    committer = twenty_segments_committed(tmp_path, store, clock)
     for i in range(3):   # each step adds its segment, none fails
         clock.now += timedelta(seconds=30)
         newest = put(store, k(0, 400 + 10 * i, 409 + 10 * i))
