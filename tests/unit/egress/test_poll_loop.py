@@ -409,13 +409,16 @@ class FetchingConsumer(FakeConsumer):
 def test_a_fetch_of_large_records_takes_no_more_than_the_room_left(
         h: Harness, size: int, most: int) -> None:
     # A 20 MiB budget, one record of 4 MiB held: the next fetch asks for at most the
-    # records that fit the 16 MiB left. Small records are never fetched one by one.
+    # records that fit the 16 MiB left. Small records are never fetched one by one. The
+    # first fetch, before any record's size is known, takes one: asked for CONSUME_BATCH,
+    # librdkafka keeps gathering records for the whole poll timeout (a starved loop's first
+    # fetch brought four records of 8 MiB against a share of 19 MiB).
     consumer = FetchingConsumer([messages(records([0], size)), messages(records([1], size))])
     loop = PollLoop(consumer, {("t", 0): h.writer}, CommitService(),  # type: ignore[arg-type]
                     queue.SimpleQueue(), h.m, "r1", FlowLimits.for_budget(20 * 1024**2),
                     lambda: h.now, lambda _now: None, LogStarts(h))
     loop.turn()
     loop.turn()
-    assert consumer.asked[0] == CONSUME_BATCH
+    assert consumer.asked[0] == 1
     assert 1 <= consumer.asked[1] <= most
     assert consumer.asked[1] == most or size > CONSUME_BATCH
