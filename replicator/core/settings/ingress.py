@@ -14,13 +14,12 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from replicator.core.errors import KeyFormatError
-from replicator.core.keys import check_region
 from replicator.core.settings.fields import Duration, Model, Size, at_least
 from replicator.core.settings.names import (
     ORIGIN_HEADER,
     ORIGIN_HEADER_HELP,
     header_name,
+    region_name,
     topic_name,
 )
 
@@ -128,10 +127,7 @@ class IngressSourceSettings(Model):
     @field_validator("region")
     @classmethod
     def _region_ok(cls, v: str) -> str:
-        try:
-            return check_region(v)
-        except KeyFormatError as e:
-            raise ValueError(str(e)) from e
+        return region_name(v)
 
     @model_validator(mode="after")
     def _topic_or_pattern(self) -> IngressSourceSettings:

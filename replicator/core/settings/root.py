@@ -8,13 +8,13 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from replicator.core.errors import ConfigError, KeyFormatError
-from replicator.core.keys import check_region
+from replicator.core.errors import ConfigError
 from replicator.core.settings.catalog import CatalogSettings
 from replicator.core.settings.compaction import CompactionSettings
 from replicator.core.settings.egress import EgressSettings
 from replicator.core.settings.fields import KeyedValueError, Model
 from replicator.core.settings.ingress import IngressSettings
+from replicator.core.settings.names import region_name
 from replicator.core.settings.sections import (
     FormatSettings,
     KafkaSettings,
@@ -94,10 +94,7 @@ class Settings(Model):
     @field_validator("region")
     @classmethod
     def _region_ok(cls, v: str) -> str:
-        try:
-            return check_region(v)
-        except KeyFormatError as e:
-            raise ValueError(str(e)) from e
+        return region_name(v)
 
     @model_validator(mode="after")
     def _sources_remote(self) -> Settings:
