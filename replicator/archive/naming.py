@@ -50,6 +50,29 @@ def table_identifier(cfg: CatalogSettings, ident: TableIdentity) -> tuple[str, .
     return (*cfg.namespace.split("."), *parts)
 
 
+def _topic_json(store: ObjectStore, prefix: str, region: str, topic: str
+                ) -> tuple[bytes, str | None, str] | None:
+    """``_topic.json``'s bytes, the topic id it records (key ``topic_id``) and where it is;
+    ``None`` when egress has not written it.
+
+    Raises:
+        StorageError / ReplicatorError: it could not be read (any error but not-found) or
+            is not JSON: the caller's step fails and changes nothing, never guesses.
+    """
+    key = topic_meta_key(prefix, region, topic)
+    try:
+        data = store.get(key)
+    except ObjectNotFound:
+        return None
+    where = f"s3://{store.bucket}/{key}"
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise TopicMetaUnreadable(f"{where} is not JSON: {e}") from e
+    value = doc.get("topic_id") if isinstance(doc, dict) else None
+    return data, str(value) if value else None, where
+
+
 def read_incarnation(store: ObjectStore, prefix: str, region: str, topic: str) -> str | None:
     """The source topic id ``_topic.json`` records (key ``topic_id``), if any.
 
@@ -57,17 +80,8 @@ def read_incarnation(store: ObjectStore, prefix: str, region: str, topic: str) -
         StorageError / ReplicatorError: ``_topic.json`` could not be read (any error but
             not-found): the caller's step fails and changes nothing, never guesses.
     """
-    key = topic_meta_key(prefix, region, topic)
-    try:
-        data = store.get(key)
-    except ObjectNotFound:
-        return None
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise TopicMetaUnreadable(f"s3://{store.bucket}/{key} is not JSON: {e}") from e
-    value = doc.get("topic_id") if isinstance(doc, dict) else None
-    return str(value) if value else None
+    found = _topic_json(store, prefix, region, topic)
+    return None if found is None else found[1]
 
 
 def live_identity(store: ObjectStore, prefix: str, region: str, topic: str
@@ -80,20 +94,12 @@ def live_identity(store: ObjectStore, prefix: str, region: str, topic: str
     Raises:
         StorageError / ReplicatorError: ``_topic.json`` could not be read or parsed.
     """
-    key = topic_meta_key(prefix, region, topic)
-    try:
-        data = store.get(key)
-    except ObjectNotFound:
+    found = _topic_json(store, prefix, region, topic)
+    if found is None:
         return None, BASE_INCARNATION
-    where = f"s3://{store.bucket}/{key}"
-    try:
-        doc = json.loads(data)
-    except ValueError as e:
-        raise TopicMetaUnreadable(f"{where} is not JSON: {e}") from e
-    value = doc.get("topic_id") if isinstance(doc, dict) else None
+    data, topic_id, where = found
     live = TopicMetadata.parse(data, where=where).live
-    return (str(value) if value else None,
-            BASE_INCARNATION if live is None else live.label)
+    return topic_id, BASE_INCARNATION if live is None else live.label
 
 
 def live_location(store: ObjectStore, prefix: str, region: str, topic: str) -> str:
