@@ -55,7 +55,7 @@ def test_an_object_whose_rows_are_not_its_keys_range_is_quarantined(
     assert listed(current(committer)) == [k(0, 0, 9), k(0, 20, 29)]
     assert quarantined_for_range(committer) == 1   # counted once per key
     # Ingress and restore open segments with the same footer checks, and check the
-    # records' offsets as they read (compaction also while merging, compaction/merge.py).
+    # records' offsets as they read (compaction too: it reads its inputs the same way).
     if reader_refuses:
         with pytest.raises(SegmentCorrupt, match="exceeds the key's range"):
             open_segment(store, foreign)
